@@ -1,0 +1,117 @@
+"""`ddpkit ...`: argument parsing and dispatch only; the work lives in the
+modules each command names."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .render import RenderError, render
+from .spec import JobSpec
+from .specfile import SpecError, load_spec
+
+EXIT_BAD_INPUT = 2
+
+# (command words, module, help): the module provides add_arguments(parser)
+# and run(args) -> int. Command modules import torch inside run(), never at
+# module level, so `ddpkit render` and `--help` stay fast.
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+]
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job-spec flags shared by render, launch and submit."""
+    parser.add_argument("-f", "--file", type=Path, help="job spec YAML (see examples/)")
+    parser.add_argument("--nodes", type=int, help="override nodes")
+    parser.add_argument("--gpus-per-node", "--nproc-per-node", dest="nproc_per_node", type=int,
+                        help="override nproc_per_node (GPUs per node)")
+    parser.add_argument("--image", help="override image")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override any field, e.g. --set slurm.partition=gpu (repeatable)")
+
+
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    return load_spec(args.file, overrides=args.overrides, nodes=args.nodes,
+                     nproc_per_node=args.nproc_per_node, image=args.image)
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    rendered = render(spec, args.target, doctor=args.doctor, template_dir=args.templates)
+    if args.output is None:
+        for name, text in rendered.files.items():
+            if len(rendered.files) > 1:
+                sys.stdout.write(f"# ---- {name} ----\n")
+            sys.stdout.write(text)
+        return 0
+    for path in rendered.write(args.output):
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(JobSpec.model_json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def _add_builtin(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("render", help="render a launch target from a job spec")
+    p.add_argument("target", choices=["slurm", "k8s", "ssh", "compose"])
+    add_spec_arguments(p)
+    p.add_argument("-o", "--output", type=Path, help="write files into this folder instead of stdout")
+    p.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
+    p.add_argument("--templates", type=Path, help="folder with your own copy of the templates")
+    p.set_defaults(handler=_cmd_render)
+    p = sub.add_parser("schema", help="print the JSON Schema of the job spec")
+    p.set_defaults(handler=_cmd_schema)
+
+
+def _lazy_handler(module_name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(module_name).run(args) or 0)
+
+    return handler
+
+
+def _add_module_commands(sub: argparse._SubParsersAction) -> None:
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for words, module_name, help_text in COMMANDS:
+        parent = sub
+        for word in words[:-1]:
+            if word not in groups:
+                group = sub.add_parser(word, help=f"{word} a job")
+                groups[word] = group.add_subparsers(dest=f"{word}_how", required=True, metavar="HOW")
+            parent = groups[word]
+        p = parent.add_parser(words[-1], help=help_text, description=help_text)
+        importlib.import_module(module_name).add_arguments(p)
+        p.set_defaults(handler=_lazy_handler(module_name))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddpkit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_builtin(sub)
+    _add_module_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except SpecError as exc:
+        print("ddpkit: invalid job spec (nothing was written or started):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RenderError as exc:
+        print(f"ddpkit: internal template error: {exc}", file=sys.stderr)
+        return 70
+
+
+if __name__ == "__main__":
+    sys.exit(main())

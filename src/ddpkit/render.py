@@ -1,0 +1,172 @@
+"""One Jinja Environment for every target, and render(spec, target).
+
+Rules (DESIGN.md): StrictUndefined, so a missing variable is an error; every
+value reaching a shell goes through `shq` or is a node-side `FromNode` part;
+every YAML scalar goes through `tojson`. Rendered text is checked before it
+is returned: shell with `bash -n`, YAML parsed back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+import yaml
+
+from .contract import Arg, FromNode
+from .spec import JobSpec
+
+FileKind = Literal["shell", "yaml", "text"]
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file a target produces: which template, with which variables."""
+
+    name: str
+    template: str
+    variables: dict[str, Any]
+    kind: FileKind
+    mode: int = 0o644
+
+
+@dataclass
+class Rendered:
+    files: dict[str, str] = field(default_factory=dict)
+    modes: dict[str, int] = field(default_factory=dict)
+
+    def write(self, out_dir: Path) -> list[Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, text in self.files.items():
+            path = out_dir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            path.chmod(self.modes.get(name, 0o644))
+            written.append(path)
+        return written
+
+
+class RenderError(Exception):
+    """A rendered file failed its post-render check: a bug in a template."""
+
+
+def default_template_dir() -> Path:
+    """Templates ship inside the wheel as ddpkit/templates; in a source
+    checkout they live at the repository root."""
+    packaged = resources.files("ddpkit") / "templates"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "templates"
+
+
+# Characters PyYAML refuses to read raw, or reads as line breaks even inside
+# a quoted scalar. JSON leaves them raw with ensure_ascii=False.
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+
+
+def yaml_scalar(value: Any) -> str:
+    """JSON is YAML: a double-quoted scalar that reads back byte for byte."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def shq(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def shell_arg(arg: Arg) -> str:
+    """One argv token for bash: literal parts single-quoted, node-side
+    variables double-quoted so they expand where the script runs."""
+    out = []
+    for part in arg.parts:
+        out.append(f'"${{{part.var}}}"' if isinstance(part, FromNode) else shq(part) if part else "")
+    return "".join(out) or "''"
+
+
+def shell_argv(argv: list[Arg]) -> str:
+    return " ".join(shell_arg(a) for a in argv)
+
+
+def k8s_arg(arg: Arg) -> str:
+    """One argv token for a Kubernetes container: `$(VAR)` expands from the
+    container's environment; every literal '$' is doubled so that user text
+    such as '$(id)' stays literal (Kubernetes turns '$$' into '$')."""
+    return "".join(f"$({p.var})" if isinstance(p, FromNode) else p.replace("$", "$$") for p in arg.parts)
+
+
+def k8s_literal(value: str) -> str:
+    return value.replace("$", "$$")
+
+
+@lru_cache(maxsize=8)
+def environment(template_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        shq=shq,
+        tojson=yaml_scalar,
+        shell_arg=shell_arg,
+        shell_argv=shell_argv,
+        k8s_arg=k8s_arg,
+        k8s_literal=k8s_literal,
+    )
+    return env
+
+
+def check_shell(name: str, text: str) -> None:
+    result = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True, check=False)
+    if result.returncode != 0:
+        raise RenderError(f"{name}: bash -n failed: {result.stderr.strip()}")
+
+
+def check_yaml(name: str, text: str) -> None:
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise RenderError(f"{name}: rendered YAML does not parse: {exc}") from exc
+    if not docs:
+        raise RenderError(f"{name}: rendered YAML is empty")
+
+
+def render_files(outputs: list[OutputFile], template_dir: Path | None = None) -> Rendered:
+    env = environment(template_dir or default_template_dir())
+    rendered = Rendered()
+    for out in outputs:
+        try:
+            text = env.get_template(out.template).render(**out.variables)
+        except jinja2.UndefinedError as exc:
+            raise RenderError(f"{out.template}: {exc}") from exc
+        if out.kind == "shell":
+            check_shell(out.name, text)
+        elif out.kind == "yaml":
+            check_yaml(out.name, text)
+        rendered.files[out.name] = text
+        rendered.modes[out.name] = out.mode
+    return rendered
+
+
+def render(spec: JobSpec, target: str, *, doctor: bool = False, template_dir: Path | None = None) -> Rendered:
+    """{filename: text} for one CLI target (slurm, k8s, ssh, compose)."""
+    from .targets import TARGETS
+
+    if target not in TARGETS:
+        raise KeyError(f"unknown target {target!r}; choose one of {', '.join(sorted(TARGETS))}")
+    module = TARGETS[target]
+    rendered = render_files(module.build(spec, doctor=doctor), template_dir)
+    module.verify(spec, rendered, doctor=doctor)
+    return rendered

@@ -1,0 +1,398 @@
+"""JobSpec: the one validated description of a DDP job.
+
+Every target (Slurm, Kubernetes, SSH, compose) renders from this model and
+nothing else, so a value is checked once, here, before any file is written.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Variables the launchers own. A user value for one of these would silently
+# fight the rank contract, so they are refused with the reason.
+RESERVED_ENV_EXACT = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "NODE_RANK",
+        "NNODES",
+        "NPROC_PER_NODE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "JOB_COMPLETION_INDEX",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+    }
+)
+RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "SLURM_", "OMPI_COMM_WORLD_", "DDPKIT_")
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IFNAME = re.compile(r"^[A-Za-z0-9_.@:-]{1,15}$")
+# Slurm directive values are parsed by sbatch, not by a shell: keep them to
+# characters that cannot start another option or another directive.
+SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,+-]+$")
+SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+$")
+SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
+K8S_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("contains a NUL byte, which no shell, YAML file or environment can carry; remove it")
+    return value
+
+
+class Strict(BaseModel):
+    """Base for every section: unknown keys are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=True)
+
+
+class Backend(str, Enum):
+    AUTO = "auto"
+    NCCL = "nccl"
+    GLOO = "gloo"
+    MPI = "mpi"
+
+
+class Rendezvous(Strict):
+    """static: node ranks come from the target (Slurm node id, hostfile line, pod
+    index). c10d: torchrun agents agree on node ranks through a c10d store on
+    node 0; useful when nodes may restart."""
+
+    backend: Literal["static", "c10d"] = "static"
+    timeout_s: int = Field(default=900, ge=10, le=86400, description="rendezvous/collective join timeout")
+
+
+class Network(Strict):
+    interface: str | list[str] = Field(
+        default="auto",
+        description="'auto' (pick the interface that routes to the master at start-up), one name, or a list",
+    )
+
+    @field_validator("interface")
+    @classmethod
+    def _check_interface(cls, value: str | list[str]) -> str | list[str]:
+        names = [value] if isinstance(value, str) else value
+        if isinstance(value, list) and not value:
+            raise ValueError("empty list; name at least one interface or use 'auto'")
+        for name in names:
+            if name.startswith("^"):
+                raise ValueError(
+                    f"{name!r}: Gloo does not accept NCCL's '^' exclusion syntax; "
+                    "name the interface(s) to use, or use 'auto'"
+                )
+            if name == "auto" and isinstance(value, list):
+                raise ValueError("'auto' cannot be mixed with interface names")
+            if name != "auto" and not IFNAME.match(name):
+                raise ValueError(f"{name!r} is not a Linux interface name (1-15 of A-Z a-z 0-9 _ . @ : -)")
+        return value
+
+    @property
+    def names(self) -> list[str]:
+        return [self.interface] if isinstance(self.interface, str) else list(self.interface)
+
+    @property
+    def is_auto(self) -> bool:
+        return self.interface == "auto"
+
+    @property
+    def ifname_value(self) -> str:
+        """The value for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (comma list)."""
+        return ",".join(self.names)
+
+
+class Command(Strict):
+    """What each process runs. Default: the ddpkit training entrypoint."""
+
+    module: str | None = Field(default=None, description="python module run with -m (default ddpkit.train)")
+    script: str | None = Field(default=None, description="path of a python script, as seen on the nodes")
+    args: list[str] = Field(default_factory=list, description="arguments after the module or script")
+    python: str = Field(default="python3", description="interpreter on the nodes / in the image")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Command:
+        if self.module and self.script:
+            raise ValueError("set either command.module or command.script, not both")
+        if self.module is None and self.script is None:
+            self.module = "ddpkit.train"
+        return self
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, value: str | None) -> str | None:
+        if value is not None and not MODULE_NAME.match(value):
+            raise ValueError(f"{value!r} is not a dotted python module name, e.g. mypkg.train")
+        return value
+
+    @field_validator("script", "python")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        _no_nul(value)
+        if not value or value.startswith("-") or "\n" in value:
+            raise ValueError(f"{value!r} must be a path: not empty, no leading '-', no newline")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        return [_no_nul(a) for a in value]
+
+    def argv(self, *, doctor: bool = False) -> list[str]:
+        """The program part of the launch line: ['-m', mod, *args] or [script, *args]."""
+        if doctor:
+            return ["-m", "ddpkit.doctor"]
+        if self.module:
+            return ["-m", self.module, *self.args]
+        return [str(self.script), *self.args]
+
+
+class SlurmContainer(Strict):
+    runtime: Literal["none", "pyxis", "apptainer"] = "none"
+    mounts: list[str] = Field(default_factory=list, description="'SRC:DST[:ro]' bind mounts")
+    workdir: str | None = None
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        for m in value:
+            parts = m.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise ValueError(f"{m!r}: write mounts as SRC:DST or SRC:DST:ro")
+            if "," in m or "\n" in m:
+                raise ValueError(f"{m!r}: commas and newlines cannot appear in a mount (pyxis splits on commas)")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or "\n" in value):
+            raise ValueError(f"{value!r}: container workdir must be an absolute path")
+        return value
+
+
+class SlurmOptions(Strict):
+    mode: Literal["torchrun", "srun"] = Field(
+        default="torchrun",
+        description="torchrun: one srun task per node running torchrun; srun: one task per GPU/process",
+    )
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = Field(default=None, description="wall time, e.g. 04:00:00 or 1-00:00:00")
+    mem: str | None = Field(default=None, description="memory per node, e.g. 64G")
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    exclusive: bool = False
+    output: str = Field(default="%x-%j.out", description="sbatch --output pattern")
+    requeue: bool = Field(default=True, description="requeue on preemption after checkpointing")
+    signal_seconds: int = Field(default=90, ge=10, le=3600, description="seconds of warning before the time limit")
+    container: SlurmContainer = Field(default_factory=SlurmContainer)
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _word(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_WORD.match(value):
+            raise ValueError(f"{value!r} may only hold letters, digits and _ . , + -")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_TIME.match(value):
+            raise ValueError(f"{value!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS")
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_MEM.match(value):
+            raise ValueError(f"{value!r} is not a Slurm memory size: use e.g. 64G or 500M")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _output(cls, value: str) -> str:
+        if not value or any(c in value for c in "\n\r\t ") or value.startswith("-"):
+            raise ValueError(f"{value!r}: an output pattern has no whitespace and no leading '-'")
+        return value
+
+
+class Toleration(Strict):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = None
+
+
+class K8sOptions(Strict):
+    kind: Literal["pytorchjob", "indexed-job", "trainjob"] = "pytorchjob"
+    namespace: str = "default"
+    shm_size: str = Field(default="8Gi", description="size of the memory-backed /dev/shm")
+    cpu: str | None = Field(default=None, description="CPU request and limit per pod, e.g. '8'")
+    memory: str | None = Field(default=None, description="memory request and limit per pod, e.g. 64Gi")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    clean_pod_policy: Literal["None", "Running", "All"] = "None"
+    backoff_limit: int = Field(default=0, ge=0)
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    runtime: str = Field(default="torch-distributed", description="TrainJob runtimeRef name")
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, value: str) -> str:
+        if len(value) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", value):
+            raise ValueError(f"{value!r} is not a Kubernetes namespace (DNS-1123 label)")
+        return value
+
+    @field_validator("shm_size", "cpu", "memory")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not K8S_QUANTITY.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity, e.g. 8Gi, 500m, 16")
+        return value
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _secrets(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not DNS1123_SUBDOMAIN.match(name):
+                raise ValueError(f"{name!r} is not a Kubernetes secret name (DNS-1123 subdomain)")
+        return value
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, value: str) -> str:
+        if not DNS1123_SUBDOMAIN.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes object name")
+        return value
+
+
+class SshOptions(Strict):
+    hosts: list[str] = Field(default_factory=list, description="hosts in node-rank order (or use --hostfile)")
+    user: str | None = None
+    port: int = Field(default=22, ge=1, le=65535)
+    workdir: str | None = Field(default=None, description="directory to cd into on every host")
+    docker: bool = Field(default=False, description="run inside `docker run --gpus all --network host --ipc host IMAGE`")
+    log_dir: str = Field(default="logs", description="local folder for one log file per node")
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL grace period on teardown")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for h in value:
+            if not h or any(c.isspace() for c in h) or h.startswith("-"):
+                raise ValueError(f"{h!r} is not a host: no whitespace, no leading '-'")
+        if len(set(value)) != len(value):
+            raise ValueError("a host appears twice; each node needs its own host")
+        return value
+
+
+class ComposeOptions(Strict):
+    network: str = Field(default="ddpnet", description="compose network name")
+    cpus_per_node: float | None = Field(default=None, gt=0)
+
+    @field_validator("network")
+    @classmethod
+    def _net(cls, value: str) -> str:
+        if not re.match(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$", value):
+            raise ValueError(f"{value!r} is not a compose network name")
+        return value
+
+
+class JobSpec(Strict):
+    """One DDP job. world_size = nodes * nproc_per_node."""
+
+    name: str = Field(description="DNS-1035 label: lower case, digits, '-', starts with a letter, max 63")
+    image: str = Field(default="ddpkit:latest", description="container image with ddpkit installed")
+    nodes: int = Field(default=1, ge=1, le=4096)
+    nproc_per_node: int = Field(default=1, ge=1, le=64, description="processes (GPUs) per node")
+    device: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda requests GPUs from the scheduler")
+    backend: Backend = Backend.AUTO
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous)
+    master_port: int | None = Field(
+        default=None, ge=1024, le=65535, description="fixed port; default: derived per target (Slurm: from the job id)"
+    )
+    network: Network = Field(default_factory=Network)
+    command: Command = Field(default_factory=Command)
+    env: dict[str, str] = Field(default_factory=dict)
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions)
+    k8s: K8sOptions = Field(default_factory=K8sOptions)
+    ssh: SshOptions = Field(default_factory=SshOptions)
+    compose: ComposeOptions = Field(default_factory=ComposeOptions)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if len(value) > 63 or not DNS1035.match(value):
+            raise ValueError(
+                f"{value!r} is not a DNS-1035 label: use lower-case letters, digits and '-', "
+                "start with a letter, end with a letter or digit, at most 63 characters"
+            )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value) or value.startswith("-") or not value.isascii():
+            raise ValueError(f"{value!r} is not an image reference like registry/repo:tag")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if key in RESERVED_ENV_EXACT or key.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(
+                    f"{key!r} is set by the launcher from the rank contract (nodes, nproc_per_node, "
+                    "master_port, network.interface); set those fields instead of the variable"
+                )
+            _no_nul(val)
+        return value
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.nproc_per_node if self.device == "cuda" else 0
+
+    @property
+    def resolved_backend(self) -> str:
+        """The backend rendered into launch lines ('auto' follows the device)."""
+        if self.backend != Backend.AUTO.value:
+            return str(self.backend)
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping of job fields")
+    return data

@@ -1,0 +1,139 @@
+"""Build a JobSpec from a YAML file plus command-line overrides, and turn
+pydantic's errors into messages that name the field, the bad value and the fix."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .spec import JobSpec, load_yaml
+
+
+class SpecError(Exception):
+    """Invalid job input. The CLI prints `problems` and exits 2."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Override:
+    path: tuple[str, ...]
+    raw: str
+
+    @classmethod
+    def parse(cls, text: str) -> Override:
+        key, sep, raw = text.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise SpecError([f"--set {text!r}: write --set key.path=value, e.g. --set slurm.partition=gpu"])
+        return cls(tuple(key.split(".")), raw)
+
+
+def _annotation_at(model: type[BaseModel], path: tuple[str, ...]) -> Any:
+    """The type annotation of the field at `path`, or None when it is not a model field."""
+    annotation: Any = model
+    for part in path:
+        annotation = _strip_optional(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(part)
+            if field is None:
+                return None
+            annotation = field.annotation
+        elif typing.get_origin(annotation) is dict:
+            annotation = typing.get_args(annotation)[1]
+        else:
+            return None
+    return annotation
+
+
+def _strip_optional(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _is_plain_str(annotation: Any) -> bool:
+    return _strip_optional(annotation) is str
+
+
+def _coerce(override: Override) -> Any:
+    """Strings stay byte-exact for str fields (so 'yes' or '0755' is not
+    reinterpreted by YAML); everything else is read as a YAML value."""
+    if _is_plain_str(_annotation_at(JobSpec, override.path)):
+        return override.raw
+    try:
+        return yaml.safe_load(override.raw) if override.raw != "" else ""
+    except yaml.YAMLError:
+        return override.raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[Override]) -> dict[str, Any]:
+    for override in overrides:
+        node = data
+        for part in override.path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise SpecError([f"--set {'.'.join(override.path)}: {part!r} is not a section"])
+            node = child
+        node[override.path[-1]] = _coerce(override)
+    return data
+
+
+def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
+    annotation = _strip_optional(_annotation_at(JobSpec, tuple(str(p) for p in loc[:-1])))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return sorted(annotation.model_fields)
+    return []
+
+
+def _format(error: dict[str, Any]) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    where = ".".join(str(p) for p in loc) or "(job)"
+    if error["type"] == "extra_forbidden":
+        valid = ", ".join(_valid_keys(loc))
+        return f"{where}: unknown field; valid fields here: {valid}"
+    message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    return f"{where}: {message}{shown}"
+
+
+def build_spec(data: dict[str, Any]) -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError([_format(e) for e in exc.errors(include_url=False)]) from None
+
+
+def load_spec(
+    path: Path | None,
+    *,
+    overrides: list[str] = (),  # type: ignore[assignment]
+    nodes: int | None = None,
+    nproc_per_node: int | None = None,
+    image: str | None = None,
+) -> JobSpec:
+    """The job as the user described it: file, then flags, then --set."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = load_yaml(path)
+        except FileNotFoundError:
+            raise SpecError([f"-f {path}: no such file; pass the path of a job YAML (see examples/)"]) from None
+        except (yaml.YAMLError, ValueError) as exc:
+            raise SpecError([f"-f {path}: not a YAML job mapping: {exc}"]) from None
+    data.setdefault("name", "ddp-job")
+    for key, value in (("nodes", nodes), ("nproc_per_node", nproc_per_node), ("image", image)):
+        if value is not None:
+            data[key] = value
+    return build_spec(apply_overrides(data, [Override.parse(o) for o in overrides]))

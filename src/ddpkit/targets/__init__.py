@@ -1,0 +1,14 @@
+"""Per-target request builders: each turns a JobSpec into template variables
+(`build`) and checks the rendered text against the spec (`verify`)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import compose
+
+TARGETS: dict[str, ModuleType] = {"compose": compose}
+
+
+def register(name: str, module: ModuleType) -> None:
+    TARGETS[name] = module

@@ -1,0 +1,59 @@
+"""docker compose: one service per node, node0 the master, gloo on CPU.
+
+Compose has no per-container shell, so each service gets its node rank
+resolved into its own command at render time (service index = node rank)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
+from ..render import OutputFile, RenderError, Rendered
+from ..spec import JobSpec
+
+FILENAME = "compose.yaml"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    command: list[str]
+    environment: dict[str, str]
+
+
+def compose_env(spec: JobSpec) -> dict[str, str]:
+    env = job_env(spec)
+    env["DDPKIT_BACKEND"] = "gloo"  # containers here have no GPUs
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def services(spec: JobSpec, *, doctor: bool = False) -> list[Service]:
+    argv = torchrun_argv(spec, sources(spec, Target.COMPOSE), doctor=doctor)
+    out = []
+    for index, host in enumerate(hosts_for(spec, Target.COMPOSE)):
+        injected = controller_env(spec, Target.COMPOSE, index)
+        out.append(Service(host, [a.resolve(injected) for a in argv], compose_env(spec) | injected))
+    return out
+
+
+def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+    variables = {"spec": spec, "services": services(spec, doctor=doctor)}
+    return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml")]
+
+
+def _unescape(value: object) -> object:
+    # Compose interpolates $VAR in the file; the template doubles every '$'.
+    return value.replace("$$", "$") if isinstance(value, str) else value
+
+
+def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+    doc = yaml.safe_load(rendered.files[FILENAME])
+    for svc in services(spec, doctor=doctor):
+        got = doc["services"][svc.name]
+        command = [_unescape(c) for c in got["command"]]
+        env = {k: _unescape(v) for k, v in got["environment"].items()}
+        if command != svc.command or env != svc.environment or got["image"] != spec.image:
+            raise RenderError(f"{FILENAME}: service {svc.name} does not match the job spec")
