@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import compose
+from . import compose, slurm
 
-TARGETS: dict[str, ModuleType] = {"compose": compose}
+TARGETS: dict[str, ModuleType] = {"compose": compose, "slurm": slurm}
 
 
 def register(name: str, module: ModuleType) -> None:

@@ -1,0 +1,177 @@
+"""Slurm: one sbatch script, two modes (spec.slurm.mode).
+
+torchrun: one srun task per node runs torchrun; `--node-rank="${SLURM_NODEID}"`
+is expanded by the bash inside each task, never by the batch shell.
+srun: one srun task per process; the entrypoint reads SLURM_PROCID,
+SLURM_LOCALID and SLURM_NTASKS itself.
+
+This module turns the spec into plain data (sbatch directives, srun options,
+the container wrapper, the task command); the template only lays it out."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+
+from ..contract import Target, job_env, process_argv, slurm_port_expr, sources, torchrun_argv
+from ..render import OutputFile, RenderError, Rendered, shell_argv, shq
+from ..spec import JobSpec
+
+TEMPLATE = "slurm/job.sbatch.j2"
+# Signal Slurm sends the batch shell before the time limit. Not USR1: NCCL
+# may use it (submitit avoids it for the same reason).
+PREEMPT_SIGNAL = "USR2"
+# torchrun's agent forwards these to its workers instead of dying on them.
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+
+
+def filename(spec: JobSpec) -> str:
+    return f"{spec.name}.sbatch"
+
+
+def target_for(spec: JobSpec) -> Target:
+    return Target.SLURM if spec.slurm.mode == "torchrun" else Target.SLURM_SRUN
+
+
+def tasks_per_node(spec: JobSpec) -> int:
+    return 1 if spec.slurm.mode == "torchrun" else spec.nproc_per_node
+
+
+def sbatch_directives(spec: JobSpec) -> list[str]:
+    """The #SBATCH options, in the order they are written."""
+    s = spec.slurm
+    out = [f"--job-name={spec.name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec)}"]
+    if spec.gpus_per_node:
+        out.append(f"--gpus-per-node={spec.gpus_per_node}")
+    optional = {"cpus-per-task": s.cpus_per_task, "mem": s.mem, "time": s.time,
+                "partition": s.partition, "account": s.account, "qos": s.qos}
+    out += [f"--{key}={value}" for key, value in optional.items() if value is not None]
+    if s.exclusive:
+        out.append("--exclusive")
+    out.append(f"--output={s.output}")
+    if s.requeue:
+        # A requeued run appends to the same file, so the log shows every run.
+        out += [f"--signal=B:{PREEMPT_SIGNAL}@{s.signal_seconds}", "--requeue", "--open-mode=append"]
+    return out
+
+
+def srun_options(spec: JobSpec) -> list[str]:
+    """What srun must be told again: since Slurm 22.05 srun does not inherit
+    --cpus-per-task from sbatch, and a step must not take the whole
+    allocation's task count by accident."""
+    n = tasks_per_node(spec)
+    out = [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes * n}", f"--ntasks-per-node={n}"]
+    if spec.gpus_per_node:
+        out.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.slurm.cpus_per_task is not None:
+        out.append(f"--cpus-per-task={spec.slurm.cpus_per_task}")
+    out += ["--kill-on-bad-exit=1", "--label"]
+    c = spec.slurm.container
+    if c.runtime == "pyxis":
+        out.append(f"--container-image={spec.image}")
+        if c.mounts:
+            out.append(f"--container-mounts={','.join(c.mounts)}")
+        if c.workdir:
+            out.append(f"--container-workdir={c.workdir}")
+    return out
+
+
+def container_prefix(spec: JobSpec) -> list[str]:
+    """argv placed between srun and the task command (Apptainer only; pyxis
+    is srun options)."""
+    c = spec.slurm.container
+    if c.runtime != "apptainer":
+        return []
+    out = ["apptainer", "exec"]
+    if spec.gpus_per_node:
+        out.append("--nv")
+    for mount in c.mounts:
+        out += ["--bind", mount]
+    if c.workdir:
+        out += ["--pwd", c.workdir]
+    return [*out, spec.image]
+
+
+def task_argv(spec: JobSpec, *, doctor: bool = False) -> str:
+    """The task command as shell text. torchrun mode wraps the launch line in
+    `bash -c '<line>'` so "${SLURM_NODEID}" expands in each task."""
+    if spec.slurm.mode == "torchrun":
+        line = "exec " + shell_argv(torchrun_argv(spec, sources(spec, Target.SLURM), doctor=doctor))
+        return f"bash -c {shq(line)}"
+    return shell_argv(process_argv(spec, doctor=doctor))
+
+
+def exports(spec: JobSpec) -> dict[str, str]:
+    """`export NAME=value` lines: the job env, plus what the launch needs."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if spec.slurm.mode == "torchrun":
+        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
+        # Time the workers get to checkpoint after the signal before SIGKILL.
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(spec.slurm.signal_seconds)
+    return env | job_env(spec)
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: JobSpec
+    directives: list[str]
+    exports: dict[str, str]
+    master_port: str
+    srun_options: list[str]
+    container: list[str]
+    task: str
+
+
+def plan(spec: JobSpec, *, doctor: bool = False) -> Plan:
+    port = str(spec.master_port) if spec.master_port is not None else slurm_port_expr()
+    return Plan(spec, sbatch_directives(spec), exports(spec), port, srun_options(spec),
+                container_prefix(spec), task_argv(spec, doctor=doctor))
+
+
+def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+    return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec, doctor=doctor)}, "shell", 0o755)]
+
+
+_DIRECTIVE = re.compile(r"^#SBATCH\s+(\S+)\s*$")
+
+
+def parse_directives(text: str) -> list[str]:
+    """#SBATCH options as sbatch reads them: only the comment block before the
+    first command counts."""
+    out = []
+    for line in text.splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            m = _DIRECTIVE.match(line)
+            if m is None:
+                raise RenderError(f"malformed directive line {line!r}")
+            out.append(m.group(1))
+        elif line.strip() and not line.startswith("#"):
+            break
+    return out
+
+
+def read_exports(text: str) -> dict[str, str]:
+    """Source the script's export lines in bash and read every value back."""
+    lines = [line for line in text.splitlines() if line.startswith("export ") and "=" in line]
+    names = [line[len("export "):].split("=", 1)[0] for line in lines]
+    script = "\n".join(lines) + "\n" + "".join(f'printf "%s\\0" "${n}"\n' for n in names)
+    out = subprocess.run(["bash", "--norc", "-c", script], capture_output=True, check=True, env={}).stdout
+    values = out.decode("utf-8", "surrogateescape").split("\0")[:-1]
+    return dict(zip(names, values))
+
+
+def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+    name = filename(spec)
+    text = rendered.files[name]
+    if not text.startswith("#!/bin/bash\n"):
+        raise RenderError(f"{name}: must start with #!/bin/bash (sbatch reads directives after it)")
+    got = parse_directives(text)
+    if got != sbatch_directives(spec):
+        raise RenderError(f"{name}: #SBATCH lines {got} do not match the spec {sbatch_directives(spec)}")
+    env = read_exports(text)
+    missing = {k: v for k, v in exports(spec).items() if env.get(k) != v}
+    if missing:
+        raise RenderError(f"{name}: exports differ from the job env for {sorted(missing)}")
+    if plan(spec, doctor=doctor).task not in text:
+        raise RenderError(f"{name}: the task command is missing")
