@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import compose, slurm
+from . import compose, kubernetes, slurm
 
-TARGETS: dict[str, ModuleType] = {"compose": compose, "slurm": slurm}
+TARGETS: dict[str, ModuleType] = {"compose": compose, "slurm": slurm, "k8s": kubernetes}
 
 
 def register(name: str, module: ModuleType) -> None:

@@ -1,0 +1,336 @@
+"""Kubernetes: one multi-document YAML file per job, of one of three kinds.
+
+- pytorchjob: Kubeflow PyTorchJob (kubeflow.org/v1), one Master + Workers.
+- indexed-job: a plain batch/v1 Indexed Job with its headless Service; runs on
+  any cluster, no operator needed.
+- trainjob: Kubeflow Trainer v2 TrainJob on the `torch-distributed` runtime.
+
+All three run the same torchrun line (contract.torchrun_argv); only where the
+node rank and master come from differs, and that is `$(VAR)` that the kubelet
+expands from the environment each controller injects. Upstream facts used
+here are from kubeflow/training-operator release-1.9 (pytorch_types.go,
+envvar.go, pytorchjob_webhook.go) and kubeflow/trainer (plugins/torch/torch.go,
+pkg/constants, trainjob_types.go).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from ..contract import (
+    Arg,
+    Target,
+    controller_env,
+    hosts_for,
+    job_env,
+    k8s_service_name,
+    master_port,
+    sources,
+    torchrun_argv,
+)
+from ..render import OutputFile, RenderError, Rendered, k8s_arg
+from ..spec import DNS1035, JobSpec
+from ..specfile import SpecError
+
+Kind = Literal["pytorchjob", "indexed-job", "trainjob"]
+
+KIND_TARGET: dict[str, Target] = {
+    "pytorchjob": Target.PYTORCHJOB,
+    "indexed-job": Target.INDEXED_JOB,
+    "trainjob": Target.TRAINJOB,
+}
+
+# kubeflow.org/v1 PyTorchJob: the operator reads the master port from this
+# container's port of this name, and refuses a job without the container.
+PYTORCH_CONTAINER = "pytorch"
+PYTORCH_PORT_NAME = "pytorchjob-port"
+PYTORCH_ROLES = ("Master", "Worker")
+
+# Kubeflow Trainer's torch-distributed runtime: replicated job and container
+# are both named "node"; the torch plugin refuses these names in trainer.env.
+TRAINJOB_NODE = "node"
+TRAINJOB_RESERVED_ENV = frozenset(
+    {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+)
+TRAINJOB_MAX_ITEMS = 128  # trainer.command / args / env: kubebuilder MaxItems
+PATCH_MANAGER = "ddpkit.io/render"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DNS_LABEL_MAX = 63
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    number: int
+
+
+@dataclass(frozen=True)
+class Resources:
+    requests: dict[str, str] = field(default_factory=dict)
+    limits: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Container:
+    """The one training container, whatever the kind."""
+
+    name: str
+    image: str
+    pull_policy: str
+    command: list[Arg]
+    env: dict[str, str]
+    resources: Resources
+    shm_size: str
+    port: Port | None
+
+    @property
+    def k8s_command(self) -> list[str]:
+        """The command exactly as it must appear in the manifest."""
+        return [k8s_arg(a) for a in self.command]
+
+
+def kind_of(spec: JobSpec) -> Kind:
+    return spec.k8s.kind
+
+
+def filename(spec: JobSpec) -> str:
+    return f"{spec.k8s.kind}.yaml"
+
+
+def labels(spec: JobSpec) -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": "ddpkit", "ddpkit.io/job": spec.name}
+
+
+def resources(spec: JobSpec) -> Resources:
+    """Requests equal limits (Guaranteed QoS: a training pod should not be
+    the first one evicted); GPUs are limits only, as the device plugin wants."""
+    fixed = {k: v for k, v in (("cpu", spec.k8s.cpu), ("memory", spec.k8s.memory)) if v is not None}
+    limits = dict(fixed)
+    if spec.device == "cuda":
+        limits[GPU_RESOURCE] = str(spec.nproc_per_node)
+    return Resources(requests=fixed, limits=limits)
+
+
+def container_env(spec: JobSpec, kind: Kind) -> dict[str, str]:
+    env = job_env(spec)
+    # The PyTorchJob operator already appends PYTHONUNBUFFERED=1; the other
+    # controllers do not, and a training log that arrives at exit is no log.
+    if kind != "pytorchjob":
+        env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def container(spec: JobSpec, *, doctor: bool = False) -> Container:
+    kind = kind_of(spec)
+    target = KIND_TARGET[kind]
+    port = master_port(spec, target)
+    return Container(
+        name=PYTORCH_CONTAINER if kind == "pytorchjob" else TRAINJOB_NODE if kind == "trainjob" else "trainer",
+        image=spec.image,
+        pull_policy=spec.k8s.image_pull_policy,
+        command=torchrun_argv(spec, sources(spec, target), doctor=doctor),
+        env=container_env(spec, kind),
+        resources=resources(spec),
+        shm_size=spec.k8s.shm_size,
+        port=Port(PYTORCH_PORT_NAME, int(port)) if kind == "pytorchjob" and port is not None else None,
+    )
+
+
+def pod_host_labels(spec: JobSpec) -> list[str]:
+    """The first DNS label of every pod's host name: each must fit in 63
+    characters (the PyTorchJob operator also makes a Service of that name)."""
+    return [host.split(".")[0] for host in hosts_for(spec, KIND_TARGET[kind_of(spec)])]
+
+
+def check_spec(spec: JobSpec) -> None:
+    """Input problems only Kubernetes has: raised as SpecError (exit 2)
+    before anything is rendered."""
+    problems = []
+    longest = max(pod_host_labels(spec), key=len)
+    if len(longest) > DNS_LABEL_MAX:
+        room = DNS_LABEL_MAX - (len(longest) - len(spec.name))
+        problems.append(
+            f"name: {spec.name!r} is too long for k8s.kind={spec.k8s.kind} with {spec.nodes} nodes: "
+            f"pod host name {longest!r} has {len(longest)} characters and Kubernetes allows "
+            f"{DNS_LABEL_MAX}; shorten name to at most {room} characters"
+        )
+    if kind_of(spec) == "trainjob":
+        reserved = sorted(set(spec.env) & TRAINJOB_RESERVED_ENV)
+        if reserved:
+            problems.append(f"env: {reserved} are set by the Trainer's torch plugin; remove them")
+        cont = container(spec)
+        for what, count in (("env", len(cont.env)), ("command", len(cont.command))):
+            if count > TRAINJOB_MAX_ITEMS:
+                problems.append(
+                    f"{'command.args' if what == 'command' else 'env'}: a TrainJob allows at most "
+                    f"{TRAINJOB_MAX_ITEMS} {what} items and this job needs {count}; shorten it"
+                )
+    if problems:
+        raise SpecError(problems)
+
+
+def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+    check_spec(spec)
+    kind = kind_of(spec)
+    target = KIND_TARGET[kind]
+    variables: dict[str, Any] = {
+        "spec": spec,
+        "container": container(spec, doctor=doctor),
+        "labels": labels(spec),
+        "hosts": hosts_for(spec, target),
+        "port": master_port(spec, target),
+        "service": k8s_service_name(spec),
+        "roles": [(role, n) for role, n in zip(PYTORCH_ROLES, (1, spec.nodes - 1)) if n > 0],
+        "restart_policy": restart_policy(spec),
+        "replicated_job": TRAINJOB_NODE,
+        "patch_manager": PATCH_MANAGER,
+    }
+    return [OutputFile(filename(spec), f"k8s/{kind}.yaml.j2", variables, "yaml")]
+
+
+def restart_policy(spec: JobSpec) -> str:
+    """Never when the job may not retry: a restarted container would wait
+    alone in a rendezvous its peers have left. OnFailure lets the operator
+    count restarts against backoffLimit."""
+    return "OnFailure" if spec.k8s.backoff_limit > 0 else "Never"
+
+
+# ---- verify: parse the file back and apply the controllers' own rules ----
+
+
+def unescape(value: str) -> str:
+    """Undo k8s_literal on a value that holds no $(VAR) reference."""
+    return value.replace("$$", "$")
+
+
+def env_list_to_dict(items: list[dict[str, Any]] | None, where: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        if item["name"] in out:
+            raise RenderError(f"{where}: env {item['name']!r} appears twice")
+        out[item["name"]] = unescape(item["value"])
+    return out
+
+
+def check_container(got: dict[str, Any], want: Container, where: str, *, full: bool = True) -> list[str]:
+    problems = []
+    if got.get("name") != want.name:
+        problems.append(f"{where}: container is named {got.get('name')!r}, expected {want.name!r}")
+    if not got.get("image") or got["image"] != want.image:
+        problems.append(f"{where}: image {got.get('image')!r} is not the job's {want.image!r}")
+    if got.get("command") != want.k8s_command:
+        problems.append(f"{where}: command differs from the torchrun line")
+    if env_list_to_dict(got.get("env"), where) != want.env:
+        problems.append(f"{where}: env differs from the job's environment")
+    if full:
+        mounts = {m["mountPath"] for m in got.get("volumeMounts", [])}
+        if "/dev/shm" not in mounts:
+            problems.append(f"{where}: /dev/shm is not mounted")
+    return problems
+
+
+def verify_pytorchjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
+    """The training-operator's webhook rules, plus agreement with the spec."""
+    problems = []
+    if (doc.get("apiVersion"), doc.get("kind")) != ("kubeflow.org/v1", "PyTorchJob"):
+        problems.append("not a kubeflow.org/v1 PyTorchJob")
+    replica_specs = doc["spec"].get("pytorchReplicaSpecs") or {}
+    if set(replica_specs) - set(PYTORCH_ROLES):
+        problems.append(f"replica types {sorted(replica_specs)}; only Master and Worker exist")
+    if replica_specs.get("Master", {}).get("replicas") != 1:
+        problems.append("exactly one Master replica is required")
+    total = 0
+    for role, rspec in replica_specs.items():
+        replicas = rspec.get("replicas")
+        if not isinstance(replicas, int) or replicas < 1:
+            problems.append(f"{role}: replicas must be at least 1")
+            continue
+        total += replicas
+        containers = rspec["template"]["spec"].get("containers") or []
+        ours = [c for c in containers if c.get("name") == PYTORCH_CONTAINER]
+        if not ours:
+            problems.append(f"{role}: no container named {PYTORCH_CONTAINER!r}")
+            continue
+        problems += check_container(ours[0], want, role)
+        ports = {p.get("name"): p.get("containerPort") for p in ours[0].get("ports", [])}
+        if want.port and ports.get(PYTORCH_PORT_NAME) != want.port.number:
+            problems.append(f"{role}: port {PYTORCH_PORT_NAME} is not {want.port.number}")
+    if total != spec.nodes:
+        problems.append(f"{total} pods for {spec.nodes} nodes")
+    if doc["spec"].get("nprocPerNode") != str(spec.nproc_per_node):
+        problems.append("nprocPerNode (a string in kubeflow.org/v1) differs from nproc_per_node")
+    return problems
+
+
+def verify_indexed_job(docs: list[dict[str, Any]], spec: JobSpec, want: Container) -> list[str]:
+    by_kind = {d.get("kind"): d for d in docs}
+    svc, job = by_kind.get("Service"), by_kind.get("Job")
+    if svc is None or job is None or len(docs) != 2:
+        return ["expected one Service and one Job"]
+    problems = []
+    s, j = svc["spec"], job["spec"]
+    pod = j["template"]
+    if s.get("clusterIP") != "None" or not s.get("publishNotReadyAddresses"):
+        problems.append("Service must be headless and publish not-ready addresses")
+    if not s.get("selector") or any(pod["metadata"]["labels"].get(k) != v for k, v in s["selector"].items()):
+        problems.append("Service selector does not select the job's pods")
+    if pod["spec"].get("subdomain") != svc["metadata"]["name"]:
+        problems.append("pod subdomain is not the Service name: pods would not resolve each other")
+    if j.get("completionMode") != "Indexed" or not j.get("completions") == j.get("parallelism") == spec.nodes:
+        problems.append("Job must be Indexed with completions = parallelism = nodes")
+    if pod["spec"].get("restartPolicy") != "Never":
+        problems.append("podFailurePolicy needs restartPolicy Never")
+    containers = pod["spec"].get("containers") or []
+    if len(containers) != 1:
+        problems.append("expected exactly one container")
+    else:
+        problems += check_container(containers[0], want, "Job")
+    return problems
+
+
+def verify_trainjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
+    """The Trainer's CRD rules and its torch plugin's Validate()."""
+    problems = []
+    if (doc.get("apiVersion"), doc.get("kind")) != ("trainer.kubeflow.org/v1alpha1", "TrainJob"):
+        problems.append("not a trainer.kubeflow.org/v1alpha1 TrainJob")
+    t = doc["spec"].get("trainer") or {}
+    if doc["spec"].get("runtimeRef", {}).get("name") != spec.k8s.runtime:
+        problems.append(f"runtimeRef is not {spec.k8s.runtime!r}")
+    if t.get("numNodes") != spec.nodes or t.get("numProcPerNode") != spec.nproc_per_node:
+        problems.append("numNodes / numProcPerNode differ from the spec")
+    problems += check_container({"name": want.name, **t}, want, "trainer", full=False)
+    env_names = {e["name"] for e in t.get("env", [])}
+    if env_names & TRAINJOB_RESERVED_ENV:
+        problems.append(f"trainer.env sets reserved {sorted(env_names & TRAINJOB_RESERVED_ENV)}")
+    for key in ("command", "args", "env"):
+        if len(t.get(key) or []) > TRAINJOB_MAX_ITEMS:
+            problems.append(f"trainer.{key} has more than {TRAINJOB_MAX_ITEMS} items")
+    return problems
+
+
+def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+    name = filename(spec)
+    docs = [d for d in yaml.safe_load_all(rendered.files[name]) if d is not None]
+    want = container(spec, doctor=doctor)
+    problems = []
+    for doc in docs:
+        meta = doc.get("metadata", {})
+        if not DNS1035.match(meta.get("name", "")) or len(meta["name"]) > DNS_LABEL_MAX:
+            problems.append(f"{doc.get('kind')} name {meta.get('name')!r} is not a DNS-1035 label")
+        if meta.get("name") != spec.name or meta.get("namespace") != spec.k8s.namespace:
+            problems.append(f"{doc.get('kind')} name/namespace differ from the spec")
+    kind = kind_of(spec)
+    if kind == "indexed-job":
+        problems += verify_indexed_job(docs, spec, want)
+    elif len(docs) != 1:
+        problems.append(f"expected one document, found {len(docs)}")
+    elif kind == "pytorchjob":
+        problems += verify_pytorchjob(docs[0], spec, want)
+    else:
+        problems += verify_trainjob(docs[0], spec, want)
+    if problems:
+        raise RenderError(f"{name}: " + "; ".join(problems))
