@@ -239,9 +239,14 @@ def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = 4
             "MASTER_PORT": str(port if port is not None else slurm_port_for_job(job_id)),
         }
     if target == Target.PYTORCHJOB:
+        # training-operator release-1.9, controller.v1/pytorch/envvar.go and
+        # master.go: PET_MASTER_* mirror MASTER_*; PET_NPROC_PER_NODE only
+        # because the rendered job sets spec.nprocPerNode.
         return {
             "MASTER_ADDR": names[0],
             "MASTER_PORT": str(port),
+            "PET_MASTER_ADDR": names[0],
+            "PET_MASTER_PORT": str(port),
             "WORLD_SIZE": str(n * p),
             "RANK": str(index),
             "PET_NODE_RANK": str(index),
