@@ -1,0 +1,271 @@
+"""A real Slurm cluster on this machine, for tests.
+
+Hosts are network namespaces on a private bridge (tests/infra/netns.py):
+`slurmctl` runs slurmctld and is where jobs are submitted from; `node1`,
+`node2`, ... each run one `slurmd -N nodeI`. One private munged (own key,
+own socket) serves them all: its socket is a path on the shared filesystem,
+which every network namespace can reach.
+
+Choices, and why:
+- ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: no cgroup
+  plugin, so nothing depends on the cgroup layout of the test machine.
+- No slurmdbd: accounting_storage/none. Finished jobs stay visible to
+  `scontrol show job` for MinJobAge seconds, which is what tests and
+  `ddpkit submit slurm --follow` read the final state from.
+- CPUs per node are declared (8) rather than detected, with
+  SlurmdParameters=config_overrides, so two 2-task jobs fit on the same
+  nodes at once on a 2-core machine.
+- Everything lives under one folder; SLURM_CONF points every command there.
+
+Torn down on exit: daemons stopped, every process in the namespaces killed,
+namespaces removed, munged stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import netns
+
+VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
+CPUS_PER_NODE = 8
+
+
+def available() -> str | None:
+    """None when a cluster can be built here, else a one-line skip reason."""
+    reason = netns.available()
+    if reason:
+        return reason
+    missing = [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
+    if missing:
+        return f"needs Slurm and munge ({', '.join(missing)} missing: apt-get install slurm-wlm munge)"
+    return None
+
+
+def _sbin(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+@dataclass
+class JobInfo:
+    """The fields of `scontrol show job -o` that tests care about."""
+
+    job_id: int
+    state: str
+    exit_code: str
+    restarts: int
+    nodes: str
+    raw: dict[str, str]
+
+    @classmethod
+    def parse(cls, line: str) -> JobInfo:
+        raw = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+        return cls(int(raw["JobId"]), raw["JobState"], raw.get("ExitCode", ""),
+                   int(raw.get("Restarts", "0")), raw.get("NodeList", ""), raw)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                              "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+@dataclass
+class SlurmCluster:
+    """`with SlurmCluster(workdir, nodes=2) as cluster:` a running cluster."""
+
+    workdir: Path
+    nodes: int = 2
+    prefix: str = field(default_factory=lambda: f"sl{os.getpid() % 100000}")
+    net: netns.Network | None = field(default=None, init=False)
+    _procs: list[subprocess.Popen[str]] = field(default_factory=list, init=False)
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node{i + 1}" for i in range(self.nodes)]
+
+    @property
+    def conf(self) -> Path:
+        return self.workdir / "slurm.conf"
+
+    @property
+    def ctl(self) -> netns.Host:
+        assert self.net is not None, "cluster not started"
+        return self.net["slurmctl"]
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for commands run against this cluster: its config, and
+        the project's venv first on PATH (the nodes share this filesystem)."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.conf)
+        env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"
+        return env | (extra or {})
+
+    # ---- lifecycle ----------------------------------------------------------
+
+    def __enter__(self) -> SlurmCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.net = netns.Network(["slurmctl", *self.node_names], prefix=self.prefix).__enter__()
+        try:
+            self.net.wait_reachable()
+            self._start_munge()
+            self._write_conf()
+            self._start_slurm()
+            self.wait_nodes_idle()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+        if self.net is not None:
+            self.net.__exit__(None, None, None)
+            self.net = None
+
+    def _log(self, name: str):  # noqa: ANN202 - a file object for Popen
+        return open(self.workdir / f"{name}.out", "w")  # noqa: SIM115 - closed when the process ends
+
+    def _start_munge(self) -> None:
+        munge = self.workdir / "munge"
+        munge.mkdir(mode=0o700, exist_ok=True)
+        key = munge / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        self.munge_socket = munge / "munge.socket"
+        proc = subprocess.Popen(
+            [_sbin("munged"), "--foreground", "--force", f"--key-file={key}", f"--socket={self.munge_socket}",
+             f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
+             f"--seed-file={munge / 'munged.seed'}"],
+            stdout=self._log("munged"), stderr=subprocess.STDOUT, text=True)
+        self._procs.append(proc)
+        _wait_for(lambda: self.munge_socket.exists() or proc.poll() is not None, 10, "munged socket")
+        if proc.poll() is not None:
+            raise RuntimeError(f"munged exited: {(self.workdir / 'munged.out').read_text()}")
+
+    def _write_conf(self) -> None:
+        w = self.workdir
+        for sub in ("state", "spool"):
+            (w / sub).mkdir(exist_ok=True)
+        (w / "plugstack.conf").write_text("")  # keep the system's SPANK plugins out
+        assert self.net is not None
+        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.addr} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+                          for h in self.net.hosts if h.name != "slurmctl")
+        self.conf.write_text(f"""\
+ClusterName=ddpkit-test
+SlurmctldHost=slurmctl({self.ctl.addr})
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={w}/state
+SlurmdSpoolDir={w}/spool/%n
+SlurmctldPidFile={w}/slurmctld.pid
+SlurmdPidFile={w}/slurmd-%n.pid
+SlurmctldLogFile={w}/slurmctld.log
+SlurmdLogFile={w}/slurmd-%n.log
+PlugStackConfig={w}/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+JobRequeue=1
+KillWait=5
+MinJobAge=600
+InactiveLimit=0
+MessageTimeout=10
+SlurmctldTimeout=30
+SlurmdTimeout=30
+{nodes}
+PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINITE State=UP
+""")
+
+    def _start_slurm(self) -> None:
+        assert self.net is not None
+        env = self.env()
+        ctld = self.ctl.popen([_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)], env=env,
+                              stdout=self._log("slurmctld"), stderr=subprocess.STDOUT)
+        self._procs.append(ctld)
+        for name in self.node_names:
+            proc = self.net[name].popen([_sbin("slurmd"), "-D", "-N", name, "-f", str(self.conf)], cgroup=True,
+                                        env=env, stdout=self._log(f"slurmd-{name}"), stderr=subprocess.STDOUT)
+            self._procs.append(proc)
+
+    def wait_nodes_idle(self, timeout: float = 60) -> None:
+        def idle() -> bool:
+            dead = [p.args for p in self._procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"a Slurm daemon exited: {dead}; logs in {self.workdir}")
+            out = self.run(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout.split()
+            return out.count("idle") == self.nodes
+        _wait_for(idle, timeout, f"{self.nodes} idle nodes (logs in {self.workdir})")
+
+    # ---- using it -----------------------------------------------------------
+
+    def run(self, cmd: list[str], *, cwd: Path | None = None, timeout: float = 60,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command on the submit host (slurmctl) against this cluster."""
+        return self.ctl.run(cmd, cwd=cwd, timeout=timeout, env=self.env(env))
+
+    def sbatch(self, script: Path, *extra: str, env: dict[str, str] | None = None) -> int:
+        result = self.run(["sbatch", "--parsable", *extra, str(script)], cwd=script.parent, env=env)
+        if result.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {result.stderr}")
+        return int(result.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> JobInfo:
+        result = self.run(["scontrol", "show", "job", "-o", str(job_id)])
+        if result.returncode != 0:
+            raise RuntimeError(f"scontrol show job {job_id}: {result.stderr}")
+        return JobInfo.parse(result.stdout)
+
+    def wait(self, job_id: int, timeout: float = 120) -> JobInfo:
+        """Block until the job reaches a final state."""
+        info: list[JobInfo] = []
+
+        def done() -> bool:
+            info[:] = [self.job(job_id)]
+            return info[0].finished
+        _wait_for(done, timeout, f"job {job_id} to finish", period=0.5)
+        return info[0]
+
+    def wait_state(self, job_id: int, states: set[str], timeout: float = 60) -> JobInfo:
+        info: list[JobInfo] = []
+
+        def reached() -> bool:
+            info[:] = [self.job(job_id)]
+            return info[0].state in states
+        _wait_for(reached, timeout, f"job {job_id} to reach {sorted(states)}", period=0.3)
+        return info[0]
+
+
+def _wait_for(predicate, timeout: float, what: str, period: float = 0.2) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(period)
