@@ -1,0 +1,237 @@
+"""Datasets, samplers and loaders.
+
+Every random augmentation is seeded by (seed, epoch, sample index), never by a
+global RNG, so a run resumed mid-epoch sees exactly the pixels the
+uninterrupted run would have, whatever the number of loader workers.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+CIFAR_FOLDER = "cifar-10-batches-py"
+CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
+CIFAR_TEST = ["test_batch"]
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+
+class DataError(ValueError):
+    """Data that cannot be loaded; the message names the flag and the fix."""
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    # one independent stream per (seed, epoch, sample): order- and worker-independent
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_000_000_007 + index)
+
+
+def augment(image: torch.Tensor, gen: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """Random crop with zero padding and a random horizontal flip (C,H,W)."""
+    _, h, w = image.shape
+    padded = torch.nn.functional.pad(image, (pad, pad, pad, pad))
+    dy, dx, flip = torch.randint(0, 2 * pad + 1, (2,), generator=gen).tolist() + [
+        bool(torch.randint(0, 2, (1,), generator=gen))]
+    out = padded[:, dy:dy + h, dx:dx + w]
+    return out.flip(-1) if flip else out
+
+
+class SyntheticImages(Dataset):
+    """Deterministic, learnable images of any shape: label i % classes, with a class-dependent mean."""
+
+    def __init__(self, size: int, image_size: int, num_classes: int, seed: int, split: int = 0) -> None:
+        self.size, self.image_size, self.num_classes = size, image_size, num_classes
+        self.seed = seed * 7919 + split  # train and test draw different images
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_000_007 + index)
+        label = index % self.num_classes
+        image = torch.randn(3, self.image_size, self.image_size, generator=gen) * 0.5
+        image[label % 3] += (label + 1) / self.num_classes
+        return image, label
+
+
+class ArrayImages(Dataset):
+    """uint8 images (N,H,W,C) and labels in memory, normalised, augmented per (epoch, index) when training."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, train: bool, seed: int,
+                 mean: tuple[float, ...] = CIFAR_MEAN, std: tuple[float, ...] = CIFAR_STD) -> None:
+        self.images, self.labels, self.train, self.seed = images, labels, train, seed
+        self.mean = torch.tensor(mean).view(3, 1, 1)
+        self.std = torch.tensor(std).view(3, 1, 1)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = torch.from_numpy(self.images[index]).permute(2, 0, 1).float().div_(255)
+        image = (image - self.mean) / self.std
+        if self.train:
+            image = augment(image, sample_generator(self.seed, self.epoch, index))
+        return image, int(self.labels[index])
+
+
+def read_cifar10(root: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
+    """torchvision's on-disk CIFAR-10 format: pickled dicts with b'data' (N,3072) and b'labels'."""
+    folder = root / CIFAR_FOLDER
+    names = CIFAR_TRAIN if train else CIFAR_TEST
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise DataError(f"--data-dir {root}: {folder} lacks {', '.join(missing)}; "
+                        f"run `ddpkit data cifar10 --root {root}` first")
+    images, labels = [], []
+    for name in names:
+        with open(folder / name, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels.extend(batch[b"labels"])
+    return np.concatenate(images), np.asarray(labels, dtype=np.int64)
+
+
+class FlipFolder(Dataset):
+    """ImageFolder with a deterministic per-(epoch, index) horizontal flip when training."""
+
+    def __init__(self, root: Path, image_size: int, train: bool, seed: int) -> None:
+        from torchvision import datasets, transforms
+
+        tf = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size),
+                                 transforms.ToTensor(), transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+        self.inner = datasets.ImageFolder(str(root), transform=tf)
+        self.train, self.seed, self.epoch = train, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.inner[index]
+        if self.train and bool(torch.randint(0, 2, (1,), generator=sample_generator(self.seed, self.epoch, index))):
+            image = image.flip(-1)
+        return image, label
+
+
+def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classes: int,
+                   synthetic_size: int, eval_size: int, seed: int) -> tuple[Dataset, Dataset]:
+    if data == "synthetic":
+        return (SyntheticImages(synthetic_size, image_size, num_classes, seed, split=0),
+                SyntheticImages(eval_size, image_size, num_classes, seed, split=1))
+    assert data_dir is not None
+    if data == "cifar10":
+        return (ArrayImages(*read_cifar10(data_dir, True), train=True, seed=seed),
+                ArrayImages(*read_cifar10(data_dir, False), train=False, seed=seed))
+    for split in ("train", "val"):
+        if not (data_dir / split).is_dir():
+            raise DataError(f"--data-dir {data_dir}: imagefolder needs {data_dir / split}/<class>/<image>")
+    return (FlipFolder(data_dir / "train", image_size, True, seed), FlipFolder(data_dir / "val", image_size, False, seed))
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way: `set_epoch(e, skip=k)`
+    drops the first k indices this rank would have seen, i.e. the samples a
+    resumed run already trained on."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        super().set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(super().__iter__())[self.skip:])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+class ShardSampler(Sampler[int]):
+    """Every index exactly once over all ranks (rank r gets r, r+W, ...): no padding,
+    so evaluation never counts a sample twice."""
+
+    def __init__(self, size: int, num_replicas: int, rank: int) -> None:
+        self.size, self.num_replicas, self.rank = size, num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.size, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.num_replicas))
+
+
+@dataclass
+class DeviceResidentLoader:
+    """The whole (small) training set as one tensor on the device; batches are
+    gathered by index there and augmented as a batch, seeded by the batch's
+    position, so no host-to-device copy or worker process runs per step."""
+
+    images: torch.Tensor   # (N,C,H,W) float, already normalised, on the device
+    labels: torch.Tensor   # (N,) on the device
+    sampler: ResumableSampler
+    batch_size: int
+    seed: int
+    pad: int = 4
+
+    @classmethod
+    def from_dataset(cls, dataset: Dataset, sampler: ResumableSampler, batch_size: int, seed: int,
+                     device: torch.device) -> "DeviceResidentLoader":
+        was_train = getattr(dataset, "train", None)
+        if was_train is not None:
+            dataset.train = False  # store un-augmented pixels; augmentation happens per batch
+        pairs = [dataset[i] for i in range(len(dataset))]
+        if was_train is not None:
+            dataset.train = was_train
+        images = torch.stack([p[0] for p in pairs]).to(device)
+        labels = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=device)
+        return cls(images, labels, sampler, batch_size, seed)
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.images.device)
+        first = self.sampler.skip // self.batch_size  # batch number within the epoch, for seeding
+        for b in range(len(self)):
+            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+            gen = sample_generator(self.seed, self.sampler.epoch, (first + b) * self.sampler.num_replicas + self.sampler.rank)
+            yield self._augment(self.images[idx], gen), self.labels[idx]
+
+    def _augment(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        n, _, h, w = x.shape
+        shifts = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=gen).to(x.device)
+        flips = torch.randint(0, 2, (n,), generator=gen).bool().to(x.device)
+        padded = torch.nn.functional.pad(x, (self.pad,) * 4)
+        rows = (torch.arange(h, device=x.device)[None, :] + shifts[:, :1])  # (n,h)
+        cols = (torch.arange(w, device=x.device)[None, :] + shifts[:, 1:])  # (n,w)
+        cols = torch.where(flips[:, None], cols.flip(-1), cols)
+        out = padded[torch.arange(n, device=x.device)[:, None, None, None],
+                     torch.arange(x.shape[1], device=x.device)[None, :, None, None],
+                     rows[:, None, :, None], cols[:, None, None, :]]
+        return out
+
+
+def train_loader(dataset: Dataset, sampler: ResumableSampler, batch_size: int, workers: int,
+                 pin: bool) -> DataLoader:
+    # drop_last: every rank runs the same number of steps, so collectives stay matched
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                      drop_last=True, pin_memory=pin, persistent_workers=False)
+
+
+def eval_loader(dataset: Dataset, num_replicas: int, rank: int, batch_size: int, workers: int) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), num_replicas, rank),
+                      num_workers=workers)

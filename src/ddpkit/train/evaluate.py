@@ -1,0 +1,55 @@
+"""Distributed evaluation that counts each test sample exactly once.
+
+Ranks take disjoint strided shards of the test set with no padding (a
+DistributedSampler would repeat samples to even the shards out), evaluate the
+unwrapped model (so no collective runs per batch and uneven shard sizes
+cannot hang), then all-reduce the sums.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    correct: int
+    total: int
+    loss: float  # mean cross-entropy over all samples
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else 0.0
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, input_device: torch.device, output_device: torch.device,
+             distributed: bool, reduce_device: torch.device,
+             autocast: Callable[[], AbstractContextManager] | None = None,
+             channels_last: bool = False) -> EvalResult:
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=output_device)  # correct, total, loss sum
+    for x, y in loader:
+        x = x.to(input_device, non_blocking=True)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = y.to(output_device, non_blocking=True)
+        with autocast() if autocast else torch.autocast(input_device.type, enabled=False):
+            logits = model(x)
+        sums[0] += (logits.argmax(1) == y).sum()
+        sums[1] += y.numel()
+        sums[2] += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+    model.train(was_training)
+    sums = sums.to(reduce_device)
+    if distributed:
+        dist.all_reduce(sums)
+    correct, total, loss_sum = sums.tolist()
+    return EvalResult(int(correct), int(total), loss_sum / total if total else 0.0)

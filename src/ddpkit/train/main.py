@@ -1,0 +1,91 @@
+"""`ddpkit train`: start-up, rank report, training, summary, shutdown.
+
+Exit codes: 0 done; 2 bad flags, data, checkpoint or launch environment
+(nothing trained); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR2 after writing a
+checkpoint: run again with --resume auto.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .options import add_training_arguments, problems
+from .startup import add_startup_arguments
+
+EXIT_BAD_INPUT = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_startup_arguments(parser)
+    add_training_arguments(parser)
+
+
+def _bad(message: str) -> int:
+    print(f"ddpkit train: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def train(ctx: object, args: argparse.Namespace) -> int:
+    """Everything after start-up, on one rank. Returns the exit code."""
+    from .loop import Trainer
+    from .rank_report import report
+
+    report(ctx)
+    trainer = Trainer(args, ctx)
+    summary, code = trainer.run()
+    if ctx.rank == 0:
+        print("\n".join(summary.lines()), flush=True)
+    return code
+
+
+def _spawned(ctx: object, args: argparse.Namespace) -> None:
+    code = train(ctx, args)
+    if code:
+        sys.exit(code)
+
+
+class _SpawnEntry:
+    """Picklable fn(ctx) for run_spawned that carries the parsed flags."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def __call__(self, ctx: object) -> None:
+        _spawned(ctx, self.args)
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .checkpoint import CheckpointError
+    from .data import DataError
+    from .loop import DataTooSmall
+    from .models import ModelError
+    from .rank_report import RankReportError
+    from .startup import StartupError
+    from .strategy import StrategyError
+
+    return (CheckpointError, DataError, DataTooSmall, ModelError, RankReportError, StartupError, StrategyError)
+
+
+def run(args: argparse.Namespace) -> int:
+    found = problems(args)
+    if found:
+        return _bad("invalid options (nothing was started):\n  - " + "\n  - ".join(found))
+    from torch.multiprocessing import ProcessExitedException
+
+    from .startup import init_distributed, run_spawned, shutdown
+
+    expected = _expected_errors()
+    try:
+        if args.spawn:
+            run_spawned(args, _SpawnEntry(args))
+            return 0
+        ctx = init_distributed(args)
+        try:
+            return train(ctx, args)
+        finally:
+            shutdown(ctx)
+    except ProcessExitedException as exc:
+        return exc.exit_code or 1
+    except expected as exc:
+        return _bad(str(exc))

@@ -1,0 +1,113 @@
+"""Training flags and their validation. No torch import: `--help` stays fast.
+
+Flag names are part of the job specs in examples/ and must not change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+MODELS = ("resnet18", "resnet34", "resnet50")
+FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default="resnet18",
+                   help="resnet18|resnet34|resnet50, or package.module:factory called as factory(num_classes=N)")
+    g.add_argument("--num-classes", type=_positive, default=10)
+    g.add_argument("--image-size", type=_positive, default=32,
+                   help="input side in pixels; <= 64 uses the small-image ResNet stem (3x3 conv, no maxpool)")
+
+    g = parser.add_argument_group("data")
+    g.add_argument("--data", choices=("synthetic", "cifar10", "imagefolder"), default="synthetic")
+    g.add_argument("--data-dir", type=Path, help="cifar10: folder holding cifar-10-batches-py; imagefolder: folder with train/ and val/")
+    g.add_argument("--synthetic-size", type=_positive, default=1024, help="number of synthetic training samples")
+    g.add_argument("--workers", type=_non_negative, default=2, help="DataLoader workers per process")
+    g.add_argument("--gpu-resident-data", action="store_true",
+                   help="keep the whole (small) dataset on the device and augment there in batches")
+
+    g = parser.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=_positive, default=1)
+    g.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps in total")
+    g.add_argument("--batch-size", type=_positive, default=32, help="per process")
+    g.add_argument("--lr", type=float, default=0.1, help="learning rate for a global batch of --base-batch; scaled linearly")
+    g.add_argument("--base-batch", type=_positive, default=256)
+    g.add_argument("--warmup-epochs", type=float, default=0.0, help="linear warm-up length (fractions allowed)")
+    g.add_argument("--momentum", type=float, default=0.9)
+    g.add_argument("--weight-decay", type=float, default=5e-4)
+    g.add_argument("--grad-accum", type=_positive, default=1, help="micro-batches per optimizer step (no all-reduce on the others)")
+    g.add_argument("--seed", type=int, default=0)
+
+    g = parser.add_argument_group("parallelism and speed")
+    g.add_argument("--strategy", choices=("ddp", "dp"), default="ddp",
+                   help="ddp: one process per device; dp: DataParallel in one process")
+    g.add_argument("--gpu0-batch", type=_non_negative,
+                   help="dp: batch size on device 0 (balanced DataParallel); the rest is split evenly")
+    g.add_argument("--devices-per-process", type=_positive, default=1,
+                   help="split the model over this many devices per process (DDP around model parallel)")
+    g.add_argument("--zero", action="store_true", help="shard optimizer state (ZeroRedundancyOptimizer)")
+    g.add_argument("--activation-checkpointing", action="store_true", help="recompute each stage's activations in backward")
+    g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (CUDA only)")
+    g.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    g.add_argument("--channels-last", action="store_true")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--cudnn-benchmark", action="store_true")
+
+    g = parser.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint-dir", type=Path)
+    g.add_argument("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints (0: end of each epoch only)")
+    g.add_argument("--keep", type=_positive, default=3, help="keep the last K checkpoints")
+    g.add_argument("--resume", help="auto (latest in --checkpoint-dir, if any) or a checkpoint file")
+
+    g = parser.add_argument_group("output")
+    g.add_argument("--eval", dest="eval", action="store_true", default=True, help="evaluate after each epoch (default)")
+    g.add_argument("--no-eval", dest="eval", action="store_false")
+    g.add_argument("--eval-size", type=_positive, default=256, help="synthetic test-set size")
+    g.add_argument("--log-dir", type=Path, help="every rank writes rank<R>.log here")
+    g.add_argument("--metrics", type=Path, help="JSON Lines file rank 0 appends metrics to")
+    g.add_argument("--log-every", type=_positive, default=10, help="steps between progress lines")
+    g.add_argument("--progress", choices=("auto", "bar", "plain"), default="auto",
+                   help="auto: a progress bar when stdout is a terminal, plain lines otherwise")
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    """Every bad combination, each naming the flag and the fix."""
+    out: list[str] = []
+    if args.model not in MODELS and not FACTORY_RE.match(args.model):
+        out.append(f"--model {args.model!r}: use one of {', '.join(MODELS)} or package.module:factory")
+    if args.data in ("cifar10", "imagefolder") and args.data_dir is None:
+        out.append(f"--data {args.data} needs --data-dir DIR")
+    if args.gpu0_batch is not None and args.strategy != "dp":
+        out.append("--gpu0-batch only applies to --strategy dp")
+    if args.gpu0_batch is not None and args.gpu0_batch > args.batch_size:
+        out.append(f"--gpu0-batch {args.gpu0_batch} is larger than --batch-size {args.batch_size}")
+    if args.strategy == "dp" and (args.zero or args.devices_per_process > 1):
+        out.append("--strategy dp cannot be combined with --zero or --devices-per-process; use --strategy ddp")
+    if args.resume and args.resume != "auto" and not Path(args.resume).is_file():
+        out.append(f"--resume {args.resume}: no such file (use auto, or a checkpoint file)")
+    if args.resume == "auto" and args.checkpoint_dir is None:
+        out.append("--resume auto needs --checkpoint-dir DIR")
+    if args.checkpoint_every and args.checkpoint_dir is None:
+        out.append("--checkpoint-every needs --checkpoint-dir DIR")
+    if args.warmup_epochs < 0:
+        out.append("--warmup-epochs must be >= 0")
+    if args.lr <= 0:
+        out.append("--lr must be > 0")
+    return out

@@ -1,0 +1,115 @@
+"""What the user sees: a progress bar (or plain lines) on rank 0, one log file
+per rank, metrics as JSON Lines, and the closing summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def rank_logger(rank: int, log_dir: Path | None) -> logging.Logger:
+    """Every rank logs to <log-dir>/rank<R>.log; rank 0 also to stderr."""
+    log = logging.getLogger(f"ddpkit.train.rank{rank}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(log_dir / f"rank{rank}.log")
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+    if rank == 0:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+    return log
+
+
+class Metrics:
+    """Appends one JSON object per line; rank 0 only (others get a no-op)."""
+
+    def __init__(self, path: Path | None, enabled: bool) -> None:
+        self.file: TextIO | None = None
+        if path is not None and enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps({"kind": kind, "time": round(time.time(), 3), **fields}) + "\n")
+            self.file.flush()  # a killed run keeps every line it wrote
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class Progress:
+    """Rank 0's view of training: a rich bar on a terminal (or with --progress bar),
+    otherwise a plain line every `every` steps. Other ranks show nothing."""
+
+    def __init__(self, mode: str, enabled: bool, total: int, start: int, every: int) -> None:
+        self.enabled, self.total, self.every = enabled, total, every
+        self.bar = None
+        if enabled and (mode == "bar" or (mode == "auto" and sys.stdout.isatty())):
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ips]} img/s"),
+                                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=total, completed=start, loss="-", ips="-")
+        self.t0, self.start = time.monotonic(), start
+
+    def update(self, step: int, epoch: int, loss: float | None, images_per_s: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, loss="-" if loss is None else f"{loss:.4f}",
+                            ips=f"{images_per_s:,.0f}")
+        elif loss is not None:
+            done = step - self.start
+            eta = (time.monotonic() - self.t0) / done * (self.total - step) if done else 0.0
+            print(f"step {step}/{self.total} epoch {epoch} loss {loss:.4f} {images_per_s:,.0f} img/s "
+                  f"eta {eta:.0f}s", flush=True)
+
+    def wants_loss(self, step: int) -> bool:
+        """Reading the loss synchronises with the device, so only do it when it is shown."""
+        return self.enabled and (self.bar is not None or step % self.every == 0 or step == self.total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@dataclass
+class Summary:
+    status: str                 # finished | preempted
+    steps: int
+    epochs_completed: int
+    seconds: float
+    images_per_second: float
+    accuracy: float | None
+    eval_loss: float | None
+    checkpoint: str | None
+    world_size: int
+    global_batch: int
+
+    def lines(self) -> list[str]:
+        acc = "-" if self.accuracy is None else f"{self.accuracy:.2%}"
+        return [
+            f"ddpkit train {self.status}: {self.steps} steps, {self.epochs_completed} epochs, "
+            f"world size {self.world_size}, global batch {self.global_batch}",
+            f"  time {self.seconds:.1f}s, {self.images_per_second:,.1f} images/s",
+            f"  final accuracy {acc}",
+            f"  checkpoint {self.checkpoint or '-'}",
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
