@@ -20,6 +20,10 @@ EXIT_BAD_INPUT = 2
 # and run(args) -> int. Command modules import torch inside run(), never at
 # module level, so `ddpkit render` and `--help` stay fast.
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("env",), "ddpkit.train.envinfo", "print what this process resolved: ranks, master, interface, backend, device"),
+    (("launch", "local"), "ddpkit.launch.local", "run the job as N torchrun agents (nodes) on this machine, gloo"),
+    (("train",), "ddpkit.train.main", "the DDP training entrypoint (run it under torchrun, srun, mpirun, a pod, or alone)"),
+    (("data",), "ddpkit.train.datasets_cli", "download a dataset once into a folder (ddpkit data cifar10 --root DIR)"),
 ]
 
 
