@@ -1,0 +1,1 @@
+"""Things that start jobs: ssh fan-out, local, docker, slurm submit."""
