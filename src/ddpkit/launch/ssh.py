@@ -1,0 +1,181 @@
+"""`ddpkit launch ssh`: start a job on bare-metal hosts over SSH.
+
+hosts (hostfile or spec) -> ssh_config -> preflight on every host at once ->
+every node started in parallel with its node rank -> output streamed with a
+`[nodeN host]` prefix and logged per node -> the first failure, a dropped
+connection or Ctrl-C stops every node (TERM, then KILL after ssh.grace_s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ..contract import Target, master_port
+from ..spec import JobSpec
+from .conn import Endpoint, SshSettings, endpoint_for
+from .hostfile import load_hosts
+from .nodes import NodeRun, safe_name
+from .preflight import HostFacts, preflight, problem_table
+from .remote import node_command
+
+EXIT_FAILED = 1
+EXIT_PREFLIGHT = 3
+EXIT_INTERRUPTED = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..cli import add_spec_arguments
+
+    add_spec_arguments(parser)
+    parser.add_argument("--hostfile", type=Path, help="lines '[user@]host[:port] [slots=N]'; default: ssh.hosts")
+    parser.add_argument("--dry-run", action="store_true", help="print each host's exact command; connect to nothing")
+    parser.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
+    parser.add_argument("--accept-new-host-keys", action="store_true",
+                        help="add unknown host keys to known_hosts (changed keys are still refused)")
+    parser.add_argument("--known-hosts", type=Path, help="known_hosts file (default: ssh_config or ~/.ssh/known_hosts)")
+    parser.add_argument("--ssh-config", type=Path, help="ssh_config file (default ~/.ssh/config)")
+    parser.add_argument("-i", "--identity", type=Path, help="private key to try first")
+    parser.add_argument("--master-addr", help="address the nodes reach node 0 by (default: first host's HostName)")
+
+
+@dataclass
+class Plan:
+    """Everything decided before any connection: hosts, addresses, commands."""
+
+    spec: JobSpec
+    endpoints: list[Endpoint]
+    master_addr: str
+    master_port: int
+    doctor: bool
+
+    def command(self, rank: int):  # noqa: ANN201 - NodeCommand
+        return node_command(self.spec, rank, self.master_addr, doctor=self.doctor)
+
+    def log_path(self, rank: int) -> Path:
+        host = safe_name(self.endpoints[rank].alias)
+        return Path(self.spec.ssh.log_dir) / f"{self.spec.name}.node{rank}.{host}.log"
+
+
+def settings_from(args: argparse.Namespace, spec: JobSpec) -> SshSettings:
+    return SshSettings(
+        config_path=args.ssh_config, known_hosts=args.known_hosts, identity=args.identity,
+        accept_new_host_keys=args.accept_new_host_keys, timeout_s=spec.ssh.connect_timeout_s,
+        default_user=spec.ssh.user, default_port=spec.ssh.port,
+    )
+
+
+def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) -> Plan:
+    entries = load_hosts(spec, args.hostfile)
+    endpoints = [endpoint_for(e, settings) for e in entries]
+    port = master_port(spec, Target.SSH)
+    assert port is not None  # SSH always has a fixed port
+    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, args.doctor)
+
+
+def print_dry_run(plan: Plan, out: TextIO) -> None:
+    out.write(f"# job {plan.spec.name}: {len(plan.endpoints)} nodes, master {plan.master_addr}:{plan.master_port}\n")
+    for rank, ep in enumerate(plan.endpoints):
+        via = f" via {ep.jump}" if ep.jump else ""
+        out.write(f"# node {rank}: {ep}{via}, log {plan.log_path(rank)}\n")
+        out.write(plan.command(rank).start + "\n")
+
+
+def start_all(plan: Plan, facts: list[HostFacts], settings: SshSettings,
+              events: queue.Queue[NodeRun]) -> list[NodeRun]:
+    runs = [NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, settings, plan.log_path(f.node))
+            for f in facts if f.client is not None]
+    with ThreadPoolExecutor(max_workers=min(64, len(runs))) as pool:
+        list(pool.map(lambda r: r.start(events), runs))
+    return runs
+
+
+def wait_first_failure(runs: list[NodeRun], events: queue.Queue[NodeRun]) -> NodeRun | None:
+    """Block until every node succeeded (None) or one failed (that node)."""
+    remaining = len(runs)
+    while remaining:
+        node = events.get()
+        remaining -= 1
+        if node.status != 0:
+            return node
+    return None
+
+
+def stop_all(runs: list[NodeRun], grace_s: float, timeout_s: float) -> list[str]:
+    with ThreadPoolExecutor(max_workers=min(64, len(runs))) as pool:
+        problems = [p for p in pool.map(lambda r: r.stop(), runs) if p]
+    for run in runs:
+        run.join(grace_s + timeout_s)
+    return problems
+
+
+def print_failure(first: NodeRun | None, interrupted: bool, problems: list[str]) -> None:
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.text import Text
+
+    if interrupted:
+        title = "interrupted: every node was stopped"
+        body = Text("Ctrl-C / SIGTERM received; all remote process groups were sent TERM, then KILL.")
+    else:
+        assert first is not None
+        reason = "connection dropped" if first.status == -1 else f"exit status {first.status}"
+        title = f"node {first.rank} ({first.endpoint.alias}) failed first: {reason}; every other node was stopped"
+        body = Text(f"last lines of {first.log_path}:\n" + "\n".join(first.tail))
+    for problem in problems:
+        body.append(f"\nteardown problem: {problem}")
+    Console(stderr=True).print(Panel(body, title=Text(title), border_style="red"))
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def launch(plan: Plan, settings: SshSettings) -> int:
+    t0 = time.monotonic()
+    facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port)
+    if problems:
+        from rich.console import Console
+
+        Console(stderr=True, width=160).print(problem_table(problems))
+        return EXIT_PREFLIGHT
+    print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
+          f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
+    events: queue.Queue[NodeRun] = queue.Queue()
+    runs: list[NodeRun] = []
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    first, interrupted = None, False
+    try:
+        runs = start_all(plan, facts, settings, events)
+        first = wait_first_failure(runs, events)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        if first is None and not interrupted:
+            return 0
+        print_failure(first, interrupted, stop_all(runs, plan.spec.ssh.grace_s, settings.timeout_s))
+        return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
+    finally:
+        for run in runs:
+            run.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import spec_from_args
+
+    spec = spec_from_args(args)
+    settings = settings_from(args, spec)
+    plan = make_plan(spec, args, settings)
+    if args.dry_run:
+        print_dry_run(plan, sys.stdout)
+        return 0
+    return launch(plan, settings)
