@@ -1,0 +1,66 @@
+"""The job the Slurm tests run: real ddpkit start-up and rank report, then one
+JSON line per rank saying what it saw, so a test can check the rank contract
+from the job's own output. Optional: fail on one rank, or run steps that stop
+on SIGUSR2/SIGTERM with a checkpoint (the trainer's signal module) and resume."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ddpkit.train.rank_report import report
+from ddpkit.train.signals import EXIT_PREEMPTED, StopRequest, requeue_if_slurm
+from ddpkit.train.startup import add_startup_arguments, init_distributed, shutdown
+
+
+def steps(ctx, total: int, ckpt: Path) -> int:  # noqa: ANN001
+    stop = StopRequest()
+    stop.install()
+    start = int(ckpt.read_text()) if ckpt.exists() else 0
+    if ctx.rank == 0:
+        print(f"PROBE-START step={start} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
+    for step in range(start, total):
+        time.sleep(0.5)
+        if stop.agreed(True, ctx.device):
+            if ctx.rank == 0:
+                ckpt.write_text(str(step))
+                print(f"PROBE-CHECKPOINT step={step}", flush=True)
+                print(f"PROBE-{requeue_if_slurm()}", flush=True)
+            return EXIT_PREEMPTED
+    if ctx.rank == 0:
+        print(f"PROBE-DONE step={total}", flush=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    add_startup_arguments(parser)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--ckpt", type=Path)
+    args = parser.parse_args()
+    ctx = init_distributed(args)
+    rows = report(ctx).rows
+    seen = {"rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank, "world": ctx.world_size,
+            "host": ctx.host, "launcher": ctx.launcher, "master": f"{ctx.master_addr}:{ctx.master_port}",
+            "slurm_nodeid": os.environ.get("SLURM_NODEID"), "slurmd_nodename": os.environ.get("SLURMD_NODENAME")}
+    print("PROBE " + json.dumps(seen), flush=True)
+    if ctx.rank == 0:
+        print("PROBE-ROWS " + json.dumps([asdict(r) for r in rows]), flush=True)
+    if ctx.rank == args.fail_rank:
+        print(f"PROBE-FAIL rank={ctx.rank}", flush=True)
+        os._exit(1)
+    if args.fail_rank >= 0:
+        time.sleep(300)  # the others would hang here without --kill-on-bad-exit
+    code = steps(ctx, args.steps, args.ckpt) if args.steps else 0
+    shutdown(ctx)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Rendered sbatch scripts, run by a real slurmctld and real slurmds.
+
+Every test sbatches exactly the file `ddpkit render slurm -o DIR` wrote and
+reads the job's own output. The job is tests/infra/slurm_probe.py: ddpkit's
+real start-up and rank report, then one `PROBE {json}` line per rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.infra import slurm_cluster
+from tests.infra.slurm_cluster import SlurmCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+PROBE = str(ROOT / "tests" / "infra" / "slurm_probe.py")
+
+_reason = slurm_cluster.available()
+pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+def job_spec(name: str, *, mode: str = "torchrun", args: list[str] | None = None, **extra: object) -> dict:
+    spec = {
+        "name": name, "nodes": 2, "nproc_per_node": 2, "device": "cpu", "backend": "gloo",
+        "command": {"python": PYTHON, "script": PROBE, "args": args or []},
+        "env": {"TEST_NOTE": "it's $(not run) `ever`"},
+        "slurm": {"mode": mode, **extra},
+    }
+    return spec
+
+
+def render(tmp: Path, spec: dict) -> Path:
+    """Write the job YAML and run the real CLI, as a user would."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    job = tmp / f"{spec['name']}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "-f", str(job), "-o", str(tmp)],
+                         capture_output=True, text=True, check=False, cwd=ROOT)
+    assert out.returncode == 0 and "wrote" in out.stdout, out.stderr
+    return tmp / f"{spec['name']}.sbatch"
+
+
+def output(script: Path, job_id: int) -> str:
+    return (script.parent / f"{script.stem}-{job_id}.out").read_text()
+
+
+def probes(text: str) -> list[dict]:
+    """The PROBE lines (srun --label puts 'N: ' in front)."""
+    return [json.loads(line.split("PROBE ", 1)[1]) for line in text.splitlines() if "PROBE {" in line]
+
+
+def check_ranks(text: str, *, launcher: str) -> None:
+    seen = sorted(probes(text), key=lambda p: p["rank"])
+    assert [p["rank"] for p in seen] == [0, 1, 2, 3], text
+    assert {p["world"] for p in seen} == {4}
+    for p in seen:
+        # the node rank each process reports is its own host's SLURM_NODEID
+        assert str(p["node_rank"]) == p["slurm_nodeid"], p
+        assert p["host"] == p["slurmd_nodename"] == f"node{p['node_rank'] + 1}", p
+        assert p["rank"] == p["node_rank"] * 2 + p["local_rank"], p
+        assert p["launcher"] == launcher, p
+    assert len({p["host"] for p in seen}) == 2
+    assert len({p["master"] for p in seen}) == 1 and seen[0]["master"].startswith("node1:")
+
+
+def test_torchrun_mode_two_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
+    script = render(tmp_path, job_spec("tr"))
+    job = cluster.sbatch(script)
+    info = cluster.wait(job)
+    text = output(script, job)
+    assert info.state == "COMPLETED", text
+    check_ranks(text, launcher="torchrun")
+
+
+def test_srun_mode_two_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
+    script = render(tmp_path, job_spec("sr", mode="srun"))
+    job = cluster.sbatch(script)
+    info = cluster.wait(job)
+    text = output(script, job)
+    assert info.state == "COMPLETED", text
+    check_ranks(text, launcher="slurm")
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_failing_task_fails_the_whole_job(cluster: SlurmCluster, tmp_path: Path, mode: str) -> None:
+    # the other ranks sleep 300 s after the failure: only --kill-on-bad-exit ends them
+    script = render(tmp_path, job_spec(f"fail-{mode}", mode=mode, args=["--fail-rank=3"]))
+    job = cluster.sbatch(script)
+    info = cluster.wait(job, timeout=90)
+    text = output(script, job)
+    assert info.state == "FAILED", text
+    assert "PROBE-FAIL rank=3" in text
+
+
+def test_two_jobs_share_the_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
+    scripts = [render(tmp_path / name, job_spec(name)) for name in ("pair-a", "pair-b")]
+    jobs = [cluster.sbatch(s) for s in scripts]
+    # both run at the same time on the same two nodes
+    running = [cluster.wait_state(j, {"RUNNING", "COMPLETED"}) for j in jobs]
+    assert all(r.nodes == "node[1-2]" for r in running)
+    infos = [cluster.wait(j) for j in jobs]
+    texts = [output(s, j) for s, j in zip(scripts, jobs)]
+    assert [i.state for i in infos] == ["COMPLETED", "COMPLETED"], texts
+    ports = {probes(t)[0]["master"] for t in texts}
+    assert len(ports) == 2, ports
+    for text in texts:
+        check_ranks(text, launcher="torchrun")
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_preemption_checkpoints_requeues_and_resumes(cluster: SlurmCluster, tmp_path: Path, mode: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    script = render(tmp_path, job_spec(f"pre-{mode}", mode=mode, args=["--steps=30", f"--ckpt={ckpt}"]))
+    job = cluster.sbatch(script)
+    cluster.wait_state(job, {"RUNNING"})
+    out = script.parent / f"{script.stem}-{job}.out"
+    _wait_for_text(out, "PROBE-START step=0", 90)
+    # what Slurm does before the time limit (--signal=B:USR2@N): USR2 to the batch shell only
+    sent = cluster.run(["scancel", "--signal=USR2", "--batch", str(job)])
+    assert sent.returncode == 0, sent.stderr
+    info = cluster.wait(job, timeout=180)
+    text = out.read_text()
+    assert info.state == "COMPLETED", text
+    assert info.restarts == 1, info
+    assert "batch shell got SIGUSR2" in text
+    checkpoint = int(text.split("PROBE-CHECKPOINT step=")[1].split()[0])
+    assert f"PROBE-requeued Slurm job {job}" in text
+    assert f"PROBE-START step={checkpoint} restart=1" in text  # the second run resumed
+    assert "PROBE-DONE step=30" in text
+    assert f"job {job} run 1 " in text and f"job {job} run 2 " in text
+
+
+def _wait_for_text(path: Path, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and needle in path.read_text()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{needle!r} not in {path}: {path.read_text() if path.exists() else '(missing)'}")
+        time.sleep(0.3)
+
+
+# ---- containers: stand-in runtimes on PATH -----------------------------------
+
+APPTAINER = r"""#!/bin/bash
+# Stand-in apptainer: record what it was given, then run the command the way
+# `apptainer exec` would (binds and GPU flags need a real runtime; skipped).
+set -euo pipefail
+rec="$RECORD_DIR/apptainer-$SLURM_PROCID"
+printf '%s\0' "$@" > "$rec.argv"
+printf '%s\0' "SLURM_NODEID=$SLURM_NODEID" "MASTER_ADDR=$MASTER_ADDR" "TEST_NOTE=$TEST_NOTE" > "$rec.env"
+[ "$1" = exec ] || { echo "stand-in apptainer: only exec" >&2; exit 2; }
+shift
+pwd_dir=""
+while [[ "$1" == --* ]]; do
+  case "$1" in
+    --nv) shift ;;
+    --bind) shift 2 ;;
+    --pwd) pwd_dir="$2"; shift 2 ;;
+    *) echo "stand-in apptainer: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+shift  # the image
+if [ -n "$pwd_dir" ]; then cd "$pwd_dir"; fi
+exec "$@"
+"""
+
+SRUN_PYXIS = r"""#!/bin/bash
+# Stand-in for srun with the pyxis plugin: record the argv, then run the real
+# srun without the --container-* options (the workdir becomes --chdir).
+set -euo pipefail
+printf '%s\0' "$@" > "$RECORD_DIR/srun.argv"
+args=()
+for a in "$@"; do
+  case "$a" in
+    --container-image=*|--container-mounts=*) ;;
+    --container-workdir=*) args+=("--chdir=${a#--container-workdir=}") ;;
+    *) args+=("$a") ;;
+  esac
+done
+exec /usr/bin/srun "${args[@]}"
+"""
+
+
+def _stand_in(tmp: Path, name: str, text: str) -> Path:
+    folder = tmp / "standin"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(text)
+    path.chmod(0o755)
+    return folder
+
+
+def _records(path: Path) -> list[str]:
+    return path.read_bytes().decode().split("\0")[:-1]
+
+
+def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path: Path) -> None:
+    container = {"runtime": "apptainer", "mounts": [f"{tmp_path}:/data:ro"], "workdir": str(tmp_path)}
+    spec = job_spec("appt", mode="srun", container=container)
+    spec["image"] = "docker://registry.example/ddpkit:1.0"
+    script = render(tmp_path, spec)
+    folder = _stand_in(tmp_path, "apptainer", APPTAINER)
+    env = {"PATH": f"{folder}:{cluster.env()['PATH']}", "RECORD_DIR": str(tmp_path)}
+    job = cluster.sbatch(script, env=env)
+    info = cluster.wait(job)
+    text = output(script, job)
+    assert info.state == "COMPLETED", text
+    check_ranks(text, launcher="slurm")
+    for rank in range(4):
+        argv = _records(tmp_path / f"apptainer-{rank}.argv")
+        assert argv[:6] == ["exec", "--bind", f"{tmp_path}:/data:ro", "--pwd", str(tmp_path),
+                            "docker://registry.example/ddpkit:1.0"], argv
+        assert "--nv" not in argv  # CPU job: no GPU flag
+        assert argv[6:] == [PYTHON, PROBE]
+        env_seen = dict(e.split("=", 1) for e in _records(tmp_path / f"apptainer-{rank}.env"))
+        assert env_seen == {"SLURM_NODEID": str(rank // 2), "MASTER_ADDR": "node1",
+                            "TEST_NOTE": "it's $(not run) `ever`"}
+
+
+def test_pyxis_options_reach_srun(cluster: SlurmCluster, tmp_path: Path) -> None:
+    container = {"runtime": "pyxis", "mounts": ["/data:/data", f"{tmp_path}:/w:ro"], "workdir": str(tmp_path)}
+    spec = job_spec("pyx", container=container)
+    spec["image"] = "nvcr.io#nvidia/pytorch:24.05-py3"
+    script = render(tmp_path, spec)
+    folder = _stand_in(tmp_path, "srun", SRUN_PYXIS)
+    env = {"PATH": f"{folder}:{cluster.env()['PATH']}", "RECORD_DIR": str(tmp_path)}
+    job = cluster.sbatch(script, env=env)
+    info = cluster.wait(job)
+    text = output(script, job)
+    assert info.state == "COMPLETED", text
+    check_ranks(text, launcher="torchrun")
+    argv = _records(tmp_path / "srun.argv")
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in argv
+    assert f"--container-mounts=/data:/data,{tmp_path}:/w:ro" in argv
+    assert f"--container-workdir={tmp_path}" in argv
+    assert "--kill-on-bad-exit=1" in argv and "--ntasks-per-node=1" in argv
+    assert argv[-3:-1] == ["bash", "-c"] and '--node-rank="${SLURM_NODEID}"' in argv[-1]
+
+
+def test_no_daemons_leak(tmp_path: Path) -> None:
+    """A cluster that comes up and goes down leaves no process behind."""
+    with SlurmCluster(tmp_path / "c", prefix=f"sx{os.getpid() % 100000}") as c:
+        pids = [h.pids() for h in c.net.hosts]  # type: ignore[union-attr]
+        assert all(pids[1:]), "every node runs a slurmd"
+        names = [h.ns for h in c.net.hosts]  # type: ignore[union-attr]
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n in listed for n in names)
