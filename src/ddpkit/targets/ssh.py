@@ -1,0 +1,51 @@
+"""SSH: a standalone bash launcher (`ddpkit render ssh`).
+
+It sends each host the same node script as `ddpkit launch ssh` (with the
+stdin watchdog off: a backgrounded `ssh` has no stdin to hold open), so the
+two launchers run identical remote commands and differ only in who fans out.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..launch.remote import start_payload, stop_payload
+from ..render import OutputFile, RenderError, Rendered
+from ..spec import JobSpec
+
+FILENAME = "launch.sh"
+
+
+def variables(spec: JobSpec, *, doctor: bool = False) -> dict[str, object]:
+    return {
+        "spec": spec,
+        "hosts": list(spec.ssh.hosts),
+        "connect_timeout": max(1, round(spec.ssh.connect_timeout_s)),
+        "start_payload": start_payload(spec, doctor=doctor, watch_stdin=False),
+        "stop_payload": stop_payload(spec),
+    }
+
+
+def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+    return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec, doctor=doctor), "shell", 0o755)]
+
+
+def _assigned_word(text: str, name: str) -> str | None:
+    """The value of `NAME=<one shell word>` as bash would read it (the word
+    may span lines: the node script is multi-line)."""
+    marker = f"\n{name}="
+    if marker not in text:
+        return None
+    lexer = shlex.shlex(text[text.index(marker) + len(marker):], posix=True)
+    lexer.whitespace_split = True
+    return next(iter(lexer), None)
+
+
+def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+    """The payloads must read back as exactly the commands the Python
+    launcher sends, so the two launchers cannot drift apart."""
+    text = rendered.files[FILENAME]
+    expected = variables(spec, doctor=doctor)
+    for name, key in (("NODE_PAYLOAD", "start_payload"), ("STOP_PAYLOAD", "stop_payload")):
+        if _assigned_word(text, name) != expected[key]:
+            raise RenderError(f"{FILENAME}: {name} does not match the job's remote command")

@@ -1,0 +1,150 @@
+"""One real sshd per namespace host, with keys made by the test.
+
+Everything lives in the test's own folder: host keys, one client key, a
+private known_hosts and ssh_config. The real ~/.ssh is never read or written
+(the launcher gets --known-hosts/--ssh-config/-i; `ssh` gets -F).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.infra.netns import Host
+
+SSHD = Path("/usr/sbin/sshd")
+
+_SSHD_CONFIG = """\
+Port 22
+HostKey {host_key}
+PidFile {folder}/sshd.pid
+AuthorizedKeysFile {authorized}
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+PrintLastLog no
+MaxStartups 500
+MaxSessions 200
+AllowTcpForwarding yes
+LogLevel ERROR
+"""
+
+
+def available() -> str | None:
+    """None when sshd hosts can run here, else the reason to skip."""
+    for tool, package in ((str(SSHD), "openssh-server"), ("ssh-keygen", "openssh-client"), ("ssh", "openssh-client")):
+        if shutil.which(tool) is None:
+            return f"needs {tool} ({package})"
+    return None
+
+
+def keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ddpkit-test", "-f", str(path)],
+                   check=True, capture_output=True)
+    return path
+
+
+@dataclass
+class SshHosts:
+    """sshd on each of `hosts`; `login` is where launchers run (no sshd)."""
+
+    hosts: list[Host]
+    login: Host
+    folder: Path
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    @property
+    def client_key(self) -> Path:
+        return self.folder / "id_client"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.folder / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.folder / "ssh_config"
+
+    def host_key(self, host: Host) -> Path:
+        return self.folder / host.name / "ssh_host_ed25519_key"
+
+    def launcher_flags(self) -> list[str]:
+        return ["--known-hosts", str(self.known_hosts), "--ssh-config", str(self.ssh_config),
+                "-i", str(self.client_key)]
+
+    def __enter__(self) -> SshHosts:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
+        keygen(self.client_key)
+        authorized = self.folder / "authorized_keys"
+        authorized.write_text(self.client_key.with_suffix(".pub").read_text())
+        try:
+            for host in self.hosts:
+                self.procs.append(self._start(host, authorized))
+            self.write_known_hosts()
+            self.write_ssh_config()
+            self.wait_listening()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self, host: Host, authorized: Path) -> subprocess.Popen[str]:
+        folder = self.folder / host.name
+        folder.mkdir(parents=True, exist_ok=True)
+        keygen(self.host_key(host))
+        config = folder / "sshd_config"
+        config.write_text(_SSHD_CONFIG.format(host_key=self.host_key(host), folder=folder, authorized=authorized))
+        log = (folder / "sshd.log").open("w")
+        return host.popen([str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+
+    def known_hosts_line(self, host: Host, key: Path | None = None) -> str:
+        public = (key or self.host_key(host)).with_suffix(".pub").read_text().split()
+        return f"{host.addr},{host.name} {public[0]} {public[1]}\n"
+
+    def write_known_hosts(self) -> None:
+        self.known_hosts.write_text("".join(self.known_hosts_line(h) for h in self.hosts))
+
+    def write_ssh_config(self, extra: str = "") -> None:
+        self.ssh_config.write_text(
+            f"{extra}"
+            "Host *\n"
+            "  User root\n"
+            f"  IdentityFile {self.client_key}\n"
+            f"  UserKnownHostsFile {self.known_hosts}\n"
+            "  StrictHostKeyChecking yes\n"
+            "  BatchMode yes\n"
+            "  ConnectTimeout 10\n"
+            "  LogLevel ERROR\n"
+        )
+
+    def wait_listening(self, timeout: float = 15.0) -> None:
+        probe = (
+            "import socket,sys,time\n"
+            "deadline=time.time()+float(sys.argv[1])\n"
+            "for addr in sys.argv[2:]:\n"
+            "    while socket.socket().connect_ex((addr,22)):\n"
+            "        assert time.time()<deadline, addr+' sshd not listening'\n"
+            "        time.sleep(0.05)\n"
+        )
+        out = self.login.run([sys.executable, "-c", probe, str(timeout), *(h.addr for h in self.hosts)],
+                             timeout=timeout + 10)
+        if out.returncode != 0:
+            raise RuntimeError(f"sshd did not come up: {out.stderr.strip()[-500:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
