@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import compose, kubernetes, slurm
+from . import compose, kubernetes, slurm, ssh
 
-TARGETS: dict[str, ModuleType] = {"compose": compose, "slurm": slurm, "k8s": kubernetes}
+TARGETS: dict[str, ModuleType] = {"compose": compose, "slurm": slurm, "k8s": kubernetes, "ssh": ssh}
 
 
 def register(name: str, module: ModuleType) -> None:
