@@ -1,0 +1,134 @@
+"""Network checks before joining: the named interface exists and has an
+address; the master address resolves and its port answers.
+
+Ordering of the port check (why not "telnet master port" everywhere):
+the rendezvous port is opened by whoever hosts the store. Under torchrun
+the agent on node 0 opens it before any worker starts
+(TORCHELASTIC_USE_AGENT_STORE=True), so every worker, rank 0 included, can
+probe it. Under srun, mpirun, a PyTorchJob pod or a manual start, rank 0
+opens it inside init_process_group: rank 0 has nothing to probe yet, and the
+other ranks must retry until it is up. So: every process that does not host
+the store probes with retries up to --connect-timeout; a process that hosts
+it skips the probe and the rendezvous itself proves the port (every rank
+got through it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from .. import netif
+from .results import Check, Status
+
+SECTION = "network"
+
+
+@dataclass(frozen=True)
+class Master:
+    addr: str | None
+    port: int | None
+    hosts_store: bool  # this process opens the port itself (rank 0 without an agent store)
+
+
+def interface_names(cli_choice: str, env: dict[str, str]) -> list[tuple[str, str]]:
+    """(where it came from, value) for every interface setting in force.
+    The environment variables win over the flag: that is what NCCL and Gloo read."""
+    found = [(var, env[var]) for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if env.get(var)]
+    if not found:
+        found.append(("--interface / DDPKIT_INTERFACE", cli_choice))
+    return found
+
+
+def _names(source: str, value: str) -> list[str]:
+    # NCCL's '^lo,docker' excludes names and '=eth0' asks for an exact match.
+    return [n.lstrip("=") for n in value.split(",") if n and not value.startswith("^")]
+
+
+def check_interface(source: str, value: str, master_addr: str | None, rank: int, host: str) -> Check:
+    def row(status: Status, detail: str, fix: str = "") -> Check:
+        return Check(SECTION, f"interface ({source})", status, detail, fix, rank, host, status is Status.FAIL)
+
+    have = netif.interfaces()
+    listing = ", ".join(f"{i.name}={i.address or 'no IPv4'}" for i in have)
+    if value == "auto":
+        if master_addr is None:
+            return row(Status.SKIP, "auto, single process: no peers to reach")
+        try:
+            return row(Status.PASS, f"auto -> {netif.route_interface(master_addr)} (routes to {master_addr})")
+        except netif.InterfaceError as exc:
+            return row(Status.FAIL, str(exc), f"name the interface that reaches the master; this host has {listing}")
+    if value.startswith("^"):
+        if source == "GLOO_SOCKET_IFNAME":
+            return row(Status.FAIL, f"{value!r}: Gloo does not accept NCCL's '^' exclusion syntax",
+                       f"set GLOO_SOCKET_IFNAME to an interface name; this host has {listing}")
+        return row(Status.PASS, f"{value!r} excludes interfaces (NCCL syntax)")
+    by_name = {i.name: i for i in have}
+    missing = [n for n in _names(source, value) if n not in by_name]
+    if missing:
+        return row(Status.FAIL, f"{source}={value!r}: no interface {', '.join(missing)} on this host",
+                   f"set network.interface in the job spec to one of: {listing} (or auto)")
+    bare = [n for n in _names(source, value) if not by_name[n].address]
+    if bare:
+        return row(Status.FAIL, f"{source}={value!r}: {', '.join(bare)} has no IPv4 address",
+                   f"bring the interface up with an address, or pick another: {listing}")
+    return row(Status.PASS, ", ".join(f"{n} {by_name[n].address}" for n in _names(source, value)))
+
+
+def check_resolves(master: Master, rank: int, host: str) -> Check:
+    if master.addr is None:
+        return Check(SECTION, "master resolves", Status.SKIP, "single process: no master", rank=rank, host=host)
+    try:
+        ip = netif.resolve_ipv4(master.addr)
+    except netif.InterfaceError as exc:
+        return Check(SECTION, "master resolves", Status.FAIL, str(exc),
+                     "MASTER_ADDR must be node 0's name as every node resolves it: fix DNS or /etc/hosts, "
+                     "or use node 0's IP address", rank, host, True)
+    return Check(SECTION, "master resolves", Status.PASS, f"{master.addr} -> {ip}", rank=rank, host=host)
+
+
+def port_answers(addr: str, port: int, timeout_s: float, retry_s: float = 0.2) -> tuple[bool, str, float]:
+    """TCP connect (what `telnet host port` tests), retried until the timeout
+    because the store may come up a little after this process starts."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    last = "no attempt"
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=max(min(left, 2.0), 0.05)):
+                return True, "connected", time.monotonic() - start
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        if time.monotonic() + retry_s >= deadline:
+            return False, last, time.monotonic() - start
+        time.sleep(retry_s)
+
+
+def check_port(master: Master, timeout_s: float, rank: int, host: str) -> Check:
+    name = "master port"
+    if master.addr is None or master.port is None:
+        return Check(SECTION, name, Status.SKIP, "single process: no rendezvous", rank=rank, host=host)
+    where = f"{master.addr}:{master.port}"
+    if master.hosts_store:
+        return Check(SECTION, name, Status.SKIP,
+                     f"this process opens {where} itself; the rendezvous below proves it", rank=rank, host=host)
+    ok, why, took = port_answers(master.addr, master.port, timeout_s)
+    if ok:
+        return Check(SECTION, name, Status.PASS, f"{where} answered in {took * 1000:.0f} ms", rank=rank, host=host)
+    return Check(SECTION, name, Status.FAIL, f"{where} did not answer within {timeout_s:g} s ({why})",
+                 f"check that node 0 runs the job and listens on {master.port}, that a firewall or security "
+                 f"group allows TCP {master.port} between nodes, and that MASTER_ADDR names node 0",
+                 rank, host, True)
+
+
+def hosts_store(rank: int, launcher: str, env: dict[str, str]) -> bool:
+    """Does this process open the rendezvous port itself?"""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return False  # the torchrun agent already holds it
+    return rank == 0 and launcher not in ("spawn", "single")
+
+
+
+
