@@ -1,0 +1,251 @@
+"""`ddpkit launch ssh` and the rendered bash launcher on real hosts: network
+namespaces on a bridge, one real sshd each, keys made here. The launcher runs
+on a fourth host ("login"), as a user would run it from a login node."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.infra import netns, sshd
+
+_REASON = netns.available() or sshd.available()
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+
+DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
+TRAIN_ARGS = ["--model=resnet18", "--data=synthetic", "--image-size=32", "--synthetic-size=48",
+              "--batch-size=4", "--no-eval", "--progress=plain"]
+NODES = ["node1", "node2", "node3"]
+
+# A real trainer that one node makes exit 1 once training has begun.
+FAILING_TRAINER = """\
+import os, runpy, sys, threading, time
+def fail_mid_run():
+    import torch.distributed as dist
+    while not dist.is_initialized():
+        time.sleep(0.05)
+    time.sleep(float(os.environ["FAIL_AFTER_S"]))
+    with open(os.environ["FAIL_MARK"], "w") as out:
+        out.write(repr(time.time()))
+    os._exit(1)
+if os.environ.get("DDPKIT_NODE_RANK") == os.environ["FAIL_NODE"]:
+    threading.Thread(target=fail_mid_run, daemon=True).start()
+sys.argv[0] = "ddpkit-train"
+runpy.run_module("ddpkit.train", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[netns.Network, sshd.SshHosts]]:
+    folder = tmp_path_factory.mktemp("sshhosts")
+    # node3 names its NIC differently, so a spec naming eth0 is wrong there.
+    with netns.Network(["login", *NODES], prefix=f"dks{os.getpid() % 10000}",
+                       ifnames=["eth0", "eth0", "eth0", "ens5"]) as net:
+        net.wait_reachable()
+        with sshd.SshHosts(net.hosts[1:], net.hosts[0], folder) as hosts:
+            yield net, hosts
+
+
+def write_job(folder: Path, name: str, *, args: list[str], script: Path | None = None,
+              extra: dict | None = None, env: dict[str, str] | None = None) -> Path:
+    command = {"python": sys.executable, "args": args, **({"script": str(script)} if script else {})}
+    spec = {
+        "name": name, "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
+        "command": command, "env": env or {},
+        "ssh": {"workdir": str(folder), "log_dir": str(folder / "logs"), "grace_s": 3, "connect_timeout_s": 3},
+        **(extra or {}),
+    }
+    job = folder / f"{name}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    return job
+
+
+def hostfile(folder: Path, net: netns.Network, addrs: list[str] | None = None) -> Path:
+    path = folder / "hostfile"
+    lines = addrs or [net[n].addr for n in NODES]
+    path.write_text("# node rank = line order\n" + "".join(f"{a} slots=1\n" for a in lines))
+    return path
+
+
+def launch(net: netns.Network, hosts: sshd.SshHosts, folder: Path, job: Path, hf: Path, *flags: str,
+           timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags(), *flags]
+    return net["login"].run(argv, cwd=str(folder), timeout=timeout)
+
+
+def rank_rows(output: str) -> list[dict[str, str]]:
+    """The rank report table (printed by rank 0) as dicts, in row order."""
+    header, rows = None, []
+    for line in output.splitlines():
+        cells = [c.strip() for c in re.split(r"[┃│]", line)[1:-1]]
+        if "rank" in cells and "host" in cells:
+            header = cells
+        elif header and len(cells) == len(header) and cells[0].isdigit():
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def job_processes(marker: str) -> list[str]:
+    """Every process on the machine (all namespaces) whose argv mentions marker."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            except OSError:
+                continue
+            if marker in args and int(proc.name) != os.getpid():
+                found.append(f"{proc.name} {args[:120]}")
+    return found
+
+
+def assert_ranks_in_hostfile_order(output: str) -> None:
+    rows = rank_rows(output)
+    assert [(r["node rank"], r["host"]) for r in rows] == [("0", "node1"), ("1", "node2"), ("2", "node3")], output
+
+
+def test_three_node_job_runs_in_hostfile_order(cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    job = write_job(tmp_path, "e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
+    out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert_ranks_in_hostfile_order(out.stdout)
+    assert f"[node0 {net['node1'].addr}] ddpkit train finished" in out.stdout
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == [f"e2e.node{i}.{net[n].addr}.log" for i, n in enumerate(NODES)]
+    assert "Killed" not in out.stdout
+    assert job_processes(str(tmp_path)) == []
+
+
+def test_failing_node_stops_every_host(cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    script = tmp_path / "failing_train.py"
+    script.write_text(FAILING_TRAINER)
+    mark = tmp_path / "failed-at"
+    job = write_job(tmp_path, "failfast", script=script, args=[*TRAIN_ARGS, "--max-steps=100000"],
+                    env={"FAIL_NODE": "1", "FAIL_AFTER_S": "2", "FAIL_MARK": str(mark)})
+    out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net))
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    failed_at = float(mark.read_text())
+    deadline = failed_at + 10
+    while job_processes(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert job_processes(str(tmp_path)) == [], "processes of the job survived 10 s after the failure"
+    summary = " ".join(out.stderr.split())
+    assert f"node 1 ({net['node2'].addr}) failed first: exit status 1" in summary, out.stderr
+
+
+@pytest.mark.parametrize("case", ["unreachable", "refused key", "changed host key", "unknown host key",
+                                  "missing interface", "master port in use", "missing workdir"])
+def test_preflight_refuses_and_starts_nothing(cluster, tmp_path: Path, case: str) -> None:
+    net, hosts = cluster
+    extra, flags, addrs = {}, [], None
+    listener = None
+    expected_check, expected_node = {
+        "unreachable": ("unreachable", 2), "refused key": ("auth refused", 0),
+        "changed host key": ("host key changed", 1), "unknown host key": ("host key unknown", 2),
+        "missing interface": ("interface", 2), "master port in use": ("master port", 0),
+        "missing workdir": ("workdir", 0),
+    }[case]
+    if case == "unreachable":
+        addrs = [net["node1"].addr, net["node2"].addr, f"{net.subnet}.250"]
+    elif case == "refused key":
+        other = sshd.keygen(tmp_path / "stranger")
+        flags = ["--ssh-config", str(tmp_path / "empty_config"), "-i", str(other)]
+        (tmp_path / "empty_config").write_text("")
+    elif case in ("changed host key", "unknown host key"):
+        known = tmp_path / "known_hosts"
+        text = "".join(hosts.known_hosts_line(h) for h in net.hosts[1:3])
+        if case == "changed host key":
+            forged = sshd.keygen(tmp_path / "forged_host_key")
+            text = text.replace(hosts.known_hosts_line(net["node2"]), hosts.known_hosts_line(net["node2"], forged))
+        known.write_text(text)
+        flags = ["--known-hosts", str(known)]
+    elif case == "missing interface":
+        extra = {"network": {"interface": "eth0"}}
+    elif case == "master port in use":
+        listener = net["node1"].popen([sys.executable, "-c", "import socket,time; s=socket.socket(); "
+                                       "s.bind(('0.0.0.0',29500)); s.listen(); print('up',flush=True); time.sleep(120)"],
+                                      stdout=subprocess.PIPE)
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "up"
+    if case == "missing workdir":
+        extra = {"ssh": {"workdir": "/nonexistent/ddpkit", "log_dir": str(tmp_path / "logs"), "connect_timeout_s": 3}}
+    job = write_job(tmp_path, "pre", args=["--max-steps=1"], extra=extra)
+    try:
+        out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net, addrs), *flags, timeout=120)
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait()
+    table = " ".join(out.stderr.split())
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "nothing was started" in table and expected_check in table, out.stderr
+    assert re.search(rf"│ {expected_node} ", out.stderr), out.stderr
+    assert not (tmp_path / "logs").exists(), "a node was started despite preflight problems"
+    if case == "unknown host key":
+        assert "ssh-keyscan -p 22" in table
+    if case == "changed host key":
+        assert "ssh-keygen -f" in table and "-R" in table
+
+
+def test_rendered_bash_launcher_runs_the_same_job(cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    job = write_job(tmp_path, "bash-e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
+    hosts_list = ",".join(net[n].addr for n in NODES)
+    rendered = tmp_path / "rendered"
+    subprocess.run([DDPKIT, "render", "ssh", "-f", str(job), "--set", f"ssh.hosts=[{hosts_list}]",
+                    "-o", str(rendered)], check=True, capture_output=True)
+    env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
+    out = net["login"].run(["bash", str(rendered / "launch.sh")], cwd=str(tmp_path), env=env, timeout=420)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert_ranks_in_hostfile_order(out.stdout)
+    assert job_processes(str(tmp_path)) == []
+
+
+def test_rendered_bash_launcher_fails_fast(cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    script = tmp_path / "failing_train.py"
+    script.write_text(FAILING_TRAINER)
+    mark = tmp_path / "failed-at"
+    job = write_job(tmp_path, "bash-ff", script=script, args=[*TRAIN_ARGS, "--max-steps=100000"],
+                    env={"FAIL_NODE": "2", "FAIL_AFTER_S": "2", "FAIL_MARK": str(mark)})
+    rendered = tmp_path / "rendered"
+    subprocess.run([DDPKIT, "render", "ssh", "-f", str(job), "-o", str(rendered)], check=True, capture_output=True)
+    env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
+    out = net["login"].run(["bash", str(rendered / "launch.sh"), str(hostfile(tmp_path, net))],
+                           cwd=str(tmp_path), env=env, timeout=420)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    deadline = float(mark.read_text()) + 10
+    while job_processes(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert job_processes(str(tmp_path)) == []
+    assert f"node 2 ({net['node3'].addr}) failed first with exit status 1" in out.stderr
+
+
+def test_proxyjump_goes_through_the_jump_host(cluster, tmp_path: Path) -> None:
+    """ssh_config ProxyJump is honoured: node3 is reached through node1's sshd,
+    so node3 sees the connection coming from node1's address."""
+    net, hosts = cluster
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host target\n  HostName {net['node3'].addr}\n  ProxyJump {net['node1'].addr}\n"
+                      + hosts.ssh_config.read_text())
+    probe = (
+        "import sys; from ddpkit.launch.conn import SshSettings, resolve, connect, close\n"
+        "from pathlib import Path\n"
+        "s = SshSettings(config_path=Path(sys.argv[1]))\n"
+        "c = connect(resolve('target', s), s)\n"
+        "_, out, _ = c.exec_command('echo $SSH_CLIENT; hostname')\n"
+        "print(out.read().decode()); close(c)\n"
+    )
+    out = net["login"].run([sys.executable, "-c", probe, str(config)], timeout=60)
+    assert out.returncode == 0, out.stderr
+    client_addr, hostname = out.stdout.split()[0], out.stdout.split()[-1]
+    assert (client_addr, hostname) == (net["node1"].addr, "node3")
