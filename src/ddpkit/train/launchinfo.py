@@ -88,6 +88,11 @@ def expand_hostlist(nodelist: str) -> list[str]:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
                              capture_output=True, text=True).stdout
         return out.split()
+    return parse_hostlist(nodelist)
+
+
+def parse_hostlist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list, e.g. node[01-03,7],gpu5 (one bracket level)."""
     hosts: list[str] = []
     for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
         if plain:
