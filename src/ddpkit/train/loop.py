@@ -112,6 +112,10 @@ class Trainer:
     # ---- set-up -------------------------------------------------------------
     def _build_data(self) -> None:
         a = self.args
+        if a.data == "cifar10":
+            from .datasets_cli import prepare_once
+
+            prepare_once(a.data_dir, self.ctx.local_rank, self.distributed)
         self.train_set, self.test_set = build_datasets(a.data, a.data_dir, a.image_size, a.num_classes,
                                                        a.synthetic_size, a.eval_size, a.seed)
         self.sampler = ResumableSampler(self.train_set, self.world, self.rank, seed=a.seed)

@@ -1,0 +1,141 @@
+"""Start real `ddpkit train` jobs for tests: N torchrun agents on localhost
+acting as N nodes (static rendezvous, gloo), or one process alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", "0", "--progress", "plain"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(node: int) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
+           "DDPKIT_HOSTNAME": f"testhost-node{node}", "PYTHONUNBUFFERED": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID"):
+        env.pop(name, None)
+    return env
+
+
+@dataclass
+class Job:
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+    def wait(self, timeout: float = 300) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(max(deadline - time.monotonic(), 1)))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise
+        return codes
+
+    def output(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in self.logs)
+
+    def all_pids(self) -> list[int]:
+        return [pid for p in self.procs for pid in descendants(p.pid)] + [p.pid for p in self.procs]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        for pid in self.all_pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            p.wait(60)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts workers in their own sessions,
+    so a process-group kill would miss them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def torchrun(tmp: Path, nodes: int, nproc: int, args: list[str], tag: str = "run") -> Job:
+    port = free_port()
+    procs, logs = [], []
+    for node in range(nodes):
+        log = tmp / f"{tag}-node{node}.out"
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
+                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                "-m", "ddpkit.train", *args]
+        with open(log, "wb") as out:
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_env(node), cwd=tmp))
+        logs.append(log)
+    return Job(procs, logs)
+
+
+def alone(tmp: Path, args: list[str], tag: str = "alone") -> Job:
+    log = tmp / f"{tag}.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ddpkit.train", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=_env(0), cwd=tmp)
+    return Job([proc], [log])
+
+
+def run_ok(job: Job, timeout: float = 300) -> str:
+    codes = job.wait(timeout)
+    text = job.output()
+    assert codes == [0] * len(codes), f"exit codes {codes}\n{text[-6000:]}"
+    return text
+
+
+def metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_step(path: Path, step: int, job: Job, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r.get("kind") == "train" and r["step"] >= step for r in metrics(path)):
+            return
+        if all(p.poll() is not None for p in job.procs):
+            raise AssertionError(f"job ended before step {step}\n{job.output()[-4000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def final_model(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    name = (checkpoint_dir / "latest").read_text().strip()
+    return torch.load(checkpoint_dir / name, map_location="cpu", weights_only=False)["model"]
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs: max |diff| {(a[key].float() - b[key].float()).abs().max()}"
