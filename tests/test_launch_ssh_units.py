@@ -1,0 +1,162 @@
+"""Hostfile parsing and the remote command text, without any host.
+
+The quoting test runs the exact start command under a local POSIX shell
+with a recorder standing in for the interpreter: whatever hostile text the
+spec holds must arrive at the process byte for byte, and nothing in it may run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddpkit.launch import remote
+from ddpkit.launch.hostfile import HostEntry, load_hosts, parse_hostfile
+from ddpkit.specfile import SpecError, build_spec
+
+RECORDER = """#!{python}
+import json, os, sys
+keys = json.loads(os.environ["KEYS"])
+print(json.dumps({{"argv": sys.argv[1:], "env": {{k: os.environ.get(k) for k in keys}}}}))
+"""
+
+
+def live_in_group(pgid: int) -> list[str]:
+    """Processes of a group that still run (zombies wait for a reaper, they run nothing)."""
+    out = subprocess.run(["ps", "-eo", "pgid=,stat=,pid=,args="], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if ln.split()[0] == str(pgid) and not ln.split()[1].startswith("Z")]
+
+
+def spec(**fields: object):
+    return build_spec({"name": "unit", **fields})
+
+
+# ---- hostfile ---------------------------------------------------------------
+
+def test_hostfile_lines_comments_users_ports_and_ipv6() -> None:
+    text = "# rack A\n\ngpu1 slots=4\nubuntu@gpu2:2222   slots=4  # spare\n[fe80::1%eth0]:23\n  10.0.0.9\n"
+    assert parse_hostfile(text, "hf") == [
+        HostEntry("gpu1", None, None, 4, "hf:3"),
+        HostEntry("gpu2", "ubuntu", 2222, 4, "hf:4"),
+        HostEntry("fe80::1%eth0", None, 23, None, "hf:5"),
+        HostEntry("10.0.0.9", None, None, None, "hf:6"),
+    ]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("gpu1\ngpu2\ngpu1\n", "hf:3: gpu1 is listed twice (first at hf:1)"),
+    ("gpu1 slots=8\ngpu2 slots=4\ngpu3\n", "hf:1: slots=8 but nproc_per_node=4; write slots=4 or pass --nproc-per-node 8"),
+    ("gpu1\ngpu2\n", "nodes: the job has nodes=3 but 2 hosts are listed; pass --nodes 2 or list 3 hosts"),
+    ("gpu1 max_slots=4\n", "hf:1: unknown option 'max_slots=4'; the only option is slots=N"),
+    ("-oProxyCommand=x\n", "hf:1: '-oProxyCommand=x' is not a host"),
+    ("gpu1:99999\n", "hf:1: port 99999 is out of range"),
+    ("", "hosts: none given"),
+])
+def test_hostfile_errors_name_the_line_and_the_fix(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "hf"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_hosts(spec(nodes=3, nproc_per_node=4), path)
+    assert any(message.replace("hf:", f"{path}:") in p for p in err.value.problems), err.value.problems
+
+
+def test_hosts_come_from_the_spec_without_a_hostfile() -> None:
+    entries = load_hosts(spec(nodes=2, ssh={"hosts": ["a", "root@b:2200"]}), None)
+    assert [str(e) for e in entries] == ["a", "root@b:2200"]
+
+
+def test_missing_hostfile_is_a_spec_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read it"):
+        load_hosts(spec(), tmp_path / "nope")
+
+
+# ---- remote command quoting ------------------------------------------------
+
+HOSTILE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+SEEDS = ["$(touch CANARY)", "`touch CANARY`", "'; touch CANARY; '", "\"$HOME\"\n-rf", "-- --node-rank=7", "é ü 日本"]
+
+
+def run_start(tmp_path: Path, env: dict[str, str], args: list[str], master: str) -> dict:
+    recorder = tmp_path / "recorder"
+    recorder.write_text(RECORDER.format(python=sys.executable))
+    recorder.chmod(0o755)
+    keys = sorted(env)
+    job = spec(nodes=2, env={**env, "KEYS": json.dumps(keys)}, command={"python": str(recorder), "args": args})
+    cmd = remote.node_command(job, 1, master)
+    # sh -c is what sshd runs the command with; stdin stays open like a launcher's.
+    proc = subprocess.Popen(["sh", "-c", cmd.start], cwd=tmp_path, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    assert proc.wait(30) == 0, out + err
+    proc.stdin.close()  # type: ignore[union-attr]
+    lines = out.decode().splitlines()
+    assert remote.parse_pgid(lines[0]) is not None
+    return json.loads(lines[-1])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.one_of(st.sampled_from(SEEDS), HOSTILE), arg=st.one_of(st.sampled_from(SEEDS), HOSTILE),
+       master=st.sampled_from(["10.0.0.1", "$(touch CANARY)", "a'b"]))
+def test_hostile_values_arrive_exactly_and_never_run(tmp_path: Path, value: str, arg: str, master: str) -> None:
+    got = run_start(tmp_path, {"HOSTILE": value}, [arg, "--x"], master)
+    assert got["env"]["HOSTILE"] == value
+    argv = got["argv"]
+    assert argv[:5] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--node-rank=1"]
+    assert argv[5] == f"--master-addr={master}"
+    assert argv[-2:] == [arg, "--x"]
+    assert not (tmp_path / "CANARY").exists()
+
+
+def test_stop_command_is_bound_to_one_pgid() -> None:
+    cmd = remote.node_command(spec(), 0, "h")
+    assert cmd.stop(4242).startswith("env DDPKIT_PGID=4242 DDPKIT_NODE_RANK=0 bash -c ")
+    assert 'kill -TERM -- "-$pg"' in remote.stop_script(spec())
+
+
+def test_stop_terms_then_kills_a_group_that_ignores_term(tmp_path: Path) -> None:
+    stubborn = subprocess.Popen(["setsid", "bash", "-c", "trap '' TERM; sleep 60 & wait; sleep 60"],
+                                stdout=subprocess.DEVNULL)
+    try:
+        job = spec(ssh={"grace_s": 0.3})
+        cmd = remote.node_command(job, 0, "h")
+        subprocess.run(["sh", "-c", cmd.stop(stubborn.pid)], check=True, timeout=30)
+        assert stubborn.wait(5) == -9
+        assert live_in_group(stubborn.pid) == []
+    finally:
+        stubborn.kill()
+
+
+def test_docker_mode_wraps_the_launch_line() -> None:
+    job = spec(image="reg.example/ddp:1", device="cuda", ssh={"docker": True, "workdir": "/w"}, env={"A": "1"})
+    text = remote.node_script(job)
+    line = next(ln for ln in text.splitlines() if ln.startswith("docker run"))
+    assert line.startswith('docker run --rm --name=ddpkit-unit-node"${DDPKIT_NODE_RANK}" --gpus all '
+                           "--network host --ipc host -e A ")
+    assert "-e DDPKIT_NODE_RANK -w /w reg.example/ddp:1 python3 -m torch.distributed.run" in line
+    assert "cd -- " not in text  # the workdir is the container's
+    assert "docker rm -f ddpkit-unit-node" in remote.stop_script(job)
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_watchdog_stops_the_group_when_the_launcher_goes_away(tmp_path: Path) -> None:
+    """Connection lost = stdin EOF on the host: the node's group must go."""
+    job = spec(command={"python": "/bin/sleep", "args": []}, ssh={"grace_s": 1})
+    script = remote.node_script(job).replace("/bin/sleep -m torch.distributed.run", "/bin/sleep 60 #")
+    proc = subprocess.Popen(["setsid", "bash", "-c", script, "t"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={"DDPKIT_NODE_RANK": "0", "DDPKIT_MASTER_ADDR": "h", "PATH": "/usr/bin:/bin"})
+    pgid = remote.parse_pgid(proc.stdout.readline().decode())  # type: ignore[union-attr]
+    assert pgid is not None
+    proc.stdin.close()  # type: ignore[union-attr]
+    assert proc.wait(10) != 0
+    for _ in range(50):
+        if not live_in_group(pgid):
+            break
+        subprocess.run(["sleep", "0.1"])
+    assert live_in_group(pgid) == []
