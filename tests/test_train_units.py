@@ -1,0 +1,133 @@
+"""In-process pieces of `ddpkit train`: samplers, balanced DP split, schedule,
+activation checkpointing, CIFAR-10 reader, device-resident loader, flag checks."""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ddpkit.train.balanced_dp import chunk_sizes
+from ddpkit.train.data import DeviceResidentLoader, ResumableSampler, ShardSampler, SyntheticImages, read_cifar10
+from ddpkit.train.loop import warmup_cosine
+from ddpkit.train.main import add_arguments, run
+from ddpkit.train.models import build_model
+
+
+def write_cifar10(root: Path, per_batch: int = 6, test: int = 7) -> None:
+    """A small CIFAR-10 in torchvision's on-disk format (pickled dicts of uint8 rows)."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for i, name in enumerate(names):
+        n = test if name == "test_batch" else per_batch
+        batch = {b"batch_label": name.encode(), b"labels": [(i + j) % 10 for j in range(n)],
+                 b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), b"filenames": [b"x.png"] * n}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+
+
+def test_balanced_chunks_put_the_small_share_on_device_zero() -> None:
+    assert chunk_sizes(8, 2, 3) == [2, 3, 3]  # the sources' example: 2+3+3
+    assert chunk_sizes(16, 4, 3) == [4, 6, 6]
+    assert chunk_sizes(10, 1, 4) == [1, 3, 3, 3]
+    assert chunk_sizes(11, 0, 3) == [0, 6, 5]
+    with pytest.raises(ValueError):
+        chunk_sizes(4, 5, 2)
+
+
+@pytest.mark.parametrize("size,world", [(101, 4), (7, 3), (2, 4)])
+def test_shard_sampler_covers_every_sample_exactly_once(size: int, world: int) -> None:
+    seen = [i for r in range(world) for i in ShardSampler(size, world, r)]
+    assert sorted(seen) == list(range(size))
+
+
+def test_resumable_sampler_skips_exactly_the_seen_prefix() -> None:
+    ds = SyntheticImages(50, 4, 10, seed=0)
+    full = ResumableSampler(ds, 2, 1, seed=3)
+    full.set_epoch(2)
+    part = ResumableSampler(ds, 2, 1, seed=3)
+    part.set_epoch(2, skip=8)
+    assert list(part) == list(full)[8:] and len(part) == len(full) - 8
+    other = ResumableSampler(ds, 2, 1, seed=3)
+    other.set_epoch(3)
+    assert list(other) != list(full)  # set_epoch reshuffles
+
+
+def test_warmup_is_linear_then_decays() -> None:
+    f = warmup_cosine(4, 20)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == 1.0 and f(12) == pytest.approx(0.5) and f(20) == pytest.approx(0.0)
+
+
+def _grads_and_stats(checkpointing: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = build_model("resnet18", 10, 16)
+    model.checkpointing = checkpointing
+    x, y = torch.randn(4, 3, 16, 16), torch.tensor([1, 2, 3, 4])
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()], [b.clone() for b in model.buffers()]
+
+
+def test_activation_checkpointing_gives_the_same_gradients() -> None:
+    plain_grads, _ = _grads_and_stats(False)
+    ckpt_grads, _ = _grads_and_stats(True)
+    for a, b in zip(plain_grads, ckpt_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_small_images_get_the_cifar_stem() -> None:
+    small, large = build_model("resnet18", 10, 32), build_model("resnet18", 10, 224)
+    assert small.stages[0].conv1.kernel_size == (3, 3) and small.stages[0].conv1.stride == (1, 1)
+    assert isinstance(small.stages[0].maxpool, torch.nn.Identity)
+    assert large.stages[0].conv1.kernel_size == (7, 7)
+    assert small(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_cifar10_reader_reads_torchvision_format(tmp_path: Path) -> None:
+    write_cifar10(tmp_path)
+    images, labels = read_cifar10(tmp_path, train=True)
+    assert images.shape == (30, 32, 32, 3) and labels.shape == (30,)
+    with open(tmp_path / "cifar-10-batches-py" / "data_batch_2", "rb") as f:
+        raw = pickle.load(f, encoding="bytes")
+    # row layout: 1024 red, then green, then blue, row-major
+    assert images[6, 0, 1, 2] == raw[b"data"][0][2 * 1024 + 1]
+    assert read_cifar10(tmp_path, train=False)[0].shape == (7, 32, 32, 3)
+
+
+def test_device_resident_loader_is_deterministic_and_resumable() -> None:
+    ds = SyntheticImages(40, 8, 10, seed=1)
+
+    def batches(skip: int) -> list[torch.Tensor]:
+        sampler = ResumableSampler(ds, 2, 0, seed=0)
+        sampler.set_epoch(1, skip=skip)
+        loader = DeviceResidentLoader.from_dataset(ds, sampler, 4, seed=0, device=torch.device("cpu"))
+        return [x for x, _ in loader]
+
+    full, resumed = batches(0), batches(8)
+    assert len(full) == 5 and all(b.shape == (4, 3, 8, 8) for b in full)
+    for a, b in zip(full[2:], resumed):
+        assert torch.equal(a, b)
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--data", "cifar10"], "--data-dir"),
+    (["--gpu0-batch", "2"], "--gpu0-batch"),
+    (["--model", "not a model"], "--model"),
+    (["--resume", "auto"], "--checkpoint-dir"),
+    (["--strategy", "dp", "--zero"], "--strategy dp"),
+])
+def test_bad_flags_exit_2_naming_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture) -> None:
+    assert run(_parse(*argv)) == 2
+    assert flag in capsys.readouterr().err
