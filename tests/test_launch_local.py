@@ -1,0 +1,118 @@
+"""`ddpkit launch local`: real torchrun agents as nodes on this machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpkit.cli import build_parser
+from ddpkit.launch.local import build_nodes, local_spec
+from tests.test_startup import ROOT, report_lines
+
+REPORT_ONLY = str(ROOT / "tests" / "helpers" / "report_only.py")
+FAIL_ON_NODE = str(ROOT / "tests" / "helpers" / "fail_on_node.py")
+
+
+def launch_argv(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "ddpkit.cli", "launch", "local", *argv]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "DDPKIT_", "RANK", "WORLD"))}
+    return {**env, **extra}
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(["launch", "local", *argv])
+
+
+def test_local_spec_runs_here_with_gloo_and_appends_train_args() -> None:
+    spec = local_spec(parse("-f", str(ROOT / "examples/cifar10-resnet18.yaml"), "--nodes", "3",
+                            "--nproc-per-node", "2", "--", "--epochs=1", "--batch-size", "8"))
+    assert (spec.nodes, spec.nproc_per_node, spec.backend, spec.device) == (3, 2, "gloo", "cpu")
+    assert spec.rendezvous.backend == "static" and spec.master_port is not None
+    assert spec.command.args[-3:] == ["--epochs=1", "--batch-size", "8"]
+    assert spec.command.python == sys.executable
+
+
+def test_each_node_gets_its_rank_and_name() -> None:
+    spec = local_spec(parse("--nodes", "2", "--nproc-per-node", "2"))
+    nodes = build_nodes(spec)
+    assert [n.env["DDPKIT_NODE_RANK"] for n in nodes] == ["0", "1"]
+    assert len({n.env["DDPKIT_HOSTNAME"] for n in nodes}) == 2
+    for i, node in enumerate(nodes):
+        assert f"--node-rank={i}" in node.argv
+        assert f"--master-addr=127.0.0.1" in node.argv and f"--master-port={spec.master_port}" in node.argv
+        assert node.argv[-2:] == ["-m", "ddpkit.train"]
+
+
+def test_bad_input_exits_2_before_starting_anything() -> None:
+    res = subprocess.run(launch_argv("--nodes", "0"), env=clean_env(), cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "nodes" in res.stderr
+    assert "launch local:" not in res.stdout
+
+
+@pytest.mark.slow
+def test_two_nodes_two_processes_rank_report() -> None:
+    res = subprocess.run(launch_argv("--nodes", "2", "--nproc-per-node", "2", "--set", f"command.script={REPORT_ONLY}"),
+                         env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = report_lines(res.stdout)
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert [(rows[r]["node"], rows[r]["local"]) for r in range(4)] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert {r["launcher"] for r in rows.values()} == {"torchrun"}
+    assert {r["interface"] for r in rows.values()} == {"lo"}  # auto, master 127.0.0.1
+    for line in res.stdout.splitlines():  # each line comes from the node that owns the rank
+        m = re.match(r"\[node(\d)\] REPORT-OK rank=(\d)", line)
+        if m:
+            assert int(m.group(1)) == int(m.group(2)) // 2
+    assert "[node0] rank report: 4 processes" in res.stdout
+    assert re.search(r"node1\s*│\s*0\s*│\s*ok", res.stdout)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_fail_fast_stops_the_other_nodes(tmp_path: Path) -> None:
+    res = subprocess.run(launch_argv("--nodes", "2", "--nproc-per-node", "2", "--grace", "5",
+                                     "--set", f"command.script={FAIL_ON_NODE}"),
+                         env=clean_env(STARTED_DIR=str(tmp_path)), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "launch local: node1 exited with code 1; stopped the other nodes" in res.stdout
+    assert re.search(r"node0\s*│\s*\S+\s*│\s*stopped", res.stdout)
+    pids = [int(p) for p in re.findall(r"\[node0\] STARTED node=0 local=\d pid=(\d+)", res.stdout)]
+    assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_all_nodes(tmp_path: Path) -> None:
+    proc = subprocess.Popen(launch_argv("--nodes", "2", "--nproc-per-node", "1", "--grace", "5",
+                                        "--set", f"command.script={FAIL_ON_NODE}"),
+                            env=clean_env(FAIL_NODE="none", STARTED_DIR=str(tmp_path)), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    out, started = [], 0
+    for line in proc.stdout:
+        out.append(line)
+        started += "STARTED" in line
+        if started == 2:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(out) + rest
+    assert proc.returncode == 130, text
+    assert "interrupted; stopped all nodes" in text
+    pids = [int(p) for p in re.findall(r"STARTED node=\d local=\d pid=(\d+)", text)]
+    assert len(pids) == 2 and all(_gone(p) for p in pids)
