@@ -146,7 +146,10 @@ def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     host = hostname()
     interface = None
     if info.launcher != "single" and backend != "mpi":
-        interface = netif.apply_interface(args.interface, info.master_addr)
+        try:
+            interface = netif.apply_interface(args.interface, info.master_addr)
+        except netif.InterfaceError as exc:
+            raise StartupError(str(exc)) from None
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if info.launcher != "single":
