@@ -141,7 +141,9 @@ def _placement_from_hosts(rank: int, host: str) -> tuple[int, int, int]:
 def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     import torch
 
-    device = resolve_device(args.device, info.local_rank)
+    # A manual start that was not told its node guesses the GPU from the
+    # global rank (one host's ranks are usually consecutive).
+    device = resolve_device(args.device, info.local_rank if info.node_rank is not None else info.rank)
     backend = resolve_backend(args.backend, device)
     host = hostname()
     interface = None
