@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -116,3 +117,22 @@ def test_ctrl_c_stops_all_nodes(tmp_path: Path) -> None:
     assert "interrupted; stopped all nodes" in text
     pids = [int(p) for p in re.findall(r"STARTED node=\d local=\d pid=(\d+)", text)]
     assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+@pytest.mark.slow
+def test_ddpkit_env_under_real_torchrun_agents() -> None:
+    """`ddpkit env` run as the job: what each process resolves without a process group."""
+    res = subprocess.run(launch_argv("--nodes", "2", "--nproc-per-node", "1", "--set", "command.module=ddpkit.cli",
+                                     "--", "env", "--json"),
+                         env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = {}
+    for line in res.stdout.splitlines():
+        m = re.match(r"\[node(\d)\] (\{.*\})$", line)
+        if m:
+            seen[int(m.group(1))] = json.loads(m.group(2))
+    assert sorted(seen) == [0, 1]
+    for node, got in seen.items():
+        assert (got["launcher"], got["rank"], got["node_rank"], got["world_size"]) == ("torchrun", node, node, 2)
+        assert (got["master_addr"], got["interface"], got["backend"]) == ("127.0.0.1", "lo", "gloo")
+        assert got["host"].endswith(f"-node{node}")
