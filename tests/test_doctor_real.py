@@ -47,12 +47,15 @@ def as_rank1_of_2(port: int, **extra: str) -> dict[str, str]:
 
 
 def doctor(*args: str, env: dict[str, str], torchrun: int = 0, timeout: int = 240,
-           preexec=None) -> tuple[int, dict, str]:
+           preexec=None, cli: bool = False) -> tuple[int, dict, str]:
     cmd = [sys.executable]
-    if torchrun:
+    if cli:  # through `ddpkit doctor`, not `python -m ddpkit.doctor`
+        cmd += ["-m", "ddpkit.cli", "doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", *args]
+    elif torchrun:
         cmd += ["-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={torchrun}",
                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
-    cmd += ["-m", "ddpkit.doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", *args]
+    if not cli:
+        cmd += ["-m", "ddpkit.doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", *args]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=preexec)
     try:
@@ -128,7 +131,7 @@ def test_unresolvable_master_fails():
 
 def test_forged_version_mismatch_fails_the_rank_report():
     forge = json.dumps({"on_rank": 1, "torch": "0.0-forged"})
-    rc, doc, _ = doctor("--spawn=2", env=base_env(DDPKIT_FORGE_RANK_REPORT=forge))
+    rc, doc, _ = doctor("--spawn=2", env=base_env(DDPKIT_FORGE_RANK_REPORT=forge), cli=True)
     assert rc == 1 and doc["world_size"] == 2
     fail = the_failure(doc, "rank report")
     assert "versions differ" in fail["detail"] and "0.0-forged" in fail["detail"]

@@ -47,8 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    f"{format_size(CPU_MAX_SIZE)} on CPU/gloo)")
     g.add_argument("--bench-seconds", type=float, default=0.2, help="time budget per message size (default 0.2)")
     g.add_argument("--no-gloo", action="store_true", help="on NCCL jobs, skip the gloo (CPU) comparison")
-    g.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
-                   help="how long non-master ranks retry the master's port (default 10)")
+    # Generous: under srun/mpirun rank 0 opens the port only after its own
+    # (possibly slow, shared-filesystem) torch import; a good port answers at once.
+    g.add_argument("--connect-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long ranks that do not host the store retry the master's port (default 60)")
     g.add_argument("--shm-path", type=Path, default=Path("/dev/shm"), help="shared memory mount (default /dev/shm)")
     g.add_argument("--shm-min", type=_size, help=f"required size of --shm-path (default "
                    f"{format_size(local.SHM_PER_PROCESS)} per process on the node)")
@@ -197,6 +199,8 @@ def _run_spawned(args: argparse.Namespace) -> int:
 
     from torch.multiprocessing import ProcessExitedException
 
+    # The children get args by pickle; the CLI's dispatch closure cannot travel.
+    args = argparse.Namespace(**{k: v for k, v in vars(args).items() if not callable(v)})
     try:
         run_spawned(args, functools.partial(_spawned_entry, args=args))
     except ProcessExitedException:
