@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the ddpkit image and print its tag on the last line.
+#   docker/build.sh cuda [TAG]   default: CUDA + NCCL PyTorch base (torch from the base)
+#   docker/build.sh cpu  [TAG]   CPU variant: Python base + torch/torchvision wheels
+# Environment:
+#   BASE_IMAGE         override the base (cpu default: python:3.11-slim-bookworm)
+#   TORCH_PACKAGES     cpu: what to pip install (default: the versions in .venv, pinned)
+#   PIP_INDEX_URL / PIP_EXTRA_INDEX_URL   e.g. https://download.pytorch.org/whl/cpu
+#   OFFLINE=1          install only from docker/wheelhouse (fill it: make wheelhouse)
+#   STANDIN=1          when the base cannot be pulled, build a stand-in (docker/standin-base.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+variant=${1:?usage: build.sh cuda|cpu [TAG]}
+docker=${DOCKER:-docker}
+args=()
+case "$variant" in
+  cuda) tag=${2:-ddpkit:cuda} ;;
+  cpu)
+    tag=${2:-ddpkit:cpu}
+    BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim-bookworm}
+    if [ -z "${TORCH_PACKAGES:-}" ]; then
+      py=${PYTHON:-.venv/bin/python}
+      TORCH_PACKAGES=$("$py" -c 'import torch, torchvision; print(f"torch=={torch.__version__.split(\"+\")[0]} torchvision=={torchvision.__version__.split(\"+\")[0]}")')
+    fi
+    args+=(--build-arg "TORCH_PACKAGES=$TORCH_PACKAGES") ;;
+  *) echo "build.sh: variant must be cuda or cpu, not '$variant'" >&2; exit 2 ;;
+esac
+[ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+for var in PIP_INDEX_URL PIP_EXTRA_INDEX_URL; do
+  [ -n "${!var:-}" ] && args+=(--build-arg "$var=${!var}")
+done
+[ "${OFFLINE:-0}" = 1 ] && args+=(--build-arg PIP_NO_INDEX=1)
+
+if [ "${STANDIN:-0}" = 1 ] && [ -n "${BASE_IMAGE:-}" ] \
+   && ! "$docker" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  DOCKER=$docker bash docker/standin-base.sh "$BASE_IMAGE" >&2
+fi
+
+# The Dockerfile uses RUN --mount (BuildKit). Docker >= 23 builds with buildx;
+# a 20.10 client (Debian's docker.io) has BuildKit built in.
+builder=()
+for candidate in "$docker" $(type -ap docker); do
+  if "$candidate" buildx version >/dev/null 2>&1; then builder=("$candidate" buildx build --load); break; fi
+  major=$("$candidate" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1 || true)
+  if [ -n "$major" ] && [ "$major" -lt 23 ]; then builder=(env DOCKER_BUILDKIT=1 "$candidate" build); break; fi
+done
+[ "${#builder[@]}" -gt 0 ] || { echo "build.sh: need docker buildx or a docker client with built-in BuildKit" >&2; exit 2; }
+"${builder[@]}" --progress=plain -f docker/Dockerfile -t "$tag" "${args[@]}" . >&2
+echo "$tag"
