@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -94,15 +95,16 @@ def rank_rows(output: str) -> list[dict[str, str]]:
 
 
 def job_processes(marker: str) -> list[str]:
-    """Every process on the machine (all namespaces) whose argv mentions marker."""
+    """Every process on the machine (all namespaces) whose argv or working directory mentions marker."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+                cwd = os.readlink(proc / "cwd")  # every job process runs in ssh.workdir
             except OSError:
                 continue
-            if marker in args and int(proc.name) != os.getpid():
+            if (marker in args or cwd.startswith(marker)) and int(proc.name) != os.getpid():
                 found.append(f"{proc.name} {args[:120]}")
     return found
 
@@ -249,3 +251,36 @@ def test_proxyjump_goes_through_the_jump_host(cluster, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     client_addr, hostname = out.stdout.split()[0], out.stdout.split()[-1]
     assert (client_addr, hostname) == (net["node1"].addr, "node3")
+
+
+# Stands in for the interpreter where the test is about the launcher, not
+# the trainer: answers the preflight's version probe, then sleeps as a rank.
+STAND_IN_PYTHON = """#!/bin/sh
+if [ "$1" = "-c" ]; then echo 2.15.0; exit 0; fi
+echo "rank on $(hostname) running"
+exec sleep 120
+"""
+
+
+def test_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    fake = tmp_path / "python"
+    fake.write_text(STAND_IN_PYTHON)
+    fake.chmod(0o755)
+    job = write_job(tmp_path, "ctrlc", args=[], script=tmp_path / "rank.py")
+    job.write_text(job.read_text().replace(sys.executable, str(fake)))
+    argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hostfile(tmp_path, net)),
+            *hosts.launcher_flags()]
+    proc = net["login"].popen(argv, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    running = set()
+    while len(running) < 3:
+        line = proc.stdout.readline()
+        assert line, "launcher ended before every rank ran"
+        if "running" in line:
+            running.add(line.split("]")[0])
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: every node was stopped" in err
+    assert job_processes(str(tmp_path)) == []
