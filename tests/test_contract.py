@@ -117,8 +117,6 @@ def test_pytorchjob_pod_names_follow_the_operator() -> None:
     assert hosts_for(spec, Target.PYTORCHJOB) == ["job-master-0", "job-worker-0", "job-worker-1"]
 
 
-@pytest.mark.xfail(strict=True, reason="contract.sources() takes no hosts=, so node_view(hosts=HOSTFILE) "
-                   "puts spec.ssh.hosts[0] (or node1) in --master-addr; reported to the lead")
 def test_ssh_ranks_follow_the_hostfile_order() -> None:
     spec = spec_for(Target.SSH, 3, 1)
     hosts = ["c", "a", "b"]

@@ -116,9 +116,10 @@ def hosts_for(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> 
     return [f"node{i + 1}" for i in range(n)]
 
 
-def sources(spec: JobSpec, target: Target) -> Sources:
-    """The table in DESIGN.md, as data."""
-    hosts = hosts_for(spec, target)
+def sources(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> Sources:
+    """The table in DESIGN.md, as data. `hosts` (node-rank order) overrides
+    the target's default names, e.g. the lines of an SSH hostfile."""
+    hosts = hosts_for(spec, target, hosts)
     port = master_port(spec, target)
     if target in (Target.SLURM, Target.SLURM_SRUN):
         # MASTER_ADDR/PORT are computed once by the batch script and exported;
@@ -276,7 +277,7 @@ def node_view(spec: JobSpec, target: Target, index: int, *, job_id: int = 4242,
     way the node itself would."""
     injected = controller_env(spec, target, index, job_id=job_id, hosts=hosts)
     flags: dict[str, str] = {}
-    for arg in torchrun_argv(spec, sources(spec, target)):
+    for arg in torchrun_argv(spec, sources(spec, target, hosts)):
         m = _FLAG.match(arg.resolve(injected))
         if m:
             flags[m.group(1)] = m.group(2)

@@ -4,6 +4,11 @@ Rules (DESIGN.md): StrictUndefined, so a missing variable is an error; every
 value reaching a shell goes through `shq` or is a node-side `FromNode` part;
 every YAML scalar goes through `tojson`. Rendered text is checked before it
 is returned: shell with `bash -n`, YAML parsed back.
+
+Convention for shell templates: the job environment is exported as
+`export NAME=<shq value>` statements, each starting a line, in the file the
+target renders; tests source exactly those statements and read the values
+back byte for byte.
 """
 
 from __future__ import annotations
