@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench clean
+.PHONY: wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,9 +36,38 @@ render-compose: install
 
 render-all: render-slurm render-k8s render-ssh render-compose
 
+# 2 nodes x 2 processes on this machine (gloo, CPU, synthetic data), then every target into $(OUT)/.
+DEMO_ARGS = --model resnet18 --image-size 32 --data synthetic --synthetic-size 256 --eval-size 128 \
+	--batch-size 16 --epochs 1 --workers 0 --log-every 1 --progress bar \
+	--checkpoint-dir $(OUT)/demo/ckpt --metrics $(OUT)/demo/metrics.jsonl --log-dir $(OUT)/demo/logs
+demo: install
+	rm -rf $(OUT)/demo
+	$(DDPKIT) launch local --nodes 2 --nproc-per-node 2 -- $(DEMO_ARGS)
+	$(MAKE) render-all
+
 # Regenerate the checked-in examples under slurm/ and k8s/ from examples/.
 golden: install
 	$(PY) -m tests.golden --write
+
+# The image (docker/Dockerfile): `make image` is the CUDA + NCCL default,
+# `make image-cpu` the gloo/CPU variant; both print the tag last.
+# `make wheelhouse` downloads every wheel the CPU image needs (torch as in .venv)
+# so that OFFLINE=1 builds reach no index.
+wheelhouse: install
+	$(PY) -m pip download --only-binary=:all: -d docker/wheelhouse hatchling \
+	  $$($(PY) -c 'import torch, torchvision; print("torch==" + torch.__version__.partition("+")[0], "torchvision==" + torchvision.__version__.partition("+")[0])') \
+	  $$($(PY) -c 'import tomllib; print(" ".join(d for d in tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"] if not d.startswith("torch")))')
+
+image:
+	bash docker/build.sh cuda $(IMAGE)
+
+image-cpu: install wheelhouse
+	OFFLINE=1 bash docker/build.sh cpu $(IMAGE)
+
+# Build the CPU image, run the rendered compose file (NODES=2 default) doing a
+# gloo DDP `ddpkit train`; exits with node0's code.
+compose-test: install wheelhouse
+	OFFLINE=1 NODES=$(NODES) OUT=$(OUT) bash docker/compose-test.sh
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -7,7 +7,8 @@
 #   TORCH_PACKAGES     cpu: what to pip install (default: the versions in .venv, pinned)
 #   PIP_INDEX_URL / PIP_EXTRA_INDEX_URL   e.g. https://download.pytorch.org/whl/cpu
 #   OFFLINE=1          install only from docker/wheelhouse (fill it: make wheelhouse)
-#   STANDIN=1          when the base cannot be pulled, build a stand-in (docker/standin-base.sh)
+#   STANDIN=auto       (default) when the base is not here and cannot be pulled, build a
+#                      stand-in with docker/standin-base.sh (CI: no registry); 0 never, 1 always
 set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=${1:?usage: build.sh cuda|cpu [TAG]}
@@ -20,7 +21,7 @@ case "$variant" in
     BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim-bookworm}
     if [ -z "${TORCH_PACKAGES:-}" ]; then
       py=${PYTHON:-.venv/bin/python}
-      TORCH_PACKAGES=$("$py" -c 'import torch, torchvision; print(f"torch=={torch.__version__.split(\"+\")[0]} torchvision=={torchvision.__version__.split(\"+\")[0]}")')
+      TORCH_PACKAGES=$("$py" -c 'import torch, torchvision; print("torch==" + torch.__version__.partition("+")[0], "torchvision==" + torchvision.__version__.partition("+")[0])')
     fi
     args+=(--build-arg "TORCH_PACKAGES=$TORCH_PACKAGES") ;;
   *) echo "build.sh: variant must be cuda or cpu, not '$variant'" >&2; exit 2 ;;
@@ -31,9 +32,13 @@ for var in PIP_INDEX_URL PIP_EXTRA_INDEX_URL; do
 done
 [ "${OFFLINE:-0}" = 1 ] && args+=(--build-arg PIP_NO_INDEX=1)
 
-if [ "${STANDIN:-0}" = 1 ] && [ -n "${BASE_IMAGE:-}" ] \
+standin=${STANDIN:-auto}
+if [ "$standin" != 0 ] && [ -n "${BASE_IMAGE:-}" ] \
    && ! "$docker" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-  DOCKER=$docker bash docker/standin-base.sh "$BASE_IMAGE" >&2
+  if [ "$standin" = 1 ] || ! timeout 120 "$docker" pull "$BASE_IMAGE" >&2; then
+    echo "build.sh: $BASE_IMAGE cannot be pulled; building a stand-in" >&2
+    DOCKER=$docker bash docker/standin-base.sh "$BASE_IMAGE" >&2
+  fi
 fi
 
 # The Dockerfile uses RUN --mount (BuildKit). Docker >= 23 builds with buildx;

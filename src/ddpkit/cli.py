@@ -23,6 +23,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("env",), "ddpkit.train.envinfo", "print what this process resolved: ranks, master, interface, backend, device"),
     (("launch", "local"), "ddpkit.launch.local", "run the job as N torchrun agents (nodes) on this machine, gloo"),
     (("launch", "ssh"), "ddpkit.launch.ssh", "start the job on bare-metal hosts over SSH (hostfile order = node rank)"),
+    (("launch", "docker"), "ddpkit.launch.docker", "run the job as N containers of its image on one Docker network (node0 the master)"),
     (("train",), "ddpkit.train.main", "the DDP training entrypoint (run it under torchrun, srun, mpirun, a pod, or alone)"),
     (("data",), "ddpkit.train.datasets_cli", "download a dataset once into a folder (ddpkit data cifar10 --root DIR)"),
     (("doctor",), "ddpkit.doctor", "preflight checks, collective correctness and (--bench) bandwidth on every rank"),
