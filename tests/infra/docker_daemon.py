@@ -1,0 +1,130 @@
+"""A Docker daemon and the ddpkit CPU image for the container tests.
+
+Uses the daemon DOCKER_HOST (or the default socket) names when one answers;
+otherwise, as root with Debian's docker.io installed, starts its own dockerd
+(own data root, exec root, socket and pidfile under /tmp) and stops it by
+its PID at the end of the session. The image is built once per session by
+docker/build.sh, the same path `make image-cpu` takes: a stand-in base from
+mmdebstrap when the base cannot be pulled, wheels from docker/wheelhouse.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STATE = Path("/tmp/ddpkit-test-dockerd")
+IMAGE = "ddpkit:cpu-test"
+
+
+@dataclass
+class Docker:
+    host: str  # a DOCKER_HOST value
+    pid: int | None  # the dockerd we started, None when it was already running
+    image: str | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": self.host}
+
+
+def _answers(host: str) -> bool:
+    probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], env={**os.environ, "DOCKER_HOST": host},
+                           capture_output=True, text=True, timeout=30)
+    return probe.returncode == 0
+
+
+def _why_not() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker CLI not installed (.ci/system-deps.sh installs docker.io)"
+    if os.geteuid() != 0 and not _answers(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")):
+        return "no Docker daemon answers and starting dockerd needs root"
+    if shutil.which("dockerd") is None and not _answers(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")):
+        return "no Docker daemon answers and dockerd is not installed"
+    return None
+
+
+def start_daemon() -> Docker:
+    existing = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if _answers(existing):
+        return Docker(existing, None)
+    STATE.mkdir(parents=True, exist_ok=True)
+    sock = STATE / "docker.sock"
+    log = (STATE / "dockerd.log").open("ab")
+    proc = subprocess.Popen(
+        ["dockerd", f"--data-root={STATE / 'root'}", f"--exec-root={STATE / 'exec'}",
+         f"--pidfile={STATE / 'dockerd.pid'}", f"--host=unix://{sock}"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    docker = Docker(f"unix://{sock}", proc.pid)
+    for _ in range(120):
+        if proc.poll() is not None:
+            raise RuntimeError(f"dockerd exited with {proc.returncode}; see {STATE / 'dockerd.log'}")
+        if sock.exists() and _answers(docker.host):
+            return docker
+        time.sleep(0.5)
+    stop_daemon(docker)
+    raise RuntimeError(f"dockerd did not answer within 60s; see {STATE / 'dockerd.log'}")
+
+
+def stop_daemon(docker: Docker) -> None:
+    """Stop the dockerd this module started, by its PID, and wait for it."""
+    if docker.pid is None:
+        return
+    try:
+        os.kill(docker.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(60):
+        try:
+            os.kill(docker.pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(docker.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.5)
+    os.kill(docker.pid, signal.SIGKILL)
+
+
+def build_image(docker: Docker) -> str:
+    """`make wheelhouse` + docker/build.sh cpu (offline, stand-in base when needed)."""
+    subprocess.run(["make", "-s", "wheelhouse"], cwd=REPO, env=docker.env, check=True,
+                   stdout=subprocess.DEVNULL)
+    env = docker.env | {"OFFLINE": "1"}
+    out = subprocess.run(["bash", "docker/build.sh", "cpu", IMAGE], cwd=REPO, env=env, check=True,
+                         stdout=subprocess.PIPE, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+_SESSION: Docker | None = None
+
+
+@pytest.fixture(scope="session")
+def docker_daemon() -> Docker:
+    """A running daemon (started here if need be) with the CPU image built.
+    Cached in a module global: test modules import this fixture by name."""
+    global _SESSION
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    if _SESSION is None:
+        daemon = start_daemon()
+        try:
+            daemon.image = build_image(daemon)
+        except BaseException:
+            stop_daemon(daemon)
+            raise
+        _SESSION = daemon
+    yield _SESSION
+    if _SESSION is not None:
+        stop_daemon(_SESSION)
+        _SESSION = None

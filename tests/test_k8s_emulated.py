@@ -1,0 +1,159 @@
+"""Kubernetes manifests run in containers, the way the controllers would.
+
+No API server can run here, so for each rendered manifest this test does
+what the controller and the kubelet do: one container per pod from the
+built image on one Docker network, the pod's hostname and the DNS names the
+controller provides (network aliases), the environment the controller
+injects (contract.controller_env: DESIGN.md's table), and the kubelet's
+$(VAR) expansion of command, args and env (tests/expansion.py). The
+manifest is read back from the rendered YAML, so the template is what is
+tested: a wrong variable leaves a `$(VAR)` or a wrong rank, and the run
+fails or its rank report does not match.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from ddpkit.contract import controller_env, hosts_for
+from ddpkit.render import render
+from ddpkit.spec import JobSpec
+from ddpkit.specfile import load_spec
+from ddpkit.targets import kubernetes
+from tests.expansion import kubelet_container_env, kubelet_expand
+from tests.infra import rank_table
+from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
+
+TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=24", "--batch-size=8",
+        "--epochs=1", "--workers=0", "--no-eval"]
+
+
+@dataclass(frozen=True)
+class Pod:
+    hostname: str
+    dns_names: list[str]
+    argv: list[str]
+    env: dict[str, str]
+
+
+def _containers(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training container of every pod, in pod-index order."""
+    if kind == "pytorchjob":
+        specs = docs[0]["spec"]["pytorchReplicaSpecs"]
+        master = specs["Master"]["template"]["spec"]["containers"]
+        worker = specs["Worker"]["template"]["spec"]["containers"]
+        pick = [next(c for c in master if c["name"] == "pytorch")]
+        return pick + [next(c for c in worker if c["name"] == "pytorch")] * specs["Worker"]["replicas"]
+    if kind == "indexed-job":
+        job = next(d for d in docs if d["kind"] == "Job")
+        assert job["spec"]["completionMode"] == "Indexed"
+        return [job["spec"]["template"]["spec"]["containers"][0]] * job["spec"]["completions"]
+    trainer = docs[0]["spec"]["trainer"]
+    return [trainer] * trainer["numNodes"]
+
+
+def pods(spec: JobSpec, text: str) -> list[Pod]:
+    """Every pod as its controller and the kubelet would start it: command,
+    args and env from the rendered YAML; names and injected variables from
+    the controller's side of the contract (what it derives from the job's
+    name, kind and replica counts, which `spec` carries)."""
+    kind = spec.k8s.kind
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert docs[0]["metadata"]["name"] == spec.name
+    target = kubernetes.KIND_TARGET[kind]
+    if kind == "indexed-job":  # the Service that makes <job>-<i>.<service> resolve
+        service = next(d for d in docs if d["kind"] == "Service")
+        assert service["spec"]["clusterIP"] == "None"
+        job = next(d for d in docs if d["kind"] == "Job")
+        assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
+    out = []
+    for i, (container, host) in enumerate(zip(_containers(kind, docs), hosts_for(spec, target))):
+        env = kubelet_container_env(container.get("env", []), controller_env(spec, target, i))
+        argv = [kubelet_expand(a, env) for a in container.get("command", []) + container.get("args", [])]
+        out.append(Pod(host.split(".")[0], sorted({host, host.split(".")[0]}), argv, env))
+    return out
+
+
+def run_pods(docker: Docker, pods_: list[Pod]) -> tuple[list[int], list[str]]:
+    """Start every pod's container on one network; fail fast like a JobSet
+    or an operator with backoffLimit 0; return exit codes and logs."""
+    import docker as sdk
+
+    client = sdk.DockerClient(base_url=docker.host)
+    tag = uuid.uuid4().hex[:8]
+    net = client.networks.create(f"k8s-emul-{tag}", labels={"io.ddpkit.test": tag})
+    containers = []
+    try:
+        for pod in pods_:
+            endpoint = client.api.create_endpoint_config(aliases=pod.dns_names)
+            created = client.api.create_container(
+                docker.image, command=pod.argv, environment=pod.env, hostname=pod.hostname,
+                labels={"io.ddpkit.test": tag},
+                networking_config=client.api.create_networking_config({net.name: endpoint}),
+                host_config=client.api.create_host_config(shm_size="256m"))
+            containers.append(client.containers.get(created["Id"]))
+        for c in containers:
+            c.start()
+        codes: list[int | None] = [None] * len(containers)
+        while None in codes:
+            for i, c in enumerate(containers):
+                if codes[i] is None:
+                    try:
+                        codes[i] = int(c.wait(timeout=2)["StatusCode"])
+                    except Exception:  # noqa: BLE001  (read timeout: still running)
+                        continue
+                    if codes[i] != 0:
+                        for other in containers:
+                            other.stop(timeout=2)
+        logs = [c.logs().decode("utf-8", "replace") for c in containers]
+        return [int(code) for code in codes], logs  # type: ignore[arg-type]
+    finally:
+        for c in containers:
+            c.remove(force=True)
+        net.remove()
+
+
+def job(kind: str, nodes: int) -> JobSpec:
+    return load_spec(REPO / "examples" / "cpu-smoke.yaml",
+                     overrides=[f"k8s.kind={kind}", "command.args=" + json.dumps(TINY)],
+                     nodes=nodes, nproc_per_node=1)
+
+
+def rendered(spec: JobSpec) -> str:
+    files = render(spec, "k8s").files
+    assert len(files) == 1
+    return next(iter(files.values()))
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob"])
+def test_every_pod_reports_its_rank(docker_daemon: Docker, kind: str) -> None:
+    spec = job(kind, 3)
+    pods_ = pods(spec, rendered(spec))
+    assert not any("$(" in a for p in pods_ for a in p.argv), "an unexpanded $(VAR) reached a pod"
+    codes, logs = run_pods(docker_daemon, pods_)
+    assert codes == [0, 0, 0], "\n".join(logs)
+    assert rank_table.problems(logs[0], 3, 1) == [], logs[0]
+    hosts = {r.node_rank: r.host for r in rank_table.rows(logs[0])}
+    assert hosts == {i: p.hostname for i, p in enumerate(pods_)}, "pod i must carry node rank i"
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_wrong_variable_in_the_template_fails_the_run(docker_daemon: Docker) -> None:
+    spec = job("indexed-job", 2)
+    text = rendered(spec).replace("$(JOB_COMPLETION_INDEX)", "$(JOB_INDEX)")
+    assert text != rendered(spec)
+    pods_ = pods(spec, text)
+    codes, logs = run_pods(docker_daemon, pods_)
+    assert codes != [0, 0], "\n".join(logs)
+    assert "$(JOB_INDEX)" in "\n".join(logs)
