@@ -258,3 +258,48 @@ def test_no_daemons_leak(tmp_path: Path) -> None:
         names = [h.ns for h in c.net.hosts]  # type: ignore[union-attr]
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in names)
+
+
+# ---- ddpkit submit slurm ---------------------------------------------------------
+
+
+def submit(cluster: SlurmCluster, tmp: Path, spec: dict, *flags: str) -> subprocess.CompletedProcess[str]:
+    job = tmp / f"{spec['name']}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    return cluster.run(["ddpkit", "submit", "slurm", "-f", str(job), "--dir", str(tmp / "run"), *flags],
+                       cwd=tmp, timeout=180)
+
+
+def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = submit(cluster, tmp_path, job_spec("sub-ok"), "--follow")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
+    assert f"output {tmp_path / 'run' / f'sub-ok-{job_id}.out'}" in done.stdout
+    assert (tmp_path / "run" / "sub-ok.sbatch").exists()
+    lines = done.stdout.splitlines()
+    for node in ("node1", "node2"):
+        node_probes = [json.loads(x.split("PROBE ", 1)[1]) for x in lines if x.startswith(f"[{node}] PROBE {{")]
+        assert len(node_probes) == 2 and {p["host"] for p in node_probes} == {node}, done.stdout
+    assert any(x.startswith("[batch] ddpkit: job") for x in lines)
+    assert f"job {job_id} ended COMPLETED" in done.stderr
+
+
+def test_submit_follow_exits_with_the_failed_state(cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = submit(cluster, tmp_path, job_spec("sub-fail", mode="srun", args=["--fail-rank=1"]), "--follow")
+    assert done.returncode != 0
+    assert "[node1] PROBE-FAIL rank=1" in done.stdout
+    assert "ended FAILED" in done.stderr
+
+
+def test_submit_shows_sbatch_errors_as_they_are(cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = submit(cluster, tmp_path, job_spec("sub-bad", partition="nosuch"))
+    assert done.returncode != 0
+    assert "sbatch: error:" in done.stderr and "invalid partition" in done.stderr.lower(), done.stderr
+    assert "submitted" not in done.stdout
+
+
+def test_submit_without_follow_returns_at_once(cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = submit(cluster, tmp_path, job_spec("sub-bg"))
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
+    assert cluster.wait(job_id).state == "COMPLETED"

@@ -27,6 +27,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("train",), "ddpkit.train.main", "the DDP training entrypoint (run it under torchrun, srun, mpirun, a pod, or alone)"),
     (("data",), "ddpkit.train.datasets_cli", "download a dataset once into a folder (ddpkit data cifar10 --root DIR)"),
     (("doctor",), "ddpkit.doctor", "preflight checks, collective correctness and (--bench) bandwidth on every rank"),
+    (("submit", "slurm"), "ddpkit.launch.slurm", "render the job, sbatch it, and (--follow) stream its logs until it ends"),
 ]
 
 

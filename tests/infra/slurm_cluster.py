@@ -15,6 +15,9 @@ Choices, and why:
 - CPUs per node are declared (8) rather than detected, with
   SlurmdParameters=config_overrides, so two 2-task jobs fit on the same
   nodes at once on a 2-core machine.
+- AuthInfo cred_expire=10: a requeued job becomes eligible again only after
+  the credential lifetime (default 120 s), which would make the preemption
+  test sit idle for two minutes.
 - Everything lives under one folder; SLURM_CONF points every command there.
 
 Torn down on exit: daemons stopped, every process in the namespaces killed,
@@ -171,7 +174,7 @@ ClusterName=ddpkit-test
 SlurmctldHost=slurmctl({self.ctl.addr})
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={w}/state

@@ -112,6 +112,12 @@ def exports(spec: JobSpec) -> dict[str, str]:
     return env | job_env(spec)
 
 
+def quoted_word(word: str) -> str:
+    """Single-quoted always (shlex.quote leaves a,b bare, which shellcheck
+    reads as a mistaken array separator)."""
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
 @dataclass(frozen=True)
 class Plan:
     spec: JobSpec
@@ -121,6 +127,10 @@ class Plan:
     srun_options: list[str]
     container: list[str]
     task: str
+
+    @property
+    def srun_words(self) -> list[str]:
+        return [quoted_word(o) if "," in o else shq(o) for o in self.srun_options]
 
 
 def plan(spec: JobSpec, *, doctor: bool = False) -> Plan:
@@ -151,14 +161,16 @@ def parse_directives(text: str) -> list[str]:
     return out
 
 
-def read_exports(text: str) -> dict[str, str]:
-    """Source the script's export lines in bash and read every value back."""
-    lines = [line for line in text.splitlines() if line.startswith("export ") and "=" in line]
-    names = [line[len("export "):].split("=", 1)[0] for line in lines]
-    script = "\n".join(lines) + "\n" + "".join(f'printf "%s\\0" "${n}"\n' for n in names)
+ENV_BLOCK_END = "\n# ---- Rendezvous"
+
+
+def read_exports(text: str, names: list[str]) -> dict[str, str]:
+    """Run the script's environment block in bash (nothing else) and read
+    the named variables back, byte for byte."""
+    block = text.split(ENV_BLOCK_END, 1)[0]
+    script = block + "\n" + "".join(f'printf "%s\\0" "${{{n}-}}"\n' for n in names)
     out = subprocess.run(["bash", "--norc", "-c", script], capture_output=True, check=True, env={}).stdout
-    values = out.decode("utf-8", "surrogateescape").split("\0")[:-1]
-    return dict(zip(names, values))
+    return dict(zip(names, out.decode("utf-8", "surrogateescape").split("\0")[:-1]))
 
 
 def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
@@ -169,8 +181,9 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     got = parse_directives(text)
     if got != sbatch_directives(spec):
         raise RenderError(f"{name}: #SBATCH lines {got} do not match the spec {sbatch_directives(spec)}")
-    env = read_exports(text)
-    missing = {k: v for k, v in exports(spec).items() if env.get(k) != v}
+    expected = exports(spec)
+    env = read_exports(text, list(expected))
+    missing = {k: v for k, v in expected.items() if env.get(k) != v}
     if missing:
         raise RenderError(f"{name}: exports differ from the job env for {sorted(missing)}")
     if plan(spec, doctor=doctor).task not in text:

@@ -1,0 +1,152 @@
+"""`ddpkit submit slurm -f JOB.yaml [--follow]`: render, sbatch, and follow.
+
+The script is written to `--dir` (default: the current folder) as
+`<name>.sbatch`, and sbatch runs there, so the job's output file
+(slurm.output, default `%x-%j.out`) lands beside it. With --follow the
+output is streamed with a `[node]` prefix per line until the job ends
+(requeues included), and the exit status is the job's: 0 for COMPLETED."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..render import render
+from ..spec import JobSpec
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
+POLL_S = 1.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..cli import add_spec_arguments
+
+    add_spec_arguments(parser)
+    parser.add_argument("--dir", type=Path, default=Path("."),
+                        help="folder for the rendered script and the job's output files (default: .)")
+    parser.add_argument("--follow", action="store_true",
+                        help="stream the job's output with node prefixes and exit with its final state")
+    parser.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str
+    exit_code: str
+    stdout: str | None
+    nodes: list[str]
+
+    @property
+    def finished(self) -> bool:
+        return self.state.split()[0] in FINAL_STATES
+
+    @property
+    def exit_status(self) -> int:
+        """0 only for COMPLETED; otherwise the job's exit code, or 1."""
+        if self.state == "COMPLETED":
+            return 0
+        code, _, sig = self.exit_code.partition(":")
+        if code.isdigit() and int(code):
+            return int(code)
+        return 128 + int(sig) if sig.isdigit() and int(sig) else 1
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+
+
+def hostnames(nodelist: str) -> list[str]:
+    if not nodelist or nodelist == "(null)":
+        return []
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
+    return out.stdout.split()
+
+
+def job_state(job_id: int) -> JobState | None:
+    """From scontrol while slurmctld still knows the job, else from sacct."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True, check=False)
+    if out.returncode == 0 and out.stdout.strip():
+        f = _fields(out.stdout)
+        return JobState(f["JobState"], f.get("ExitCode", ""), f.get("StdOut"), hostnames(f.get("NodeList", "")))
+    acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,ExitCode"],
+                          capture_output=True, text=True, check=False)
+    lines = acct.stdout.strip().splitlines() if acct.returncode == 0 else []
+    if not lines:
+        return None
+    state, _, code = lines[-1].partition("|")
+    return JobState(state, code, None, [])
+
+
+def submit(script: Path) -> tuple[int, int, str]:
+    """(sbatch's exit status, job id or 0, sbatch's stderr)."""
+    out = subprocess.run(["sbatch", "--parsable", script.name], cwd=script.parent,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return out.returncode, 0, out.stderr
+    return 0, int(out.stdout.strip().split(";")[0]), out.stderr
+
+
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.DOTALL)
+
+
+def node_prefix(line: str, nodes: list[str], tasks_per_node: int) -> str:
+    """`srun --label` starts each task's line with its task id; block
+    distribution puts task t on node t // tasks_per_node."""
+    m = _LABEL.match(line)
+    if m is None:
+        return f"[batch] {line}"
+    index = int(m.group(1)) // tasks_per_node
+    name = nodes[index] if index < len(nodes) else f"node{index}"
+    return f"[{name}] {m.group(2)}"
+
+
+def follow(job_id: int, spec: JobSpec) -> int:
+    from ..targets.slurm import tasks_per_node
+
+    offset = 0
+    state: JobState | None = None
+    partial = ""
+    while True:
+        state = job_state(job_id) or state
+        if state and state.stdout and Path(state.stdout).exists():
+            with open(state.stdout, encoding="utf-8", errors="replace") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+                offset = fh.tell()
+            lines = (partial + chunk).split("\n")
+            partial = lines.pop()
+            for line in lines:
+                print(node_prefix(line, state.nodes, tasks_per_node(spec)), flush=True)
+        if state is not None and state.finished:
+            if partial:
+                print(node_prefix(partial, state.nodes, tasks_per_node(spec)), flush=True)
+            print(f"ddpkit: job {job_id} ended {state.state} (exit code {state.exit_code})", file=sys.stderr)
+            return state.exit_status
+        if state is None:
+            print(f"ddpkit: job {job_id} is unknown to scontrol and sacct", file=sys.stderr)
+            return 1
+        time.sleep(POLL_S)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import spec_from_args
+
+    spec = spec_from_args(args)
+    rendered = render(spec, "slurm", doctor=args.doctor)
+    [script] = rendered.write(args.dir.resolve())
+    rc, job_id, err = submit(script)
+    if rc != 0:
+        sys.stderr.write(err)  # sbatch's own words, as they are
+        return rc
+    if err:
+        sys.stderr.write(err)
+    state = job_state(job_id)
+    logs = state.stdout if state and state.stdout else str(script.parent / spec.slurm.output)
+    print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
+    return follow(job_id, spec) if args.follow else 0
