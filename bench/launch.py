@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -124,7 +125,8 @@ class Bench:
         _, err = proc.communicate(timeout=120)
         if stamps is None:
             return Result(method, n, None, note=f"not all ranks started: {err[-300:]}")
-        return Result(method, n, max(stamps.values()) - t0)
+        found = re.search(r"preflight ok on \d+ hosts in ([0-9.]+)s", err)
+        return Result(method, n, max(stamps.values()) - t0, note=f"preflight {found[1]}s" if found else "")
 
     def teardown(self, method: str, n: int) -> Result:
         marks, hosts = self.new_run(n)
@@ -138,9 +140,11 @@ class Bench:
         while not failed.exists() and time.time() < deadline:
             time.sleep(0.05)
         failed_at = float(failed.read_text())
-        while running(str(marks)) and time.time() < failed_at + TEARDOWN_CAP_S:
+        login_ns = os.stat(f"/run/netns/{self.net['login'].ns}").st_ino
+        while running(str(marks), login_ns) and time.time() < failed_at + TEARDOWN_CAP_S:
             time.sleep(0.05)
-        left = running(str(marks))
+        left = running(str(marks), login_ns)
+        what = describe(left)
         gone = time.time() - failed_at
         if left:  # no fail-fast: clean up what the method left running
             for pid in left:
@@ -151,7 +155,8 @@ class Bench:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         if left:
-            return Result(method, n, None, None, f"{len(left)} processes still running {TEARDOWN_CAP_S:.0f}s after the failure")
+            return Result(method, n, None, None,
+                          f"{len(left)} processes still running {TEARDOWN_CAP_S:.0f}s after the failure ({what})")
         return Result(method, n, None, gone)
 
 
@@ -166,11 +171,15 @@ def wait_marks(marks: Path, names: set[str], timeout: float) -> dict[str, float]
     return None
 
 
-def running(marker: str) -> list[int]:
+def running(marker: str, exclude_netns: int) -> list[int]:
+    """Processes of the run on the job hosts (the launcher's own namespace,
+    `login`, is excluded: the question is whether the ranks are gone)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and int(proc.name) != os.getpid():
             try:
+                if os.stat(proc / "ns" / "net").st_ino == exclude_netns:
+                    continue
                 if marker.encode() in (proc / "cmdline").read_bytes() or marker.encode() in (proc / "environ").read_bytes():
                     pids.append(int(proc.name))
             except OSError:
@@ -178,25 +187,35 @@ def running(marker: str) -> list[int]:
     return pids
 
 
+def describe(pids: list[int]) -> str:
+    names = []
+    for pid in pids[:4]:
+        try:
+            names.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:60])
+        except OSError:
+            pass
+    return "; ".join(names)
+
+
 METHODS = ("ddpkit launch ssh", "ddpkit render ssh", "pdsh", "serial ssh")
 
 
-def table(results: list[Result]) -> str:
-    by = {(r.method, r.hosts): r for r in results}
+def table(results: list[Result], sizes: tuple[int, ...] = SIZES) -> str:
+    by = {(r.method, r.hosts): r for r in results if r.start_s is not None}
     lines = ["time from command to every rank running (s), ratio to ddpkit launch ssh at the same size"]
-    lines.append(f"{'method':<20}" + "".join(f"{n:>8} hosts  ratio" for n in SIZES))
+    lines.append(f"{'method':<20}" + "".join(f"{n:>8} hosts  ratio" for n in sizes))
     for method in METHODS:
         cells = []
-        for n in SIZES:
+        for n in sizes:
             r, ref = by.get((method, n)), by.get(("ddpkit launch ssh", n))
             if r is None or r.start_s is None:
                 cells.append(f"{'-':>14}{'':>7}")
                 continue
-            ratio = r.start_s / ref.start_s if ref and ref.start_s else float("nan")
+            ratio = r.start_s / ref.start_s if ref is not None and ref.start_s else float("nan")
             cells.append(f"{r.start_s:>14.2f}{ratio:>7.2f}")
         lines.append(f"{method:<20}" + "".join(cells))
     lines.append("")
-    lines.append(f"teardown after one rank exits 1 ({max(SIZES)} hosts): until no process of the run is left")
+    lines.append(f"teardown after one rank exits 1 ({max(sizes)} hosts): until no process of the run is left on the hosts")
     for r in results:
         if r.start_s is None and (r.teardown_s is not None or r.note):
             shown = f"{r.teardown_s:.2f} s" if r.teardown_s is not None else r.note
@@ -204,28 +223,34 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=lambda t: tuple(int(x) for x in t.split(",")), default=SIZES)
+    parser.add_argument("--methods", type=lambda t: tuple(t.split(",")), default=METHODS)
+    args = parser.parse_args(argv)
     reason = netns.available() or sshd.available() or (None if shutil.which("pdsh") else "needs pdsh")
     if reason:
         print(f"bench/launch.py: {reason}", file=sys.stderr)
         return 2
     results: list[Result] = []
     folder = Path(tempfile.mkdtemp(prefix="ddpkit-bench-"))
-    names = ["login", *(f"h{i:02d}" for i in range(1, max(SIZES) + 1))]
+    names = ["login", *(f"h{i:02d}" for i in range(1, max(args.sizes) + 1))]
     try:
         with netns.Network(names, prefix="dkbench", subnet="10.213.78") as net:
             net.wait_reachable(timeout=30)
             with sshd.SshHosts(net.hosts[1:], net.hosts[0], folder) as ssh:
                 bench = Bench(net, ssh, folder)
-                for n in SIZES:
-                    for method in METHODS:
+                for n in args.sizes:
+                    for method in args.methods:
                         results.append(bench.start(method, n))
                         print(f"  start {method:<20} {n:>2} hosts: {results[-1].start_s}", file=sys.stderr)
-                for method in METHODS:
-                    results.append(bench.teardown(method, max(SIZES)))
+                for method in args.methods:
+                    results.append(bench.teardown(method, max(args.sizes)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(table(results))
+    print(table(results, args.sizes))
     out = ROOT / "bench" / "results" / "launch.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
