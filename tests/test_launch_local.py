@@ -44,13 +44,14 @@ def test_local_spec_runs_here_with_gloo_and_appends_train_args() -> None:
 
 def test_each_node_gets_its_rank_and_name() -> None:
     spec = local_spec(parse("--nodes", "2", "--nproc-per-node", "2"))
-    nodes = build_nodes(spec)
+    nodes = build_nodes(spec, Path("/logs"))
     assert [n.env["DDPKIT_NODE_RANK"] for n in nodes] == ["0", "1"]
     assert len({n.env["DDPKIT_HOSTNAME"] for n in nodes}) == 2
     for i, node in enumerate(nodes):
         assert f"--node-rank={i}" in node.argv
-        assert f"--master-addr=127.0.0.1" in node.argv and f"--master-port={spec.master_port}" in node.argv
+        assert "--master-addr=127.0.0.1" in node.argv and f"--master-port={spec.master_port}" in node.argv
         assert node.argv[-2:] == ["-m", "ddpkit.train"]
+        assert node.argv[3:5] == ["--tee=3", f"--log-dir=/logs/node{i}"]
 
 
 def test_bad_input_exits_2_before_starting_anything() -> None:
@@ -71,10 +72,10 @@ def test_two_nodes_two_processes_rank_report() -> None:
     assert {r["launcher"] for r in rows.values()} == {"torchrun"}
     assert {r["interface"] for r in rows.values()} == {"lo"}  # auto, master 127.0.0.1
     for line in res.stdout.splitlines():  # each line comes from the node that owns the rank
-        m = re.match(r"\[node(\d)\] REPORT-OK rank=(\d)", line)
+        m = re.match(r"\[node(\d)\] \[default\d\]:REPORT-OK rank=(\d)", line)
         if m:
             assert int(m.group(1)) == int(m.group(2)) // 2
-    assert "[node0] rank report: 4 processes" in res.stdout
+    assert "[node0] [default0]:rank report: 4 processes" in res.stdout
     assert re.search(r"node1\s*│\s*0\s*│\s*ok", res.stdout)
 
 
@@ -94,7 +95,7 @@ def test_fail_fast_stops_the_other_nodes(tmp_path: Path) -> None:
     assert res.returncode == 1, res.stdout + res.stderr
     assert "launch local: node1 exited with code 1; stopped the other nodes" in res.stdout
     assert re.search(r"node0\s*│\s*\S+\s*│\s*stopped", res.stdout)
-    pids = [int(p) for p in re.findall(r"\[node0\] STARTED node=0 local=\d pid=(\d+)", res.stdout)]
+    pids = [int(p) for p in re.findall(r"\[node0\] \[default\d\]:STARTED node=0 local=\d pid=(\d+)", res.stdout)]
     assert len(pids) == 2 and all(_gone(p) for p in pids)
 
 
@@ -128,7 +129,7 @@ def test_ddpkit_env_under_real_torchrun_agents() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     seen = {}
     for line in res.stdout.splitlines():
-        m = re.match(r"\[node(\d)\] (\{.*\})$", line)
+        m = re.match(r"\[node(\d)\] \[default0\]:(\{.*\})$", line)
         if m:
             seen[int(m.group(1))] = json.loads(m.group(2))
     assert sorted(seen) == [0, 1]

@@ -16,14 +16,19 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import IO
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 from ..cli import add_spec_arguments, spec_from_args
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 
@@ -37,11 +42,12 @@ class Node:
     pump: threading.Thread | None = None
     returncode: int | None = None
     stopped_by_us: bool = False
-    lines: int = field(default=0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_arguments(parser)
+    parser.add_argument("--log-dir", type=Path, metavar="DIR",
+                        help="keep each process's output under DIR/node<I>/ (default: a temporary folder)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                         help="after a failure or Ctrl-C: SIGTERM, wait this long, then SIGKILL (default 10)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
@@ -68,7 +74,15 @@ def local_spec(args: argparse.Namespace) -> JobSpec:
     return spec.model_copy(update={"command": command})
 
 
-def build_nodes(spec: JobSpec) -> list[Node]:
+def with_tee(argv: list[str], log_dir: Path) -> list[str]:
+    """torchrun --tee: each local rank's output goes through its own log
+    file, so lines of two ranks never interleave, and carries a
+    `[default<local rank>]:` prefix."""
+    at = argv.index("torch.distributed.run") + 1
+    return [*argv[:at], "--tee=3", f"--log-dir={log_dir}", *argv[at:]]
+
+
+def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
     base = {**os.environ, **job_env(spec), "PYTHONUNBUFFERED": "1"}
     host = socket.gethostname()
@@ -77,22 +91,21 @@ def build_nodes(spec: JobSpec) -> list[Node]:
         # DDPKIT_HOSTNAME: N nodes share one machine, so each names itself
         # for the rank report's one-host-one-node check.
         env = {**base, "DDPKIT_NODE_RANK": str(i), "DDPKIT_HOSTNAME": f"{host}-node{i}"}
-        nodes.append(Node(i, [a.resolve(env) for a in argv], env))
+        nodes.append(Node(i, with_tee([a.resolve(env) for a in argv], log_root / f"node{i}"), env))
     return nodes
 
 
-def _pump(node: Node, stream: IO[bytes], console: object) -> None:
+def _pump(node: Node, stream: IO[bytes], console: "Console") -> None:
     from rich.text import Text
 
     style = STYLES[node.index % len(STYLES)]
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
-        node.lines += 1
-        console.print(Text.assemble((f"[node{node.index}] ", style), line), soft_wrap=True)  # type: ignore[attr-defined]
+        console.print(Text.assemble((f"[node{node.index}] ", style), line), soft_wrap=True)
     stream.close()
 
 
-def start(node: Node, console: object) -> None:
+def start(node: Node, console: "Console") -> None:
     node.proc = subprocess.Popen(node.argv, env=node.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
     node.pump = threading.Thread(target=_pump, args=(node, node.proc.stdout, console), daemon=True)
@@ -147,7 +160,7 @@ def exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def summary(console: object, nodes: list[Node], failed: Node | None, elapsed: float, interrupted: bool) -> None:
+def summary(console: "Console", nodes: list[Node], failed: Node | None, elapsed: float, interrupted: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"launch local: {len(nodes)} nodes, {elapsed:.1f}s", title_justify="left")
@@ -160,22 +173,27 @@ def summary(console: object, nodes: list[Node], failed: Node | None, elapsed: fl
         elif node.stopped_by_us:
             status = "[yellow]stopped[/]"
         else:
-            status = "[green]ok[/]" if rc == 0 else f"[red]failed[/]"
+            status = "[green]ok[/]" if rc == 0 else "[red]failed[/]"
         table.add_row(f"node{node.index}", str(rc), status)
-    console.print(table)  # type: ignore[attr-defined]
+    console.print(table)
     if interrupted:
-        console.print("[yellow]launch local: interrupted; stopped all nodes[/]")  # type: ignore[attr-defined]
+        console.print("[yellow]launch local: interrupted; stopped all nodes[/]")
     elif failed is not None:
         assert failed.proc is not None
-        console.print(f"[bold red]launch local: node{failed.index} exited with code "  # type: ignore[attr-defined]
+        console.print(f"[bold red]launch local: node{failed.index} exited with code "
                       f"{exit_code(failed.proc.returncode)}; stopped the other nodes[/]")
 
 
 def run(args: argparse.Namespace) -> int:
+    spec = local_spec(args)
+    with tempfile.TemporaryDirectory(prefix="ddpkit-local-") as tmp:
+        return launch(spec, args.log_dir or Path(tmp), args.grace)
+
+
+def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     from rich.console import Console
 
-    spec = local_spec(args)
-    nodes = build_nodes(spec)
+    nodes = build_nodes(spec, log_root)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     console.print(f"launch local: {spec.nodes} nodes x {spec.nproc_per_node} processes, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
@@ -184,10 +202,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         for node in nodes:
             start(node, console)
-        failed = supervise(nodes, args.grace)
+        failed = supervise(nodes, grace)
     except KeyboardInterrupt:
         interrupted = True
-        stop(nodes, args.grace)
+        stop(nodes, grace)
     for node in nodes:
         if node.pump is not None:
             node.pump.join(timeout=5)
