@@ -93,6 +93,8 @@ class Trainer:
         self.device: torch.device = ctx.device
         self.log = rank_logger(self.rank, args.log_dir)
         seed_all(args.seed)  # identical initial weights on every rank
+        if args.cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
         model = build_model(args.model, args.num_classes, args.image_size)
         self.par: Parallel = parallelise(model, args, self.device, ctx.local_rank, self.world, self.distributed)
         self._build_data()
