@@ -72,5 +72,13 @@ compose-test: install wheelhouse
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# CPU benchmarks (results in bench/results/, see docs/PERFORMANCE.md); the SSH
+# launch benchmark needs root for its network namespaces and sshd hosts.
+bench: install
+	$(PY) -m bench.train_throughput
+	$(PY) -m bench.startup
+	@if [ "$$(id -u)" = 0 ]; then $(PY) -m bench.launch; \
+	else echo "bench: skipping bench/launch.py (needs root for network namespaces and sshd)"; fi
+
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis
