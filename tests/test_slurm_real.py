@@ -128,7 +128,7 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster: SlurmCluster, tmp_
     job = cluster.sbatch(script)
     cluster.wait_state(job, {"RUNNING"})
     out = script.parent / f"{script.stem}-{job}.out"
-    _wait_for_text(out, "PROBE-START step=0", 90)
+    _wait_for_text(out, "PROBE-STEP 3", 90)  # signal mid-run, not before the first step
     # what Slurm does before the time limit (--signal=B:USR2@N): USR2 to the batch shell only
     sent = cluster.run(["scancel", "--signal=USR2", "--batch", str(job)])
     assert sent.returncode == 0, sent.stderr
@@ -138,6 +138,7 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster: SlurmCluster, tmp_
     assert info.restarts == 1, info
     assert "batch shell got SIGUSR2" in text
     checkpoint = int(text.split("PROBE-CHECKPOINT step=")[1].split()[0])
+    assert 3 <= checkpoint < 30
     assert f"PROBE-requeued Slurm job {job}" in text
     assert f"PROBE-START step={checkpoint} restart=1" in text  # the second run resumed
     assert "PROBE-DONE step=30" in text
@@ -303,3 +304,30 @@ def test_submit_without_follow_returns_at_once(cluster: SlurmCluster, tmp_path: 
     assert done.returncode == 0, done.stderr
     job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
     assert cluster.wait(job_id).state == "COMPLETED"
+
+
+def test_trainer_preempted_requeued_and_resumed(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The same path with the real `ddpkit train` (tiny model, synthetic data)."""
+    ckpt = tmp_path / "ckpt"
+    spec = job_spec("pre-train", args=[
+        "--model=tests.helpers.tiny:cnn", "--data=synthetic", "--image-size=8", "--synthetic-size=1600",
+        "--batch-size=4", "--epochs=6", "--no-eval", f"--checkpoint-dir={ckpt}", "--resume=auto"])
+    spec["command"] = {"python": PYTHON, "module": "ddpkit.train", "args": spec["command"]["args"]}
+    spec["env"]["PYTHONPATH"] = str(ROOT)  # for tests.helpers.tiny
+    script = render(tmp_path, spec)
+    job = cluster.sbatch(script)
+    out = script.parent / f"{script.stem}-{job}.out"
+    # signal once training runs: a signal before the trainer installs its
+    # handlers kills the workers outright (then the batch shell requeues
+    # without a checkpoint, which is not what this test is about)
+    _wait_for_text(out, "step 20/", 120)
+    assert cluster.run(["scancel", "--signal=USR2", "--batch", str(job)]).returncode == 0
+    info = cluster.wait(job, timeout=240)
+    text = out.read_text()
+    assert info.state == "COMPLETED" and info.restarts == 1, text
+    assert "stop signal received: checkpointing at step" in text
+    assert f"requeued Slurm job {job}" in text
+    stopped = int(text.split("checkpointing at step ")[1].split()[0])
+    assert stopped > 0
+    assert f"at step {stopped} " in text.split(f"job {job} run 2 ")[1]  # "resumed from ... at step N (epoch ..."
+    assert "ddpkit train preempted" in text and "ddpkit train finished" in text

@@ -18,6 +18,8 @@ Choices, and why:
 - AuthInfo cred_expire=10: a requeued job becomes eligible again only after
   the credential lifetime (default 120 s), which would make the preemption
   test sit idle for two minutes.
+- sched_interval=2: a requeued job that becomes eligible starts within
+  seconds instead of at the next 60 s scheduling pass.
 - Everything lives under one folder; SLURM_CONF points every command there.
 
 Torn down on exit: daemons stopped, every process in the namespaces killed,
@@ -192,6 +194,7 @@ JobCompType=jobcomp/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides

@@ -26,6 +26,8 @@ def steps(ctx, total: int, ckpt: Path) -> int:  # noqa: ANN001
         print(f"PROBE-START step={start} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
     for step in range(start, total):
         time.sleep(0.5)
+        if ctx.rank == 0:
+            print(f"PROBE-STEP {step}", flush=True)
         if stop.agreed(True, ctx.device):
             if ctx.rank == 0:
                 ckpt.write_text(str(step))
