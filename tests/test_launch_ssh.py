@@ -175,6 +175,8 @@ def test_preflight_refuses_and_starts_nothing(cluster, tmp_path: Path, case: str
         extra = {"network": {"interface": "eth0"}}
     elif case == "master port in use":
         listener = net["node1"].popen([sys.executable, "-c", "import socket,time; s=socket.socket(); "
+                                       # earlier jobs leave TIME_WAIT sockets on the port
+                                       "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                                        "s.bind(('0.0.0.0',29500)); s.listen(); print('up',flush=True); time.sleep(120)"],
                                       stdout=subprocess.PIPE)
         assert listener.stdout is not None and listener.stdout.readline().strip() == "up"
@@ -284,3 +286,21 @@ def test_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted: every node was stopped" in err
     assert job_processes(str(tmp_path)) == []
+
+
+def test_accept_new_host_keys_records_the_key(cluster, tmp_path: Path) -> None:
+    """An unknown host is refused by default (see the preflight cases) and
+    accepted, and written to known_hosts, only when asked."""
+    net, hosts = cluster
+    fake = tmp_path / "python"
+    fake.write_text(STAND_IN_PYTHON.replace("exec sleep 120", "exit 0"))
+    fake.chmod(0o755)
+    job = write_job(tmp_path, "newkey", args=[], script=tmp_path / "rank.py")
+    job.write_text(job.read_text().replace(sys.executable, str(fake)))
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(hosts.known_hosts_line(h) for h in net.hosts[1:3]))  # node3 unknown
+    out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net), "--known-hosts", str(known),
+                 "--accept-new-host-keys", timeout=120)
+    assert out.returncode == 0, out.stderr
+    node3_key = hosts.host_key(net["node3"]).with_suffix(".pub").read_text().split()[1]
+    assert f"{net['node3'].addr} ssh-ed25519 {node3_key}" in known.read_text()

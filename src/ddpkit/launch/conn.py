@@ -18,7 +18,7 @@ from pathlib import Path
 
 import paramiko
 
-from .hostfile import HostEntry
+from .hostfile import HostEntry, parse_host
 
 DEFAULT_CONFIG = Path("~/.ssh/config")
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
@@ -108,8 +108,6 @@ def resolve(alias: str, settings: SshSettings, *, user: str | None = None, port:
 
 
 def _parse_jump(text: str) -> HostEntry:
-    from .hostfile import parse_host
-
     return parse_host(text.removeprefix("ssh://"), "ProxyJump")
 
 

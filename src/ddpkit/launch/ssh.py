@@ -24,7 +24,7 @@ from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, preflight, problem_table
-from .remote import node_command
+from .remote import NodeCommand, node_command
 
 EXIT_FAILED = 1
 EXIT_PREFLIGHT = 3
@@ -56,7 +56,7 @@ class Plan:
     master_port: int
     doctor: bool
 
-    def command(self, rank: int):  # noqa: ANN201 - NodeCommand
+    def command(self, rank: int) -> NodeCommand:
         return node_command(self.spec, rank, self.master_addr, doctor=self.doctor)
 
     def log_path(self, rank: int) -> Path:
