@@ -304,3 +304,28 @@ def test_accept_new_host_keys_records_the_key(cluster, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     node3_key = hosts.host_key(net["node3"]).with_suffix(".pub").read_text().split()[1]
     assert f"{net['node3'].addr} ssh-ed25519 {node3_key}" in known.read_text()
+
+
+def test_rendered_bash_launcher_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    fake = tmp_path / "python"
+    fake.write_text(STAND_IN_PYTHON)
+    fake.chmod(0o755)
+    job = write_job(tmp_path, "bash-ctrlc", args=[], script=tmp_path / "rank.py")
+    job.write_text(job.read_text().replace(sys.executable, str(fake)))
+    rendered = tmp_path / "rendered"
+    subprocess.run([DDPKIT, "render", "ssh", "-f", str(job), "-o", str(rendered)], check=True, capture_output=True)
+    env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
+    proc = net["login"].popen(["bash", str(rendered / "launch.sh"), str(hostfile(tmp_path, net))],
+                              cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    running = set()
+    while len(running) < 3:
+        line = proc.stdout.readline()
+        assert line, "launcher ended before every rank ran"
+        if "running" in line:
+            running.add(line.split("]")[0])
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert job_processes(str(tmp_path)) == []
