@@ -86,7 +86,7 @@ def make_plan(args: argparse.Namespace, samples_per_rank: int, world_size: int) 
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, ctx: Any) -> None:
+    def __init__(self, args: argparse.Namespace, ctx: Any, stop: StopRequest | None = None) -> None:
         self.args, self.ctx = args, ctx
         self.rank, self.world = ctx.rank, ctx.world_size
         self.distributed = bool(ctx.distributed)
@@ -108,7 +108,9 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self.last_eval: EvalResult | None = None
         self.metrics = Metrics(args.metrics, enabled=self.rank == 0)
-        self.stop = StopRequest()
+        # Installed by the caller before start-up when given, so a pre-emption
+        # signal during the rank report or model build is not fatal.
+        self.stop = stop or StopRequest()
         self.resumed_from = self._resume()
 
     # ---- set-up -------------------------------------------------------------

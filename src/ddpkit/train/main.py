@@ -26,13 +26,25 @@ def _bad(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def train(ctx: object, args: argparse.Namespace) -> int:
+def _stop_request() -> object:
+    """SIGTERM/SIGUSR2 handlers, installed before anything slow (start-up,
+    rank report, model build): a pre-emption signal that arrives then must
+    lead to a checkpoint and exit 75, not kill the process."""
+    from .signals import StopRequest
+
+    stop = StopRequest()
+    stop.install()
+    return stop
+
+
+def train(ctx: object, args: argparse.Namespace, stop: object = None) -> int:
     """Everything after start-up, on one rank. Returns the exit code."""
     from .loop import Trainer
     from .rank_report import report
 
+    stop = stop or _stop_request()
     report(ctx)
-    trainer = Trainer(args, ctx)
+    trainer = Trainer(args, ctx, stop)
     summary, code = trainer.run()
     if ctx.rank == 0:
         print("\n".join(summary.lines()), flush=True)
@@ -80,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
         if args.spawn:
             run_spawned(args, _SpawnEntry(args))
             return 0
+        stop = _stop_request()
         ctx = init_distributed(args)
         try:
-            return train(ctx, args)
+            return train(ctx, args, stop)
         finally:
             shutdown(ctx)
     except ProcessExitedException as exc:
