@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 from bench.common import Workload  # noqa: E402
 
-CPU_SET = (Workload("resnet18", 32, 32, 2, warmup=2, measure=6),
+CPU_SET = (Workload("resnet18", 32, 32, 2, warmup=2, measure=8),
            Workload("resnet50", 224, 4, 2, warmup=1, measure=2))
 CUDA_SET = (Workload("resnet18", 32, 256, 1, warmup=20, measure=100),
             Workload("resnet50", 224, 256, 1, warmup=20, measure=60))

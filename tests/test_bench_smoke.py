@@ -1,0 +1,63 @@
+"""Each benchmark script runs end to end with the tiniest settings (real
+torchrun workers, one process, a step or two) and writes JSON with the fields
+docs/PERFORMANCE.md relies on. No timing is asserted: only that every figure
+is there and positive."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run_bench(module: str, *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_train_throughput_writes_every_entry_and_ratio(tmp_path: Path) -> None:
+    run_bench("bench.train_throughput", "--only", "resnet18", "--repeats", "1", "--nproc", "1",
+              "--batch-size", "2", "--warmup", "1", "--measure", "1", "--out", str(tmp_path), "--name", "t")
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert (tmp_path / "t.png").stat().st_size > 0
+    assert data["machine"]["torch"] and data["command"]
+    [res] = data["results"]
+    assert res["workload"] == {"model": "resnet18", "image_size": 32, "batch": 2, "nproc": 1,
+                               "warmup": 1, "measure": 1}
+    kinds = {e["kind"] for e in res["entries"].values()}
+    assert kinds == {"ceiling", "reference", "ddpkit"}
+    for name, entry in res["entries"].items():
+        assert len(entry["images_per_s"]) == 1 and entry["images_per_s"][0] > 0, name
+    assert set(res["ratios"]) == {"ddpkit/reference", "ddpkit/ceiling", "reference/ceiling"}
+    assert all(v > 0 for v in res["ratios"].values())
+
+
+def test_startup_phases_add_up_to_total(tmp_path: Path) -> None:
+    run_bench("bench.startup", "--nproc", "1", "--repeats", "1", "--batch-size", "2", "--workers", "0",
+              "--out", str(tmp_path), "--name", "s")
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert (tmp_path / "s.png").stat().st_size > 0
+    [run] = data["runs"]
+    measured = ("launcher + interpreter", "imports", "rendezvous", "rank report", "model build", "data",
+                "first step")
+    for phase in measured:
+        assert run[phase] > 0, phase
+    assert run["total"] == pytest.approx(sum(run[p] for p in (*measured, "other")))
+    assert run["other"] > -0.05  # the measured phases never overlap (clock granularity aside)
+
+
+def test_reference_and_ceiling_reject_unknown_model(tmp_path: Path) -> None:
+    """Bad input fails the run loudly instead of writing a figure."""
+    from bench import common
+
+    with pytest.raises(RuntimeError, match="exited"):
+        common.torchrun(1, [str(ROOT / "bench" / "ceiling.py"), "--variant", "turbo", "--timing",
+                            str(tmp_path / "t.jsonl")])
+    assert not (tmp_path / "t.jsonl").exists()
