@@ -264,6 +264,13 @@ exec sleep 120
 """
 
 
+def _as_from_a_terminal() -> None:
+    """A shell started from a terminal has SIGINT at its default; pytest may
+    run in the background, where SIGINT is inherited ignored (and bash cannot
+    trap a signal that was ignored on entry)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     fake = tmp_path / "python"
@@ -317,7 +324,8 @@ def test_rendered_bash_launcher_ctrl_c_stops_every_node(cluster, tmp_path: Path)
     subprocess.run([DDPKIT, "render", "ssh", "-f", str(job), "-o", str(rendered)], check=True, capture_output=True)
     env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
     proc = net["login"].popen(["bash", str(rendered / "launch.sh"), str(hostfile(tmp_path, net))],
-                              cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              preexec_fn=_as_from_a_terminal)
     assert proc.stdout is not None
     running = set()
     while len(running) < 3:

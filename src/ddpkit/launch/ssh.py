@@ -150,7 +150,9 @@ def launch(plan: Plan, settings: SshSettings) -> int:
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
     events: queue.Queue[NodeRun] = queue.Queue()
     runs: list[NodeRun] = []
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT too: a launcher started from a script inherits SIGINT ignored,
+    # and Ctrl-C must still stop every node.
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     first, interrupted = None, False
     try:
         runs = start_all(plan, facts, settings, events)
@@ -158,7 +160,8 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     try:
         if first is None and not interrupted:
             return 0
