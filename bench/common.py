@@ -126,7 +126,10 @@ def write_result(name: str, payload: dict[str, Any], out_dir: Path = RESULTS) ->
 
 
 def command_line() -> str:
-    return " ".join([Path(sys.executable).name, *sys.argv])
+    """The command as typed: `python -m bench.x ...` when run as a module."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    head = ["-m", spec.name] if spec is not None and spec.name else [sys.argv[0]]
+    return " ".join([".venv/bin/python", *head, *sys.argv[1:]])
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
