@@ -53,7 +53,7 @@ def test_startup_phases_add_up_to_total(tmp_path: Path) -> None:
     assert run["other"] > -0.05  # the measured phases never overlap (clock granularity aside)
 
 
-def test_reference_and_ceiling_reject_unknown_model(tmp_path: Path) -> None:
+def test_ceiling_rejects_unknown_variant(tmp_path: Path) -> None:
     """Bad input fails the run loudly instead of writing a figure."""
     from bench import common
 
