@@ -106,7 +106,8 @@ def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker)
     assert rank_table.problems(out, 2, 1) == [], out
     hosts = {r.node_rank: r.host for r in rank_table.rows(out)}
     assert hosts == {0: "node0", 1: "node1"}
-    assert "[node1] " in out and "ddpkit train finished" in out
+    # Only rank 0 prints (rank 1 writes its log file): node1 shows up in the table above.
+    assert "[node0] ddpkit train finished" in out
     assert _leftovers(docker_daemon) == ""
 
 
