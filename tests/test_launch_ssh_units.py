@@ -117,7 +117,7 @@ def test_hostile_values_arrive_exactly_and_never_run(tmp_path: Path, value: str,
 def test_stop_command_is_bound_to_one_pgid() -> None:
     cmd = remote.node_command(spec(), 0, "h")
     assert cmd.stop(4242).startswith("env DDPKIT_PGID=4242 DDPKIT_NODE_RANK=0 bash -c ")
-    assert 'kill -TERM -- "-$pg"' in remote.stop_script(spec())
+    assert 'ddpkit_kill_tree "$DDPKIT_PGID"' in remote.stop_script(spec())
 
 
 def test_stop_terms_then_kills_a_group_that_ignores_term(tmp_path: Path) -> None:

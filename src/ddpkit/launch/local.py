@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ..cli import add_spec_arguments, spec_from_args
+from . import proctree
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
 
@@ -122,20 +123,24 @@ def _signal(node: Node, sig: int) -> None:
 
 
 def stop(nodes: list[Node], grace: float) -> None:
-    """SIGTERM every running agent's process group, SIGKILL what is left after `grace`."""
-    for node in nodes:
-        if node.proc is not None and node.proc.poll() is None:
-            node.stopped_by_us = True
-            _signal(node, signal.SIGTERM)
+    """SIGTERM every running agent's process group and its workers (which
+    torchrun puts in sessions of their own), SIGKILL what is left after `grace`."""
+    running = [n for n in nodes if n.proc is not None and n.proc.poll() is None]
+    workers = [pid for node in running for pid in proctree.descendants(node.proc.pid)]
+    for node in running:
+        node.stopped_by_us = True
+        _signal(node, signal.SIGTERM)
+    proctree.signal_all(workers, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    for node in nodes:
-        if node.proc is None:
-            continue
+    for node in running:
         try:
             node.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _signal(node, signal.SIGKILL)
             node.proc.wait()
+    while proctree.alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proctree.signal_all(proctree.alive(workers), signal.SIGKILL)
 
 
 def supervise(nodes: list[Node], grace: float) -> Node | None:

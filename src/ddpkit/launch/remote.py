@@ -77,6 +77,7 @@ def node_script(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True
         workdir=None if spec.ssh.docker else spec.ssh.workdir,
         watch_stdin=watch_stdin,
         grace_s=spec.ssh.grace_s,
+        grace_ticks=math.ceil(spec.ssh.grace_s * 10),
         argv=launch_argv(spec, doctor=doctor),
     )
 

@@ -1,0 +1,62 @@
+"""Process trees on this host, read from /proc.
+
+torchrun starts every worker in a session of its own, so a worker is not in
+its agent's process group: signalling the agent's group misses it, and once
+the agent is SIGKILLed the worker is re-parented to init and cannot be found
+by ancestry any more. Teardown therefore records the whole tree first."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def _parents() -> dict[int, int]:
+    """pid -> ppid for every process we can read."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and ')': split after the last ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(entry.name)] = int(fields[1])
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (not `root` itself), whatever its session."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def alive(pids: list[int]) -> list[int]:
+    living = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            living.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            living.append(pid)
+    return living
