@@ -8,6 +8,7 @@ checkpoint: run again with --resume auto.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from .options import add_training_arguments, problems
@@ -48,7 +49,21 @@ def train(ctx: object, args: argparse.Namespace, stop: object = None) -> int:
     summary, code = trainer.run()
     if ctx.rank == 0:
         print("\n".join(summary.lines()), flush=True)
+    # DDP's reducer often sits in a reference cycle; if it outlives the
+    # process group, gloo aborts the process at exit ("terminate called
+    # without an active exception"). Free it now, then let every rank finish
+    # talking before the group is destroyed.
+    del trainer
+    gc.collect()
+    _finish_together(ctx)
     return code
+
+
+def _finish_together(ctx: object) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def _spawned(ctx: object, args: argparse.Namespace) -> None:
