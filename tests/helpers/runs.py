@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ddpkit.launch import proctree
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", "0", "--progress", "plain"]
 
@@ -53,7 +55,7 @@ class Job:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in self.logs)
 
     def all_pids(self) -> list[int]:
-        return [pid for p in self.procs for pid in descendants(p.pid)] + [p.pid for p in self.procs]
+        return [pid for p in self.procs for pid in proctree.descendants(p.pid)] + [p.pid for p in self.procs]
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         for pid in self.all_pids():
@@ -63,25 +65,6 @@ class Job:
                 pass
         for p in self.procs:
             p.wait(60)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torchrun starts workers in their own sessions,
-    so a process-group kill would miss them)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def torchrun(tmp: Path, nodes: int, nproc: int, args: list[str], tag: str = "run") -> Job:

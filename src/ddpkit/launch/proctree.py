@@ -19,12 +19,10 @@ def _parents() -> dict[int, int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            # The command name (field 2) may hold spaces and ')': split after the last ')'.
+            out[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # the process left while we read it
             continue
-        # The command name (field 2) may hold spaces and ')': split after the last ')'.
-        fields = stat.rsplit(")", 1)[1].split()
-        out[int(entry.name)] = int(fields[1])
     return out
 
 
