@@ -114,6 +114,24 @@ def assert_ranks_in_hostfile_order(output: str) -> None:
     assert [(r["node rank"], r["host"]) for r in rows] == [("0", "node1"), ("1", "node2"), ("2", "node3")], output
 
 
+def failing_job(folder: Path, name: str, fail_node: int) -> tuple[Path, Path]:
+    """A job whose node `fail_node` exits 1 two seconds in; returns the job
+    file and the file where the failing node writes the time it failed."""
+    script = folder / "failing_train.py"
+    script.write_text(FAILING_TRAINER)
+    mark = folder / "failed-at"
+    job = write_job(folder, name, script=script, args=[*TRAIN_ARGS, "--max-steps=100000"],
+                    env={"FAIL_NODE": str(fail_node), "FAIL_AFTER_S": "2", "FAIL_MARK": str(mark)})
+    return job, mark
+
+
+def assert_all_gone_within_10s(folder: Path, mark: Path) -> None:
+    deadline = float(mark.read_text()) + 10
+    while job_processes(str(folder)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert job_processes(str(folder)) == [], "processes of the job survived 10 s after the failure"
+
+
 def test_three_node_job_runs_in_hostfile_order(cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job = write_job(tmp_path, "e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
@@ -129,18 +147,10 @@ def test_three_node_job_runs_in_hostfile_order(cluster, tmp_path: Path) -> None:
 
 def test_failing_node_stops_every_host(cluster, tmp_path: Path) -> None:
     net, hosts = cluster
-    script = tmp_path / "failing_train.py"
-    script.write_text(FAILING_TRAINER)
-    mark = tmp_path / "failed-at"
-    job = write_job(tmp_path, "failfast", script=script, args=[*TRAIN_ARGS, "--max-steps=100000"],
-                    env={"FAIL_NODE": "1", "FAIL_AFTER_S": "2", "FAIL_MARK": str(mark)})
+    job, mark = failing_job(tmp_path, "failfast", fail_node=1)
     out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net))
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    failed_at = float(mark.read_text())
-    deadline = failed_at + 10
-    while job_processes(str(tmp_path)) and time.time() < deadline:
-        time.sleep(0.2)
-    assert job_processes(str(tmp_path)) == [], "processes of the job survived 10 s after the failure"
+    assert_all_gone_within_10s(tmp_path, mark)
     summary = " ".join(out.stderr.split())
     assert f"node 1 ({net['node2'].addr}) failed first: exit status 1" in summary, out.stderr
 
@@ -216,21 +226,14 @@ def test_rendered_bash_launcher_runs_the_same_job(cluster, tmp_path: Path) -> No
 
 def test_rendered_bash_launcher_fails_fast(cluster, tmp_path: Path) -> None:
     net, hosts = cluster
-    script = tmp_path / "failing_train.py"
-    script.write_text(FAILING_TRAINER)
-    mark = tmp_path / "failed-at"
-    job = write_job(tmp_path, "bash-ff", script=script, args=[*TRAIN_ARGS, "--max-steps=100000"],
-                    env={"FAIL_NODE": "2", "FAIL_AFTER_S": "2", "FAIL_MARK": str(mark)})
+    job, mark = failing_job(tmp_path, "bash-ff", fail_node=2)
     rendered = tmp_path / "rendered"
     subprocess.run([DDPKIT, "render", "ssh", "-f", str(job), "-o", str(rendered)], check=True, capture_output=True)
     env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
     out = net["login"].run(["bash", str(rendered / "launch.sh"), str(hostfile(tmp_path, net))],
                            cwd=str(tmp_path), env=env, timeout=420)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    deadline = float(mark.read_text()) + 10
-    while job_processes(str(tmp_path)) and time.time() < deadline:
-        time.sleep(0.2)
-    assert job_processes(str(tmp_path)) == []
+    assert_all_gone_within_10s(tmp_path, mark)
     assert f"node 2 ({net['node3'].addr}) failed first with exit status 1" in out.stderr
 
 
