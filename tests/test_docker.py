@@ -20,6 +20,8 @@ from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401 
 VENV_BIN = Path(sys.executable).parent
 TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=32", "--batch-size=8",
         "--epochs=1", "--workers=0", "--no-eval"]
+# The same, running long enough to be stopped from outside mid-run.
+LONG = [*TINY[:-3], "--epochs=1000", "--workers=0", "--no-eval"]
 
 
 def _tool(name: str) -> str:
@@ -117,7 +119,7 @@ def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker)
 def test_launch_docker_fails_fast_when_one_container_dies(docker_daemon: Docker) -> None:
     # A long job; node1 is killed from outside once both run: node0 would
     # otherwise wait in its next collective for the full timeout.
-    proc = _launch(docker_daemon, 2, *TINY[:-3], "--epochs=1000", "--workers=0", "--no-eval")
+    proc = _launch(docker_daemon, 2, *LONG)
     try:
         _wait_running(docker_daemon, 2)
         time.sleep(5)
@@ -138,7 +140,7 @@ def test_launch_docker_fails_fast_when_one_container_dies(docker_daemon: Docker)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_launch_docker_ctrl_c_removes_everything(docker_daemon: Docker) -> None:
-    proc = _launch(docker_daemon, 2, *TINY[:-3], "--epochs=1000", "--workers=0", "--no-eval")
+    proc = _launch(docker_daemon, 2, *LONG)
     try:
         _wait_running(docker_daemon, 2)
         proc.send_signal(signal.SIGINT)
