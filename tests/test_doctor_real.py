@@ -9,7 +9,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,19 +16,13 @@ from pathlib import Path
 import pytest
 
 from ddpkit.doctor.sizes import KIB
+from ddpkit.launch.local import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 CLEAN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
          "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "DDPKIT_INTERFACE", "DDPKIT_BACKEND",
          "TORCHELASTIC_USE_AGENT_STORE", "DDPKIT_FORGE_RANK_REPORT")
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ import pytest
 
 from ddpkit import netif
 from ddpkit.contract import Target, controller_env, slurm_port_for_job
+from ddpkit.launch.local import free_port
 from ddpkit.spec import JobSpec
 from ddpkit.train.launchinfo import LaunchInfo, StartupError, detect_launch, parse_hostlist
 from ddpkit.train.startup import add_startup_arguments
@@ -228,12 +229,6 @@ def run_ranks(argvs: list[list[str]], env: dict[str, str] | None = None,
             raise
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return results
-
-
-def free_port() -> int:
-    from ddpkit.launch.local import free_port as fp
-
-    return fp()
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ from pathlib import Path
 import torch
 
 from ddpkit.launch import proctree
+from ddpkit.launch.local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", "0", "--progress", "plain"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(node: int) -> dict[str, str]:
