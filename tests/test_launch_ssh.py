@@ -204,6 +204,11 @@ def test_preflight_refuses_and_starts_nothing(cluster, tmp_path: Path, case: str
     assert "nothing was started" in table and expected_check in table, out.stderr
     assert re.search(rf"│ {expected_node} ", out.stderr), out.stderr
     assert not (tmp_path / "logs").exists(), "a node was started despite preflight problems"
+    # Hosts that passed were left waiting for the verdict: they must be gone.
+    deadline = time.time() + 10
+    while job_processes(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert job_processes(str(tmp_path)) == [], "a host kept waiting after the launch was refused"
     if case == "unknown host key":
         assert "ssh-keyscan -p 22" in table
     if case == "changed host key":
@@ -265,6 +270,39 @@ if [ "$1" = "-c" ]; then echo 2.15.0; exit 0; fi
 echo "rank on $(hostname) running"
 exec sleep 120
 """
+
+
+# Counts the shells that run the user's rc files, and exports a variable the
+# job must still see.
+COUNTING_BASHRC = """\
+printf '%s\\n' "$$" >> {count}
+export FROM_RC=exported-by-rc
+"""
+
+
+@pytest.mark.skipif(not Path("/etc/bash.bashrc").is_file(), reason="needs /etc/bash.bashrc to stand in for")
+def test_rc_files_run_once_per_node_and_their_environment_reaches_the_job(tmp_path: Path) -> None:
+    """sshd's login shell sources the rc files once (as for any ssh command);
+    the checks and the node share that one session, and the node's own bash
+    must not source them again (it would, unasked: see launch/remote.py)."""
+    count = tmp_path / "rc-runs"
+    rc = tmp_path / "bashrc"
+    rc.write_text(COUNTING_BASHRC.format(count=count))
+    fake = tmp_path / "python"
+    fake.write_text(STAND_IN_PYTHON.replace("exec sleep 120", 'echo "job sees FROM_RC=$FROM_RC"'))
+    fake.chmod(0o755)
+    with netns.Network(["login", "rc1", "rc2"], prefix=f"dkr{os.getpid() % 10000}") as net:
+        net.wait_reachable()
+        (tmp_path / "hosts").mkdir()
+        with sshd.SshHosts(net.hosts[1:], net.hosts[0], tmp_path / "hosts", system_bashrc=rc) as hosts:
+            job = write_job(tmp_path, "rc", args=[], script=tmp_path / "rank.py", extra={"nodes": 2})
+            job.write_text(job.read_text().replace(sys.executable, str(fake)))
+            hf = tmp_path / "hostfile"
+            hf.write_text(f"{net['rc1'].addr}\n{net['rc2'].addr}\n")
+            out = launch(net, hosts, tmp_path, job, hf, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("job sees FROM_RC=exported-by-rc") == 2, out.stdout
+    assert len(count.read_text().split()) == 2, f"rc files ran {len(count.read_text().split())} times for 2 nodes"
 
 
 def _as_from_a_terminal() -> None:

@@ -19,6 +19,7 @@ from typing import TextIO
 import paramiko
 
 from .conn import ConnectError, Endpoint, SshSettings, close, connect
+from .preflight import GO
 from .remote import NodeCommand, parse_pgid
 
 DROPPED = -1  # paramiko's exit status when a channel closes without one
@@ -32,6 +33,9 @@ class NodeRun:
     endpoint: Endpoint
     command: NodeCommand
     client: paramiko.SSHClient
+    # The preflight's session, paused before the node command (see preflight).
+    channel: paramiko.Channel
+    stream: paramiko.ChannelFile
     settings: SshSettings
     log_path: Path
     out: TextIO = sys.stdout
@@ -40,7 +44,6 @@ class NodeRun:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     started: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    _channel: paramiko.Channel | None = None
 
     @property
     def label(self) -> str:
@@ -48,32 +51,25 @@ class NodeRun:
 
     def start(self, events: queue.Queue[NodeRun]) -> None:
         try:
-            transport = self.client.get_transport()
-            if transport is None:
-                raise paramiko.SSHException("not connected")
-            channel = transport.open_session(timeout=self.settings.timeout_s)
-            channel.set_combine_stderr(True)
-            channel.exec_command(self.command.start)
+            self.channel.sendall(GO)
         except (OSError, paramiko.SSHException) as exc:
             self.tail.append(f"ddpkit: could not start: {exc}")
             self.status = DROPPED
             self.started.set()
             events.put(self)
             return
-        self._channel = channel
         self._thread = threading.Thread(target=self._pump, args=(events,), name=self.label, daemon=True)
         self._thread.start()
 
     def _pump(self, events: queue.Queue[NodeRun]) -> None:
-        assert self._channel is not None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w", encoding="utf-8") as log:
             try:
-                for raw in self._channel.makefile("rb"):
+                for raw in self.stream:
                     self._line(raw.decode("utf-8", "replace").rstrip("\r\n"), log)
             except (OSError, paramiko.SSHException) as exc:
                 self._line(f"ddpkit: connection lost: {exc}", log)
-            self.status = self._channel.recv_exit_status()
+            self.status = self.channel.recv_exit_status()
             if self.status == DROPPED:
                 self._line("ddpkit: connection closed without an exit status", log)
         self.started.set()
@@ -122,8 +118,7 @@ class NodeRun:
             self._thread.join(timeout)
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+        self.channel.close()
         close(self.client)
 
 

@@ -1,9 +1,14 @@
 """Preflight: every host checked in parallel before anything starts.
 
-One round trip per host gathers the facts (workdir, interpreter, torch
-version, interfaces, listening ports, hostname); they are judged here, so the
-remote side needs nothing but a POSIX shell. All problems are collected and
-shown in one table; the launch goes ahead only when there are none.
+One remote command per host both checks and starts it: it prints the facts
+(workdir, interpreter, torch version, interfaces, listening ports, hostname),
+then waits on stdin for the launcher's verdict and `exec`s the node command
+on "go", or exits on anything else, EOF included. The facts are judged here,
+so the remote side needs nothing but a POSIX shell; all problems are shown in
+one table and nothing starts unless there are none. Starting is then a write
+on an open channel: no second session, no second login shell per host (a
+login shell sources the user's rc files, which on real clusters often costs
+more than the job's own start).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from ..spec import JobSpec
 from .conn import ConnectError, Endpoint, SshSettings, close, connect
 
 MARK = "@@ddpkit:"
+READY = f"{MARK}ready"
+GO = b"go\n"
 # Reads the torch version without importing torch (an import takes seconds).
 TORCH_VERSION = "import importlib.metadata as m; print(m.version('torch'))"
 
@@ -35,6 +42,9 @@ class HostFacts:
     node: int
     endpoint: Endpoint
     client: paramiko.SSHClient | None = None
+    # The gated session, waiting for GO; the node's output follows on `stream`.
+    channel: paramiko.Channel | None = None
+    stream: paramiko.ChannelFile | None = None
     sections: dict[str, str] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
 
@@ -51,12 +61,22 @@ def probe_script(spec: JobSpec) -> str:
     else:
         if spec.ssh.workdir:
             wd = shlex.quote(spec.ssh.workdir)
-            lines.append(f"echo {MARK}workdir; if cd -- {wd}; then echo ok; else echo missing; fi")
+            lines.append(f"echo {MARK}workdir; if cd -- {wd} 2>/dev/null; then echo ok; else echo missing; fi")
         lines.append(f"echo {MARK}python; command -v {py} || echo missing")
         lines.append(f"echo {MARK}torch; {py} -c {shlex.quote(TORCH_VERSION)} 2>&1 | tail -n 1")
     lines.append(f"echo {MARK}netdev; cat /proc/net/dev")
     lines.append(f"echo {MARK}tcp; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null")
     return "\n".join(lines) + "\n"
+
+
+def gated_command(spec: JobSpec, start: str) -> str:
+    """The checks, then the node command once the launcher says GO. Run by
+    `sh` so a csh or fish login shell sees one simple command."""
+    script = (probe_script(spec) + f"echo {READY}\n"
+              'IFS= read -r verdict || exit 0\n'
+              f'[ "$verdict" = {GO.decode().strip()} ] || exit 0\n'
+              f"exec {start}\n")
+    return f"sh -c {shlex.quote(script)}"
 
 
 def parse_sections(text: str) -> dict[str, str]:
@@ -85,21 +105,41 @@ def listening_ports(tcp: str) -> set[int]:
     return ports
 
 
-def run_probe(client: paramiko.SSHClient, script: str, timeout: float) -> str:
-    _, stdout, _ = client.exec_command(script, timeout=timeout)
-    return stdout.read().decode("utf-8", "replace")
+def read_facts(facts: HostFacts, command: str, timeout: float) -> None:
+    """Start the gated command and read its facts, up to READY; the channel
+    stays open, paused at the verdict."""
+    assert facts.client is not None
+    transport = facts.client.get_transport()
+    if transport is None:
+        raise paramiko.SSHException("not connected")
+    channel = transport.open_session(timeout=timeout)
+    channel.set_combine_stderr(True)
+    channel.settimeout(timeout)
+    channel.exec_command(command)
+    facts.channel, facts.stream = channel, channel.makefile("rb")
+    lines = []
+    for raw in facts.stream:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if line == READY:
+            channel.settimeout(None)  # from here on it carries the job's output, for hours
+            facts.sections = parse_sections("\n".join(lines))
+            return
+        lines.append(line)
+    tail = " | ".join(lines[-3:]) or "no output"
+    facts.problem("checks", f"the host ended the checks early (exit status {channel.recv_exit_status()}: {tail}); "
+                  "check that its login shell runs `sh -c` commands")
 
 
-def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings) -> HostFacts:
+def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings, start: str) -> HostFacts:
     try:
         facts.client = connect(facts.endpoint, settings)
     except ConnectError as exc:
         facts.problem(exc.kind, str(exc))
         return facts
     try:
-        facts.sections = parse_sections(run_probe(facts.client, probe_script(spec), settings.timeout_s + 20))
+        read_facts(facts, gated_command(spec, start), settings.timeout_s + 20)
     except (paramiko.SSHException, OSError) as exc:
-        facts.problem("unreachable", f"connection failed during the checks: {exc}")
+        facts.problem("unreachable", f"connection failed during the checks: {exc or type(exc).__name__}")
     return facts
 
 
@@ -152,19 +192,28 @@ def judge_all(all_facts: list[HostFacts], spec: JobSpec, master_port: int) -> li
     return sorted(problems, key=lambda p: p.node)
 
 
-def preflight(endpoints: list[Endpoint], spec: JobSpec, settings: SshSettings,
-              master_port: int) -> tuple[list[HostFacts], list[Problem]]:
-    """Connect to and check every host at once. The clients stay open for
-    the launch when there are no problems; otherwise they are closed."""
+def preflight(endpoints: list[Endpoint], spec: JobSpec, settings: SshSettings, master_port: int,
+              starts: list[str]) -> tuple[list[HostFacts], list[Problem]]:
+    """Connect to and check every host at once; `starts[i]` is node i's
+    command, run on GO. The sessions stay open, waiting, when there are no
+    problems; otherwise they are closed and every host's command exits."""
     facts = [HostFacts(i, ep) for i, ep in enumerate(endpoints)]
     with ThreadPoolExecutor(max_workers=min(64, len(facts)) or 1) as pool:
-        facts = list(pool.map(lambda f: gather(f, spec, settings), facts))
+        facts = list(pool.map(lambda f: gather(f, spec, settings, starts[f.node]), facts))
     problems = judge_all(facts, spec, master_port)
     if problems:
-        for f in facts:
-            if f.client is not None:
-                close(f.client)
+        close_all(facts)
     return facts, problems
+
+
+def close_all(facts: list[HostFacts]) -> None:
+    """Close every session and connection: a host still waiting for the
+    verdict reads EOF and exits without starting."""
+    for f in facts:
+        if f.channel is not None:
+            f.channel.close()
+        if f.client is not None:
+            close(f.client)
 
 
 def problem_table(problems: list[Problem]) -> object:

@@ -1,7 +1,8 @@
 """`ddpkit launch ssh`: start a job on bare-metal hosts over SSH.
 
-hosts (hostfile or spec) -> ssh_config -> preflight on every host at once ->
-every node started in parallel with its node rank -> output streamed with a
+hosts (hostfile or spec) -> ssh_config -> preflight on every host at once,
+each host then waiting on its open session -> every node told to go with its
+node rank (no second connection or login) -> output streamed with a
 `[nodeN host]` prefix and logged per node -> the first failure, a dropped
 connection or Ctrl-C stops every node (TERM, then KILL after ssh.grace_s).
 """
@@ -23,7 +24,7 @@ from ..spec import JobSpec
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
-from .preflight import HostFacts, preflight, problem_table
+from .preflight import HostFacts, close_all, preflight, problem_table
 from .remote import NodeCommand, node_command
 
 EXIT_FAILED = 1
@@ -90,10 +91,13 @@ def print_dry_run(plan: Plan, out: TextIO) -> None:
 
 def start_all(plan: Plan, facts: list[HostFacts], settings: SshSettings,
               events: queue.Queue[NodeRun]) -> list[NodeRun]:
-    runs = [NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, settings, plan.log_path(f.node))
-            for f in facts if f.client is not None]
-    with ThreadPoolExecutor(max_workers=min(64, len(runs))) as pool:
-        list(pool.map(lambda r: r.start(events), runs))
+    runs = []
+    for f in facts:
+        assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
+        runs.append(NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
+                            settings, plan.log_path(f.node)))
+    for run in runs:  # one write each: every host is already waiting
+        run.start(events)
     return runs
 
 
@@ -140,7 +144,8 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 def launch(plan: Plan, settings: SshSettings) -> int:
     t0 = time.monotonic()
-    facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port)
+    starts = [plan.command(rank).start for rank in range(len(plan.endpoints))]
+    facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port, starts)
     if problems:
         from rich.console import Console
 
@@ -168,8 +173,7 @@ def launch(plan: Plan, settings: SshSettings) -> int:
         print_failure(first, interrupted, stop_all(runs, plan.spec.ssh.grace_s, settings.timeout_s))
         return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
     finally:
-        for run in runs:
-            run.close()
+        close_all(facts)
 
 
 def run(args: argparse.Namespace) -> int:
