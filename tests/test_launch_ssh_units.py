@@ -116,7 +116,7 @@ def test_hostile_values_arrive_exactly_and_never_run(tmp_path: Path, value: str,
 
 def test_stop_command_is_bound_to_one_pgid() -> None:
     cmd = remote.node_command(spec(), 0, "h")
-    assert cmd.stop(4242).startswith("env DDPKIT_PGID=4242 DDPKIT_NODE_RANK=0 bash -c ")
+    assert cmd.stop(4242).startswith("env DDPKIT_PGID=4242 DDPKIT_NODE_RANK=0 bash --norc -c ")
     assert 'ddpkit_kill_tree "$DDPKIT_PGID"' in remote.stop_script(spec())
 
 

@@ -58,6 +58,9 @@ class SshHosts:
     hosts: list[Host]
     login: Host
     folder: Path
+    # Stands in for /etc/bash.bashrc in the sshd's own mount namespace: the
+    # file bash sources for commands run by sshd (see launch/remote.py).
+    system_bashrc: Path | None = None
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
     @property
@@ -102,7 +105,11 @@ class SshHosts:
         config = folder / "sshd_config"
         config.write_text(_SSHD_CONFIG.format(host_key=self.host_key(host), folder=folder, authorized=authorized))
         log = (folder / "sshd.log").open("w")
-        return host.popen([str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        argv = [str(SSHD), "-D", "-e", "-f", str(config)]
+        if self.system_bashrc is not None:
+            argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                    'mount --bind "$0" /etc/bash.bashrc && exec "$@"', str(self.system_bashrc), *argv]
+        return host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
     def known_hosts_line(self, host: Host, key: Path | None = None) -> str:
         public = (key or self.host_key(host)).with_suffix(".pub").read_text().split()

@@ -92,15 +92,24 @@ def stop_script(spec: JobSpec) -> str:
     )
 
 
+# bash sources ~/.bashrc for a `-c` command when it believes sshd started it
+# (SSH_CLIENT set, SHLVL < 2), which is the case here because the login shell
+# execs its last command and lowers SHLVL first. The login shell has already
+# run the rc files and exported their environment; running them again costs
+# every node its rc's start-up time (pyenv, conda init, module loads) and may
+# change PATH under the job. --norc turns that second run off.
+BASH = "bash --norc"
+
+
 def start_payload(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True) -> str:
     """The command after the env prefix. `setsid -w` gives the node its own
     process group (and waits for it, so the exit status comes back)."""
     script = node_script(spec, doctor=doctor, watch_stdin=watch_stdin)
-    return f"setsid -w bash -c {shlex.quote(script)} {shlex.quote('ddpkit-' + spec.name)}"
+    return f"setsid -w {BASH} -c {shlex.quote(script)} {shlex.quote('ddpkit-' + spec.name)}"
 
 
 def stop_payload(spec: JobSpec) -> str:
-    return f"bash -c {shlex.quote(stop_script(spec))} ddpkit-stop"
+    return f"{BASH} -c {shlex.quote(stop_script(spec))} ddpkit-stop"
 
 
 def env_prefix(node_rank: int, master_addr: str) -> str:
