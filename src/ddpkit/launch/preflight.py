@@ -53,18 +53,19 @@ class HostFacts:
 
 
 def probe_script(spec: JobSpec) -> str:
-    """Shell that prints one marked section per fact."""
+    """Shell that prints one marked section per fact. Builtins where they
+    will do: every host runs this on each launch, before anything starts."""
     py = shlex.quote(spec.command.python)
-    lines = [f"echo {MARK}hostname; hostname"]
+    lines = [f"echo {MARK}hostname; {{ read -r h < /proc/sys/kernel/hostname && echo \"$h\"; }} 2>/dev/null || hostname"]
     if spec.ssh.docker:
-        lines.append(f"echo {MARK}docker; docker image inspect --format ok {shlex.quote(spec.image)} 2>&1 | tail -n 1")
+        lines.append(f"echo {MARK}docker; docker image inspect --format ok {shlex.quote(spec.image)} 2>&1")
     else:
         if spec.ssh.workdir:
             wd = shlex.quote(spec.ssh.workdir)
             lines.append(f"echo {MARK}workdir; if cd -- {wd} 2>/dev/null; then echo ok; else echo missing; fi")
         lines.append(f"echo {MARK}python; command -v {py} || echo missing")
-        lines.append(f"echo {MARK}torch; {py} -c {shlex.quote(TORCH_VERSION)} 2>&1 | tail -n 1")
-    lines.append(f"echo {MARK}netdev; cat /proc/net/dev")
+        lines.append(f"echo {MARK}torch; {py} -c {shlex.quote(TORCH_VERSION)} 2>&1")
+    lines.append(f"echo {MARK}netdev; while IFS= read -r l; do echo \"$l\"; done < /proc/net/dev")
     lines.append(f"echo {MARK}tcp; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null")
     return "\n".join(lines) + "\n"
 
@@ -79,6 +80,10 @@ def gated_command(spec: JobSpec, start: str) -> str:
     return f"sh -c {shlex.quote(script)}"
 
 
+# Sections whose answer is the last line (a version, or the end of an error).
+LAST_LINE_ONLY = ("torch", "docker")
+
+
 def parse_sections(text: str) -> dict[str, str]:
     sections: dict[str, list[str]] = {}
     current = None
@@ -88,7 +93,11 @@ def parse_sections(text: str) -> dict[str, str]:
             sections[current] = []
         elif current is not None:
             sections[current].append(line)
-    return {k: "\n".join(v).strip() for k, v in sections.items()}
+    parsed = {k: "\n".join(v).strip() for k, v in sections.items()}
+    for key in LAST_LINE_ONLY:
+        if key in parsed:
+            parsed[key] = parsed[key].rsplit("\n", 1)[-1].strip()
+    return parsed
 
 
 def interfaces(netdev: str) -> set[str]:
