@@ -305,6 +305,56 @@ def test_rc_files_run_once_per_node_and_their_environment_reaches_the_job(tmp_pa
     assert len(count.read_text().split()) == 2, f"rc files ran {len(count.read_text().split())} times for 2 nodes"
 
 
+def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path) -> None:
+    """A host cut off mid-run (its link down: no reset, the connection goes
+    quiet) is declared lost after alive_interval_s x alive_count, and every
+    other node is stopped; without the keepalive the launcher would wait on it
+    for good."""
+    fake = tmp_path / "python"
+    fake.write_text(STAND_IN_PYTHON)
+    fake.chmod(0o755)
+    with netns.Network(["login", "up1", "lost1"], prefix=f"dkl{os.getpid() % 10000}") as net:
+        net.wait_reachable()
+        (tmp_path / "hosts").mkdir()
+        with sshd.SshHosts(net.hosts[1:], net.hosts[0], tmp_path / "hosts") as hosts:
+            workdir = tmp_path / "job"  # every job process runs there; the sshd daemons do not
+            workdir.mkdir()
+            extra = {"nodes": 2, "ssh": {"workdir": str(workdir), "log_dir": str(tmp_path / "logs"), "grace_s": 1,
+                                         "connect_timeout_s": 2, "alive_interval_s": 1, "alive_count": 2}}
+            job = write_job(tmp_path, "lost", args=[], script=tmp_path / "rank.py", extra=extra)
+            job.write_text(job.read_text().replace(sys.executable, str(fake)))
+            hf = tmp_path / "hostfile"
+            lost_addr = net["lost1"].addr
+            hf.write_text(f"{net['up1'].addr}\n{lost_addr}\n")
+            argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
+            proc = net["login"].popen(argv, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                assert proc.stdout is not None
+                running = 0
+                while running < 2:
+                    line = proc.stdout.readline()
+                    assert line, "launcher ended before every rank ran"
+                    running += "running" in line
+                net["lost1"].run(["ip", "link", "set", net["lost1"].ifname, "down"], check=True)
+                _, err = proc.communicate(timeout=60)
+            finally:
+                proc.kill()
+                up1 = os.stat(f"/run/netns/{net['up1'].ns}").st_ino
+                left_on_up1 = []
+                for found in job_processes(str(workdir)):
+                    pid = int(found.split()[0])
+                    try:
+                        if os.stat(f"/proc/{pid}/ns/net").st_ino == up1:
+                            left_on_up1.append(found)
+                        os.kill(pid, signal.SIGKILL)  # those on the lost host: nothing could reach them
+                    except OSError:
+                        pass
+    summary = " ".join(err.split())
+    assert proc.returncode == 1, err
+    assert f"node 1 ({lost_addr}) failed first: host stopped answering" in summary, err
+    assert not left_on_up1, f"the node on the host that still answered was not stopped: {left_on_up1}"
+
+
 def _as_from_a_terminal() -> None:
     """A shell started from a terminal has SIGINT at its default; pytest may
     run in the background, where SIGINT is inherited ignored (and bash cannot

@@ -296,6 +296,11 @@ class SshOptions(Strict):
     log_dir: str = Field(default="logs", description="local folder for one log file per node")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     grace_s: float = Field(default=5.0, ge=0, description="SIGTERM to SIGKILL grace period on teardown")
+    # As ssh's ServerAliveInterval/ServerAliveCountMax: a host that stops
+    # answering (power loss, partition) sends no reset, so without this the
+    # launcher and the other ranks would wait for it for good.
+    alive_interval_s: float = Field(default=5.0, gt=0, description="seconds between liveness probes of each host")
+    alive_count: int = Field(default=3, ge=1, description="unanswered probes after which a host counts as lost")
 
     @field_validator("hosts")
     @classmethod

@@ -62,6 +62,8 @@ class SshSettings:
     timeout_s: float = 10.0
     default_user: str | None = None
     default_port: int = 22
+    alive_interval_s: float = 5.0
+    alive_count: int = 3
     _config: paramiko.SSHConfig | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 

@@ -18,6 +18,7 @@ from typing import TextIO
 
 import paramiko
 
+from .alive import Heartbeat
 from .conn import ConnectError, Endpoint, SshSettings, close, connect
 from .preflight import GO
 from .remote import NodeCommand, parse_pgid
@@ -44,6 +45,7 @@ class NodeRun:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     started: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _heartbeat: Heartbeat | None = None
 
     @property
     def label(self) -> str:
@@ -60,6 +62,11 @@ class NodeRun:
             return
         self._thread = threading.Thread(target=self._pump, args=(events,), name=self.label, daemon=True)
         self._thread.start()
+        transport = self.client.get_transport()
+        if transport is not None:
+            self._heartbeat = Heartbeat(transport, self.settings.alive_interval_s, self.settings.alive_count,
+                                        self.label)
+            self._heartbeat.start()
 
     def _pump(self, events: queue.Queue[NodeRun]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,9 +78,16 @@ class NodeRun:
                 self._line(f"ddpkit: connection lost: {exc}", log)
             self.status = self.channel.recv_exit_status()
             if self.status == DROPPED:
-                self._line("ddpkit: connection closed without an exit status", log)
+                self._line(f"ddpkit: {self.drop_reason}", log)
         self.started.set()
         events.put(self)
+
+    @property
+    def drop_reason(self) -> str:
+        if self._heartbeat is not None and self._heartbeat.lost:
+            return (f"host stopped answering (no reply to a keepalive for {self._heartbeat.deadline_s:g} s; "
+                    "down or cut off?)")
+        return "connection closed without an exit status"
 
     def _line(self, line: str, log: TextIO) -> None:
         if self.pgid is None:
@@ -118,6 +132,8 @@ class NodeRun:
             self._thread.join(timeout)
 
     def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         self.channel.close()
         close(self.client)
 

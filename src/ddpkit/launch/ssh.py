@@ -70,6 +70,7 @@ def settings_from(args: argparse.Namespace, spec: JobSpec) -> SshSettings:
         config_path=args.ssh_config, known_hosts=args.known_hosts, identity=args.identity,
         accept_new_host_keys=args.accept_new_host_keys, timeout_s=spec.ssh.connect_timeout_s,
         default_user=spec.ssh.user, default_port=spec.ssh.port,
+        alive_interval_s=spec.ssh.alive_interval_s, alive_count=spec.ssh.alive_count,
     )
 
 
@@ -130,7 +131,7 @@ def print_failure(first: NodeRun | None, interrupted: bool, problems: list[str])
         body = Text("Ctrl-C / SIGTERM received; all remote process groups were sent TERM, then KILL.")
     else:
         assert first is not None
-        reason = "connection dropped" if first.status == -1 else f"exit status {first.status}"
+        reason = first.drop_reason if first.status == -1 else f"exit status {first.status}"
         title = f"node {first.rank} ({first.endpoint.alias}) failed first: {reason}; every other node was stopped"
         body = Text(f"last lines of {first.log_path}:\n" + "\n".join(first.tail))
     for problem in problems:

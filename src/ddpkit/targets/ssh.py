@@ -21,6 +21,7 @@ def variables(spec: JobSpec, *, doctor: bool = False) -> dict[str, object]:
         "spec": spec,
         "hosts": list(spec.ssh.hosts),
         "connect_timeout": max(1, round(spec.ssh.connect_timeout_s)),
+        "alive_interval": max(1, round(spec.ssh.alive_interval_s)),
         "start_payload": start_payload(spec, doctor=doctor, watch_stdin=False),
         "stop_payload": stop_payload(spec),
     }
