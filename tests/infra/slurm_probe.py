@@ -14,13 +14,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ddpkit.train.rank_report import report
-from ddpkit.train.signals import EXIT_PREEMPTED, StopRequest, requeue_if_slurm
+from ddpkit.train.signals import EXIT_PREEMPTED, StopAgreement, StopRequest, requeue_if_slurm
 from ddpkit.train.startup import add_startup_arguments, init_distributed, shutdown
 
 
 def steps(ctx, total: int, ckpt: Path) -> int:  # noqa: ANN001
     stop = StopRequest()
     stop.install()
+    agreement = StopAgreement.for_run(stop, ctx.distributed)
     start = int(ckpt.read_text()) if ckpt.exists() else 0
     if ctx.rank == 0:
         print(f"PROBE-START step={start} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
@@ -28,12 +29,13 @@ def steps(ctx, total: int, ckpt: Path) -> int:  # noqa: ANN001
         time.sleep(0.5)
         if ctx.rank == 0:
             print(f"PROBE-STEP {step}", flush=True)
-        if stop.agreed(True, ctx.device):
+        if agreement.check():
             if ctx.rank == 0:
                 ckpt.write_text(str(step))
                 print(f"PROBE-CHECKPOINT step={step}", flush=True)
                 print(f"PROBE-{requeue_if_slurm()}", flush=True)
             return EXIT_PREEMPTED
+    agreement.finish()
     if ctx.rank == 0:
         print(f"PROBE-DONE step={total}", flush=True)
     return 0

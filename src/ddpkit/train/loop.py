@@ -4,6 +4,10 @@ Position is counted in optimizer steps: `step` overall and `epoch_step`
 within the epoch. A resumed run skips the epoch_step * grad_accum * batch
 samples of the epoch this rank already trained on, so it continues at the
 exact sample.
+
+After each step the ranks agree on whether to stop (signals.StopAgreement):
+a stop signal takes effect after the step following the one it arrived in,
+on every rank at the same step.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from .data import DeviceResidentLoader, ResumableSampler, build_datasets, eval_l
 from .evaluate import EvalResult, evaluate
 from .models import build_model
 from .progress import Metrics, Progress, Summary, rank_logger
-from .signals import EXIT_PREEMPTED, StopRequest, requeue_if_slurm
+from .signals import EXIT_PREEMPTED, StopAgreement, StopRequest, requeue_if_slurm
 from .strategy import Parallel, make_optimizer, parallelise
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -111,6 +115,8 @@ class Trainer:
         # Installed by the caller before start-up when given, so a pre-emption
         # signal during the rank report or model build is not fatal.
         self.stop = stop or StopRequest()
+        # may create a process group: every rank gets here at the same point
+        self.agreement = StopAgreement.for_run(self.stop, self.distributed)
         self.resumed_from = self._resume()
 
     # ---- set-up -------------------------------------------------------------
@@ -252,6 +258,9 @@ class Trainer:
                 status, saved_at = self._epoch(progress, t0, start_step, saved_at)
         finally:
             progress.close()
+        # Not in the finally: after an error a peer may be gone, and waiting
+        # for its part of the all-reduce would last the whole timeout.
+        self.agreement.finish()
         seconds = time.monotonic() - t0
         if status == "finished":
             if a.eval and (self.last_eval is None or self.pos.epoch_step != 0):
@@ -283,7 +292,7 @@ class Trainer:
             if value is not None:
                 self.metrics.write("train", step=pos.step, epoch=pos.epoch, loss=value, images_per_s=ips,
                                    lr=self.scheduler.get_last_lr()[0])
-            if self.stop.agreed(self.distributed, self.device):
+            if self.agreement.check():
                 return self._preempt(), pos.step
             if a.checkpoint_every and pos.step % a.checkpoint_every == 0:
                 self.save()

@@ -1,10 +1,19 @@
-"""Pre-emption: SIGTERM or SIGUSR2 asks the job to stop after the current step.
+"""Pre-emption: SIGTERM or SIGUSR2 asks the job to stop.
 
-The handler only records the request. Each step the ranks all-reduce the flag
-(MAX), so a signal that reached only some ranks, or reached them during
-different steps, still stops every rank after the same step: then rank 0
-checkpoints, everyone exits with EXIT_PREEMPTED, and under Slurm rank 0 asks
-for the job to be requeued. SIGUSR1 is left alone: NCCL may use it.
+The handler only records the request (StopRequest). StopAgreement turns the
+per-rank requests into one decision that every rank takes after the same
+step, so a signal that reached only some ranks, or reached them during
+different steps, still stops every rank together: then rank 0 checkpoints,
+everyone exits with EXIT_PREEMPTED, and under Slurm rank 0 asks for the job
+to be requeued. SIGUSR1 is left alone: NCCL may use it.
+
+The agreement is pipelined so that it never waits on the training device:
+the flag lives on the CPU and is all-reduced (MAX) over a CPU-capable group,
+asynchronously; the check after step n reads the all-reduce started after
+step n-1 (long finished by then) and starts the next one. Every rank sees
+the same value, the flags as of the end of step n-1, so the decision is the
+same everywhere; the price is that a stop takes effect one step later than
+the step during which the signal arrived.
 """
 
 from __future__ import annotations
@@ -20,9 +29,12 @@ import torch.distributed as dist
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; run again with --resume auto
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+CPU_BACKENDS = ("gloo", "mpi")  # default-group backends that all-reduce CPU tensors
 
 
 class StopRequest:
+    """This process's own view: did a stop signal arrive?"""
+
     def __init__(self) -> None:
         self.signum: int | None = None
 
@@ -33,12 +45,66 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
 
-    def agreed(self, distributed: bool, device: torch.device) -> bool:
-        """True on every rank once any rank got a stop signal."""
-        flag = torch.tensor([1.0 if self.signum is not None else 0.0], device=device)
-        if distributed:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+def cpu_group(backend: str) -> dist.ProcessGroup | None:
+    """A process group that all-reduces CPU tensors: None (the default group)
+    when its backend can, else a new gloo group. A collective call: every
+    rank must make it, in the same order relative to its other new_group calls."""
+    if backend in CPU_BACKENDS:
+        return None
+    # NCCL only reduces device tensors: a flag there would cost a device copy
+    # and a tiny kernel on the compute stream every step.
+    return dist.new_group(backend="gloo")
+
+
+class StopAgreement:
+    """Every rank's stop decision after each step, the same on all ranks.
+
+    check() after every step; finish() once training ends normally, so that
+    no all-reduce is left in flight when the process group goes away.
+    """
+
+    def __init__(self, request: StopRequest, distributed: bool, group: dist.ProcessGroup | None = None) -> None:
+        self.request, self.distributed, self.group = request, distributed, group
+        self._flag = torch.zeros(1, dtype=torch.int32)  # CPU: reading it never syncs a device
+        self._pending: dist.Work | None = None
+
+    @classmethod
+    def for_run(cls, request: StopRequest, distributed: bool) -> StopAgreement:
+        """Make the agreement for a training run; with a process group, every
+        rank must call this at the same point of its start-up (it may create a group)."""
+        group = cpu_group(dist.get_backend()) if distributed else None
+        return cls(request, distributed, group)
+
+    def check(self) -> bool:
+        """True on every rank, after the same step, once any rank got a stop signal."""
+        if not self.distributed:
+            return self.request.requested
+        if self._take_pending():
+            return True
+        self._flag.fill_(1 if self.request.requested else 0)
+        self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return False
+
+    def _take_pending(self) -> bool:
+        """Wait for the all-reduce started at the previous check (done by now:
+        a whole step ran since) and return its result."""
+        if self._pending is None:
+            return False
+        self._pending.wait()
+        self._pending = None
+        return bool(self._flag.item())
+
+    def finish(self) -> None:
+        """Wait for the all-reduce still in flight, if any. Its answer comes
+        too late to matter: training is over, so a stop asked for during the
+        last step changes nothing. Skip this on an error path: a peer that died
+        would make it wait for the whole collective timeout."""
+        self._take_pending()
 
 
 def requeue_if_slurm() -> str | None:
