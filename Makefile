@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench clean
+.PHONY: wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench bench-launch clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,13 +72,16 @@ compose-test: install wheelhouse
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# CPU benchmarks (results in bench/results/, see docs/PERFORMANCE.md); the SSH
-# launch benchmark needs root for its network namespaces and sshd hosts.
+# CPU benchmarks (results in bench/results/, see docs/PERFORMANCE.md).
 bench: install
 	$(PY) -m bench.train_throughput
 	$(PY) -m bench.startup
+
+# SSH fan-out and teardown vs pdsh, a serial ssh loop and plain torchrun;
+# needs root for its network namespaces and sshd hosts (about 5 minutes).
+bench-launch: install
 	@if [ "$$(id -u)" = 0 ]; then $(PY) -m bench.launch; \
-	else echo "bench: skipping bench/launch.py (needs root for network namespaces and sshd)"; fi
+	else echo "bench-launch: needs root (network namespaces and sshd)"; exit 2; fi
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis
