@@ -32,6 +32,7 @@ from .evaluate import EvalResult, evaluate
 from .models import build_model
 from .progress import Metrics, Progress, Summary, rank_logger
 from .signals import EXIT_PREEMPTED, StopAgreement, StopRequest, requeue_if_slurm
+from .startup import CLOCK, StartupClock
 from .strategy import Parallel, make_optimizer, parallelise
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -90,8 +91,9 @@ def make_plan(args: argparse.Namespace, samples_per_rank: int, world_size: int) 
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, ctx: Any, stop: StopRequest | None = None) -> None:
-        self.args, self.ctx = args, ctx
+    def __init__(self, args: argparse.Namespace, ctx: Any, stop: StopRequest | None = None,
+                 clock: StartupClock = CLOCK) -> None:
+        self.args, self.ctx, self.clock = args, ctx, clock
         self.rank, self.world = ctx.rank, ctx.world_size
         self.distributed = bool(ctx.distributed)
         self.device: torch.device = ctx.device
@@ -101,7 +103,9 @@ class Trainer:
             torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
         model = build_model(args.model, args.num_classes, args.image_size)
         self.par: Parallel = parallelise(model, args, self.device, ctx.local_rank, self.world, self.distributed)
+        clock.mark("model_built")
         self._build_data()
+        clock.mark("data_built")
         self.plan = make_plan(args, len(self.sampler), self.world)
         self.optimizer = make_optimizer(list(self.par.raw.parameters()), args, self.plan.lr, self.distributed)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -118,6 +122,7 @@ class Trainer:
         # may create a process group: every rank gets here at the same point
         self.agreement = StopAgreement.for_run(self.stop, self.distributed)
         self.resumed_from = self._resume()
+        self._first_step_pending = True
 
     # ---- set-up -------------------------------------------------------------
     def _build_data(self) -> None:
@@ -248,6 +253,7 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> tuple[Summary, int]:
         a, plan = self.args, self.plan
+        self.clock.mark("setup_done")
         self.stop.install()
         progress = Progress(a.progress, self.rank == 0, plan.total_steps, self.pos.step, a.log_every)
         self.log.info("plan: %d steps (%d per epoch), global batch %d, lr %.4g, warm-up %d steps",
@@ -286,6 +292,8 @@ class Trainer:
             loss = self._step(batches)
             pos.epoch_step += 1
             pos.step += 1
+            if self._first_step_pending:
+                self._report_startup()
             ips = (pos.step - start_step) * plan.global_batch / max(time.monotonic() - t0, 1e-9)
             value = loss.item() if progress.wants_loss(pos.step) else None
             progress.update(pos.step, pos.epoch, value, ips)
@@ -306,6 +314,16 @@ class Trainer:
                 self.save()
                 saved_at = pos.step
         return "finished", saved_at
+
+    def _report_startup(self) -> None:
+        """After this process's first step: the `startup` metrics record and one log line (rank 0)."""
+        self._first_step_pending = False
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # once: the stamp is when the step ran, not when it was queued
+        self.clock.mark("first_step_done")
+        if self.rank == 0:
+            self.metrics.write("startup", **self.clock.record())
+            self.log.info("%s", self.clock.line())
 
     def _preempt(self) -> str:
         self.log.warning("stop signal received: checkpointing at step %d and exiting with %d",

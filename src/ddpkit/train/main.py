@@ -42,9 +42,11 @@ def train(ctx: object, args: argparse.Namespace, stop: object = None) -> int:
     """Everything after start-up, on one rank. Returns the exit code."""
     from .loop import Trainer
     from .rank_report import report
+    from .startup import CLOCK
 
     stop = stop or _stop_request()
     report(ctx)
+    CLOCK.mark("rank_report_done")
     trainer = Trainer(args, ctx, stop)
     summary, code = trainer.run()
     if ctx.rank == 0:
@@ -100,14 +102,15 @@ def run(args: argparse.Namespace) -> int:
         return _bad("invalid options (nothing was started):\n  - " + "\n  - ".join(found))
     from torch.multiprocessing import ProcessExitedException
 
-    from .startup import init_distributed, run_spawned, shutdown
+    from .startup import import_trainer, init_distributed, run_spawned, shutdown
 
     expected = _expected_errors()
     try:
         if args.spawn:
-            run_spawned(args, _SpawnEntry(args))
+            run_spawned(args, _SpawnEntry(args), prepare=import_trainer)
             return 0
         stop = _stop_request()
+        import_trainer()
         ctx = init_distributed(args)
         try:
             return train(ctx, args, stop)

@@ -5,6 +5,10 @@ device, process group.
     run_spawned(args, fn)             # --spawn N: N processes on this machine
     shutdown(ctx)
 
+It also keeps this process's start-up clock (CLOCK): wall-clock stamps from
+the process's own start to the end of the first training step, which the
+trainer writes as one `startup` metrics record.
+
 torch is imported inside functions: `ddpkit --help` imports this module to
 build its parser.
 """
@@ -16,7 +20,8 @@ import datetime
 import os
 import socket
 import tempfile
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -28,10 +33,92 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DistContext", "LaunchInfo", "StartupError", "add_startup_arguments", "detect_launch",
-    "expand_hostlist", "init_distributed", "run_spawned", "shutdown", "hostname",
+    "expand_hostlist", "init_distributed", "run_spawned", "shutdown", "hostname", "CLOCK", "StartupClock",
+    "import_trainer", "process_start",
 ]
 
 DEFAULT_TIMEOUT_S = 1800
+_IMPORTED_AT = time.time()  # fallback process start where /proc cannot tell
+
+
+# ---- the start-up clock ----------------------------------------------------------
+# Stamps in the order they happen, each the end of the phase named beside it.
+STAMPS = (("process_start", ""), ("imports_done", "imports"), ("rendezvous_done", "rendezvous"),
+          ("rank_report_done", "rank report"), ("model_built", "model"), ("data_built", "data"),
+          ("setup_done", "optimizer + resume"), ("first_step_done", "first step"))
+
+
+def process_start() -> tuple[float, str]:
+    """(wall-clock time this process started, where that came from).
+
+    Linux: /proc/self/stat field 22 is the start in clock ticks after boot
+    (CLOCK_BOOTTIME, 10 ms resolution with the usual 100 Hz ticks). Its age
+    is subtracted from the current wall clock, rather than adding /proc/stat's
+    btime, which is whole seconds and drifts from the wall clock as NTP
+    adjusts it. Elsewhere: when this module was imported, which misses the
+    interpreter's own start-up and the imports before it.
+    """
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # after "pid (comm)", field 3 is index 0
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age, "/proc/self/stat"
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _IMPORTED_AT, "ddpkit.train.startup import"
+
+
+@dataclass
+class StartupClock:
+    """Wall-clock stamps of one process's start-up. A later mark of the same
+    name is ignored: a phase ends once, the first time."""
+
+    stamps: dict[str, float] = field(default_factory=dict)
+    process_start_from: str = ""
+
+    def __post_init__(self) -> None:
+        if "process_start" not in self.stamps:
+            self.stamps["process_start"], self.process_start_from = process_start()
+
+    def mark(self, name: str) -> None:
+        if name not in dict(STAMPS):
+            raise ValueError(f"unknown start-up stamp {name!r}")
+        self.stamps.setdefault(name, time.time())
+
+    def phases(self) -> dict[str, float]:
+        """Seconds per phase, each from the previous stamp taken to its own,
+        so the phases add up to the total; a stamp never taken is left out."""
+        taken = [(stamp, phase) for stamp, phase in STAMPS if stamp in self.stamps]
+        return {phase: self.stamps[stamp] - self.stamps[prev]
+                for (prev, _), (stamp, phase) in zip(taken, taken[1:])}
+
+    def record(self) -> dict[str, object]:
+        """The fields of the `startup` metrics record."""
+        ordered = {stamp: self.stamps[stamp] for stamp, _ in STAMPS if stamp in self.stamps}
+        last = next(reversed(ordered))
+        return {"stamps": ordered, "phases": self.phases(), "total": ordered[last] - ordered["process_start"],
+                "process_start_from": self.process_start_from, "pid": os.getpid()}
+
+    def line(self) -> str:
+        """One line for the log: 'start-up 4.51 s: imports 2.16, rendezvous 0.01, ...'."""
+        rec = self.record()
+        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in self.phases().items())
+        return f"start-up {rec['total']:.2f} s: {parts}"
+
+
+# One start-up per process: the stamps belong to the process, like its pid,
+# and are taken where each phase ends (main, _init, the trainer).
+CLOCK = StartupClock()
+
+
+def import_trainer() -> None:
+    """Import what training needs (torch, torchvision, the trainer's modules)
+    now, so that the clock's `imports` phase holds all of it and the later
+    phases time only their own work."""
+    import torchvision  # noqa: F401
+
+    from . import loop, rank_report  # noqa: F401
+
+    CLOCK.mark("imports_done")
 
 
 @dataclass(frozen=True)
@@ -161,6 +248,7 @@ def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     node_rank, local_rank, local_world = info.node_rank, info.local_rank, info.local_world_size
     if node_rank is None:
         node_rank, local_rank, local_world = _placement_from_hosts(info.rank, host)
+    CLOCK.mark("rendezvous_done")  # launcher detection, interface, device, process group, placement
     return DistContext(
         rank=info.rank, local_rank=local_rank, world_size=info.world_size, local_world_size=local_world,
         node_rank=node_rank, master_addr=info.master_addr, master_port=info.master_port, backend=backend,
@@ -175,7 +263,9 @@ def init_distributed(args: argparse.Namespace) -> DistContext:
 
 
 def _spawned_child(index: int, args: argparse.Namespace, fn: Callable[[DistContext], object],
-                   nprocs: int, init_file: str) -> None:
+                   nprocs: int, init_file: str, prepare: Callable[[], object] | None) -> None:
+    if prepare is not None:
+        prepare()
     info = LaunchInfo("spawn", rank=index, local_rank=index, world_size=nprocs, local_world_size=nprocs,
                       node_rank=0, master_addr="127.0.0.1", master_port=None, init_method=f"file://{init_file}")
     ctx = _init(info, args)
@@ -185,16 +275,18 @@ def _spawned_child(index: int, args: argparse.Namespace, fn: Callable[[DistConte
         shutdown(ctx)
 
 
-def run_spawned(args: argparse.Namespace, fn: Callable[[DistContext], object]) -> None:
+def run_spawned(args: argparse.Namespace, fn: Callable[[DistContext], object],
+                prepare: Callable[[], object] | None = None) -> None:
     """--spawn N: N processes on this machine, joined through a file store
-    (no port to race for). `fn` must be picklable (a module-level function)."""
+    (no port to race for). Each runs prepare() (if given) before it joins the
+    group, then fn(ctx). Both must be picklable (module-level functions)."""
     import torch.multiprocessing as mp
 
     if args.spawn is None or args.spawn < 1:
         raise StartupError(f"--spawn {args.spawn}: give the number of processes, 1 or more")
     with tempfile.TemporaryDirectory(prefix="ddpkit-spawn-") as tmp:
         init_file = str(Path(tmp) / "rendezvous")
-        mp.spawn(_spawned_child, args=(args, fn, args.spawn, init_file), nprocs=args.spawn, join=True)
+        mp.spawn(_spawned_child, args=(args, fn, args.spawn, init_file, prepare), nprocs=args.spawn, join=True)
 
 
 def shutdown(ctx: DistContext | None = None) -> None:
