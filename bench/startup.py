@@ -2,19 +2,20 @@
 the end of the first training step, split into phases so the slow part is
 visible:
 
-  launcher + interpreter   torchrun's agent starts, spawns the worker, the worker's python starts
-  imports                  torch, torchvision and ddpkit.train
+  launcher + interpreter   torchrun's agent starts and spawns the worker (to the worker's process start)
+  imports                  the worker's python starts and imports torch, torchvision and ddpkit.train
   rendezvous               init_distributed: launcher detection, interface, init_process_group
   rank report              gather and print the rank table
   model build              build_model + parallelise (DDP wrap broadcasts the weights)
   data                     datasets, sampler and loaders (Trainer._build_data)
-  first step               the first optimizer step (includes the loader's first batch)
-  other                    what is left (optimizer, scheduler, resume check, ...)
+  first step               the first optimizer step (loader workers start, first batch, step)
+  other                    what is left: optimizer, scheduler, resume check
 
-The trainer exposes no timings, so this script measures it from outside with
-no change to it: torchrun starts this file in --probe mode, which stamps the
-interpreter start, imports the trainer, wraps those functions with timers and
-then runs `python -m ddpkit.train` unchanged. Rank 0 writes the stamps.
+The trainer measures itself: rank 0 writes one `startup` record to its
+--metrics file with wall-clock stamps from its process start (read from
+/proc) to the end of its first step. This script takes the time just before
+it runs torchrun and reads that record: the launcher phase is the gap between
+the two, the others are the record's own phases.
 
   .venv/bin/python -m bench.startup [--nproc 2] [--repeats 2]
 
@@ -23,78 +24,35 @@ Writes bench/results/startup.json and startup.png.
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+import tempfile
 import time
-
-T_INTERP = time.time()  # first thing the worker's interpreter runs of ours
-
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("launcher + interpreter", "imports", "rendezvous", "rank report", "model build", "data",
           "first step", "other")
+# bench phase -> the trainer's startup record phase
+FROM_RECORD = {"imports": "imports", "rendezvous": "rendezvous", "rank report": "rank report",
+               "model build": "model", "data": "data", "first step": "first step"}
 
 
-# ---- probe: runs inside each torchrun worker ---------------------------------------
-class Stamps:
-    def __init__(self) -> None:
-        self.spans: dict[str, float] = {}
-        self.marks: dict[str, float] = {"interpreter": T_INTERP}
-
-    def timed(self, name: str, fn: Callable[..., Any], once: bool = False) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if once and name in self.spans:
-                return fn(*args, **kwargs)
-            t0 = time.time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.spans[name] = self.spans.get(name, 0.0) + time.time() - t0
-                self.marks[f"{name} end"] = time.time()
-        return wrapper
+def startup_record(metrics: Path) -> dict:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    found = [r for r in rows if r.get("kind") == "startup"]
+    if len(found) != 1:
+        raise RuntimeError(f"{metrics}: expected one startup record, found {len(found)}")
+    return found[0]
 
 
-def probe(out: Path, train_argv: list[str]) -> int:
-    stamps = Stamps()
-    import torch  # noqa: F401  (what the trainer's start-up imports)
-    import torchvision  # noqa: F401
-
-    sys.path.insert(0, str(ROOT / "src"))
-    import ddpkit.train.__main__ as entry
-    from ddpkit.train import loop, rank_report, startup
-
-    stamps.marks["imported"] = time.time()
-    startup.init_distributed = stamps.timed("rendezvous", startup.init_distributed)
-    rank_report.report = stamps.timed("rank report", rank_report.report)
-    loop.build_model = stamps.timed("model build", loop.build_model)
-    loop.parallelise = stamps.timed("model build", loop.parallelise)
-    loop.Trainer._build_data = stamps.timed("data", loop.Trainer._build_data)
-    first_step = stamps.timed("first step", loop.Trainer._step, once=True)
-    loop.Trainer._step = first_step
-    code = entry.main(train_argv)
-    if os.environ.get("RANK", "0") == "0":
-        out.write_text(json.dumps({"marks": stamps.marks, "spans": stamps.spans}))
-    return code
-
-
-# ---- driver -----------------------------------------------------------------------
-def phases(launch_t: float, stamps: dict) -> dict[str, float]:
-    marks, spans = stamps["marks"], stamps["spans"]
-    split = {
-        "launcher + interpreter": marks["interpreter"] - launch_t,
-        "imports": marks["imported"] - marks["interpreter"],
-        "rendezvous": spans["rendezvous"], "rank report": spans["rank report"],
-        "model build": spans["model build"], "data": spans["data"], "first step": spans["first step"],
-    }
-    total = marks["first step end"] - launch_t
-    split["other"] = total - sum(split.values())
+def phases(launch_t: float, record: dict) -> dict[str, float]:
+    stamps = record["stamps"]
+    split = {"launcher + interpreter": stamps["process_start"] - launch_t,
+             **{name: record["phases"][key] for name, key in FROM_RECORD.items()}}
+    total = stamps["first_step_done"] - launch_t
+    split["other"] = total - sum(split.values())  # the record's "optimizer + resume"
     split["total"] = total
     return split
 
@@ -102,10 +60,10 @@ def phases(launch_t: float, stamps: dict) -> dict[str, float]:
 def run_once(nproc: int, train_args: list[str], scratch: Path, index: int) -> dict[str, float]:
     from bench import common
 
-    out = scratch / f"stamps{index}.json"
+    metrics = scratch / f"metrics{index}.jsonl"
     launch_t = time.time()
-    common.torchrun(nproc, [str(Path(__file__).resolve()), "--probe", str(out), "--", *train_args])
-    return phases(launch_t, json.loads(out.read_text()))
+    common.torchrun(nproc, ["-m", "ddpkit.train", *train_args, "--metrics", str(metrics)])
+    return phases(launch_t, startup_record(metrics))
 
 
 def train_args(a: argparse.Namespace) -> list[str]:
@@ -172,7 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--probe":
-        rest = sys.argv[3:]
-        sys.exit(probe(Path(sys.argv[2]), rest[1:] if rest[:1] == ["--"] else rest))
     sys.exit(main())

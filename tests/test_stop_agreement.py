@@ -13,6 +13,8 @@ import functools
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ import torch.distributed as dist
 
 from ddpkit.train.signals import StopAgreement, StopRequest, cpu_group
 from ddpkit.train.startup import DistContext, add_startup_arguments, run_spawned
-from tests.helpers.runs import TINY, Job, alone, assert_bitwise_equal, final_model, metrics, run_ok, wait_for_step
+from tests.helpers.runs import ROOT, TINY, Job, alone, assert_bitwise_equal, final_model, metrics, run_ok, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +115,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return final_model(tmp / "ckpt")
 
 
-@pytest.mark.parametrize("sig, rank", [(signal.SIGTERM, 1), (signal.SIGUSR2, 0)], ids=["SIGTERM-rank1", "SIGUSR2-rank0"])
+@pytest.mark.parametrize("sig, rank", [(signal.SIGTERM, 1), (signal.SIGUSR2, 0)],
+                         ids=["SIGTERM-rank1", "SIGUSR2-rank0"])
 def test_signal_to_one_rank_stops_both_at_one_step_then_resumes_exactly(
         tmp_path: Path, reference: dict, sig: int, rank: int) -> None:
     job = manual_job(tmp_path, "run")
@@ -132,3 +135,16 @@ def test_signal_to_one_rank_stops_both_at_one_step_then_resumes_exactly(
     run_ok(manual_job(tmp_path, "resumed", ["--resume", "auto"]))
     assert f"at step {stopped} " in (tmp_path / "logs-resumed" / "rank1.log").read_text()
     assert_bitwise_equal(reference, final_model(tmp_path / "ckpt"))
+
+
+def test_stopflag_bench_writes_every_variant_and_ratio(tmp_path: Path) -> None:
+    """bench/stopflag.py end to end with a few steps; figures present and positive, none compared."""
+    done = subprocess.run([sys.executable, "-m", "bench.stopflag", "--steps", "20", "--warmup", "2",
+                           "--out", str(tmp_path), "--name", "f"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert set(data["variants"]) == {"blocking", "pipelined", "own group"}
+    for name, row in data["variants"].items():
+        assert row["in_check_us"] > 0 and row["step_us"] > 0, name
+    assert all(v > 0 for v in data["ratios"].values()) and data["baseline_step_us"] > 0
