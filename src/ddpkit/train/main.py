@@ -8,6 +8,7 @@ checkpoint: run again with --resume auto.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import sys
 
@@ -107,10 +108,10 @@ def run(args: argparse.Namespace) -> int:
     expected = _expected_errors()
     try:
         if args.spawn:
-            run_spawned(args, _SpawnEntry(args), prepare=import_trainer)
+            run_spawned(args, _SpawnEntry(args), prepare=functools.partial(import_trainer, args.model))
             return 0
         stop = _stop_request()
-        import_trainer()
+        import_trainer(args.model)
         ctx = init_distributed(args)
         try:
             return train(ctx, args, stop)

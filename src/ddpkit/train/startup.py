@@ -110,14 +110,14 @@ class StartupClock:
 CLOCK = StartupClock()
 
 
-def import_trainer() -> None:
-    """Import what training needs (torch, torchvision, the trainer's modules)
-    now, so that the clock's `imports` phase holds all of it and the later
-    phases time only their own work."""
-    import torchvision  # noqa: F401
-
+def import_trainer(model: str) -> None:
+    """Import what training `model` needs (torch, the trainer's modules, and
+    torchvision for its ResNets) now, so that the clock's `imports` phase
+    holds all of it and the later phases time only their own work."""
     from . import loop, rank_report  # noqa: F401
 
+    if ":" not in model:  # models.build_model's rule: a bare name is a torchvision ResNet
+        import torchvision  # noqa: F401  (about a second: not for models that never use it)
     CLOCK.mark("imports_done")
 
 
