@@ -80,6 +80,11 @@ def entries(device: str, compile_ceiling: bool) -> list[Entry]:
         fast += ["--precision", "bf16", "--channels-last", "--compile", "--cudnn-benchmark"]
     out.append(Entry("ddpkit --gpu-resident-data" + (" bf16 cl compile" if device == "cuda" else ""),
                      "ddpkit", ddpkit_argv(fast, device)))
+    if device == "cpu":
+        # the ceiling keeps the better of eager and channels_last; ddpkit
+        # gets the same choice through its --channels-last flag
+        out.append(Entry("ddpkit --gpu-resident-data --channels-last", "ddpkit",
+                         ddpkit_argv([*fast, "--channels-last"], device)))
     return out
 
 
