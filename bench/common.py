@@ -125,6 +125,24 @@ def write_result(name: str, payload: dict[str, Any], out_dir: Path = RESULTS) ->
     return path
 
 
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only backend (benchmarks run headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def command_line() -> str:
     """The command as typed: `python -m bench.x ...` when run as a module."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)

@@ -343,11 +343,7 @@ def print_summary(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     for method in START_METHODS:
         mine = sorted((r for r in rows if r["kind"] == "start" and r["method"] == method and r["spread"]),
@@ -374,9 +370,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     right.set_title("teardown after a failure")
     right.invert_yaxis()
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 # ---- main ----------------------------------------------------------------------------

@@ -73,11 +73,9 @@ def train_args(a: argparse.Namespace) -> list[str]:
 
 
 def plot(runs: list[dict[str, float]], path: Path, title: str) -> None:
-    import matplotlib
+    from bench import common
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len(runs)))
     for i, run in enumerate(runs):
         left = 0.0
@@ -89,9 +87,7 @@ def plot(runs: list[dict[str, float]], path: Path, title: str) -> None:
     ax.set_xlabel("seconds from launch")
     ax.set_title(title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

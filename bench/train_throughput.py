@@ -133,11 +133,7 @@ def print_report(results: list[dict]) -> None:
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for ax, res in zip(axes[0], results):
         names = list(res["entries"])
@@ -151,9 +147,7 @@ def plot(results: list[dict], path: Path, title: str) -> None:
         ax.set_xlabel("images/s (mean, min-max bars)")
         ax.invert_yaxis()
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
