@@ -131,3 +131,22 @@ def _parse(*argv: str) -> argparse.Namespace:
 def test_bad_flags_exit_2_naming_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture) -> None:
     assert run(_parse(*argv)) == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["bar", "plain"])
+def test_the_loss_is_read_every_log_interval_only_bar_or_not(mode: str) -> None:
+    """Reading the loss syncs the host with the device; the bar used to ask
+    for it after every step."""
+    from ddpkit.train.progress import Progress
+
+    progress = Progress(mode, True, total=25, start=0, every=10)
+    try:
+        wanted = [step for step in range(1, 26) if progress.wants_loss(step)]
+        assert wanted == [10, 20, 25]
+        if mode == "bar":
+            progress.update(10, 0, 1.5, 100.0)
+            progress.update(11, 0, None, 100.0)
+            assert progress.bar.tasks[0].fields["loss"] == "1.5000"  # kept until the next read
+    finally:
+        progress.close()
+    assert not Progress(mode, False, total=25, start=0, every=10).wants_loss(10)  # ranks > 0 never read it

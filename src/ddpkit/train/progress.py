@@ -71,8 +71,9 @@ class Progress:
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.update(self.task, completed=step, loss="-" if loss is None else f"{loss:.4f}",
-                            ips=f"{images_per_s:,.0f}")
+            # the loss column keeps the last value read until the next one
+            shown = {} if loss is None else {"loss": f"{loss:.4f}"}
+            self.bar.update(self.task, completed=step, ips=f"{images_per_s:,.0f}", **shown)
         elif loss is not None:
             done = step - self.start
             eta = (time.monotonic() - self.t0) / done * (self.total - step) if done else 0.0
@@ -80,8 +81,10 @@ class Progress:
                   f"eta {eta:.0f}s", flush=True)
 
     def wants_loss(self, step: int) -> bool:
-        """Reading the loss synchronises with the device, so only do it when it is shown."""
-        return self.enabled and (self.bar is not None or step % self.every == 0 or step == self.total)
+        """Reading the loss synchronises with the device (the host cannot
+        queue the next step meanwhile), so only every `every` steps, bar or
+        not: a bar that showed every step's loss would cost every step a sync."""
+        return self.enabled and (step % self.every == 0 or step == self.total)
 
     def close(self) -> None:
         if self.bar is not None:
