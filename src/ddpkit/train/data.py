@@ -213,8 +213,12 @@ class DeviceResidentLoader:
 
     def _augment(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         n, _, h, w = x.shape
-        shifts = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=gen).to(x.device)
-        flips = torch.randint(0, 2, (n,), generator=gen).bool().to(x.device)
+        if x.device.type != "cpu":
+            # draw on the device: a copy from pageable host memory may wait for
+            # the stream, i.e. for the previous step, every batch
+            gen = torch.Generator(device=x.device).manual_seed(gen.initial_seed())
+        shifts = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=gen, device=x.device)
+        flips = torch.randint(0, 2, (n,), generator=gen, device=x.device).bool()
         padded = torch.nn.functional.pad(x, (self.pad,) * 4)
         rows = (torch.arange(h, device=x.device)[None, :] + shifts[:, :1])  # (n,h)
         cols = (torch.arange(w, device=x.device)[None, :] + shifts[:, 1:])  # (n,w)
