@@ -99,11 +99,19 @@ def test_fail_fast_stops_the_other_nodes(tmp_path: Path) -> None:
     assert len(pids) == 2 and all(_gone(p) for p in pids)
 
 
+def _sigint_ignored_on_entry() -> None:
+    """As for a launcher started in the background by a script: Python then
+    installs no SIGINT handler of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.slow
-def test_ctrl_c_stops_all_nodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_all_nodes(tmp_path: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(launch_argv("--nodes", "2", "--nproc-per-node", "1", "--grace", "5",
                                         "--set", f"command.script={FAIL_ON_NODE}"),
-                            env=clean_env(FAIL_NODE="none", STARTED_DIR=str(tmp_path)), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                            env=clean_env(FAIL_NODE="none", STARTED_DIR=str(tmp_path)), cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, preexec_fn=_sigint_ignored_on_entry)
     assert proc.stdout is not None
     out, started = [], 0
     for line in proc.stdout:
@@ -111,7 +119,7 @@ def test_ctrl_c_stops_all_nodes(tmp_path: Path) -> None:
         started += "STARTED" in line
         if started == 2:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rest, _ = proc.communicate(timeout=120)
     text = "".join(out) + rest
     assert proc.returncode == 130, text

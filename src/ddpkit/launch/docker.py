@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ..cli import EXIT_BAD_INPUT, add_spec_arguments, spec_from_args
 from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
+from .interrupt import interrupts_raise
 
 if TYPE_CHECKING:
     import docker
@@ -253,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
                   f"on network {launch.network_name}, master node0", markup=False)
     failed, interrupted = None, False
     try:
-        failed = launch.supervise(launch.start(plan(spec), console))
+        with interrupts_raise():
+            failed = launch.supervise(launch.start(plan(spec), console))
     except KeyboardInterrupt:
         interrupted = True
         launch.stop()

@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING
 
 from ..cli import add_spec_arguments, spec_from_args
 from . import proctree
+from .interrupt import interrupts_raise
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
 
@@ -205,9 +206,10 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     began = time.monotonic()
     failed, interrupted = None, False
     try:
-        for node in nodes:
-            start(node, console)
-        failed = supervise(nodes, grace)
+        with interrupts_raise():
+            for node in nodes:
+                start(node, console)
+            failed = supervise(nodes, grace)
     except KeyboardInterrupt:
         interrupted = True
         stop(nodes, grace)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import queue
-import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from ..contract import Target, master_port
 from ..spec import JobSpec
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
+from .interrupt import interrupts_raise
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, preflight, problem_table
 from .remote import NodeCommand, node_command
@@ -139,10 +139,6 @@ def print_failure(first: NodeRun | None, interrupted: bool, problems: list[str])
     Console(stderr=True).print(Panel(body, title=Text(title), border_style="red"))
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def launch(plan: Plan, settings: SshSettings) -> int:
     t0 = time.monotonic()
     starts = [plan.command(rank).start for rank in range(len(plan.endpoints))]
@@ -156,18 +152,13 @@ def launch(plan: Plan, settings: SshSettings) -> int:
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
     events: queue.Queue[NodeRun] = queue.Queue()
     runs: list[NodeRun] = []
-    # SIGINT too: a launcher started from a script inherits SIGINT ignored,
-    # and Ctrl-C must still stop every node.
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     first, interrupted = None, False
     try:
-        runs = start_all(plan, facts, settings, events)
-        first = wait_first_failure(runs, events)
+        with interrupts_raise():
+            runs = start_all(plan, facts, settings, events)
+            first = wait_first_failure(runs, events)
     except KeyboardInterrupt:
         interrupted = True
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     try:
         if first is None and not interrupted:
             return 0
