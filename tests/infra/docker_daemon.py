@@ -105,6 +105,18 @@ def build_image(docker: Docker) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def remove_leftover_jobs(docker: Docker) -> None:
+    """Containers and networks of ddpkit jobs an earlier, interrupted session
+    left in the data root (it outlives the daemon to keep the image cache):
+    the tests check that a launch leaves nothing behind, so start from none."""
+    label = "label=io.ddpkit.job"
+    for kind, remove in (("ps", ["rm", "-f"]), ("network ls", ["network", "rm"])):
+        ids = subprocess.run(["docker", *kind.split(), *(["-a"] if kind == "ps" else []), "-q", "--filter", label],
+                             env=docker.env, capture_output=True, text=True, check=True).stdout.split()
+        if ids:
+            subprocess.run(["docker", *remove, *ids], env=docker.env, capture_output=True, check=True)
+
+
 _SESSION: Docker | None = None
 
 
@@ -119,6 +131,7 @@ def docker_daemon() -> Docker:
     if _SESSION is None:
         daemon = start_daemon()
         try:
+            remove_leftover_jobs(daemon)
             daemon.image = build_image(daemon)
         except BaseException:
             stop_daemon(daemon)

@@ -18,26 +18,34 @@ from ddpkit.train.signals import EXIT_PREEMPTED, StopAgreement, StopRequest, req
 from ddpkit.train.startup import add_startup_arguments, init_distributed, shutdown
 
 
+
+def say(line: str) -> None:
+    """One write per line: ranks share the job's output file, and print()
+    writes the text and its newline separately when stdout is unbuffered
+    (PYTHONUNBUFFERED), so two ranks' lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
 def steps(ctx, total: int, ckpt: Path) -> int:  # noqa: ANN001
     stop = StopRequest()
     stop.install()
     agreement = StopAgreement.for_run(stop, ctx.distributed)
     start = int(ckpt.read_text()) if ckpt.exists() else 0
     if ctx.rank == 0:
-        print(f"PROBE-START step={start} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
+        say(f"PROBE-START step={start} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}")
     for step in range(start, total):
         time.sleep(0.5)
         if ctx.rank == 0:
-            print(f"PROBE-STEP {step}", flush=True)
+            say(f"PROBE-STEP {step}")
         if agreement.check():
             if ctx.rank == 0:
                 ckpt.write_text(str(step))
-                print(f"PROBE-CHECKPOINT step={step}", flush=True)
-                print(f"PROBE-{requeue_if_slurm()}", flush=True)
+                say(f"PROBE-CHECKPOINT step={step}")
+                say(f"PROBE-{requeue_if_slurm()}")
             return EXIT_PREEMPTED
     agreement.finish()
     if ctx.rank == 0:
-        print(f"PROBE-DONE step={total}", flush=True)
+        say(f"PROBE-DONE step={total}")
     return 0
 
 
@@ -53,11 +61,11 @@ def main() -> int:
     seen = {"rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank, "world": ctx.world_size,
             "host": ctx.host, "launcher": ctx.launcher, "master": f"{ctx.master_addr}:{ctx.master_port}",
             "slurm_nodeid": os.environ.get("SLURM_NODEID"), "slurmd_nodename": os.environ.get("SLURMD_NODENAME")}
-    print("PROBE " + json.dumps(seen), flush=True)
+    say("PROBE " + json.dumps(seen))
     if ctx.rank == 0:
-        print("PROBE-ROWS " + json.dumps([asdict(r) for r in rows]), flush=True)
+        say("PROBE-ROWS " + json.dumps([asdict(r) for r in rows]))
     if ctx.rank == args.fail_rank:
-        print(f"PROBE-FAIL rank={ctx.rank}", flush=True)
+        say(f"PROBE-FAIL rank={ctx.rank}")
         os._exit(1)
     if args.fail_rank >= 0:
         time.sleep(300)  # the others would hang here without --kill-on-bad-exit
