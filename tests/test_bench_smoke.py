@@ -61,3 +61,14 @@ def test_ceiling_rejects_unknown_variant(tmp_path: Path) -> None:
         common.torchrun(1, [str(ROOT / "bench" / "ceiling.py"), "--variant", "turbo", "--timing",
                             str(tmp_path / "t.jsonl")])
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_teardown_local_times_both_launchers(tmp_path: Path) -> None:
+    run_bench("bench.teardown_local", "--repeats", "1", "--nodes", "2", "--nproc", "1", "--out", str(tmp_path),
+              "--name", "td")
+    data = json.loads((tmp_path / "td.json").read_text())
+    assert data["machine"]["torch"] and data["command"]
+    runs = {r["method"]: r for r in data["runs"]}
+    assert set(runs) == {"ddpkit launch local", "plain torchrun"}
+    for method, run in runs.items():
+        assert run["seconds"] is not None and run["seconds"] > 0, (method, run["note"])
