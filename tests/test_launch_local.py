@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cli import build_parser
+from ddpkit.launch import proctree
 from ddpkit.launch.local import build_nodes, local_spec
 from tests.test_startup import ROOT, report_lines
 
@@ -119,13 +120,18 @@ def test_ctrl_c_or_sigterm_stops_all_nodes(tmp_path: Path, sig: signal.Signals) 
         started += "STARTED" in line
         if started == 2:
             break
+    job = [proc.pid, *proctree.descendants(proc.pid)]
     proc.send_signal(sig)
-    rest, _ = proc.communicate(timeout=120)
+    try:
+        rest, _ = proc.communicate(timeout=120)
+        left = [pid for pid in job[1:] if not _gone(pid)]  # before the clean-up below
+    finally:  # if the launcher ignored the signal or died of it, leave none of its nodes running
+        proctree.signal_all(proctree.alive(job), signal.SIGKILL)
     text = "".join(out) + rest
     assert proc.returncode == 130, text
     assert "interrupted; stopped all nodes" in text
     pids = [int(p) for p in re.findall(r"STARTED node=\d local=\d pid=(\d+)", text)]
-    assert len(pids) == 2 and all(_gone(p) for p in pids)
+    assert len(pids) == 2 and set(pids) <= set(job) and left == []
 
 
 @pytest.mark.slow
