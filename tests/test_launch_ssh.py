@@ -305,11 +305,12 @@ def test_rc_files_run_once_per_node_and_their_environment_reaches_the_job(tmp_pa
     assert len(count.read_text().split()) == 2, f"rc files ran {len(count.read_text().split())} times for 2 nodes"
 
 
-def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["launch ssh", "rendered launch.sh"])
+def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path, launcher: str) -> None:
     """A host cut off mid-run (its link down: no reset, the connection goes
-    quiet) is declared lost after alive_interval_s x alive_count, and every
-    other node is stopped; without the keepalive the launcher would wait on it
-    for good."""
+    quiet) is declared lost after alive_interval_s x alive_count (ssh's
+    ServerAlive* for the rendered launcher), and every other node is stopped;
+    without the keepalive the launcher would wait on it for good."""
     fake = tmp_path / "python"
     fake.write_text(STAND_IN_PYTHON)
     fake.chmod(0o755)
@@ -326,8 +327,16 @@ def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path) -> None:
             hf = tmp_path / "hostfile"
             lost_addr = net["lost1"].addr
             hf.write_text(f"{net['up1'].addr}\n{lost_addr}\n")
-            argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
-            proc = net["login"].popen(argv, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            env = None
+            if launcher == "launch ssh":
+                argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
+            else:
+                rendered = tmp_path / "rendered"
+                subprocess.run([DDPKIT, "render", "ssh", "-f", str(job), "-o", str(rendered)], check=True,
+                               capture_output=True)
+                argv = ["bash", str(rendered / "launch.sh"), str(hf)]
+                env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
+            proc = net["login"].popen(argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 assert proc.stdout is not None
                 running = 0
@@ -351,7 +360,9 @@ def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path) -> None:
                         pass
     summary = " ".join(err.split())
     assert proc.returncode == 1, err
-    assert f"node 1 ({lost_addr}) failed first: host stopped answering" in summary, err
+    expected = {"launch ssh": f"node 1 ({lost_addr}) failed first: host stopped answering",
+                "rendered launch.sh": f"node 1 ({lost_addr}) failed first with exit status 255"}[launcher]
+    assert expected in summary, err
     assert not left_on_up1, f"the node on the host that still answered was not stopped: {left_on_up1}"
 
 
