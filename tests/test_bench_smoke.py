@@ -72,3 +72,25 @@ def test_teardown_local_times_both_launchers(tmp_path: Path) -> None:
     assert set(runs) == {"ddpkit launch local", "plain torchrun"}
     for method, run in runs.items():
         assert run["seconds"] is not None and run["seconds"] > 0, (method, run["note"])
+
+
+@pytest.mark.root
+def test_launch_bench_times_start_and_teardown_on_real_hosts(tmp_path: Path) -> None:
+    """bench/launch.py on two namespace hosts, one method, no torch runs."""
+    import os
+    import shutil
+
+    from tests.infra import netns, sshd
+
+    reason = netns.available() or sshd.available() or (None if shutil.which("pdsh") else "needs pdsh")
+    if reason or os.geteuid() != 0:
+        pytest.skip(reason or "needs root")
+    run_bench("bench.launch", "--sizes", "2", "--methods", "ddpkit launch ssh", "--repeats", "1",
+              "--torch-hosts", "0", "--out", str(tmp_path), "--name", "l")
+    data = json.loads((tmp_path / "l.json").read_text())
+    assert (tmp_path / "l.png").stat().st_size > 0
+    assert data["machine"]["torch"] and data["command"]
+    kinds = {(r["kind"], r["method"]): r for r in data["summary"]}
+    assert set(kinds) == {("start", "ddpkit launch ssh"), ("teardown", "ddpkit launch ssh")}
+    for key, row in kinds.items():
+        assert row["spread"] and row["spread"]["mean"] > 0, (key, row["notes"])
