@@ -305,6 +305,26 @@ def test_rc_files_run_once_per_node_and_their_environment_reaches_the_job(tmp_pa
     assert len(count.read_text().split()) == 2, f"rc files ran {len(count.read_text().split())} times for 2 nodes"
 
 
+@pytest.mark.skipif(not Path("/etc/bash.bashrc").is_file(), reason="needs /etc/bash.bashrc to stand in for")
+def test_a_login_shell_stuck_in_rc_files_is_named_and_nothing_starts(tmp_path: Path) -> None:
+    """A host whose rc files hang (a stale lock, a network mount) answers the
+    connection but never the checks: the preflight says so, and starts nothing."""
+    rc = tmp_path / "bashrc"
+    rc.write_text("sleep 120\n")
+    with netns.Network(["login", "stuck1"], prefix=f"dkt{os.getpid() % 10000}") as net:
+        net.wait_reachable()
+        (tmp_path / "hosts").mkdir()
+        with sshd.SshHosts(net.hosts[1:], net.hosts[0], tmp_path / "hosts", system_bashrc=rc) as hosts:
+            job = write_job(tmp_path, "stuck", args=[], extra={"nodes": 1})
+            hf = tmp_path / "hostfile"
+            hf.write_text(f"{net['stuck1'].addr}\n")
+            out = launch(net, hosts, tmp_path, job, hf, timeout=120)
+    table = " ".join(out.stderr.split())
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "no answer to the checks within 23 s" in table and "rc files" in table, out.stderr
+    assert not (tmp_path / "logs").exists()
+
+
 @pytest.mark.parametrize("launcher", ["launch ssh", "rendered launch.sh"])
 def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path, launcher: str) -> None:
     """A host cut off mid-run (its link down: no reset, the connection goes

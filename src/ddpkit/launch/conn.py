@@ -189,7 +189,7 @@ def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list | None =
         client.close()
         raise ConnectError(
             "unreachable",
-            f"{endpoint}: unreachable ({exc or type(exc).__name__}); check the address and that sshd "
+            f"{endpoint}: unreachable ({str(exc) or type(exc).__name__}); check the address and that sshd "
             "listens on that port",
         ) from None
     client._ddpkit_jumps = opened  # type: ignore[attr-defined]  # keep jump hosts alive with the client

@@ -145,10 +145,14 @@ def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings, start: str) -
     except ConnectError as exc:
         facts.problem(exc.kind, str(exc))
         return facts
+    timeout = settings.timeout_s + 20
     try:
-        read_facts(facts, gated_command(spec, start), settings.timeout_s + 20)
+        read_facts(facts, gated_command(spec, start), timeout)
+    except TimeoutError:
+        facts.problem("checks", f"no answer to the checks within {timeout:g} s; the login shell may be stuck "
+                      "in the host's rc files (try: ssh HOST true), or the host is overloaded")
     except (paramiko.SSHException, OSError) as exc:
-        facts.problem("unreachable", f"connection failed during the checks: {exc or type(exc).__name__}")
+        facts.problem("unreachable", f"connection failed during the checks: {str(exc) or type(exc).__name__}")
     return facts
 
 
