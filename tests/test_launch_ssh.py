@@ -132,6 +132,17 @@ def assert_all_gone_within_10s(folder: Path, mark: Path) -> None:
     assert job_processes(str(folder)) == [], "processes of the job survived 10 s after the failure"
 
 
+def wait_ranks_running(proc: subprocess.Popen[str], count: int) -> None:
+    """Read the launcher's output until `count` stand-in ranks say they run."""
+    assert proc.stdout is not None
+    running = set()
+    while len(running) < count:
+        line = proc.stdout.readline()
+        assert line, "launcher ended before every rank ran"
+        if "running" in line:
+            running.add(line.split("]")[0])
+
+
 def test_three_node_job_runs_in_hostfile_order(cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job = write_job(tmp_path, "e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
@@ -358,12 +369,7 @@ def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path, launcher
                 env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
             proc = net["login"].popen(argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
-                assert proc.stdout is not None
-                running = 0
-                while running < 2:
-                    line = proc.stdout.readline()
-                    assert line, "launcher ended before every rank ran"
-                    running += "running" in line
+                wait_ranks_running(proc, 2)
                 net["lost1"].run(["ip", "link", "set", net["lost1"].ifname, "down"], check=True)
                 _, err = proc.communicate(timeout=60)
             finally:
@@ -403,13 +409,7 @@ def test_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
     argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hostfile(tmp_path, net)),
             *hosts.launcher_flags()]
     proc = net["login"].popen(argv, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None
-    running = set()
-    while len(running) < 3:
-        line = proc.stdout.readline()
-        assert line, "launcher ended before every rank ran"
-        if "running" in line:
-            running.add(line.split("]")[0])
+    wait_ranks_running(proc, 3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -448,13 +448,7 @@ def test_rendered_bash_launcher_ctrl_c_stops_every_node(cluster, tmp_path: Path)
     proc = net["login"].popen(["bash", str(rendered / "launch.sh"), str(hostfile(tmp_path, net))],
                               cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               preexec_fn=_as_from_a_terminal)
-    assert proc.stdout is not None
-    running = set()
-    while len(running) < 3:
-        line = proc.stdout.readline()
-        assert line, "launcher ended before every rank ran"
-        if "running" in line:
-            running.add(line.split("]")[0])
+    wait_ranks_running(proc, 3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
