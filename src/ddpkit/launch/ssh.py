@@ -165,7 +165,9 @@ def launch(plan: Plan, settings: SshSettings) -> int:
         print_failure(first, interrupted, stop_all(runs, plan.spec.ssh.grace_s, settings.timeout_s))
         return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
     finally:
-        close_all(facts)
+        for run in runs:  # stops its keepalive, then closes its session and connection
+            run.close()
+        close_all(facts)  # hosts interrupted before they got a run: still waiting for the verdict
 
 
 def run(args: argparse.Namespace) -> int:
