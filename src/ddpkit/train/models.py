@@ -79,8 +79,13 @@ def _factory(spec: str) -> Callable[..., nn.Module]:
         raise ModelError(f"--model {spec}: cannot import {attr} from {module_name} ({exc})") from exc
 
 
+def is_torchvision_resnet(name: str) -> bool:
+    """A bare name (resnet18, ...) is a torchvision ResNet; `module:fn` is the user's factory."""
+    return ":" not in name
+
+
 def build_model(name: str, num_classes: int, image_size: int) -> StagedModel:
-    if ":" not in name:
+    if is_torchvision_resnet(name):
         return StagedModel(_resnet_stages(name, num_classes, image_size))
     model = _factory(name)(num_classes=num_classes)
     if isinstance(model, StagedModel):

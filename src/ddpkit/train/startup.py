@@ -101,7 +101,7 @@ class StartupClock:
     def line(self) -> str:
         """One line for the log: 'start-up 4.51 s: imports 2.16, rendezvous 0.01, ...'."""
         rec = self.record()
-        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in self.phases().items())
+        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in rec["phases"].items())
         return f"start-up {rec['total']:.2f} s: {parts}"
 
 
@@ -115,8 +115,9 @@ def import_trainer(model: str) -> None:
     torchvision for its ResNets) now, so that the clock's `imports` phase
     holds all of it and the later phases time only their own work."""
     from . import loop, rank_report  # noqa: F401
+    from .models import is_torchvision_resnet
 
-    if ":" not in model:  # models.build_model's rule: a bare name is a torchvision ResNet
+    if is_torchvision_resnet(model):
         import torchvision  # noqa: F401  (about a second: not for models that never use it)
     CLOCK.mark("imports_done")
 
