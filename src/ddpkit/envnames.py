@@ -1,0 +1,56 @@
+"""Names of the environment variables that carry the rank contract.
+
+The render side (contract, targets, launchers) writes them and the train side
+(launchinfo, startup) reads them; both import the names from here so that a
+rename cannot leave one side behind. docs/ARCHITECTURE.md has the table of
+which target sets which.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# torch.distributed's env:// rendezvous and torchrun's per-worker variables.
+MASTER_ADDR: Final = "MASTER_ADDR"
+MASTER_PORT: Final = "MASTER_PORT"
+WORLD_SIZE: Final = "WORLD_SIZE"
+RANK: Final = "RANK"
+LOCAL_RANK: Final = "LOCAL_RANK"
+LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
+GROUP_RANK: Final = "GROUP_RANK"
+NODE_RANK: Final = "NODE_RANK"
+
+# Interface pinning, read by the communication libraries themselves.
+NCCL_SOCKET_IFNAME: Final = "NCCL_SOCKET_IFNAME"
+GLOO_SOCKET_IFNAME: Final = "GLOO_SOCKET_IFNAME"
+SOCKET_IFNAMES: Final = (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
+
+# torchrun reads PET_<FLAG> as the default of --<flag>; Kubeflow sets these.
+PET_NODE_RANK: Final = "PET_NODE_RANK"
+PET_NNODES: Final = "PET_NNODES"
+PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+
+# Kubernetes Indexed Job.
+JOB_COMPLETION_INDEX: Final = "JOB_COMPLETION_INDEX"
+
+# Slurm.
+SLURM_JOB_ID: Final = "SLURM_JOB_ID"
+SLURM_NODEID: Final = "SLURM_NODEID"
+SLURM_PROCID: Final = "SLURM_PROCID"
+SLURM_LOCALID: Final = "SLURM_LOCALID"
+SLURM_NTASKS: Final = "SLURM_NTASKS"
+SLURM_JOB_NODELIST: Final = "SLURM_JOB_NODELIST"
+
+# Python: logs must reach the launcher line by line, not in 8 KiB blocks.
+PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
+
+# ddpkit's own, set by its renderers and launchers.
+DDPKIT_NODE_RANK: Final = "DDPKIT_NODE_RANK"
+DDPKIT_MASTER_ADDR: Final = "DDPKIT_MASTER_ADDR"
+DDPKIT_BACKEND: Final = "DDPKIT_BACKEND"
+DDPKIT_INTERFACE: Final = "DDPKIT_INTERFACE"
+DDPKIT_JOB_NAME: Final = "DDPKIT_JOB_NAME"
+DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
+DDPKIT_PGID: Final = "DDPKIT_PGID"

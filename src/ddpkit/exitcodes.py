@@ -1,0 +1,33 @@
+"""Every exit code ddpkit's commands return, in one place.
+
+The numbers follow sysexits(3) and the shell's 128+signal convention where one
+fits, so that schedulers and scripts can tell a fault of the input from a fault
+of the job. README.md ("When things go wrong") lists them for users; keep the
+two in step.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1          # the job (or a doctor check) ran and failed
+    BAD_INPUT = 2       # the job spec, a flag or a hostfile is wrong; nothing was started
+    PREFLIGHT = 3       # a host or the cluster cannot run the job; nothing was started
+    STARTUP = 4         # the job started but could not form its process group (network, rendezvous, versions)
+    STALLED = 5         # a rank made no progress; stacks were dumped and the job stopped
+    SOFTWARE = 70       # EX_SOFTWARE: an internal error in ddpkit (a template bug)
+    PREEMPTED = 75      # EX_TEMPFAIL: checkpointed on a signal; run again with --resume auto
+    INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped
+
+
+def describe(code: int) -> str:
+    """One word for a summary table: the name of a known code, else the number."""
+    try:
+        return ExitCode(code).name.lower()
+    except ValueError:
+        if code > 128:
+            return f"signal {code - 128}"
+        return f"exit {code}"
