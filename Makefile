@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench bench-launch clean
+.PHONY: lint wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench bench-launch clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ image-cpu: install wheelhouse
 # gloo DDP `ddpkit train`; exits with node0's code.
 compose-test: install wheelhouse
 	OFFLINE=1 NODES=$(NODES) OUT=$(OUT) bash docker/compose-test.sh
+
+# ruff (style, imports, bug patterns) over the whole tree; mypy over src/ddpkit
+# with every function typed (settings in pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -28,8 +28,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("none", "blocking", "pipelined", "own group")
@@ -37,7 +37,7 @@ ROUNDS = 3  # the figures are medians over rounds
 
 
 # ---- worker: runs inside each torchrun process --------------------------------------
-def blocking_check(device: "torch.device") -> Callable[[], bool]:
+def blocking_check(device: torch.device) -> Callable[[], bool]:
     """StopRequest.agreed as it was: a device tensor, a blocking all-reduce and .item()."""
     import torch
     import torch.distributed as dist
@@ -49,7 +49,7 @@ def blocking_check(device: "torch.device") -> Callable[[], bool]:
     return check
 
 
-def make_check(variant: str, device: "torch.device") -> tuple[Callable[[], bool], Callable[[], None]]:
+def make_check(variant: str, device: torch.device) -> tuple[Callable[[], bool], Callable[[], None]]:
     """(check, finish) for one variant."""
     import torch.distributed as dist
 
@@ -64,7 +64,7 @@ def make_check(variant: str, device: "torch.device") -> tuple[Callable[[], bool]
     return agreement.check, agreement.finish
 
 
-def time_variant(variant: str, steps: int, warmup: int, step_s: float, device: "torch.device") -> dict[str, float]:
+def time_variant(variant: str, steps: int, warmup: int, step_s: float, device: torch.device) -> dict[str, float]:
     import torch.distributed as dist
 
     check, finish = make_check(variant, device)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from bench.launch import PLAIN_DDP, TEARDOWN_CAP_S, describe, kill_all, running  # noqa: E402
+
 from ddpkit.launch.local import free_port  # noqa: E402
 
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))

@@ -106,7 +106,7 @@ def run_pods(docker: Docker, pods_: list[Pod]) -> tuple[list[int], list[str]]:
                 if codes[i] is None:
                     try:
                         codes[i] = int(c.wait(timeout=2)["StatusCode"])
-                    except Exception:  # noqa: BLE001  (read timeout: still running)
+                    except Exception:
                         continue
                     if codes[i] != 0:
                         for other in containers:

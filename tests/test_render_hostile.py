@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.contract import Target, controller_env, job_env, sources, torchrun_argv
+from ddpkit.contract import controller_env, job_env, sources, torchrun_argv
 from ddpkit.render import render
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, load_spec
@@ -159,7 +159,7 @@ def test_shell_exports_read_back_byte_for_byte(target: str, env: dict[str, str],
         assert bash_read_back(statements, list(env), tmp_path) == {k: want[k] for k in env}
 
 
-def node_side_scripts(target: str, spec, module, rendered) -> list[str]:  # noqa: ANN001
+def node_side_scripts(target: str, spec, module, rendered) -> list[str]:
     """The scripts whose exports a node runs. The SSH launcher ships its node
     script inside one quoted ssh argument, so read that script itself (it is
     what every host executes, and the test of launch.sh checks it is carried

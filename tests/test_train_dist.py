@@ -10,8 +10,7 @@ import torch
 
 from ddpkit.train.data import SyntheticImages
 from ddpkit.train.models import build_model
-from tests.helpers.runs import (TINY, alone, assert_bitwise_equal, final_model, metrics, run_ok, torchrun,
-                                wait_for_step)
+from tests.helpers.runs import TINY, alone, assert_bitwise_equal, final_model, metrics, run_ok, torchrun, wait_for_step
 from tests.test_train_units import write_cifar10
 
 pytestmark = pytest.mark.slow

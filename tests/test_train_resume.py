@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import (TINY, assert_bitwise_equal, final_model, metrics, run_ok, torchrun,
-                                wait_for_step)
+from tests.helpers.runs import TINY, assert_bitwise_equal, final_model, metrics, run_ok, torchrun, wait_for_step
 
 pytestmark = pytest.mark.slow
 

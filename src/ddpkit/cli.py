@@ -7,8 +7,8 @@ import argparse
 import importlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .render import RenderError, render
 from .spec import JobSpec

@@ -143,8 +143,8 @@ class SlurmCluster:
             self.net.__exit__(None, None, None)
             self.net = None
 
-    def _log(self, name: str):  # noqa: ANN202 - a file object for Popen
-        return open(self.workdir / f"{name}.out", "w")  # noqa: SIM115 - closed when the process ends
+    def _log(self, name: str):
+        return open(self.workdir / f"{name}.out", "w")
 
     def _start_munge(self) -> None:
         munge = self.workdir / "munge"
@@ -269,7 +269,7 @@ PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINI
         return info[0]
 
 
-def _wait_for(predicate, timeout: float, what: str, period: float = 0.2) -> None:  # noqa: ANN001
+def _wait_for(predicate, timeout: float, what: str, period: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

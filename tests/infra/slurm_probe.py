@@ -18,7 +18,6 @@ from ddpkit.train.signals import EXIT_PREEMPTED, StopAgreement, StopRequest, req
 from ddpkit.train.startup import add_startup_arguments, init_distributed, shutdown
 
 
-
 def say(line: str) -> None:
     """One write per line: ranks share the job's output file, and print()
     writes the text and its newline separately when stdout is unbuffered
@@ -26,7 +25,7 @@ def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
-def steps(ctx, total: int, ckpt: Path) -> int:  # noqa: ANN001
+def steps(ctx, total: int, ckpt: Path) -> int:
     stop = StopRequest()
     stop.install()
     agreement = StopAgreement.for_run(stop, ctx.distributed)

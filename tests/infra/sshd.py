@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -9,7 +9,7 @@ the same number of collectives, or they deadlock), and the count fills
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .collectives import Group
 from .results import BenchRow

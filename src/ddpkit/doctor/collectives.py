@@ -26,31 +26,31 @@ class Group:
     """A process group to test and the device its tensors live on."""
 
     backend: str
-    device: "torch.device"
+    device: torch.device
     group: object = None  # None: the default group
 
 
-def dtypes_for(backend: str) -> list["torch.dtype"]:
+def dtypes_for(backend: str) -> list[torch.dtype]:
     import torch
 
     common = [torch.float32, torch.float64, torch.int64, torch.float16]
     return common + [torch.bfloat16] if backend == "nccl" else common
 
 
-def _modulus(dtype: "torch.dtype") -> int:
+def _modulus(dtype: torch.dtype) -> int:
     import torch
 
     return 2 if dtype in (torch.float16, torch.bfloat16) else 7
 
 
-def pattern(count: int, rank: int, dtype: "torch.dtype", device: "torch.device") -> "torch.Tensor":
+def pattern(count: int, rank: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     import torch
 
     idx = torch.arange(count, dtype=torch.int64)
     return ((idx + rank) % _modulus(dtype)).to(dtype=dtype, device=device)
 
 
-def expected_sum(count: int, world: int, dtype: "torch.dtype") -> "torch.Tensor":
+def expected_sum(count: int, world: int, dtype: torch.dtype) -> torch.Tensor:
     import torch
 
     idx = torch.arange(count, dtype=torch.int64)
@@ -58,7 +58,7 @@ def expected_sum(count: int, world: int, dtype: "torch.dtype") -> "torch.Tensor"
     return total.to(dtype)
 
 
-def _mismatch(got: "torch.Tensor", want: "torch.Tensor") -> str | None:
+def _mismatch(got: torch.Tensor, want: torch.Tensor) -> str | None:
     import torch
 
     got = got.cpu()
@@ -70,7 +70,7 @@ def _mismatch(got: "torch.Tensor", want: "torch.Tensor") -> str | None:
            f"expected {want.flatten()[first].item()}"
 
 
-def _all_reduce(g: Group, count: int, dtype: "torch.dtype", rank: int, world: int) -> str | None:
+def _all_reduce(g: Group, count: int, dtype: torch.dtype, rank: int, world: int) -> str | None:
     import torch.distributed as dist
 
     t = pattern(count, rank, dtype, g.device)
@@ -78,7 +78,7 @@ def _all_reduce(g: Group, count: int, dtype: "torch.dtype", rank: int, world: in
     return _mismatch(t, expected_sum(count, world, dtype))
 
 
-def _broadcast(g: Group, count: int, dtype: "torch.dtype", rank: int, world: int) -> str | None:
+def _broadcast(g: Group, count: int, dtype: torch.dtype, rank: int, world: int) -> str | None:
     import torch
     import torch.distributed as dist
 
@@ -88,7 +88,7 @@ def _broadcast(g: Group, count: int, dtype: "torch.dtype", rank: int, world: int
     return _mismatch(t, pattern(count, src, dtype, torch.device("cpu")))
 
 
-def _all_gather(g: Group, count: int, dtype: "torch.dtype", rank: int, world: int) -> str | None:
+def _all_gather(g: Group, count: int, dtype: torch.dtype, rank: int, world: int) -> str | None:
     import torch
     import torch.distributed as dist
 

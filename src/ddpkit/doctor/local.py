@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .results import Check, Status
-from .sizes import MIB, GIB, format_size
+from .sizes import GIB, MIB, format_size
 
 # DataLoader workers hand every batch to the main process through /dev/shm.
 # Need per training process ~ workers x prefetch_factor x batch bytes; 4

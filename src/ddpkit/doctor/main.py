@@ -18,8 +18,8 @@ from .. import netif
 from ..train.launchinfo import LaunchInfo, StartupError, detect_launch
 from ..train.startup import DistContext, add_startup_arguments, hostname, init_distributed, run_spawned, shutdown
 from . import local, network
-from .results import Check, DoctorResult, Status
 from .distributed import CPU_MAX_SIZE, GPU_MAX_SIZE, run_distributed
+from .results import Check, DoctorResult, Status
 from .sizes import bus_factor, format_size, message_sizes, parse_size
 
 EXIT_FAIL = 1

@@ -14,7 +14,6 @@ got through it)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from dataclasses import dataclass

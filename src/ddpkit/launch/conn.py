@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,7 +184,7 @@ def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list | None =
             f"(ssh-copy-id -p {endpoint.port} {shlex.quote(endpoint.user + '@' + endpoint.hostname)}) "
             "or pass -i KEY / set IdentityFile",
         ) from None
-    except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+    except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
         client.close()
         raise ConnectError(
             "unreachable",

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ..cli import add_spec_arguments, spec_from_args
-from . import proctree
-from .interrupt import interrupts_raise
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
+from . import proctree
+from .interrupt import interrupts_raise
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -97,7 +97,7 @@ def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     return nodes
 
 
-def _pump(node: Node, stream: IO[bytes], console: "Console") -> None:
+def _pump(node: Node, stream: IO[bytes], console: Console) -> None:
     from rich.text import Text
 
     style = STYLES[node.index % len(STYLES)]
@@ -107,7 +107,7 @@ def _pump(node: Node, stream: IO[bytes], console: "Console") -> None:
     stream.close()
 
 
-def start(node: Node, console: "Console") -> None:
+def start(node: Node, console: Console) -> None:
     node.proc = subprocess.Popen(node.argv, env=node.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
     node.pump = threading.Thread(target=_pump, args=(node, node.proc.stdout, console), daemon=True)
@@ -166,7 +166,7 @@ def exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def summary(console: "Console", nodes: list[Node], failed: Node | None, elapsed: float, interrupted: bool) -> None:
+def summary(console: Console, nodes: list[Node], failed: Node | None, elapsed: float, interrupted: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"launch local: {len(nodes)} nodes, {elapsed:.1f}s", title_justify="left")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import yaml
 
 from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
-from ..render import OutputFile, RenderError, Rendered
+from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
 
 FILENAME = "compose.yaml"

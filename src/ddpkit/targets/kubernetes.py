@@ -23,7 +23,6 @@ import yaml
 from ..contract import (
     Arg,
     Target,
-    controller_env,
     hosts_for,
     job_env,
     k8s_service_name,
@@ -31,7 +30,7 @@ from ..contract import (
     sources,
     torchrun_argv,
 )
-from ..render import OutputFile, RenderError, Rendered, k8s_arg
+from ..render import OutputFile, Rendered, RenderError, k8s_arg
 from ..spec import DNS1035, JobSpec
 from ..specfile import SpecError
 

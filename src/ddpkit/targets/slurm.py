@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..contract import Target, job_env, process_argv, slurm_port_expr, sources, torchrun_argv
-from ..render import OutputFile, RenderError, Rendered, shell_argv, shq
+from ..render import OutputFile, Rendered, RenderError, shell_argv, shq
 from ..spec import JobSpec
 
 TEMPLATE = "slurm/job.sbatch.j2"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from ..launch.remote import start_payload, stop_payload
-from ..render import OutputFile, RenderError, Rendered
+from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
 
 FILENAME = "launch.sh"

@@ -110,7 +110,7 @@ def read_checkpoint(path: Path, map_location: torch.device | str) -> dict[str, A
     try:
         # our own files: they hold numpy/python RNG states, which weights_only would refuse
         return torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same thing to the user
+    except Exception as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
 
 

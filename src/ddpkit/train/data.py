@@ -8,9 +8,9 @@ uninterrupted run would have, whatever the number of loader workers.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -189,7 +189,7 @@ class DeviceResidentLoader:
 
     @classmethod
     def from_dataset(cls, dataset: Dataset, sampler: ResumableSampler, batch_size: int, seed: int,
-                     device: torch.device) -> "DeviceResidentLoader":
+                     device: torch.device) -> DeviceResidentLoader:
         was_train = getattr(dataset, "train", None)
         if was_train is not None:
             dataset.train = False  # store un-augmented pixels; augmentation happens per batch

@@ -41,7 +41,7 @@ def prepare_once(root: Path, local_rank: int, distributed: bool) -> None:
     if local_rank == 0:
         try:
             download_cifar10(root)
-        except Exception as exc:  # noqa: BLE001 - reported after the barrier so no rank hangs
+        except Exception as exc:
             error = exc
     if distributed:
         dist.barrier()

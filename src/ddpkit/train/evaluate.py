@@ -8,9 +8,9 @@ cannot hang), then all-reduce the sums.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

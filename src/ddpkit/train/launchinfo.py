@@ -12,8 +12,8 @@ import argparse
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from ..contract import DEFAULT_PORT, slurm_port_for_job
 

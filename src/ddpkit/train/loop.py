@@ -17,9 +17,10 @@ import contextlib
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, ContextManager
 
 import numpy as np
 import torch

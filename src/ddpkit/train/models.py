@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -57,8 +57,8 @@ class Progress:
         self.enabled, self.total, self.every = enabled, total, every
         self.bar = None
         if enabled and (mode == "bar" or (mode == "auto" and sys.stdout.isatty())):
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                     TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ips]} img/s"),

@@ -21,9 +21,10 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .. import netif
 from .launchinfo import LaunchInfo, StartupError, detect_launch, expand_hostlist
@@ -132,7 +133,7 @@ class DistContext:
     master_addr: str | None
     master_port: int | None
     backend: str
-    device: "torch.device"
+    device: torch.device
     launcher: str
     interface: str | None
     host: str
@@ -172,7 +173,7 @@ def hostname() -> str:
     return os.environ.get("DDPKIT_HOSTNAME") or socket.gethostname()
 
 
-def resolve_device(choice: str, local_rank: int) -> "torch.device":
+def resolve_device(choice: str, local_rank: int) -> torch.device:
     import torch
 
     if choice == "auto":
@@ -184,7 +185,7 @@ def resolve_device(choice: str, local_rank: int) -> "torch.device":
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def resolve_backend(choice: str, device: "torch.device") -> str:
+def resolve_backend(choice: str, device: torch.device) -> str:
     import torch.distributed as dist
 
     if choice == "auto":

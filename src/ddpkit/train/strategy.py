@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import ContextManager
 
 import torch
 from torch import nn
