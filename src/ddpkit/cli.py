@@ -10,11 +10,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .exitcodes import ExitCode
 from .render import RenderError, render
 from .spec import JobSpec
-from .specfile import SpecError, load_spec
-
-EXIT_BAD_INPUT = 2
+from .specfile import SpecError, add_spec_arguments, spec_from_args
 
 # (command words, module, help): the module provides add_arguments(parser)
 # and run(args) -> int. Command modules import torch inside run(), never at
@@ -29,22 +28,6 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("doctor",), "ddpkit.doctor", "preflight checks, collective correctness and (--bench) bandwidth on every rank"),
     (("submit", "slurm"), "ddpkit.launch.slurm", "render the job, sbatch it, and (--follow) stream its logs until it ends"),
 ]
-
-
-def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    """The job-spec flags shared by render, launch and submit."""
-    parser.add_argument("-f", "--file", type=Path, help="job spec YAML (see examples/)")
-    parser.add_argument("--nodes", type=int, help="override nodes")
-    parser.add_argument("--gpus-per-node", "--nproc-per-node", dest="nproc_per_node", type=int,
-                        help="override nproc_per_node (GPUs per node)")
-    parser.add_argument("--image", help="override image")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                        help="override any field, e.g. --set slurm.partition=gpu (repeatable)")
-
-
-def spec_from_args(args: argparse.Namespace) -> JobSpec:
-    return load_spec(args.file, overrides=args.overrides, nodes=args.nodes,
-                     nproc_per_node=args.nproc_per_node, image=args.image)
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
@@ -115,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         print("ddpkit: invalid job spec (nothing was written or started):", file=sys.stderr)
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     except RenderError as exc:
         print(f"ddpkit: internal template error: {exc}", file=sys.stderr)
-        return 70
+        return ExitCode.SOFTWARE
 
 
 if __name__ == "__main__":

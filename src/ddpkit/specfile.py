@@ -3,6 +3,7 @@ pydantic's errors into messages that name the field, the bad value and the fix."
 
 from __future__ import annotations
 
+import argparse
 import types
 import typing
 from dataclasses import dataclass
@@ -137,3 +138,19 @@ def load_spec(
         if value is not None:
             data[key] = value
     return build_spec(apply_overrides(data, [Override.parse(o) for o in overrides]))
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job-spec flags shared by render, launch and submit."""
+    parser.add_argument("-f", "--file", type=Path, help="job spec YAML (see examples/)")
+    parser.add_argument("--nodes", type=int, help="override nodes")
+    parser.add_argument("--gpus-per-node", "--nproc-per-node", dest="nproc_per_node", type=int,
+                        help="override nproc_per_node (GPUs per node)")
+    parser.add_argument("--image", help="override image")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override any field, e.g. --set slurm.partition=gpu (repeatable)")
+
+
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    return load_spec(args.file, overrides=args.overrides, nodes=args.nodes,
+                     nproc_per_node=args.nproc_per_node, image=args.image)

@@ -18,10 +18,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..cli import EXIT_BAD_INPUT, add_spec_arguments, spec_from_args
+from ..exitcodes import ExitCode
+from ..specfile import add_spec_arguments, spec_from_args
+
 from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
 from .interrupt import interrupts_raise
+
+EXIT_BAD_INPUT = ExitCode.BAD_INPUT
 
 if TYPE_CHECKING:
     import docker

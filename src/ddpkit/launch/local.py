@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from ..cli import add_spec_arguments, spec_from_args
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
+from ..specfile import add_spec_arguments, spec_from_args
 from . import proctree
 from .interrupt import interrupts_raise
 

@@ -25,7 +25,7 @@ POLL_S = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..cli import add_spec_arguments
+    from ..specfile import add_spec_arguments
 
     add_spec_arguments(parser)
     parser.add_argument("--dir", type=Path, default=Path("."),
@@ -135,7 +135,7 @@ def follow(job_id: int, spec: JobSpec) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import spec_from_args
+    from ..specfile import spec_from_args
 
     spec = spec_from_args(args)
     rendered = render(spec, "slurm", doctor=args.doctor)

@@ -33,7 +33,7 @@ EXIT_INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..cli import add_spec_arguments
+    from ..specfile import add_spec_arguments
 
     add_spec_arguments(parser)
     parser.add_argument("--hostfile", type=Path, help="lines '[user@]host[:port] [slots=N]'; default: ssh.hosts")
@@ -171,7 +171,7 @@ def launch(plan: Plan, settings: SshSettings) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import spec_from_args
+    from ..specfile import spec_from_args
 
     spec = spec_from_args(args)
     settings = settings_from(args, spec)
