@@ -18,11 +18,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..exitcodes import ExitCode
-from ..specfile import add_spec_arguments, spec_from_args
-
 from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
+from ..exitcodes import ExitCode
 from ..spec import Command, JobSpec
+from ..specfile import add_spec_arguments, spec_from_args
 from .interrupt import interrupts_raise
 
 EXIT_BAD_INPUT = ExitCode.BAD_INPUT
