@@ -1,0 +1,162 @@
+"""The import direction of docs/ARCHITECTURE.md, checked on the source.
+
+Every module of src/ddpkit is parsed (nothing is imported), each `import` and
+`from ... import` inside the package becomes an edge, and the test fails on an
+import into a layer the importer may not use, or on any cycle. Imports inside
+functions count too: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
+
+# What each part of the package may import besides itself, lowest layers last.
+# cli -> launch -> targets -> render primitives / contract -> spec; train and
+# doctor are the entrypoint's side and never reach into rendering or launching.
+BASE = {"envnames", "exitcodes"}
+ALLOWED: dict[str, set[str]] = {
+    "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
+            "netif", "netcheck"} | BASE,
+    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec"} | BASE,
+    "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
+    "render": {"contract", "quoting", "spec"} | BASE,
+    "contract": {"quoting", "spec"} | BASE,
+    "specfile": {"spec"} | BASE,
+    "spec": BASE,
+    "quoting": set(),
+    "doctor": {"train", "netif", "netcheck"} | BASE,
+    "train": {"contract", "netif", "netcheck"} | BASE,  # the entrypoint reads the contract (port rule)
+    "netcheck": {"netif"} | BASE,
+    "netif": BASE,
+    "envnames": set(),
+    "exitcodes": set(),
+    "__init__": set(),
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts) or "__init__"] = path
+    return names
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The dotted name (inside the package) that a `from` import names."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    if module == "__init__":
+        package = []
+    if node.level == 0:
+        name = node.module or ""
+        return name.removeprefix("ddpkit").lstrip(".") if name.startswith("ddpkit") else ""
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def edges() -> list[Edge]:
+    modules = module_names()
+    found = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve(module, path, node)
+                if node.level == 0 and not (node.module or "").startswith("ddpkit"):
+                    continue
+                # `from . import local` depends on the submodule, not on the package's __init__.
+                subs = [f"{target}.{a.name}".lstrip(".") for a in node.names]
+                named = [s for s in subs if s in modules]
+                for t in named or [target or "__init__"]:
+                    if t in modules and t != module:
+                        found.append(Edge(module, t, node.lineno))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("ddpkit."):
+                        t = alias.name.removeprefix("ddpkit.")
+                        if t in modules and t != module:
+                            found.append(Edge(module, t, node.lineno))
+    return found
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_top_level_part_has_a_layer() -> None:
+    parts = {top(m) for m in module_names()}
+    assert parts <= set(ALLOWED), f"add {sorted(parts - set(ALLOWED))} to ALLOWED and docs/ARCHITECTURE.md"
+
+
+def test_no_import_reaches_a_layer_it_may_not_use() -> None:
+    wrong = [f"{e.source}:{e.line} imports {e.target}" for e in edges()
+             if top(e.source) != top(e.target) and top(e.target) not in ALLOWED[top(e.source)]]
+    assert not wrong, "imports against docs/ARCHITECTURE.md's direction:\n" + "\n".join(wrong)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {m: set() for m in module_names()}
+    for e in edges():
+        graph[e.source].add(e.target)
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize(("graph", "expected"), [
+    ({"a": {"b"}, "b": {"a"}, "c": set()}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+])
+def test_cycle_finder_finds_cycles(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+    assert cycles(graph) == expected
+
+
+def test_edges_see_relative_and_lazy_imports() -> None:
+    # The finder must see the imports the rules are about, or the two tests above prove nothing.
+    found = {(e.source, e.target) for e in edges()}
+    assert ("cli", "specfile") in found
+    assert any(source.startswith("launch.") and target == "specfile" for source, target in found)
