@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -331,3 +332,67 @@ def test_trainer_preempted_requeued_and_resumed(cluster: SlurmCluster, tmp_path:
     assert stopped > 0
     assert f"at step {stopped} " in text.split(f"job {job} run 2 ")[1]  # "resumed from ... at step N (epoch ..."
     assert "ddpkit train preempted" in text and "ddpkit train finished" in text
+
+
+# ---- checks against the real cluster before and after sbatch -----------------------
+
+
+def squeue_ids(cluster: SlurmCluster) -> set[str]:
+    return set(cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split())
+
+
+@pytest.mark.parametrize(("name", "spec_extra", "flags", "expected"), [
+    ("chk-nodes", {}, ("--nodes", "3"), "the job asks for 3 nodes but partition 'debug' has 2; pass --nodes 2"),
+    ("chk-gpus", {"device": "cuda", "backend": "gloo"}, (), "no node of partition 'debug' has GPU gres"),
+    ("chk-cpus", {"slurm_cpus": 6}, (), "asks for 12 CPUs per node but the nodes of partition 'debug' have at most 8"),
+])
+def test_submit_refuses_a_job_the_cluster_can_never_run(cluster: SlurmCluster, tmp_path: Path, name: str,
+                                                        spec_extra: dict, flags: tuple[str, ...], expected: str) -> None:
+    before = squeue_ids(cluster)
+    spec = job_spec(name, mode="srun")
+    cpus = spec_extra.pop("slurm_cpus", None)
+    spec.update(spec_extra)
+    if cpus:
+        spec["slurm"]["cpus_per_task"] = cpus
+    done = submit(cluster, tmp_path, spec, "--follow", *flags)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "can never run on this cluster (nothing was submitted)" in done.stderr and expected in done.stderr
+    assert "submitted" not in done.stdout and "Traceback" not in done.stderr
+    assert squeue_ids(cluster) == before and not (tmp_path / "run").exists()
+
+
+def test_submit_refuses_a_time_above_the_partition_limit(cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster.run(["scontrol", "update", "PartitionName=debug", "MaxTime=00:30:00"])
+    try:
+        done = submit(cluster, tmp_path, job_spec("chk-time", time="01:00:00"), "--follow")
+    finally:
+        cluster.run(["scontrol", "update", "PartitionName=debug", "MaxTime=INFINITE"])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "slurm.time: 01:00:00 is above partition 'debug''s limit of 00:30:00" in done.stderr
+
+
+def test_follow_gives_up_on_a_job_that_can_never_start(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """--no-check lets it through; Slurm then holds it for a partition limit, which --follow
+    reports and, since waiting cannot clear it, cancels."""
+    cluster.run(["scontrol", "update", "PartitionName=debug", "MaxNodes=1"])
+    try:
+        started = time.monotonic()
+        done = submit(cluster, tmp_path, job_spec("chk-pend"), "--follow", "--no-check")
+        elapsed = time.monotonic() - started
+    finally:
+        cluster.run(["scontrol", "update", "PartitionName=debug", "MaxNodes=UNLIMITED"])
+    assert done.returncode == 3, done.stdout + done.stderr
+    job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
+    # slurmctld names the broken limit PartitionConfig or PartitionNodeLimit depending on when it looks.
+    reason = re.search(rf"job {job_id} PENDING \((\w+)\)", done.stderr)
+    assert reason and reason.group(1) in {"PartitionConfig", "PartitionNodeLimit"}, done.stderr
+    assert f"job {job_id} can never start: Slurm holds it with reason {reason.group(1)}" in done.stderr
+    assert elapsed < 30, elapsed
+    assert cluster.wait(job_id, timeout=30).state == "CANCELLED"
+
+
+def test_follow_shows_the_state_as_it_changes(cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = submit(cluster, tmp_path, job_spec("chk-states"), "--follow")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
+    assert f"ddpkit: job {job_id} RUNNING" in done.stderr or f"ddpkit: job {job_id} COMPLETED" in done.stderr

@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..exitcodes import ExitCode
 from ..render import render
 from ..spec import JobSpec
+from . import slurm_checks
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
@@ -33,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follow", action="store_true",
                         help="stream the job's output with node prefixes and exit with its final state")
     parser.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
+    parser.add_argument("--no-check", action="store_true",
+                        help="submit without first checking the job against the partition's nodes and limits")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,13 @@ class JobState:
     exit_code: str
     stdout: str | None
     nodes: list[str]
+    reason: str = "None"
+    restarts: int = 0
+
+    @property
+    def hopeless(self) -> bool:
+        """Pending for a reason that waiting cannot clear."""
+        return self.state == "PENDING" and self.reason in slurm_checks.HOPELESS_REASONS
 
     @property
     def finished(self) -> bool:
@@ -57,10 +68,6 @@ class JobState:
         return 128 + int(sig) if sig.isdigit() and int(sig) else 1
 
 
-def _fields(line: str) -> dict[str, str]:
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
-
-
 def hostnames(nodelist: str) -> list[str]:
     if not nodelist or nodelist == "(null)":
         return []
@@ -72,8 +79,9 @@ def job_state(job_id: int) -> JobState | None:
     """From scontrol while slurmctld still knows the job, else from sacct."""
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True, check=False)
     if out.returncode == 0 and out.stdout.strip():
-        f = _fields(out.stdout)
-        return JobState(f["JobState"], f.get("ExitCode", ""), f.get("StdOut"), hostnames(f.get("NodeList", "")))
+        f = slurm_checks.fields(out.stdout)
+        return JobState(f["JobState"], f.get("ExitCode", ""), f.get("StdOut"), hostnames(f.get("NodeList", "")),
+                        f.get("Reason", "None"), int(f.get("Restarts", "0") or 0))
     acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,ExitCode"],
                           capture_output=True, text=True, check=False)
     lines = acct.stdout.strip().splitlines() if acct.returncode == 0 else []
@@ -111,9 +119,14 @@ def follow(job_id: int, spec: JobSpec) -> int:
 
     offset = 0
     state: JobState | None = None
+    shown: tuple[str, str, int] | None = None
     partial = ""
     while True:
         state = job_state(job_id) or state
+        if state is not None and (state.state, state.reason, state.restarts) != shown:
+            shown = _announce(job_id, state, shown)
+        if state is not None and state.hopeless:
+            return _give_up(job_id, state)
         if state and state.stdout and Path(state.stdout).exists():
             with open(state.stdout, encoding="utf-8", errors="replace") as fh:
                 fh.seek(offset)
@@ -134,10 +147,49 @@ def follow(job_id: int, spec: JobSpec) -> int:
         time.sleep(POLL_S)
 
 
+def _announce(job_id: int, state: JobState, before: tuple[str, str, int] | None) -> tuple[str, str, int]:
+    """One stderr line each time the job's state, pending reason or restart count changes."""
+    if before is not None and state.restarts > before[2]:
+        print(f"ddpkit: job {job_id} was requeued (restart {state.restarts})", file=sys.stderr, flush=True)
+    if state.state == "PENDING":
+        print(f"ddpkit: job {job_id} PENDING ({state.reason})", file=sys.stderr, flush=True)
+    elif before is None or state.state != before[0]:
+        print(f"ddpkit: job {job_id} {state.state}", file=sys.stderr, flush=True)
+    return state.state, state.reason, state.restarts
+
+
+def _give_up(job_id: int, state: JobState) -> int:
+    """Cancel a job that can never start, rather than leave it queued forever."""
+    subprocess.run(["scancel", str(job_id)], capture_output=True, check=False)
+    print(f"ddpkit: job {job_id} can never start: Slurm holds it with reason {state.reason} (it breaks a limit of"
+          " its partition, QOS or account); cancelled it. Fix the request (nodes, time, account) or check it"
+          " first without --no-check", file=sys.stderr, flush=True)
+    return ExitCode.PREFLIGHT
+
+
+def check_cluster(spec: JobSpec) -> int:
+    """0, or the exit code after printing why the cluster can never run the job."""
+    try:
+        cluster = slurm_checks.read_cluster()
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"ddpkit: cannot read the cluster's partitions ({exc}); is this a Slurm login node? "
+              "Pass --no-check to submit anyway", file=sys.stderr)
+        return ExitCode.PREFLIGHT
+    found = slurm_checks.problems(spec, cluster)
+    if not found:
+        return 0
+    print("ddpkit: this job can never run on this cluster (nothing was submitted):", file=sys.stderr)
+    for problem in found:
+        print(f"  - {problem}", file=sys.stderr)
+    return ExitCode.BAD_INPUT
+
+
 def run(args: argparse.Namespace) -> int:
     from ..specfile import spec_from_args
 
     spec = spec_from_args(args)
+    if not args.no_check and (refused := check_cluster(spec)):
+        return refused
     rendered = render(spec, "slurm", doctor=args.doctor)
     [script] = rendered.write(args.dir.resolve())
     rc, job_id, err = submit(script)
