@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ddpkit.render import render
 from ddpkit.specfile import load_spec
+from ddpkit.targets import render
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_KINDS = ("pytorchjob", "indexed-job", "trainjob")

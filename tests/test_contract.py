@@ -6,17 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from ddpkit.contract import (
-    Target,
-    check_views,
-    controller_env,
-    hosts_for,
-    master_port,
-    node_views,
-    process_views,
-    slurm_port_for_job,
-)
+from ddpkit.contract import Target, hosts_for, master_port, slurm_port_for_job
 from ddpkit.spec import JobSpec
+from tests.emulators import check_views, controller_env, node_views, process_views
 
 SHAPES = [(1, 1), (2, 4), (3, 2), (5, 1)]
 RDZV = ["static", "c10d"]

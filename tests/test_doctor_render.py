@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit.render import render
 from ddpkit.specfile import load_spec
-from ddpkit.targets import TARGETS
+from ddpkit.targets import TARGETS, render
 from ddpkit.targets.compose import FILENAME as COMPOSE_FILE
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cpu-smoke.yaml"

@@ -22,11 +22,11 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.contract import controller_env, job_env, sources, torchrun_argv
-from ddpkit.render import render
+from ddpkit.contract import job_env, sources, torchrun_argv
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, load_spec
-from ddpkit.targets import TARGETS, compose, kubernetes
+from ddpkit.targets import TARGETS, compose, kubernetes, render
+from tests.emulators import controller_env
 from tests.expansion import compose_interpolate, kubelet_container_env, kubelet_expand
 
 FRAGMENTS = [
@@ -165,7 +165,7 @@ def node_side_scripts(target: str, spec, module, rendered) -> list[str]:
     what every host executes, and the test of launch.sh checks it is carried
     byte for byte)."""
     if target == "ssh":
-        from ddpkit.launch.remote import node_script
+        from ddpkit.targets.sshnode import node_script
 
         return [node_script(spec)]
     return [rendered.files[out.name] for out in module.build(spec) if out.kind == "shell"]

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.contract import Target, check_views, node_views, slurm_port_for_job
-from ddpkit.render import RenderError, render
+from ddpkit.contract import Target, slurm_port_for_job
+from ddpkit.render import RenderError
 from ddpkit.specfile import load_spec
-from ddpkit.targets import slurm
+from ddpkit.targets import render, slurm
+from tests.emulators import check_views, node_views
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = ROOT / ".venv" / "bin" / "shellcheck"

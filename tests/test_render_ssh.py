@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.launch import remote
-from ddpkit.render import render
 from ddpkit.specfile import build_spec, load_spec
+from ddpkit.targets import render
+from ddpkit.targets import sshnode as remote
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = ROOT / ".venv" / "bin" / "shellcheck"
