@@ -175,7 +175,7 @@ CONTRACT: dict[Target, ContractRow] = {
     Target.COMPOSE: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
-        world_size=TORCHRUN_WORLD, interface="gloo over the compose network (containers here have no GPUs)",
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; backend forced to gloo (no GPUs here)",
         default_port=DEFAULT_PORT, hosts=_numbered(0), backend="gloo"),
     Target.LOCAL: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
