@@ -16,7 +16,8 @@ RDZV = ["static", "c10d"]
 
 def spec_for(target: Target, nodes: int, nproc: int, rdzv: str = "static") -> JobSpec:
     hosts = {"ssh": {"hosts": [f"gpu{i:02d}.example" for i in range(nodes)]}} if target == Target.SSH else {}
-    return JobSpec(name="job", nodes=nodes, nproc_per_node=nproc, rendezvous={"backend": rdzv}, **hosts)
+    return JobSpec.model_validate(
+        {"name": "job", "nodes": nodes, "nproc_per_node": nproc, "rendezvous": {"backend": rdzv}, **hosts})
 
 
 @pytest.mark.parametrize("target", list(Target))

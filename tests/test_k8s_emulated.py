@@ -13,6 +13,7 @@ fails or its rank report does not match.
 
 from __future__ import annotations
 
+import importlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -87,7 +88,8 @@ def pods(spec: JobSpec, text: str) -> list[Pod]:
 def run_pods(docker: Docker, pods_: list[Pod]) -> tuple[list[int], list[str]]:
     """Start every pod's container on one network; fail fast like a JobSet
     or an operator with backoffLimit 0; return exit codes and logs."""
-    import docker as sdk
+    # By name: run from the repository root, mypy takes its docker/ folder for the SDK.
+    sdk: Any = importlib.import_module("docker")
 
     client = sdk.DockerClient(base_url=docker.host)
     tag = uuid.uuid4().hex[:8]

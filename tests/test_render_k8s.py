@@ -38,7 +38,7 @@ K8S_VERSIONS = ("1.33.0", "1.37.0")  # an older supported release and the newest
 
 def make_spec(kind: str = "pytorchjob", **fields: Any) -> JobSpec:
     k8s = {"kind": kind, **fields.pop("k8s", {})}
-    return JobSpec(name=fields.pop("name", "demo"), k8s=k8s, **fields)
+    return JobSpec.model_validate({"name": fields.pop("name", "demo"), "k8s": k8s, **fields})
 
 
 def render_docs(spec: JobSpec, *, doctor: bool = False) -> list[dict[str, Any]]:
@@ -67,7 +67,7 @@ FULL = {
 
 
 def full_spec(kind: str, **extra: Any) -> JobSpec:
-    fields = copy.deepcopy(FULL)
+    fields: dict[str, Any] = copy.deepcopy(FULL)
     fields["k8s"].update(extra.pop("k8s", {}))
     return make_spec(kind, **fields, **extra)
 
