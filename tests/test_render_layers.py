@@ -1,6 +1,6 @@
 """The render side imports downward only (docs/notes-render.md):
 
-    cli -> launch -> targets -> render -> (quoting, contract) -> specfile -> spec, envnames, exitcodes
+    cli -> launch -> targets -> render -> (quoting, contract) -> specfile -> spec -> envnames, exitcodes
 
 Every import of these modules, function-level ones included, is read from
 the source and checked against its layer; nothing here imports a module."""
@@ -17,14 +17,14 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # module -> layer; a module may import only modules of a lower layer, or of
 # its own package at the same layer (targets.ssh imports targets.sshnode).
 LAYERS: dict[str, int] = {
-    "ddpkit.spec": 0,
     "ddpkit.envnames": 0,
     "ddpkit.exitcodes": 0,
-    "ddpkit.specfile": 1,
-    "ddpkit.quoting": 2,
-    "ddpkit.contract": 2,
-    "ddpkit.render": 3,
-    "ddpkit.targets": 4,
+    "ddpkit.spec": 1,
+    "ddpkit.specfile": 2,
+    "ddpkit.quoting": 3,
+    "ddpkit.contract": 3,
+    "ddpkit.render": 4,
+    "ddpkit.targets": 5,
 }
 
 
@@ -89,7 +89,7 @@ def test_no_import_goes_up_a_layer(module: str) -> None:
 
 def test_contract_and_quoting_know_nothing_of_rendering() -> None:
     for low in ("ddpkit.contract", "ddpkit.quoting"):
-        assert not {m for m in imports_of(low, MODULES[low]) if layer_of(m) not in (0, 1)}, low
+        assert not {m for m in imports_of(low, MODULES[low]) if layer_of(m) not in (0, 1, 2)}, low
 
 
 def test_no_cycles_inside_the_targets_package() -> None:

@@ -111,9 +111,9 @@ def exports(spec: JobSpec) -> dict[str, str]:
     env = target_env(spec, target_for(spec))
     out = {envnames.PYTHONUNBUFFERED: env[envnames.PYTHONUNBUFFERED]}
     if spec.slurm.mode == "torchrun":
-        out["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
+        out[envnames.TORCHELASTIC_SIGNALS_TO_HANDLE] = TORCHRUN_SIGNALS
         # Time the workers get to checkpoint after the signal before SIGKILL.
-        out["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(spec.slurm.signal_seconds)
+        out[envnames.TORCH_ELASTIC_SHUTDOWN_TIMEOUT] = str(spec.slurm.signal_seconds)
     return out | env
 
 
