@@ -1,4 +1,4 @@
-"""The rank contract, target by target (DESIGN.md's table), as data."""
+"""The rank contract, target by target (the table in docs/ARCHITECTURE.md, contract.CONTRACT), as data."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_node_ranks_are_a_permutation_and_node0_hosts_the_master(target: Target,
 
 
 # What each controller injects on node i of N (P processes per node), per
-# DESIGN.md; {i}, {n}, {p}, {w} are filled in below.
+# the contract table (tests/emulators.py plays the controllers); {i}, {n}, {p}, {w} are filled in below.
 INJECTED = {
     Target.SLURM: {"SLURM_NODEID": "{i}", "SLURM_JOB_NUM_NODES": "{n}", "SLURM_JOB_ID": "4242"},
     Target.SLURM_SRUN: {"SLURM_NODEID": "{i}", "SLURM_JOB_NUM_NODES": "{n}"},

@@ -1,4 +1,4 @@
-"""The render side imports downward only (docs/notes-render.md):
+"""The render side imports downward only (docs/ARCHITECTURE.md):
 
     cli -> launch -> targets -> render -> (quoting, contract) -> specfile -> spec -> envnames, exitcodes
 

@@ -140,7 +140,7 @@ def _ssh_hosts(spec: JobSpec) -> list[str]:
     return list(spec.ssh.hosts) if spec.ssh.hosts else _numbered(1)(spec)
 
 
-# The rank contract, one row per target (docs/notes-render.md prints it).
+# The rank contract, one row per target (docs/ARCHITECTURE.md prints it).
 CONTRACT: dict[Target, ContractRow] = {
     Target.SLURM: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
@@ -219,9 +219,8 @@ def controller_env(spec: JobSpec, target: Target, index: int) -> dict[str, str]:
     (ssh, compose, local). Other targets' controllers inject their own; the
     tests emulate those (tests/emulators.py)."""
     row = CONTRACT[target]
-    if not row.ddpkit_controls:
+    if not row.ddpkit_controls or not isinstance(row.node_rank, FromNode):
         raise ValueError(f"{target.value}: node variables are injected by the {row.controller}, not by ddpkit")
-    assert isinstance(row.node_rank, FromNode)
     return {row.node_rank.var: str(index)}
 
 

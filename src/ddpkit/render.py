@@ -2,7 +2,7 @@
 checks, and the Rendered / OutputFile types. Which files a target renders
 lives in ddpkit.targets (which imports this module, never the reverse).
 
-Rules (docs/notes-render.md): StrictUndefined, so a missing variable is an
+Rules (docs/ARCHITECTURE.md): StrictUndefined, so a missing variable is an
 error; every value reaching a shell goes through `shq` or is a node-side
 `FromNode` part; every YAML scalar goes through `tojson`; every escaping
 rule is a function of ddpkit.quoting. Rendered text is checked before it is

@@ -3,7 +3,7 @@
 Each target is a module of this package that implements `TargetRenderer`:
 a `NAME` (the word after `ddpkit render`), `build` (the spec as template
 variables, one OutputFile per file) and `verify` (the rendered text read
-back and checked against the spec). Layers (docs/notes-render.md): the CLI
+back and checked against the spec). Layers (docs/ARCHITECTURE.md): the CLI
 and the launchers import this package; it imports the render primitives,
 the contract and quoting; nothing below imports it.
 """
