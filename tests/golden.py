@@ -6,14 +6,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ddpkit.render import render
+from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
+from ddpkit.targets import render
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_KINDS = ("pytorchjob", "indexed-job", "trainjob")
 
 
-def _single(spec, target: str) -> str:
+def _single(spec: JobSpec, target: str) -> str:
     files = render(spec, target).files
     assert len(files) == 1, f"{target} renders {sorted(files)}; golden expects one file"
     return next(iter(files.values()))

@@ -1,4 +1,4 @@
-"""The rank contract, target by target (DESIGN.md's table), as data."""
+"""The rank contract, target by target (the table in docs/ARCHITECTURE.md, contract.CONTRACT), as data."""
 
 from __future__ import annotations
 
@@ -6,17 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from ddpkit.contract import (
-    Target,
-    check_views,
-    controller_env,
-    hosts_for,
-    master_port,
-    node_views,
-    process_views,
-    slurm_port_for_job,
-)
+from ddpkit.contract import Target, hosts_for, master_port, slurm_port_for_job
 from ddpkit.spec import JobSpec
+from tests.emulators import check_views, controller_env, node_views, process_views
 
 SHAPES = [(1, 1), (2, 4), (3, 2), (5, 1)]
 RDZV = ["static", "c10d"]
@@ -24,7 +16,8 @@ RDZV = ["static", "c10d"]
 
 def spec_for(target: Target, nodes: int, nproc: int, rdzv: str = "static") -> JobSpec:
     hosts = {"ssh": {"hosts": [f"gpu{i:02d}.example" for i in range(nodes)]}} if target == Target.SSH else {}
-    return JobSpec(name="job", nodes=nodes, nproc_per_node=nproc, rendezvous={"backend": rdzv}, **hosts)
+    return JobSpec.model_validate(
+        {"name": "job", "nodes": nodes, "nproc_per_node": nproc, "rendezvous": {"backend": rdzv}, **hosts})
 
 
 @pytest.mark.parametrize("target", list(Target))
@@ -47,7 +40,7 @@ def test_node_ranks_are_a_permutation_and_node0_hosts_the_master(target: Target,
 
 
 # What each controller injects on node i of N (P processes per node), per
-# DESIGN.md; {i}, {n}, {p}, {w} are filled in below.
+# the contract table (tests/emulators.py plays the controllers); {i}, {n}, {p}, {w} are filled in below.
 INJECTED = {
     Target.SLURM: {"SLURM_NODEID": "{i}", "SLURM_JOB_NUM_NODES": "{n}", "SLURM_JOB_ID": "4242"},
     Target.SLURM_SRUN: {"SLURM_NODEID": "{i}", "SLURM_JOB_NUM_NODES": "{n}"},

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit.render import render
 from ddpkit.specfile import load_spec
-from ddpkit.targets import TARGETS
+from ddpkit.targets import TARGETS, render
 from ddpkit.targets.compose import FILENAME as COMPOSE_FILE
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cpu-smoke.yaml"
@@ -24,7 +23,7 @@ def changed_lines(before: str, after: str) -> tuple[list[str], list[str]]:
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
-def test_doctor_swaps_the_program_and_nothing_else(target):
+def test_doctor_swaps_the_program_and_nothing_else(target: str) -> None:
     spec = load_spec(EXAMPLE)
     job, doc = render(spec, target), render(spec, target, doctor=True)
     assert sorted(job.files) == sorted(doc.files)
@@ -39,7 +38,7 @@ def test_doctor_swaps_the_program_and_nothing_else(target):
     assert touched, f"{target}: no file runs the doctor"
 
 
-def test_compose_doctor_command_is_the_same_torchrun_line():
+def test_compose_doctor_command_is_the_same_torchrun_line() -> None:
     spec = load_spec(EXAMPLE)
     job = yaml.safe_load(render(spec, "compose").files[COMPOSE_FILE])
     doc = yaml.safe_load(render(spec, "compose", doctor=True).files[COMPOSE_FILE])

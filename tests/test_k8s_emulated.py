@@ -4,7 +4,7 @@ No API server can run here, so for each rendered manifest this test does
 what the controller and the kubelet do: one container per pod from the
 built image on one Docker network, the pod's hostname and the DNS names the
 controller provides (network aliases), the environment the controller
-injects (contract.controller_env: DESIGN.md's table), and the kubelet's
+injects (tests/emulators.controller_env: the contract table), and the kubelet's
 $(VAR) expansion of command, args and env (tests/expansion.py). The
 manifest is read back from the rendered YAML, so the template is what is
 tested: a wrong variable leaves a `$(VAR)` or a wrong rank, and the run
@@ -13,6 +13,7 @@ fails or its rank report does not match.
 
 from __future__ import annotations
 
+import importlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -21,14 +22,18 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit.contract import controller_env, hosts_for
-from ddpkit.render import render
+from ddpkit.contract import hosts_for
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
-from ddpkit.targets import kubernetes
+from ddpkit.targets import kubernetes, render
+from tests.emulators import controller_env
 from tests.expansion import kubelet_container_env, kubelet_expand
+from tests.infra import docker_daemon as daemon_infra
 from tests.infra import rank_table
-from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
+from tests.infra.docker_daemon import REPO, Docker
+
+# The fixture, by its name, so that pytest finds it in this module.
+docker_daemon = daemon_infra.docker_daemon
 
 TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=24", "--batch-size=8",
         "--epochs=1", "--workers=0", "--no-eval"]
@@ -83,7 +88,8 @@ def pods(spec: JobSpec, text: str) -> list[Pod]:
 def run_pods(docker: Docker, pods_: list[Pod]) -> tuple[list[int], list[str]]:
     """Start every pod's container on one network; fail fast like a JobSet
     or an operator with backoffLimit 0; return exit codes and logs."""
-    import docker as sdk
+    # By name: run from the repository root, mypy takes its docker/ folder for the SDK.
+    sdk: Any = importlib.import_module("docker")
 
     client = sdk.DockerClient(base_url=docker.host)
     tag = uuid.uuid4().hex[:8]

@@ -295,7 +295,7 @@ export FROM_RC=exported-by-rc
 def test_rc_files_run_once_per_node_and_their_environment_reaches_the_job(tmp_path: Path) -> None:
     """sshd's login shell sources the rc files once (as for any ssh command);
     the checks and the node share that one session, and the node's own bash
-    must not source them again (it would, unasked: see launch/remote.py)."""
+    must not source them again (it would, unasked: see targets/sshnode.py)."""
     count = tmp_path / "rc-runs"
     rc = tmp_path / "bashrc"
     rc.write_text(COUNTING_BASHRC.format(count=count))

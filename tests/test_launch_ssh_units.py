@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.launch import remote
 from ddpkit.launch.hostfile import HostEntry, load_hosts, parse_hostfile
 from ddpkit.specfile import SpecError, build_spec
+from ddpkit.targets import sshnode as remote
 
 RECORDER = """#!{python}
 import json, os, sys

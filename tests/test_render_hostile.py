@@ -22,11 +22,12 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.contract import controller_env, job_env, sources, torchrun_argv
-from ddpkit.render import render
+from ddpkit.contract import job_env, sources, torchrun_argv
+from ddpkit.render import Rendered
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, load_spec
-from ddpkit.targets import TARGETS, compose, kubernetes
+from ddpkit.targets import TARGETS, TargetRenderer, compose, kubernetes, render
+from tests.emulators import controller_env
 from tests.expansion import compose_interpolate, kubelet_container_env, kubelet_expand
 
 FRAGMENTS = [
@@ -36,8 +37,8 @@ FRAGMENTS = [
     "%x", "\\n", "'\"'\"'", "null", "true", "0x1F", "",
 ]
 hostile = st.lists(
-    st.one_of(st.sampled_from(FRAGMENTS), st.text(st.characters(blacklist_categories=("Cs",),
-                                                               blacklist_characters="\x00"), max_size=4)),
+    st.one_of(st.sampled_from(FRAGMENTS), st.text(st.characters(codec="utf-8", exclude_characters="\x00"),
+                                                       max_size=4)),
     max_size=8,
 ).map("".join)
 hostile_env = st.lists(hostile, min_size=1, max_size=4).map(
@@ -48,7 +49,8 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 
 def spec_with(env: dict[str, str], args: list[str], **fields: Any) -> JobSpec:
-    return JobSpec(name="hostile", nodes=2, nproc_per_node=2, env=env, command={"args": args}, **fields)
+    return JobSpec.model_validate(
+        {"name": "hostile", "nodes": 2, "nproc_per_node": 2, "env": env, "command": {"args": args}, **fields})
 
 
 # ---- Kubernetes: the kubelet's $(VAR) / $$ expansion ----
@@ -159,13 +161,13 @@ def test_shell_exports_read_back_byte_for_byte(target: str, env: dict[str, str],
         assert bash_read_back(statements, list(env), tmp_path) == {k: want[k] for k in env}
 
 
-def node_side_scripts(target: str, spec, module, rendered) -> list[str]:
+def node_side_scripts(target: str, spec: JobSpec, module: TargetRenderer, rendered: Rendered) -> list[str]:
     """The scripts whose exports a node runs. The SSH launcher ships its node
     script inside one quoted ssh argument, so read that script itself (it is
     what every host executes, and the test of launch.sh checks it is carried
     byte for byte)."""
     if target == "ssh":
-        from ddpkit.launch.remote import node_script
+        from ddpkit.targets.sshnode import node_script
 
         return [node_script(spec)]
     return [rendered.files[out.name] for out in module.build(spec) if out.kind == "shell"]

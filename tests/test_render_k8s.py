@@ -4,7 +4,7 @@ No API server can run here, so each manifest is checked the way its consumer
 would check it: built-in kinds with `kubernetes-validate --strict`, the CRDs
 against their OpenAPI schemas (vendored from upstream, tests/schemas/), and
 every pod's command expanded as the kubelet would with the variables its
-controller injects (contract.controller_env)."""
+controller injects (tests/emulators.controller_env)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ import pytest
 import yaml
 
 from ddpkit.cli import main as cli_main
-from ddpkit.contract import Target, check_views, controller_env, node_views, sources, torchrun_argv
-from ddpkit.render import RenderError, render
+from ddpkit.contract import Target, sources, torchrun_argv
+from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, load_spec
-from ddpkit.targets import kubernetes
+from ddpkit.targets import kubernetes, render
+from tests.emulators import check_views, controller_env, node_views
 from tests.expansion import kubelet_container_env, kubelet_expand
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ K8S_VERSIONS = ("1.33.0", "1.37.0")  # an older supported release and the newest
 
 def make_spec(kind: str = "pytorchjob", **fields: Any) -> JobSpec:
     k8s = {"kind": kind, **fields.pop("k8s", {})}
-    return JobSpec(name=fields.pop("name", "demo"), k8s=k8s, **fields)
+    return JobSpec.model_validate({"name": fields.pop("name", "demo"), "k8s": k8s, **fields})
 
 
 def render_docs(spec: JobSpec, *, doctor: bool = False) -> list[dict[str, Any]]:
@@ -66,7 +67,7 @@ FULL = {
 
 
 def full_spec(kind: str, **extra: Any) -> JobSpec:
-    fields = copy.deepcopy(FULL)
+    fields: dict[str, Any] = copy.deepcopy(FULL)
     fields["k8s"].update(extra.pop("k8s", {}))
     return make_spec(kind, **fields, **extra)
 

@@ -14,20 +14,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.contract import Target, check_views, node_views, slurm_port_for_job
-from ddpkit.render import RenderError, render
+from ddpkit.contract import Target, slurm_port_for_job
+from ddpkit.render import RenderError
+from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
-from ddpkit.targets import slurm
+from ddpkit.targets import render, slurm
+from tests.emulators import check_views, node_views
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLCHECK = ROOT / ".venv" / "bin" / "shellcheck"
 
 
-def spec_for(*overrides: str):
+def spec_for(*overrides: str) -> JobSpec:
     return load_spec(None, overrides=["name=tj", "nodes=2", "nproc_per_node=2", *overrides])
 
 
-def script_text(spec, *, doctor: bool = False) -> str:
+def script_text(spec: JobSpec, *, doctor: bool = False) -> str:
     return render(spec, "slurm", doctor=doctor).files["tj.sbatch"]
 
 
@@ -179,7 +181,7 @@ def test_port_differs_per_job(stand_ins: Path) -> None:
     assert ports == {f"--master-port={slurm_port_for_job(101)}", f"--master-port={slurm_port_for_job(102)}"}
 
 
-HOSTILE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+HOSTILE = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
 HOSTILE_SEEDS = ["'", '"', "$(touch /tmp/ddpkit-pwned)", "`id`", "a\nb", "-rf", "${SLURM_NODEID}", "\\", "é✓\u2028"]
 
 

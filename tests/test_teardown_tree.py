@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from ddpkit.launch import local, proctree
-from ddpkit.launch.remote import stop_script
 from ddpkit.specfile import load_spec
+from ddpkit.targets.sshnode import stop_script
 
 # An "agent" that starts a "worker" in a new session; the worker ignores
 # SIGTERM, like a rank waiting on a dead peer.

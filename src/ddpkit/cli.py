@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .exitcodes import ExitCode
-from .render import RenderError, render
+from .render import RenderError
 from .spec import JobSpec
 from .specfile import SpecError, add_spec_arguments, spec_from_args
+from .targets import TARGETS, render
 
 # (command words, module, help): the module provides add_arguments(parser)
 # and run(args) -> int. Command modules import torch inside run(), never at
@@ -22,7 +23,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("env",), "ddpkit.train.envinfo", "print what this process resolved: ranks, master, interface, backend, device"),
     (("launch", "local"), "ddpkit.launch.local", "run the job as N torchrun agents (nodes) on this machine, gloo"),
     (("launch", "ssh"), "ddpkit.launch.ssh", "start the job on bare-metal hosts over SSH (hostfile order = node rank)"),
-    (("launch", "docker"), "ddpkit.launch.docker", "run the job as N containers of its image on one Docker network (node0 the master)"),
+    (("launch", "docker"), "ddpkit.launch.docker",
+     "run the job as N containers of its image on one Docker network (node0 the master)"),
     (("train",), "ddpkit.train.main", "the DDP training entrypoint (run it under torchrun, srun, mpirun, a pod, or alone)"),
     (("data",), "ddpkit.train.datasets_cli", "download a dataset once into a folder (ddpkit data cifar10 --root DIR)"),
     (("doctor",), "ddpkit.doctor", "preflight checks, collective correctness and (--bench) bandwidth on every rank"),
@@ -51,7 +53,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _add_builtin(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="render a launch target from a job spec")
-    p.add_argument("target", choices=["slurm", "k8s", "ssh", "compose"])
+    p.add_argument("target", choices=list(TARGETS))
     add_spec_arguments(p)
     p.add_argument("-o", "--output", type=Path, help="write files into this folder instead of stdout")
     p.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")

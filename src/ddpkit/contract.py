@@ -13,10 +13,11 @@ submits) are `FromNode` parts; every renderer turns them into its own syntax
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from . import envnames
 from .spec import JobSpec
 
 
@@ -80,16 +81,116 @@ def slurm_port_for_job(job_id: int) -> int:
     return SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
 
 
+class Fixed(str, Enum):
+    """A contract value ddpkit writes literally into the launch line at
+    render time (no variable on the node carries it)."""
+
+    NODE0_HOST = "node 0's host name"
+    PORT = "the target's port (master_port, or its default)"
+
+
+Origin = FromNode | Fixed
+
+
+@dataclass(frozen=True)
+class ContractRow:
+    """One target's row of the rank contract: where a node learns each value.
+
+    `node_rank`, `master_addr` and `master_port` are a variable the node
+    reads (FromNode) or a value rendered into its launch line (Fixed).
+    `world_size` and `interface` say in words where those come from (the
+    same launch-line flags and job env on every torchrun target)."""
+
+    controller: str  # who starts the nodes and injects their variables
+    node_rank: Origin
+    master_addr: Origin
+    master_port: Origin
+    world_size: str
+    interface: str
+    default_port: int | None  # None: derived at run time (Slurm: from the job id)
+    hosts: Callable[[JobSpec], list[str]]  # the name each node is reachable by, node-rank order
+    # The controller already sets PYTHONUNBUFFERED=1 (the PyTorchJob operator
+    # appends it to every container): the job env must not list it twice.
+    controller_sets_unbuffered: bool = False
+    backend: str | None = None  # a backend the target forces, whatever the spec says
+
+    @property
+    def ddpkit_controls(self) -> bool:
+        """ddpkit itself (its launcher or rendered file) injects the node rank."""
+        return self.controller == DDPKIT
+
+
+DDPKIT = "ddpkit"
+TORCHRUN_WORLD = "torchrun: --nnodes x --nproc-per-node in the launch line"
+SPEC_INTERFACE = f"job env: {envnames.NCCL_SOCKET_IFNAME} / {envnames.GLOO_SOCKET_IFNAME} (or picked at start-up: auto)"
+# The batch script computes MASTER_ADDR / MASTER_PORT once and exports them;
+# SLURM_NODEID must be read inside each srun task.
+_BATCH_ADDR, _BATCH_PORT = FromNode(envnames.MASTER_ADDR), FromNode(envnames.MASTER_PORT)
+
+
+def _numbered(first: int) -> Callable[[JobSpec], list[str]]:
+    return lambda spec: [f"node{i + first}" for i in range(spec.nodes)]
+
+
+def _pytorchjob_hosts(spec: JobSpec) -> list[str]:
+    return [f"{spec.name}-master-0"] + [f"{spec.name}-worker-{i}" for i in range(spec.nodes - 1)]
+
+
+def _ssh_hosts(spec: JobSpec) -> list[str]:
+    return list(spec.ssh.hosts) if spec.ssh.hosts else _numbered(1)(spec)
+
+
+# The rank contract, one row per target (docs/ARCHITECTURE.md prints it).
+CONTRACT: dict[Target, ContractRow] = {
+    Target.SLURM: ContractRow(
+        controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
+        master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=None, hosts=_numbered(1)),
+    Target.SLURM_SRUN: ContractRow(
+        controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
+        master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
+        world_size=f"srun: {envnames.SLURM_NTASKS}, read by the entrypoint", interface=SPEC_INTERFACE,
+        default_port=None, hosts=_numbered(1)),
+    Target.PYTORCHJOB: ContractRow(
+        controller="kubeflow training-operator", node_rank=FromNode(envnames.PET_NODE_RANK),
+        master_addr=FromNode(envnames.MASTER_ADDR), master_port=FromNode(envnames.MASTER_PORT),
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=PYTORCHJOB_DEFAULT_PORT,
+        hosts=_pytorchjob_hosts, controller_sets_unbuffered=True),
+    Target.INDEXED_JOB: ContractRow(
+        controller="kubernetes job controller", node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
+        master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
+        hosts=lambda spec: [f"{spec.name}-{i}.{k8s_service_name(spec)}" for i in range(spec.nodes)]),
+    Target.TRAINJOB: ContractRow(
+        controller="kubeflow trainer", node_rank=FromNode(envnames.PET_NODE_RANK),
+        master_addr=FromNode(envnames.PET_MASTER_ADDR), master_port=FromNode(envnames.PET_MASTER_PORT),
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
+        hosts=lambda spec: [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(spec.nodes)]),
+    # ssh, compose, local: ddpkit writes each node's rank into that node's
+    # command as DDPKIT_NODE_RANK, and node 0's host and the port literally.
+    Target.SSH: ContractRow(
+        controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
+        master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT, hosts=_ssh_hosts),
+    Target.COMPOSE: ContractRow(
+        controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
+        master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; backend forced to gloo (no GPUs here)",
+        default_port=DEFAULT_PORT, hosts=_numbered(0), backend="gloo"),
+    Target.LOCAL: ContractRow(
+        controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
+        master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
+        hosts=lambda spec: ["127.0.0.1"] * spec.nodes),
+}
+
+
 def master_port(spec: JobSpec, target: Target) -> int | None:
     """The fixed master port for a target, or None when it is derived at run
     time (Slurm: from SLURM_JOB_ID)."""
     if spec.master_port is not None:
         return spec.master_port
-    if target in (Target.SLURM, Target.SLURM_SRUN):
-        return None
-    if target == Target.PYTORCHJOB:
-        return PYTORCHJOB_DEFAULT_PORT
-    return DEFAULT_PORT
+    return CONTRACT[target].default_port
 
 
 def k8s_service_name(spec: JobSpec) -> str:
@@ -98,42 +199,29 @@ def k8s_service_name(spec: JobSpec) -> str:
 
 def hosts_for(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> list[str]:
     """The name each node is reachable by, in node-rank order."""
-    if hosts is not None:
-        return list(hosts)
-    n = spec.nodes
-    if target == Target.PYTORCHJOB:
-        return [f"{spec.name}-master-0"] + [f"{spec.name}-worker-{i}" for i in range(n - 1)]
-    if target == Target.INDEXED_JOB:
-        return [f"{spec.name}-{i}.{k8s_service_name(spec)}" for i in range(n)]
-    if target == Target.TRAINJOB:
-        return [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(n)]
-    if target == Target.COMPOSE:
-        return [f"node{i}" for i in range(n)]
-    if target == Target.LOCAL:
-        return ["127.0.0.1"] * n
-    if target == Target.SSH and spec.ssh.hosts:
-        return list(spec.ssh.hosts)
-    return [f"node{i + 1}" for i in range(n)]
+    return list(hosts) if hosts is not None else CONTRACT[target].hosts(spec)
 
 
 def sources(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> Sources:
-    """The table in DESIGN.md, as data. `hosts` (node-rank order) overrides
-    the target's default names, e.g. the lines of an SSH hostfile."""
-    hosts = hosts_for(spec, target, hosts)
-    port = master_port(spec, target)
-    if target in (Target.SLURM, Target.SLURM_SRUN):
-        # MASTER_ADDR/PORT are computed once by the batch script and exported;
-        # SLURM_NODEID must be read inside each srun task.
-        return Sources(FromNode("SLURM_NODEID"), FromNode("MASTER_ADDR"), FromNode("MASTER_PORT"))
-    if target == Target.PYTORCHJOB:
-        return Sources(FromNode("PET_NODE_RANK"), FromNode("MASTER_ADDR"), FromNode("MASTER_PORT"))
-    if target == Target.INDEXED_JOB:
-        return Sources(FromNode("JOB_COMPLETION_INDEX"), hosts[0], str(port))
-    if target == Target.TRAINJOB:
-        return Sources(FromNode("PET_NODE_RANK"), FromNode("PET_MASTER_ADDR"), FromNode("PET_MASTER_PORT"))
-    # ssh, compose, local: the launcher (or the rendered file) writes each
-    # node's rank literally into that node's command, as NODE_RANK.
-    return Sources(FromNode("DDPKIT_NODE_RANK"), hosts[0], str(port))
+    """The target's row as launch-line parts. `hosts` (node-rank order)
+    overrides the target's default names, e.g. the lines of an SSH hostfile."""
+    row = CONTRACT[target]
+    fixed = {Fixed.NODE0_HOST: hosts_for(spec, target, hosts)[0], Fixed.PORT: str(master_port(spec, target))}
+
+    def part(origin: Origin) -> Part:
+        return fixed[origin] if isinstance(origin, Fixed) else origin
+
+    return Sources(part(row.node_rank), part(row.master_addr), part(row.master_port))
+
+
+def controller_env(spec: JobSpec, target: Target, index: int) -> dict[str, str]:
+    """The variables ddpkit injects on node `index` of a target it controls
+    (ssh, compose, local). Other targets' controllers inject their own; the
+    tests emulate those (tests/emulators.py)."""
+    row = CONTRACT[target]
+    if not row.ddpkit_controls or not isinstance(row.node_rank, FromNode):
+        raise ValueError(f"{target.value}: node variables are injected by the {row.controller}, not by ddpkit")
+    return {row.node_rank.var: str(index)}
 
 
 def interface_env(spec: JobSpec) -> dict[str, str]:
@@ -143,18 +231,31 @@ def interface_env(spec: JobSpec) -> dict[str, str]:
     if spec.network.is_auto:
         return {}
     value = spec.network.ifname_value
-    return {"NCCL_SOCKET_IFNAME": value, "GLOO_SOCKET_IFNAME": value}
+    return dict.fromkeys(envnames.SOCKET_IFNAMES, value)
+
+
+def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
+    """The environment every process of the job gets on `target` (None: a
+    launcher that is no render target), in a stable order: the user's
+    variables, then what ddpkit owns. PYTHONUNBUFFERED=1, because a log line
+    must reach the launcher when it is printed, not when a buffer fills;
+    a value the user set wins, and it is left out where the controller
+    already sets it."""
+    row = CONTRACT[target] if target is not None else None
+    env = dict(spec.env)
+    env.update(interface_env(spec))
+    env[envnames.DDPKIT_BACKEND] = (row.backend if row else None) or spec.resolved_backend
+    env[envnames.DDPKIT_INTERFACE] = spec.network.ifname_value
+    env[envnames.DDPKIT_JOB_NAME] = spec.name
+    if not (row and row.controller_sets_unbuffered):
+        env.setdefault(envnames.PYTHONUNBUFFERED, "1")
+    return env
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
-    """Environment every process of the job gets, on every target, in a
-    stable order: the user's variables, then what ddpkit owns."""
-    env = dict(spec.env)
-    env.update(interface_env(spec))
-    env["DDPKIT_BACKEND"] = spec.resolved_backend
-    env["DDPKIT_INTERFACE"] = spec.network.ifname_value
-    env["DDPKIT_JOB_NAME"] = spec.name
-    return env
+    """target_env for a launcher that is no render target (PYTHONUNBUFFERED
+    included)."""
+    return target_env(spec)
 
 
 def torchrun_argv(spec: JobSpec, src: Sources, *, doctor: bool = False) -> list[Arg]:
@@ -188,146 +289,3 @@ def process_argv(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
     """The per-process line for launchers that start every rank themselves
     (Slurm srun mode): no torchrun, the entrypoint reads the launcher's variables."""
     return [Arg.of(spec.command.python)] + [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """What one node sees: the environment its controller injects and the
-    rank values its launch line resolves to."""
-
-    index: int
-    host: str
-    injected: dict[str, str]
-    node_rank: int
-    master_addr: str
-    master_port: int
-    nnodes: int
-    nproc_per_node: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
-
-    @property
-    def ranks(self) -> list[int]:
-        return [self.node_rank * self.nproc_per_node + lr for lr in range(self.nproc_per_node)]
-
-
-@dataclass(frozen=True)
-class ProcessView:
-    rank: int
-    local_rank: int
-    node_rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-
-
-def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = 4242,
-                   hosts: list[str] | None = None) -> dict[str, str]:
-    """The variables a controller or launcher injects on node `index`,
-    exactly as DESIGN.md's table says (used by tests and by emulators)."""
-    names = hosts_for(spec, target, hosts)
-    port = master_port(spec, target)
-    n, p = spec.nodes, spec.nproc_per_node
-    if target in (Target.SLURM, Target.SLURM_SRUN):
-        return {
-            "SLURM_JOB_ID": str(job_id),
-            "SLURM_NODEID": str(index),
-            "SLURM_JOB_NUM_NODES": str(n),
-            "SLURMD_NODENAME": names[index],
-            "MASTER_ADDR": names[0],
-            "MASTER_PORT": str(port if port is not None else slurm_port_for_job(job_id)),
-        }
-    if target == Target.PYTORCHJOB:
-        # training-operator release-1.9, controller.v1/pytorch/envvar.go and
-        # master.go: PET_MASTER_* mirror MASTER_*; PET_NPROC_PER_NODE only
-        # because the rendered job sets spec.nprocPerNode.
-        return {
-            "MASTER_ADDR": names[0],
-            "MASTER_PORT": str(port),
-            "PET_MASTER_ADDR": names[0],
-            "PET_MASTER_PORT": str(port),
-            "WORLD_SIZE": str(n * p),
-            "RANK": str(index),
-            "PET_NODE_RANK": str(index),
-            "PET_NNODES": str(n),
-            "PET_NPROC_PER_NODE": str(p),
-            "PYTHONUNBUFFERED": "1",
-        }
-    if target == Target.INDEXED_JOB:
-        return {"JOB_COMPLETION_INDEX": str(index)}
-    if target == Target.TRAINJOB:
-        return {
-            "PET_NNODES": str(n),
-            "PET_NPROC_PER_NODE": str(p),
-            "PET_NODE_RANK": str(index),
-            "PET_MASTER_ADDR": names[0],
-            "PET_MASTER_PORT": str(port),
-        }
-    return {"DDPKIT_NODE_RANK": str(index)}
-
-
-_FLAG = re.compile(r"^--(node-rank|master-addr|master-port|rdzv-endpoint)=(.*)$")
-
-
-def node_view(spec: JobSpec, target: Target, index: int, *, job_id: int = 4242,
-              hosts: list[str] | None = None) -> NodeView:
-    """Resolve the launch line with node `index`'s injected environment, the
-    way the node itself would."""
-    injected = controller_env(spec, target, index, job_id=job_id, hosts=hosts)
-    flags: dict[str, str] = {}
-    for arg in torchrun_argv(spec, sources(spec, target, hosts)):
-        m = _FLAG.match(arg.resolve(injected))
-        if m:
-            flags[m.group(1)] = m.group(2)
-    if "rdzv-endpoint" in flags:
-        addr, _, port = flags["rdzv-endpoint"].rpartition(":")
-        flags.update({"master-addr": addr, "master-port": port, "node-rank": str(index)})
-    return NodeView(
-        index=index,
-        host=hosts_for(spec, target, hosts)[index],
-        injected=injected,
-        node_rank=int(flags["node-rank"]),
-        master_addr=flags["master-addr"],
-        master_port=int(flags["master-port"]),
-        nnodes=spec.nodes,
-        nproc_per_node=spec.nproc_per_node,
-    )
-
-
-def node_views(spec: JobSpec, target: Target, **kwargs: object) -> list[NodeView]:
-    return [node_view(spec, target, i, **kwargs) for i in range(spec.nodes)]  # type: ignore[arg-type]
-
-
-def process_views(node: NodeView) -> list[ProcessView]:
-    return [
-        ProcessView(
-            rank=rank,
-            local_rank=local,
-            node_rank=node.node_rank,
-            world_size=node.world_size,
-            master_addr=node.master_addr,
-            master_port=node.master_port,
-        )
-        for local, rank in enumerate(node.ranks)
-    ]
-
-
-def check_views(views: list[NodeView]) -> list[str]:
-    """Problems with a set of node views: ranks must be a permutation, the
-    master must be node 0's host, and everyone must agree on it."""
-    problems = []
-    ranks = sorted(r for v in views for r in v.ranks)
-    world = views[0].world_size if views else 0
-    if ranks != list(range(world)):
-        problems.append(f"global ranks are {ranks}, expected 0..{world - 1} once each")
-    if sorted(v.node_rank for v in views) != list(range(len(views))):
-        problems.append("node ranks are not a permutation of 0..nnodes-1")
-    masters = {(v.master_addr, v.master_port) for v in views}
-    if len(masters) != 1:
-        problems.append(f"nodes disagree on the master: {sorted(masters)}")
-    node0 = [v for v in views if v.node_rank == 0]
-    if node0 and views[0].master_addr not in (node0[0].host, node0[0].host.split(".")[0]):
-        problems.append(f"master {views[0].master_addr} is not node 0's host {node0[0].host}")
-    return problems

@@ -1,9 +1,12 @@
-"""One Jinja Environment for every target, and render(spec, target).
+"""Render primitives: one Jinja Environment, its filters, the post-render
+checks, and the Rendered / OutputFile types. Which files a target renders
+lives in ddpkit.targets (which imports this module, never the reverse).
 
-Rules (DESIGN.md): StrictUndefined, so a missing variable is an error; every
-value reaching a shell goes through `shq` or is a node-side `FromNode` part;
-every YAML scalar goes through `tojson`. Rendered text is checked before it
-is returned: shell with `bash -n`, YAML parsed back.
+Rules (docs/ARCHITECTURE.md): StrictUndefined, so a missing variable is an
+error; every value reaching a shell goes through `shq` or is a node-side
+`FromNode` part; every YAML scalar goes through `tojson`; every escaping
+rule is a function of ddpkit.quoting. Rendered text is checked before it is
+returned: shell with `bash -n`, YAML parsed back.
 
 Convention for shell templates: the job environment is exported as
 `export NAME=<shq value>` statements, each starting a line, in the file the
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -26,8 +28,8 @@ from typing import Any, Literal
 import jinja2
 import yaml
 
+from . import quoting
 from .contract import Arg, FromNode
-from .spec import JobSpec
 
 FileKind = Literal["shell", "yaml", "text"]
 
@@ -85,7 +87,7 @@ def yaml_scalar(value: Any) -> str:
 
 
 def shq(value: Any) -> str:
-    return shlex.quote(str(value))
+    return quoting.shell_word(value)
 
 
 def shell_arg(arg: Arg) -> str:
@@ -93,7 +95,7 @@ def shell_arg(arg: Arg) -> str:
     variables double-quoted so they expand where the script runs."""
     out = []
     for part in arg.parts:
-        out.append(f'"${{{part.var}}}"' if isinstance(part, FromNode) else shq(part) if part else "")
+        out.append(quoting.shell_var(part.var) if isinstance(part, FromNode) else shq(part) if part else "")
     return "".join(out) or "''"
 
 
@@ -105,11 +107,7 @@ def k8s_arg(arg: Arg) -> str:
     """One argv token for a Kubernetes container: `$(VAR)` expands from the
     container's environment; every literal '$' is doubled so that user text
     such as '$(id)' stays literal (Kubernetes turns '$$' into '$')."""
-    return "".join(f"$({p.var})" if isinstance(p, FromNode) else p.replace("$", "$$") for p in arg.parts)
-
-
-def k8s_literal(value: str) -> str:
-    return value.replace("$", "$$")
+    return "".join(f"$({p.var})" if isinstance(p, FromNode) else quoting.kubelet_literal(p) for p in arg.parts)
 
 
 @lru_cache(maxsize=8)
@@ -128,9 +126,16 @@ def environment(template_dir: Path) -> jinja2.Environment:
         shell_arg=shell_arg,
         shell_argv=shell_argv,
         k8s_arg=k8s_arg,
-        k8s_literal=k8s_literal,
+        k8s_literal=quoting.kubelet_literal,
+        compose_literal=quoting.compose_literal,
     )
     return env
+
+
+def template(name: str) -> jinja2.Template:
+    """A template of the shipped set, for text that is not a file of its own
+    (the SSH node payload)."""
+    return environment(default_template_dir()).get_template(name)
 
 
 def check_shell(name: str, text: str) -> None:
@@ -149,6 +154,7 @@ def check_yaml(name: str, text: str) -> None:
 
 
 def render_files(outputs: list[OutputFile], template_dir: Path | None = None) -> Rendered:
+    """Render every output and check it (bash -n, YAML parse) before returning it."""
     env = environment(template_dir or default_template_dir())
     rendered = Rendered()
     for out in outputs:
@@ -164,14 +170,3 @@ def render_files(outputs: list[OutputFile], template_dir: Path | None = None) ->
         rendered.modes[out.name] = out.mode
     return rendered
 
-
-def render(spec: JobSpec, target: str, *, doctor: bool = False, template_dir: Path | None = None) -> Rendered:
-    """{filename: text} for one CLI target (slurm, k8s, ssh, compose)."""
-    from .targets import TARGETS
-
-    if target not in TARGETS:
-        raise KeyError(f"unknown target {target!r}; choose one of {', '.join(sorted(TARGETS))}")
-    module = TARGETS[target]
-    rendered = render_files(module.build(spec, doctor=doctor), template_dir)
-    module.verify(spec, rendered, doctor=doctor)
-    return rendered

@@ -14,26 +14,27 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from . import envnames
+
 # Variables the launchers own. A user value for one of these would silently
 # fight the rank contract, so they are refused with the reason.
 RESERVED_ENV_EXACT = frozenset(
     {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "NODE_RANK",
-        "NNODES",
-        "NPROC_PER_NODE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "JOB_COMPLETION_INDEX",
-        "NCCL_SOCKET_IFNAME",
-        "GLOO_SOCKET_IFNAME",
+        envnames.RANK,
+        envnames.LOCAL_RANK,
+        envnames.WORLD_SIZE,
+        envnames.LOCAL_WORLD_SIZE,
+        envnames.GROUP_RANK,
+        envnames.GROUP_WORLD_SIZE,
+        envnames.ROLE_RANK,
+        envnames.ROLE_WORLD_SIZE,
+        envnames.NODE_RANK,
+        envnames.NNODES,
+        envnames.NPROC_PER_NODE,
+        envnames.MASTER_ADDR,
+        envnames.MASTER_PORT,
+        envnames.JOB_COMPLETION_INDEX,
+        *envnames.SOCKET_IFNAMES,
     }
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "SLURM_", "OMPI_COMM_WORLD_", "DDPKIT_")

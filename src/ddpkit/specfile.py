@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from .spec import JobSpec, load_yaml
 
@@ -97,7 +98,7 @@ def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
     return []
 
 
-def _format(error: dict[str, Any]) -> str:
+def _format(error: ErrorDetails) -> str:
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     where = ".".join(str(p) for p in loc) or "(job)"
     if error["type"] == "extra_forbidden":

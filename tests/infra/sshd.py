@@ -58,7 +58,7 @@ class SshHosts:
     login: Host
     folder: Path
     # Stands in for /etc/bash.bashrc in the sshd's own mount namespace: the
-    # file bash sources for commands run by sshd (see launch/remote.py).
+    # file bash sources for commands run by sshd (see targets/sshnode.py).
     system_bashrc: Path | None = None
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
 

@@ -18,10 +18,10 @@ from typing import TextIO
 
 import paramiko
 
+from ..targets.sshnode import NodeCommand, parse_pgid
 from .alive import Heartbeat
 from .conn import ConnectError, Endpoint, SshSettings, close, connect
 from .preflight import GO
-from .remote import NodeCommand, parse_pgid
 
 DROPPED = -1  # paramiko's exit status when a channel closes without one
 TAIL_LINES = 20

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..exitcodes import ExitCode
-from ..render import render
 from ..spec import JobSpec
+from ..targets import render
 from . import slurm_checks
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

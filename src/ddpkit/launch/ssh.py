@@ -20,12 +20,12 @@ from typing import TextIO
 
 from ..contract import Target, master_port
 from ..spec import JobSpec
+from ..targets.sshnode import NodeCommand, node_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .interrupt import interrupts_raise
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, preflight, problem_table
-from .remote import NodeCommand, node_command
 
 EXIT_FAILED = 1
 EXIT_PREFLIGHT = 3

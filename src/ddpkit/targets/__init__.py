@@ -1,14 +1,59 @@
-"""Per-target request builders: each turns a JobSpec into template variables
-(`build`) and checks the rendered text against the spec (`verify`)."""
+"""The render targets and `render(spec, target)`.
+
+Each target is a module of this package that implements `TargetRenderer`:
+a `NAME` (the word after `ddpkit render`), `build` (the spec as template
+variables, one OutputFile per file) and `verify` (the rendered text read
+back and checked against the spec). Layers (docs/ARCHITECTURE.md): the CLI
+and the launchers import this package; it imports the render primitives,
+the contract and quoting; nothing below imports it.
+"""
 
 from __future__ import annotations
 
-from types import ModuleType
+from pathlib import Path
+from typing import Protocol
 
+from ..render import OutputFile, Rendered, render_files
+from ..spec import JobSpec
 from . import compose, kubernetes, slurm, ssh
 
-TARGETS: dict[str, ModuleType] = {"compose": compose, "slurm": slurm, "k8s": kubernetes, "ssh": ssh}
+
+class TargetRenderer(Protocol):
+    """What a target module provides (a module satisfies it structurally)."""
+
+    @property
+    def NAME(self) -> str:
+        """The CLI word: `ddpkit render <name>`."""
+        ...
+
+    def build(self, spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+        """The files to render: template, variables, kind (shell / yaml / text)."""
+        ...
+
+    def verify(self, spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+        """Read the rendered files back; raise RenderError if they disagree with the spec."""
+        ...
 
 
-def register(name: str, module: ModuleType) -> None:
-    TARGETS[name] = module
+def _registry(*modules: TargetRenderer) -> dict[str, TargetRenderer]:
+    return {m.NAME: m for m in modules}
+
+
+# In the order `ddpkit render --help` lists them.
+TARGETS: dict[str, TargetRenderer] = _registry(slurm, kubernetes, ssh, compose)
+
+
+def register(target: TargetRenderer) -> None:
+    """Add a target (a module or any object with NAME, build and verify)."""
+    TARGETS[target.NAME] = target
+
+
+def render(spec: JobSpec, target: str, *, doctor: bool = False, template_dir: Path | None = None) -> Rendered:
+    """{filename: text} for one CLI target (slurm, k8s, ssh, compose), each
+    file checked (bash -n / YAML parse) and verified against the spec."""
+    if target not in TARGETS:
+        raise KeyError(f"unknown target {target!r}; choose one of {', '.join(sorted(TARGETS))}")
+    module = TARGETS[target]
+    rendered = render_files(module.build(spec, doctor=doctor), template_dir)
+    module.verify(spec, rendered, doctor=doctor)
+    return rendered

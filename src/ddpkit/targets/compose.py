@@ -9,10 +9,12 @@ from dataclasses import dataclass
 
 import yaml
 
-from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
+from ..contract import Target, controller_env, hosts_for, sources, target_env, torchrun_argv
+from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
 
+NAME = "compose"
 FILENAME = "compose.yaml"
 
 
@@ -24,10 +26,8 @@ class Service:
 
 
 def compose_env(spec: JobSpec) -> dict[str, str]:
-    env = job_env(spec)
-    env["DDPKIT_BACKEND"] = "gloo"  # containers here have no GPUs
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    """The job env of every service (gloo: the contract row says so)."""
+    return target_env(spec, Target.COMPOSE)
 
 
 def services(spec: JobSpec, *, doctor: bool = False) -> list[Service]:
@@ -45,8 +45,8 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
 
 
 def _unescape(value: object) -> object:
-    # Compose interpolates $VAR in the file; the template doubles every '$'.
-    return value.replace("$$", "$") if isinstance(value, str) else value
+    # Compose interpolates $VAR in the file; the template writes compose_literal.
+    return compose_unliteral(value) if isinstance(value, str) else value
 
 
 def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:

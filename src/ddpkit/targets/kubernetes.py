@@ -20,19 +20,23 @@ from typing import Any, Literal
 
 import yaml
 
+from .. import envnames
 from ..contract import (
     Arg,
     Target,
     hosts_for,
-    job_env,
     k8s_service_name,
     master_port,
     sources,
+    target_env,
     torchrun_argv,
 )
+from ..quoting import kubelet_unliteral
 from ..render import OutputFile, Rendered, RenderError, k8s_arg
 from ..spec import DNS1035, JobSpec
 from ..specfile import SpecError
+
+NAME = "k8s"
 
 Kind = Literal["pytorchjob", "indexed-job", "trainjob"]
 
@@ -52,7 +56,8 @@ PYTORCH_ROLES = ("Master", "Worker")
 # are both named "node"; the torch plugin refuses these names in trainer.env.
 TRAINJOB_NODE = "node"
 TRAINJOB_RESERVED_ENV = frozenset(
-    {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+    {envnames.PET_NNODES, envnames.PET_NPROC_PER_NODE, envnames.PET_NODE_RANK, envnames.PET_MASTER_ADDR,
+     envnames.PET_MASTER_PORT}
 )
 TRAINJOB_MAX_ITEMS = 128  # trainer.command / args / env: kubebuilder MaxItems
 PATCH_MANAGER = "ddpkit.io/render"
@@ -115,12 +120,9 @@ def resources(spec: JobSpec) -> Resources:
 
 
 def container_env(spec: JobSpec, kind: Kind) -> dict[str, str]:
-    env = job_env(spec)
-    # The PyTorchJob operator already appends PYTHONUNBUFFERED=1; the other
-    # controllers do not, and a training log that arrives at exit is no log.
-    if kind != "pytorchjob":
-        env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    """The job env (the PyTorchJob operator appends PYTHONUNBUFFERED=1
+    itself, so its row in the contract leaves it out)."""
+    return target_env(spec, KIND_TARGET[kind])
 
 
 def container(spec: JobSpec, *, doctor: bool = False) -> Container:
@@ -201,17 +203,12 @@ def restart_policy(spec: JobSpec) -> str:
 # ---- verify: parse the file back and apply the controllers' own rules ----
 
 
-def unescape(value: str) -> str:
-    """Undo k8s_literal on a value that holds no $(VAR) reference."""
-    return value.replace("$$", "$")
-
-
 def env_list_to_dict(items: list[dict[str, Any]] | None, where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items or []:
         if item["name"] in out:
             raise RenderError(f"{where}: env {item['name']!r} appears twice")
-        out[item["name"]] = unescape(item["value"])
+        out[item["name"]] = kubelet_unliteral(item["value"])
     return out
 
 

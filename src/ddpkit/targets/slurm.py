@@ -14,10 +14,13 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from ..contract import Target, job_env, process_argv, slurm_port_expr, sources, torchrun_argv
-from ..render import OutputFile, Rendered, RenderError, shell_argv, shq
+from .. import envnames
+from ..contract import Target, process_argv, slurm_port_expr, sources, target_env, torchrun_argv
+from ..quoting import bash_c, shell_word, single_quoted
+from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec
 
+NAME = "slurm"
 TEMPLATE = "slurm/job.sbatch.j2"
 # Signal Slurm sends the batch shell before the time limit. Not USR1: NCCL
 # may use it (submitit avoids it for the same reason).
@@ -98,24 +101,20 @@ def task_argv(spec: JobSpec, *, doctor: bool = False) -> str:
     `bash -c '<line>'` so "${SLURM_NODEID}" expands in each task."""
     if spec.slurm.mode == "torchrun":
         line = "exec " + shell_argv(torchrun_argv(spec, sources(spec, Target.SLURM), doctor=doctor))
-        return f"bash -c {shq(line)}"
+        return bash_c(line)
     return shell_argv(process_argv(spec, doctor=doctor))
 
 
 def exports(spec: JobSpec) -> dict[str, str]:
-    """`export NAME=value` lines: the job env, plus what the launch needs."""
-    env = {"PYTHONUNBUFFERED": "1"}
+    """`export NAME=value` lines: the job env, plus what the launch needs.
+    PYTHONUNBUFFERED (from the job env) is exported first, as it always was."""
+    env = target_env(spec, target_for(spec))
+    out = {envnames.PYTHONUNBUFFERED: env[envnames.PYTHONUNBUFFERED]}
     if spec.slurm.mode == "torchrun":
-        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
+        out[envnames.TORCHELASTIC_SIGNALS_TO_HANDLE] = TORCHRUN_SIGNALS
         # Time the workers get to checkpoint after the signal before SIGKILL.
-        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(spec.slurm.signal_seconds)
-    return env | job_env(spec)
-
-
-def quoted_word(word: str) -> str:
-    """Single-quoted always (shlex.quote leaves a,b bare, which shellcheck
-    reads as a mistaken array separator)."""
-    return "'" + word.replace("'", "'\\''") + "'"
+        out[envnames.TORCH_ELASTIC_SHUTDOWN_TIMEOUT] = str(spec.slurm.signal_seconds)
+    return out | env
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,9 @@ class Plan:
 
     @property
     def srun_words(self) -> list[str]:
-        return [quoted_word(o) if "," in o else shq(o) for o in self.srun_options]
+        # Single-quoted when it holds a comma: shellcheck reads a bare a,b
+        # in an array as a mistaken separator.
+        return [single_quoted(o) if "," in o else shell_word(o) for o in self.srun_options]
 
 
 def plan(spec: JobSpec, *, doctor: bool = False) -> Plan:

@@ -7,12 +7,12 @@ two launchers run identical remote commands and differ only in who fans out.
 
 from __future__ import annotations
 
-import shlex
-
-from ..launch.remote import start_payload, stop_payload
+from ..quoting import first_shell_word
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
+from .sshnode import start_payload, stop_payload
 
+NAME = "ssh"
 FILENAME = "launch.sh"
 
 
@@ -37,9 +37,7 @@ def _assigned_word(text: str, name: str) -> str | None:
     marker = f"\n{name}="
     if marker not in text:
         return None
-    lexer = shlex.shlex(text[text.index(marker) + len(marker):], posix=True)
-    lexer.whitespace_split = True
-    return next(iter(lexer), None)
+    return first_shell_word(text[text.index(marker) + len(marker):])
 
 
 def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:

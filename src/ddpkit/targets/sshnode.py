@@ -1,26 +1,29 @@
-"""The commands a launcher sends to each host, as text for a remote shell.
+"""The SSH node payload: the commands sent to each host, as text for a
+remote shell. A target artefact: `ddpkit render ssh` (targets/ssh.py) embeds
+it in launch.sh, and `ddpkit launch ssh` sends it over paramiko.
 
-One node script serves every node and both launchers (paramiko and the
-rendered bash script): the node rank and the master address arrive as
-DDPKIT_NODE_RANK / DDPKIT_MASTER_ADDR on the `env` prefix, so the only
-per-node text is two shell-quoted words. Every value is shlex-quoted; only
-the node-side variables of the rank contract expand remotely.
+One node script serves every node and both launchers: the node rank and the
+master address arrive as DDPKIT_NODE_RANK / DDPKIT_MASTER_ADDR on the `env`
+prefix, so the only per-node text is two shell-quoted words. Every value is
+quoted by ddpkit.quoting; only the node-side variables of the rank contract
+expand remotely.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import shlex
 from dataclasses import dataclass
 
-from ..contract import Arg, FromNode, Target, job_env, sources, torchrun_argv
-from ..render import default_template_dir, environment
+from .. import envnames
+from ..contract import Arg, FromNode, Target, sources, target_env, torchrun_argv
+from ..quoting import bash_c, shell_word
+from ..render import template
 from ..spec import JobSpec
 
-NODE_RANK = "DDPKIT_NODE_RANK"
-MASTER_ADDR = "DDPKIT_MASTER_ADDR"
-PGID = "DDPKIT_PGID"
+NODE_RANK = envnames.DDPKIT_NODE_RANK
+MASTER_ADDR = envnames.DDPKIT_MASTER_ADDR
+PGID = envnames.DDPKIT_PGID
 PGID_PREFIX = f"{PGID}="
 
 
@@ -36,10 +39,8 @@ class NodeCommand:
 
 
 def node_env(spec: JobSpec) -> dict[str, str]:
-    env = job_env(spec)
-    # Lines must reach the launcher as they are printed, not when a buffer fills.
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    """The job environment every node exports (contract.target_env)."""
+    return target_env(spec, Target.SSH)
 
 
 def container_name(spec: JobSpec) -> Arg:
@@ -70,8 +71,7 @@ def launch_argv(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
 
 
 def node_script(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True) -> str:
-    template = environment(default_template_dir()).get_template("ssh/node.sh.j2")
-    return template.render(
+    return template("ssh/node.sh.j2").render(
         spec=spec,
         env=node_env(spec),
         workdir=None if spec.ssh.docker else spec.ssh.workdir,
@@ -83,8 +83,7 @@ def node_script(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True
 
 
 def stop_script(spec: JobSpec) -> str:
-    template = environment(default_template_dir()).get_template("ssh/stop.sh.j2")
-    return template.render(
+    return template("ssh/stop.sh.j2").render(
         spec=spec,
         grace_s=spec.ssh.grace_s,
         grace_ticks=math.ceil(spec.ssh.grace_s * 10),
@@ -105,15 +104,15 @@ def start_payload(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = Tr
     """The command after the env prefix. `setsid -w` gives the node its own
     process group (and waits for it, so the exit status comes back)."""
     script = node_script(spec, doctor=doctor, watch_stdin=watch_stdin)
-    return f"setsid -w {BASH} -c {shlex.quote(script)} {shlex.quote('ddpkit-' + spec.name)}"
+    return "setsid -w " + bash_c(script, f"ddpkit-{spec.name}", bash=BASH)
 
 
 def stop_payload(spec: JobSpec) -> str:
-    return f"{BASH} -c {shlex.quote(stop_script(spec))} ddpkit-stop"
+    return bash_c(stop_script(spec), "ddpkit-stop", bash=BASH)
 
 
 def env_prefix(node_rank: int, master_addr: str) -> str:
-    return f"env {NODE_RANK}={int(node_rank)} {MASTER_ADDR}={shlex.quote(master_addr)}"
+    return f"env {NODE_RANK}={int(node_rank)} {MASTER_ADDR}={shell_word(master_addr)}"
 
 
 def node_command(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: bool = False) -> NodeCommand:
