@@ -169,8 +169,9 @@ class Supervisor:
     """One run of N nodes: start, wait, fail fast, stop, summarise."""
 
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
-                 sources: Sequence[EventSource] = ()) -> None:
-        self.nodes, self.console, self.grace_s = list(nodes), console, grace_s
+                 sources: Sequence[EventSource] = (), summary_console: Console | None = None) -> None:
+        self.nodes, self.grace_s = list(nodes), grace_s
+        self.console = summary_console or console  # where the summary goes
         self.sources = list(sources)
         self.printer = LinePrinter(console)
         self.events: queue.Queue[Event] = queue.Queue()
