@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..exitcodes import ExitCode
 from ..render import render
 from ..spec import JobSpec
 
@@ -48,17 +49,17 @@ class JobState:
 
     @property
     def exit_status(self) -> int:
-        """0 only for COMPLETED; otherwise the job's exit code, or 1."""
+        """0 only for COMPLETED; otherwise the job's exit code, 128+signal, or FAILED."""
         if self.state == "COMPLETED":
-            return 0
+            return ExitCode.OK
         code, _, sig = self.exit_code.partition(":")
         if code.isdigit() and int(code):
             return int(code)
-        return 128 + int(sig) if sig.isdigit() and int(sig) else 1
+        return 128 + int(sig) if sig.isdigit() and int(sig) else ExitCode.FAILED
 
 
 def _fields(line: str) -> dict[str, str]:
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+    return {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -130,7 +131,7 @@ def follow(job_id: int, spec: JobSpec) -> int:
             return state.exit_status
         if state is None:
             print(f"ddpkit: job {job_id} is unknown to scontrol and sacct", file=sys.stderr)
-            return 1
+            return ExitCode.FAILED
         time.sleep(POLL_S)
 
 
@@ -149,4 +150,4 @@ def run(args: argparse.Namespace) -> int:
     state = job_state(job_id)
     logs = state.stdout if state and state.stdout else str(script.parent / spec.slurm.output)
     print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
-    return follow(job_id, spec) if args.follow else 0
+    return follow(job_id, spec) if args.follow else ExitCode.OK

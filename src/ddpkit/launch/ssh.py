@@ -129,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(spec, args, settings)
     if args.dry_run:
         print_dry_run(plan, sys.stdout)
-        return 0
+        return ExitCode.OK
     return launch(plan, settings)
