@@ -32,9 +32,10 @@ from .interrupt import interrupts_raise
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
-TAIL_LINES = 20  # kept per node for the summary
+TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
 SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
 LOST = -1  # a node that ended without an exit status (a dropped connection, a removed container)
 POLL_S = 0.2  # the loop wakes this often so that Ctrl-C gets through
@@ -42,6 +43,9 @@ POLL_S = 0.2  # the loop wakes this often so that Ctrl-C gets through
 # see TORCHRUN_PREFIX_FLAG): the global rank, parsed back into ddpkit's prefix.
 TORCHRUN_PREFIX_FLAG = "--log-line-prefix-template=[rank${rank}]:"
 _TORCHRUN_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+# The first line of torchrun's report on a failed worker; the traceback and
+# the ChildFailedError box after it say nothing the worker's own lines do not.
+_TORCHRUN_FAILED = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode")
 
 
 class NodeHandle(Protocol):
@@ -130,8 +134,14 @@ class LinePrinter:
             self.console.print(Text.assemble((prefix, STYLES[node.index % len(STYLES)]), body), soft_wrap=True)
 
     def tail(self, node: NodeHandle) -> list[str]:
+        """The node's last lines; when torchrun reported a failed worker,
+        the worker's last lines and the report's first line."""
         with self._lock:
-            return list(self.tails.get(node.index, ()))
+            lines = list(self.tails.get(node.index, ()))
+        for at in range(len(lines) - 1, -1, -1):
+            if _TORCHRUN_FAILED.search(lines[at]):
+                return lines[:at + 1]
+        return lines
 
 
 @dataclass
@@ -244,17 +254,21 @@ class Supervisor:
             table.add_column(column, overflow="fold")
         for node in self.nodes:
             status = self.status(node, outcome)
-            table.add_row(f"node{node.index}", _code_text(node.exit_code()),
-                          Text(status.value, style=STATUS_STYLE[status]), node.host, self._failure_cell(node, outcome))
+            table.add_row(Text(f"node{node.index}"), Text(_code_text(node.exit_code())),
+                          Text(status.value, style=STATUS_STYLE[status]), Text(node.host),
+                          self._failure_cell(node, outcome))
         self.console.print(table)
         for problem in outcome.problems:
-            self.console.print(f"teardown problem: {problem}", markup=False)
+            self.console.print(Text(f"teardown problem: {problem}"))
         self.console.print(Text(self.closing_line(outcome, text), style="bold red" if outcome.code else "green"))
 
-    def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> str:
+    def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> Text:
+        from rich.text import Text
+
         if node is not outcome.first_failure:
-            return ""
-        return "\n".join([self.reason(node), *self.printer.tail(node)[-SUMMARY_LINES:]])
+            return Text("")
+        # Text, not markup: log lines hold brackets (our own prefix, for one).
+        return Text("\n".join([self.reason(node), *self.printer.tail(node)[-SUMMARY_LINES:]]))
 
     def reason(self, node: NodeHandle) -> str:
         code = node.exit_code()
