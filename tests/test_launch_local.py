@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -30,7 +31,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def parse(*argv: str):
+def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["launch", "local", *argv])
 
 
