@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -50,7 +51,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def step_fn(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+def step_fn(model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
+            device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], None]:
     criterion = nn.CrossEntropyLoss()
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" \
         else contextlib.nullcontext
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(rank)
     channels_last = a.variant.endswith("channels_last")
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = build_model(a.model, a.num_classes, a.image_size).to(device, memory_format=fmt)
+    model = build_model(a.model, a.num_classes, a.image_size).to(device, memory_format=fmt)  # type: ignore[call-overload]  # torch's stubs lack this accepted combination
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     x = torch.randn(a.batch_size, 3, a.image_size, a.image_size, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, a.num_classes, (a.batch_size,), device=device)

@@ -164,3 +164,11 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
+
+
+def write_mark(path: Path, text: str) -> None:
+    """Write a mark another process polls for: a temp file renamed into
+    place, so a reader that sees the name always reads the whole content."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

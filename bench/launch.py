@@ -66,8 +66,10 @@ TITLES = {"start": "start: command -> every rank running (s); ratio = method / p
 FAKE_PYTHON = """#!/bin/sh
 if [ "$1" = "-c" ]; then echo 2.15.0; exit 0; fi
 host=$(hostname)
-date +%s.%N > "$MARKS/$host"
-if [ "$host" = "${FAIL_HOST:-}" ]; then sleep 1; date +%s.%N > "$MARKS/failed"; exit 1; fi
+# Marks are polled by the bench: write a temp file, then rename it into place.
+mark() { date +%s.%N > "$MARKS/.$1.$$" && mv -f "$MARKS/.$1.$$" "$MARKS/$1"; }
+mark "$host"
+if [ "$host" = "${FAIL_HOST:-}" ]; then sleep 1; mark failed; exit 1; fi
 exec sleep "$HOLD"
 """
 
@@ -81,10 +83,16 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 model = DDP(torch.nn.Linear(64, 64))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-open(os.path.join(os.environ["MARKS"], f"rank{rank}"), "w").write(repr(time.time()))
+def mark(name):
+    # the bench polls for this file: write a temp file and rename it into place
+    path = os.path.join(os.environ["MARKS"], name)
+    with open(f"{path}.{os.getpid()}.tmp", "w") as out:
+        out.write(repr(time.time()))
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
+mark(f"rank{rank}")
 for step in range(100000):
     if rank == int(os.environ["FAIL_RANK"]) and step == 20:
-        open(os.path.join(os.environ["MARKS"], "failed"), "w").write(repr(time.time()))
+        mark("failed")
         sys.exit(1)
     opt.zero_grad()
     model(torch.randn(8, 64)).sum().backward()
@@ -254,7 +262,7 @@ def cut_off_when_training(host: netns.Host, marks: Path, n: int) -> None:
     wait_marks(marks, {f"rank{r}" for r in range(n)}, timeout=120)
     time.sleep(1.0)
     host.run(["ip", "link", "set", host.ifname, "down"], check=True)
-    (marks / "failed").write_text(repr(time.time()))
+    common.write_mark(marks / "failed", repr(time.time()))
 
 
 def wait_marks(marks: Path, names: set[str], timeout: float) -> dict[str, float] | None:
@@ -262,7 +270,6 @@ def wait_marks(marks: Path, names: set[str], timeout: float) -> dict[str, float]
     while time.time() < deadline:
         have = {p.name for p in marks.iterdir() if p.name in names}
         if have == names:
-            time.sleep(0.05)  # a stamp is written in one go, but let the last one land
             return {name: float((marks / name).read_text()) for name in names}
         time.sleep(0.02)
     return None

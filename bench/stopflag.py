@@ -30,6 +30,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch  # imported inside the workers only: the parent never needs it
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("none", "blocking", "pipelined", "own group")

@@ -101,7 +101,7 @@ def _wait_running(docker: Docker, count: int) -> None:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker) -> None:
+def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker) -> None:  # noqa: F811  (the imported fixture)
     proc = _launch(docker_daemon, 2, *TINY)
     out, _ = proc.communicate(timeout=500)
     assert proc.returncode == 0, out
@@ -116,7 +116,7 @@ def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker)
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_launch_docker_fails_fast_when_one_container_dies(docker_daemon: Docker) -> None:
+def test_launch_docker_fails_fast_when_one_container_dies(docker_daemon: Docker) -> None:  # noqa: F811  (the imported fixture)
     # A long job; node1 is killed from outside once both run: node0 would
     # otherwise wait in its next collective for the full timeout.
     proc = _launch(docker_daemon, 2, *LONG)
@@ -139,7 +139,7 @@ def test_launch_docker_fails_fast_when_one_container_dies(docker_daemon: Docker)
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_launch_docker_ctrl_c_removes_everything(docker_daemon: Docker) -> None:
+def test_launch_docker_ctrl_c_removes_everything(docker_daemon: Docker) -> None:  # noqa: F811  (the imported fixture)
     proc = _launch(docker_daemon, 2, *LONG)
     try:
         _wait_running(docker_daemon, 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -30,7 +31,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def parse(*argv: str):
+def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["launch", "local", *argv])
 
 
@@ -73,10 +74,10 @@ def test_two_nodes_two_processes_rank_report() -> None:
     assert {r["launcher"] for r in rows.values()} == {"torchrun"}
     assert {r["interface"] for r in rows.values()} == {"lo"}  # auto, master 127.0.0.1
     for line in res.stdout.splitlines():  # each line comes from the node that owns the rank
-        m = re.match(r"\[node(\d)\] \[default\d\]:REPORT-OK rank=(\d)", line)
-        if m:
-            assert int(m.group(1)) == int(m.group(2)) // 2
-    assert "[node0] [default0]:rank report: 4 processes" in res.stdout
+        m = re.match(r"\[node(\d) rank(\d)\] REPORT-OK rank=(\d)", line)
+        if m:  # one prefix, node and rank, and both right
+            assert int(m.group(1)) == int(m.group(3)) // 2 and m.group(2) == m.group(3)
+    assert "[node0 rank0] rank report: 4 processes" in res.stdout
     assert re.search(r"node1\s*│\s*0\s*│\s*ok", res.stdout)
 
 
@@ -96,7 +97,7 @@ def test_fail_fast_stops_the_other_nodes(tmp_path: Path) -> None:
     assert res.returncode == 1, res.stdout + res.stderr
     assert "launch local: node1 exited with code 1; stopped the other nodes" in res.stdout
     assert re.search(r"node0\s*│\s*\S+\s*│\s*stopped", res.stdout)
-    pids = [int(p) for p in re.findall(r"\[node0\] \[default\d\]:STARTED node=0 local=\d pid=(\d+)", res.stdout)]
+    pids = [int(p) for p in re.findall(r"\[node0 rank\d\] STARTED node=0 local=\d pid=(\d+)", res.stdout)]
     assert len(pids) == 2 and all(_gone(p) for p in pids)
 
 
@@ -143,7 +144,7 @@ def test_ddpkit_env_under_real_torchrun_agents() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     seen = {}
     for line in res.stdout.splitlines():
-        m = re.match(r"\[node(\d)\] \[default0\]:(\{.*\})$", line)
+        m = re.match(r"\[node(\d) rank\d\] (\{.*\})$", line)
         if m:
             seen[int(m.group(1))] = json.loads(m.group(2))
     assert sorted(seen) == [0, 1]

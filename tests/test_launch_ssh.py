@@ -44,8 +44,11 @@ runpy.run_module("ddpkit.train", run_name="__main__", alter_sys=True)
 """
 
 
+Cluster = tuple[netns.Network, sshd.SshHosts]
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[netns.Network, sshd.SshHosts]]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("sshhosts")
     # node3 names its NIC differently, so a spec naming eth0 is wrong there.
     with netns.Network(["login", *NODES], prefix=f"dks{os.getpid() % 10000}",
@@ -135,7 +138,7 @@ def assert_all_gone_within_10s(folder: Path, mark: Path) -> None:
 def wait_ranks_running(proc: subprocess.Popen[str], count: int) -> None:
     """Read the launcher's output until `count` stand-in ranks say they run."""
     assert proc.stdout is not None
-    running = set()
+    running: set[str] = set()
     while len(running) < count:
         line = proc.stdout.readline()
         assert line, "launcher ended before every rank ran"
@@ -143,7 +146,7 @@ def wait_ranks_running(proc: subprocess.Popen[str], count: int) -> None:
             running.add(line.split("]")[0])
 
 
-def test_three_node_job_runs_in_hostfile_order(cluster, tmp_path: Path) -> None:
+def test_three_node_job_runs_in_hostfile_order(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job = write_job(tmp_path, "e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
     out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net))
@@ -156,7 +159,7 @@ def test_three_node_job_runs_in_hostfile_order(cluster, tmp_path: Path) -> None:
     assert job_processes(str(tmp_path)) == []
 
 
-def test_failing_node_stops_every_host(cluster, tmp_path: Path) -> None:
+def test_failing_node_stops_every_host(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job, mark = failing_job(tmp_path, "failfast", fail_node=1)
     out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net))
@@ -168,9 +171,11 @@ def test_failing_node_stops_every_host(cluster, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("case", ["unreachable", "refused key", "changed host key", "unknown host key",
                                   "missing interface", "master port in use", "missing workdir"])
-def test_preflight_refuses_and_starts_nothing(cluster, tmp_path: Path, case: str) -> None:
+def test_preflight_refuses_and_starts_nothing(cluster: Cluster, tmp_path: Path, case: str) -> None:
     net, hosts = cluster
-    extra, flags, addrs = {}, [], None
+    extra: dict[str, object] = {}
+    flags: list[str] = []
+    addrs: list[str] | None = None
     listener = None
     expected_check, expected_node = {
         "unreachable": ("unreachable", 2), "refused key": ("auth refused", 0),
@@ -226,7 +231,7 @@ def test_preflight_refuses_and_starts_nothing(cluster, tmp_path: Path, case: str
         assert "ssh-keygen -f" in table and "-R" in table
 
 
-def test_rendered_bash_launcher_runs_the_same_job(cluster, tmp_path: Path) -> None:
+def test_rendered_bash_launcher_runs_the_same_job(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job = write_job(tmp_path, "bash-e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
     hosts_list = ",".join(net[n].addr for n in NODES)
@@ -240,7 +245,7 @@ def test_rendered_bash_launcher_runs_the_same_job(cluster, tmp_path: Path) -> No
     assert job_processes(str(tmp_path)) == []
 
 
-def test_rendered_bash_launcher_fails_fast(cluster, tmp_path: Path) -> None:
+def test_rendered_bash_launcher_fails_fast(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job, mark = failing_job(tmp_path, "bash-ff", fail_node=2)
     rendered = tmp_path / "rendered"
@@ -253,7 +258,7 @@ def test_rendered_bash_launcher_fails_fast(cluster, tmp_path: Path) -> None:
     assert f"node 2 ({net['node3'].addr}) failed first with exit status 1" in out.stderr
 
 
-def test_proxyjump_goes_through_the_jump_host(cluster, tmp_path: Path) -> None:
+def test_proxyjump_goes_through_the_jump_host(cluster: Cluster, tmp_path: Path) -> None:
     """ssh_config ProxyJump is honoured: node3 is reached through node1's sshd,
     so node3 sees the connection coming from node1's address."""
     net, hosts = cluster
@@ -399,7 +404,7 @@ def _as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
+def test_ctrl_c_stops_every_node(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     fake = tmp_path / "python"
     fake.write_text(STAND_IN_PYTHON)
@@ -417,7 +422,7 @@ def test_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
     assert job_processes(str(tmp_path)) == []
 
 
-def test_accept_new_host_keys_records_the_key(cluster, tmp_path: Path) -> None:
+def test_accept_new_host_keys_records_the_key(cluster: Cluster, tmp_path: Path) -> None:
     """An unknown host is refused by default (see the preflight cases) and
     accepted, and written to known_hosts, only when asked."""
     net, hosts = cluster
@@ -435,7 +440,7 @@ def test_accept_new_host_keys_records_the_key(cluster, tmp_path: Path) -> None:
     assert f"{net['node3'].addr} ssh-ed25519 {node3_key}" in known.read_text()
 
 
-def test_rendered_bash_launcher_ctrl_c_stops_every_node(cluster, tmp_path: Path) -> None:
+def test_rendered_bash_launcher_ctrl_c_stops_every_node(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     fake = tmp_path / "python"
     fake.write_text(STAND_IN_PYTHON)

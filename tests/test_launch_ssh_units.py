@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddpkit.launch.hostfile import HostEntry, load_hosts, parse_hostfile
+from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, build_spec
 from ddpkit.targets import sshnode as remote
 
@@ -34,7 +35,7 @@ def live_in_group(pgid: int) -> list[str]:
     return [ln for ln in out.splitlines() if ln.split()[0] == str(pgid) and not ln.split()[1].startswith("Z")]
 
 
-def spec(**fields: object):
+def spec(**fields: object) -> JobSpec:
     return build_spec({"name": "unit", **fields})
 
 
@@ -79,7 +80,7 @@ def test_missing_hostfile_is_a_spec_error(tmp_path: Path) -> None:
 
 # ---- remote command quoting ------------------------------------------------
 
-HOSTILE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+HOSTILE = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=40)
 SEEDS = ["$(touch CANARY)", "`touch CANARY`", "'; touch CANARY; '", "\"$HOME\"\n-rf", "-- --node-rank=7", "é ü 日本"]
 
 

@@ -29,6 +29,7 @@ time.sleep(300)
 def _start_agent(tmp: Path) -> tuple[subprocess.Popen[str], int]:
     agent = subprocess.Popen([sys.executable, "-c", AGENT], stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
+    assert agent.stdout is not None
     worker = int(agent.stdout.readline())
     assert worker in proctree.descendants(agent.pid)
     return agent, worker

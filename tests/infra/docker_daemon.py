@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,7 +122,7 @@ _SESSION: Docker | None = None
 
 
 @pytest.fixture(scope="session")
-def docker_daemon() -> Docker:
+def docker_daemon() -> Iterator[Docker]:
     """A running daemon (started here if need be) with the CPU image built.
     Cached in a module global: test modules import this fixture by name."""
     global _SESSION

@@ -1,16 +1,17 @@
 """Opening verified SSH connections with paramiko, the way `ssh` would.
 
 ~/.ssh/config is honoured (Host, HostName, User, Port, IdentityFile,
-ProxyJump, UserKnownHostsFile); host keys are checked against known_hosts and
-an unknown or changed key is refused with the command that fixes it, unless
-the user explicitly accepts new keys. Errors are `ConnectError`s whose text is
-the one line a person needs.
+ProxyJump, UserKnownHostsFile, StrictHostKeyChecking); host keys are checked
+as OpenSSH checks them (see hostkeys): by default an unknown or changed key
+is refused with the command that fixes it. Errors are `ConnectError`s whose
+text is the one line a person needs.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +19,9 @@ from pathlib import Path
 import paramiko
 
 from .hostfile import HostEntry, parse_host
+from .hostkeys import Action, Checking, HostKeyPolicy, KeyState, changed_fix, policy_from, unknown_fix
 
 DEFAULT_CONFIG = Path("~/.ssh/config")
-DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 
 
 class ConnectError(Exception):
@@ -73,11 +74,9 @@ class SshSettings:
             self._config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
         return self._config
 
-    def known_hosts_path(self, options: dict) -> Path:
-        if self.known_hosts is not None:
-            return self.known_hosts.expanduser()
-        configured = options.get("userknownhostsfile")
-        return Path(configured.split()[0] if configured else DEFAULT_KNOWN_HOSTS).expanduser()
+    def host_key_policy(self, alias: str) -> HostKeyPolicy:
+        return policy_from(self.config.lookup(alias), known_hosts=self.known_hosts,
+                           accept_new=self.accept_new_host_keys)
 
 
 def _local_user() -> str:
@@ -116,27 +115,58 @@ def endpoint_for(entry: HostEntry, settings: SshSettings) -> Endpoint:
     return resolve(entry.host, settings, user=entry.user, port=entry.port)
 
 
-class _VerifyPolicy(paramiko.MissingHostKeyPolicy):
-    """Unknown key: refuse with the fix, or record it when the user asked."""
+def _key_state(known: paramiko.HostKeys, name: str, key: paramiko.PKey) -> KeyState:
+    entry = known.lookup(name)
+    if entry is None:
+        return KeyState.UNKNOWN
+    return KeyState.KNOWN if entry.get(key.get_name()) == key else KeyState.CHANGED
 
-    def __init__(self, endpoint: Endpoint, settings: SshSettings, path: Path):
-        self.endpoint, self.settings, self.path = endpoint, settings, path
+
+class _VerifyPolicy(paramiko.MissingHostKeyPolicy):
+    """Called for every key paramiko's client does not know; decides with
+    the host's HostKeyPolicy (with `no`, the client knows no key, so a
+    changed key comes here too and only earns a warning)."""
+
+    def __init__(self, endpoint: Endpoint, settings: SshSettings, policy: HostKeyPolicy, known: paramiko.HostKeys):
+        self.endpoint, self.settings, self.policy, self.known = endpoint, settings, policy, known
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self.settings.accept_new_host_keys:
+        state = _key_state(self.known, self.endpoint.known_hosts_name, key)
+        action = self.policy.action(state)
+        if action is Action.REFUSE:
             raise ConnectError(
                 "host key unknown",
-                f"{self.endpoint}: host key unknown ({key.get_name()}); check it, then run: "
-                f"ssh-keyscan -p {self.endpoint.port} {shlex.quote(self.endpoint.hostname)} >> "
-                f"{shlex.quote(str(self.path))}   (or pass --accept-new-host-keys)",
+                f"{self.endpoint}: host key unknown ({key.get_name()}); "
+                f"{unknown_fix(self.policy, self.endpoint.hostname, self.endpoint.port)}",
             )
+        if action is Action.WARN:
+            what = "CHANGED, possible man-in-the-middle" if state is KeyState.CHANGED else "not verified"
+            print(f"ddpkit: warning: {self.endpoint}: host key {key.get_name()} {key.fingerprint} {what}; "
+                  "connecting because ssh_config says StrictHostKeyChecking no", file=sys.stderr, flush=True)
+        if state is KeyState.UNKNOWN and action is not Action.CONNECT:
+            self._record(key)
+
+    def _record(self, key: paramiko.PKey) -> None:
+        path = self.policy.record_to
+        if path is None:  # /dev/null: nothing is kept, as with ssh
+            return
         with self.settings._lock:  # several hosts may add keys at once
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as out:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as out:
                 out.write(f"{self.endpoint.known_hosts_name} {key.get_name()} {key.get_base64()}\n")
 
 
-def _open_socket(endpoint: Endpoint, settings: SshSettings, opened: list[paramiko.SSHClient]) -> object:
+def _known_keys(policy: HostKeyPolicy) -> paramiko.HostKeys:
+    """Every key in the policy's files (ssh reads them all)."""
+    known = paramiko.HostKeys()
+    for path in policy.files:
+        if path.is_file():
+            known.load(str(path))
+    return known
+
+
+def _open_socket(endpoint: Endpoint, settings: SshSettings,
+                 opened: list[paramiko.SSHClient]) -> paramiko.Channel | None:
     if endpoint.jump is None:
         return None
     jump_client = connect(endpoint.jump, settings, _opened=opened)
@@ -152,17 +182,21 @@ def _open_socket(endpoint: Endpoint, settings: SshSettings, opened: list[paramik
 def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list | None = None) -> paramiko.SSHClient:
     """A connected, host-key-verified client (jump hosts stay open with it)."""
     opened: list[paramiko.SSHClient] = [] if _opened is None else _opened
-    options = settings.config.lookup(endpoint.alias)
-    path = settings.known_hosts_path(options)
+    policy = settings.host_key_policy(endpoint.alias)
+    known = _known_keys(policy)
     client = paramiko.SSHClient()
-    if path.is_file():
-        client.load_host_keys(str(path))
-    client.set_missing_host_key_policy(_VerifyPolicy(endpoint, settings, path))
+    if policy.checking is not Checking.NO:  # paramiko then refuses a changed key itself
+        for name, keys in known.items():
+            for key_type, key in keys.items():
+                client.get_host_keys().add(name, key_type, key)
+    client.set_missing_host_key_policy(_VerifyPolicy(endpoint, settings, policy, known))
     try:
         sock = _open_socket(endpoint, settings, opened)
         client.connect(
             endpoint.hostname, port=endpoint.port, username=endpoint.user,
-            key_filename=list(endpoint.identity_files) or None, timeout=settings.timeout_s,
+            # paramiko takes a list here too (its stubs say str only)
+            key_filename=list(endpoint.identity_files) or None,  # type: ignore[arg-type]
+            timeout=settings.timeout_s,
             banner_timeout=settings.timeout_s, auth_timeout=settings.timeout_s, sock=sock,
         )
     except ConnectError:
@@ -172,9 +206,8 @@ def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list | None =
         client.close()
         raise ConnectError(
             "host key changed",
-            f"{endpoint}: host key CHANGED ({exc.key.get_name()}), possible man-in-the-middle; if the host was "
-            f"reinstalled, run: ssh-keygen -f {shlex.quote(str(path))} -R "
-            f"{shlex.quote(endpoint.known_hosts_name)}  and add the new key",
+            f"{endpoint}: host key CHANGED ({exc.key.get_name()}), possible man-in-the-middle; "
+            f"{changed_fix(policy, endpoint.known_hosts_name)}",
         ) from None
     except paramiko.AuthenticationException as exc:
         client.close()

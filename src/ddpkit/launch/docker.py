@@ -3,7 +3,7 @@
 Same rank contract as docker compose (contract.torchrun_argv with
 Target.COMPOSE sources): container i is reachable as `node<i>` on a
 user-defined network made for this run, gets DDPKIT_NODE_RANK=i, and node0
-hosts the rendezvous. Output is streamed live with a `[nodeI]` prefix. Fail
+hosts the rendezvous. Output is streamed live with a `[nodeI]` prefix (see supervisor). Fail
 fast: the first container that exits non-zero stops the others; every
 container and the network are removed at the end, after Ctrl-C too.
 """
@@ -11,28 +11,27 @@ container and the network are removed at the end, after Ctrl-C too.
 from __future__ import annotations
 
 import argparse
-import queue
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .. import envnames
 from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
 from ..exitcodes import ExitCode
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from .interrupt import interrupts_raise
-
-EXIT_BAD_INPUT = ExitCode.BAD_INPUT
+from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor
 
 if TYPE_CHECKING:
-    import docker
+    from docker.client import DockerClient
     from docker.models.containers import Container
 
 LABEL_JOB = "io.ddpkit.job"
 LABEL_RUN = "io.ddpkit.run"
-STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 
 
 @dataclass(frozen=True)
@@ -47,11 +46,72 @@ class NodePlan:
 
 @dataclass
 class NodeRun:
+    """One container acting as one node (a NodeHandle, see supervisor)."""
+
     plan: NodePlan
     container: Container | None = None
     status: int | None = None
-    stopped_by_us: bool = False
     pump: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def index(self) -> int:
+        return self.plan.index
+
+    @property
+    def host(self) -> str:
+        return self.plan.hostname
+
+    @property
+    def label(self) -> str:
+        return f"node{self.plan.index}"
+
+    def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
+        assert self.container is not None  # created by DockerLaunch, with its network
+        self.container.start()
+        self.pump = threading.Thread(target=self._pump, args=(printer,), daemon=True)
+        self.pump.start()
+        threading.Thread(target=self._wait, args=(exited,), daemon=True).start()
+
+    def _pump(self, printer: LinePrinter) -> None:
+        assert self.container is not None
+        pending = b""
+        for chunk in self.container.logs(stream=True, follow=True):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                printer.line(self, raw.decode("utf-8", "replace").rstrip("\r"))
+        if pending:
+            printer.line(self, pending.decode("utf-8", "replace"))
+
+    def _wait(self, exited: Callable[[], None]) -> None:
+        import docker.errors
+
+        assert self.container is not None and self.pump is not None
+        try:
+            self.status = int(self.container.wait()["StatusCode"])
+        except docker.errors.APIError:
+            self.status = LOST  # removed under us: count as a failure
+        self.pump.join(timeout=2)  # its last lines first
+        exited()
+
+    def exit_code(self) -> int | None:
+        return self.status
+
+    def lost_reason(self) -> str:
+        return "the container was removed while it ran"
+
+    def stop(self, grace_s: float) -> str | None:
+        import docker.errors
+
+        if self.container is None or self.status is not None:
+            return None
+        try:
+            self.container.stop(timeout=int(grace_s))
+        except docker.errors.APIError:
+            pass  # gone already: remove() cleans up
+        if self.pump is not None:
+            self.pump.join(timeout=5)
+        return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +134,7 @@ def docker_spec(args: argparse.Namespace) -> JobSpec:
 
 def plan(spec: JobSpec) -> list[NodePlan]:
     argv = torchrun_argv(spec, sources(spec, Target.COMPOSE))
-    base_env = job_env(spec) | {"PYTHONUNBUFFERED": "1"}
+    base_env = job_env(spec) | {envnames.PYTHONUNBUFFERED: "1"}
     plans = []
     for index, host in enumerate(hosts_for(spec, Target.COMPOSE)):
         injected = controller_env(spec, Target.COMPOSE, index)
@@ -90,7 +150,7 @@ def _gpu_requests(spec: JobSpec) -> list[object]:
     return [docker.types.DeviceRequest(count=spec.gpus_per_node, capabilities=[["gpu"]])]
 
 
-def _ensure_image(client: docker.DockerClient, image: str) -> str | None:
+def _ensure_image(client: DockerClient, image: str) -> str | None:
     """None when the image is here (pulled if need be), else why not."""
     import docker.errors
 
@@ -107,57 +167,23 @@ def _ensure_image(client: docker.DockerClient, image: str) -> str | None:
                 "build it (`make image-cpu IMAGE=...`) or set `image:` / --image")
 
 
-def _pump(run: NodeRun, console: object) -> None:
-    from rich.text import Text
-
-    assert run.container is not None
-    style = STYLES[run.plan.index % len(STYLES)]
-    pending = b""
-    for chunk in run.container.logs(stream=True, follow=True):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            console.print(Text.assemble((f"[node{run.plan.index}] ", style), line), soft_wrap=True)  # type: ignore[attr-defined]
-    if pending:
-        console.print(Text.assemble((f"[node{run.plan.index}] ", style), pending.decode("utf-8", "replace")))  # type: ignore[attr-defined]
-
-
-def _wait(run: NodeRun, events: queue.Queue[NodeRun]) -> None:
-    import docker.errors
-
-    assert run.container is not None
-    try:
-        run.status = int(run.container.wait()["StatusCode"])
-    except docker.errors.APIError:
-        run.status = -1  # removed under us: count as a failure
-    events.put(run)
-
-
 class DockerLaunch:
     """One run: its network, its containers, and their teardown."""
 
-    def __init__(self, client: docker.DockerClient, spec: JobSpec, shm_size: str, grace: int) -> None:
-        self.client, self.spec, self.shm_size, self.grace = client, spec, shm_size, grace
+    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str) -> None:
+        self.client, self.spec, self.shm_size = client, spec, shm_size
         self.run_id = uuid.uuid4().hex[:8]
         self.labels = {LABEL_JOB: spec.name, LABEL_RUN: self.run_id}
         self.network_name = f"ddpkit-{spec.name}-{self.run_id}"
         self.network = None
         self.runs: list[NodeRun] = []
 
-    def start(self, plans: list[NodePlan], console: object) -> queue.Queue[NodeRun]:
+    def create(self, plans: list[NodePlan]) -> list[NodeRun]:
+        """The network and one created (not started) container per node."""
         self.network = self.client.networks.create(self.network_name, driver="bridge", labels=self.labels)
-        events: queue.Queue[NodeRun] = queue.Queue()
         for p in plans:
-            run = NodeRun(p)
-            self.runs.append(run)
-            run.container = self._create(p)
-            run.container.start()
-        for run in self.runs:
-            run.pump = threading.Thread(target=_pump, args=(run, console), daemon=True)
-            run.pump.start()
-            threading.Thread(target=_wait, args=(run, events), daemon=True).start()
-        return events
+            self.runs.append(NodeRun(p, self._create(p)))
+        return self.runs
 
     def _create(self, p: NodePlan) -> Container:
         name = f"{self.network_name}-node{p.index}"
@@ -169,33 +195,6 @@ class DockerLaunch:
             self.spec.image, command=p.command, environment=p.environment, hostname=p.hostname,
             name=name, labels=self.labels, networking_config=config, host_config=host_config)
         return self.client.containers.get(created["Id"])
-
-    def supervise(self, events: queue.Queue[NodeRun]) -> NodeRun | None:
-        """Wait for every container; on the first non-zero exit stop the
-        rest and return that node. Polls so that Ctrl-C gets through."""
-        done = 0
-        while done < len(self.runs):
-            try:
-                run = events.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            done += 1
-            if run.status != 0:
-                self.stop()
-                return run
-        return None
-
-    def stop(self) -> None:
-        import docker.errors
-
-        for run in self.runs:
-            if run.container is None or run.status is not None:
-                continue
-            run.stopped_by_us = True
-            try:
-                run.container.stop(timeout=self.grace)
-            except docker.errors.APIError:
-                pass
 
     def remove(self) -> None:
         """Remove every container of this run and its network, whatever happened."""
@@ -213,63 +212,35 @@ class DockerLaunch:
                 pass
 
 
-def summary(console: object, runs: list[NodeRun], failed: NodeRun | None, interrupted: bool) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"launch docker: {len(runs)} nodes", title_justify="left")
-    for col in ("node", "exit code", "status"):
-        table.add_column(col)
-    for run in runs:
-        if run is failed:
-            status = "[red]failed first[/]"
-        elif run.stopped_by_us:
-            status = "[yellow]stopped[/]"
-        else:
-            status = "[green]ok[/]" if run.status == 0 else "[red]failed[/]"
-        table.add_row(f"node{run.plan.index}", str(run.status), status)
-    console.print(table)  # type: ignore[attr-defined]
-    if interrupted:
-        console.print("[yellow]launch docker: interrupted; stopped and removed all containers[/]")  # type: ignore[attr-defined]
-    elif failed is not None:
-        console.print(f"[bold red]launch docker: node{failed.plan.index} exited with code {failed.status}; "  # type: ignore[attr-defined]
-                      "stopped the other nodes[/]")
-
-
 def run(args: argparse.Namespace) -> int:
-    import docker
+    import docker.client
+    import docker.errors
     from rich.console import Console
 
     spec = docker_spec(args)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:
-        client = docker.from_env()
+        client = docker.client.DockerClient.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
         print(f"ddpkit launch docker: cannot reach the Docker daemon ({exc}); start dockerd or set DOCKER_HOST",
               file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     problem = _ensure_image(client, spec.image)
     if problem:
         print(f"ddpkit launch docker: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    launch = DockerLaunch(client, spec, args.shm_size, args.grace)
+        return ExitCode.BAD_INPUT
+    launch = DockerLaunch(client, spec, args.shm_size)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)
-    failed, interrupted = None, False
+    supervisor = Supervisor([], console, args.grace)
     try:
-        with interrupts_raise():
-            failed = launch.supervise(launch.start(plan(spec), console))
+        with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
+            supervisor.nodes = list(launch.create(plan(spec)))
+        outcome = supervisor.run()
     except KeyboardInterrupt:
-        interrupted = True
-        launch.stop()
+        outcome = Outcome(interrupted=True)
     finally:
-        for r in launch.runs:
-            if r.pump is not None:
-                r.pump.join(timeout=5)
         launch.remove()
-    summary(console, launch.runs, failed, interrupted)
-    if interrupted:
-        return 130
-    if failed is not None:
-        return failed.status or 1
-    return 0
+    supervisor.summary(outcome, RunText("launch docker", "interrupted; stopped and removed all containers"))
+    return outcome.code

@@ -3,7 +3,7 @@
 Each agent gets the launch line every per-node target runs
 (contract.torchrun_argv with Target.LOCAL sources: static rendezvous on
 127.0.0.1, node rank from DDPKIT_NODE_RANK), gloo on the CPU. Output is
-streamed live with a `[nodeI]` prefix. Fail fast: the first agent that exits
+streamed live with one `[nodeI rankR]` prefix (see supervisor). Fail fast: the first agent that exits
 non-zero stops the others (each agent leads its own process group, so its
 workers go too), and the run ends with a summary naming it.
 """
@@ -19,31 +19,89 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
 
+from .. import envnames
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from . import proctree
-from .interrupt import interrupts_raise
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
+from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, RunText, supervise
 
 
 @dataclass
 class Node:
+    """One torchrun agent acting as one node (a NodeHandle, see supervisor)."""
+
     index: int
     argv: list[str]
     env: dict[str, str]
+    host: str = ""
     proc: subprocess.Popen[bytes] | None = None
     pump: threading.Thread | None = None
-    returncode: int | None = None
-    stopped_by_us: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"node{self.index}"
+
+    def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pump = threading.Thread(target=self._pump, args=(printer,), daemon=True)
+        self.pump.start()
+        threading.Thread(target=self._wait, args=(exited,), daemon=True).start()
+
+    def _pump(self, printer: LinePrinter) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            printer.line(self, raw.decode("utf-8", "replace").rstrip("\n"))
+        self.proc.stdout.close()
+
+    def _wait(self, exited: Callable[[], None]) -> None:
+        assert self.proc is not None and self.pump is not None
+        self.proc.wait()
+        # Its last lines first; a worker the agent left behind may hold the
+        # pipe open, so do not wait for the end of the output for good.
+        self.pump.join(timeout=2)
+        exited()
+
+    def exit_code(self) -> int | None:
+        rc = None if self.proc is None else self.proc.poll()
+        return None if rc is None else (128 - rc if rc < 0 else rc)
+
+    def lost_reason(self) -> str:
+        return "the agent ended without an exit status"  # Popen always has one: never shown
+
+    def stop(self, grace_s: float) -> str | None:
+        """SIGTERM the agent's process group and its workers (which torchrun
+        puts in sessions of their own), SIGKILL what is left after `grace_s`."""
+        if self.proc is None:
+            return None
+        workers = proctree.descendants(self.proc.pid)
+        self._signal(signal.SIGTERM)
+        proctree.signal_all(workers, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.proc.wait()
+        while proctree.alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proctree.signal_all(proctree.alive(workers), signal.SIGKILL)
+        if self.pump is not None:
+            self.pump.join(timeout=5)
+        return None
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,115 +137,29 @@ def local_spec(args: argparse.Namespace) -> JobSpec:
 def with_tee(argv: list[str], log_dir: Path) -> list[str]:
     """torchrun --tee: each local rank's output goes through its own log
     file, so lines of two ranks never interleave, and carries a
-    `[default<local rank>]:` prefix."""
+    `[rank<global rank>]:` prefix that the supervisor's printer turns into
+    its own `[node<I> rank<R>]`."""
     at = argv.index("torch.distributed.run") + 1
-    return [*argv[:at], "--tee=3", f"--log-dir={log_dir}", *argv[at:]]
+    return [*argv[:at], "--tee=3", f"--log-dir={log_dir}", TORCHRUN_PREFIX_FLAG, *argv[at:]]
 
 
 def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
-    base = {**os.environ, **job_env(spec), "PYTHONUNBUFFERED": "1"}
+    base = {**os.environ, **job_env(spec), envnames.PYTHONUNBUFFERED: "1"}
     host = socket.gethostname()
     nodes = []
     for i in range(spec.nodes):
         # DDPKIT_HOSTNAME: N nodes share one machine, so each names itself
         # for the rank report's one-host-one-node check.
-        env = {**base, "DDPKIT_NODE_RANK": str(i), "DDPKIT_HOSTNAME": f"{host}-node{i}"}
-        nodes.append(Node(i, with_tee([a.resolve(env) for a in argv], log_root / f"node{i}"), env))
+        env = {**base, envnames.DDPKIT_NODE_RANK: str(i), envnames.DDPKIT_HOSTNAME: f"{host}-node{i}"}
+        nodes.append(Node(i, with_tee([a.resolve(env) for a in argv], log_root / f"node{i}"), env, f"{host}-node{i}"))
     return nodes
 
 
-def _pump(node: Node, stream: IO[bytes], console: Console) -> None:
-    from rich.text import Text
-
-    style = STYLES[node.index % len(STYLES)]
-    for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", "replace").rstrip("\n")
-        console.print(Text.assemble((f"[node{node.index}] ", style), line), soft_wrap=True)
-    stream.close()
-
-
-def start(node: Node, console: Console) -> None:
-    node.proc = subprocess.Popen(node.argv, env=node.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    node.pump = threading.Thread(target=_pump, args=(node, node.proc.stdout, console), daemon=True)
-    node.pump.start()
-
-
-def _signal(node: Node, sig: int) -> None:
-    if node.proc is None or node.proc.poll() is not None:
-        return
-    try:
-        os.killpg(node.proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def stop(nodes: list[Node], grace: float) -> None:
-    """SIGTERM every running agent's process group and its workers (which
-    torchrun puts in sessions of their own), SIGKILL what is left after `grace`."""
-    running = [n for n in nodes if n.proc is not None and n.proc.poll() is None]
-    workers = [pid for node in running for pid in proctree.descendants(node.proc.pid)]
-    for node in running:
-        node.stopped_by_us = True
-        _signal(node, signal.SIGTERM)
-    proctree.signal_all(workers, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for node in running:
-        try:
-            node.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal(node, signal.SIGKILL)
-            node.proc.wait()
-    while proctree.alive(workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    proctree.signal_all(proctree.alive(workers), signal.SIGKILL)
-
-
-def supervise(nodes: list[Node], grace: float) -> Node | None:
-    """Wait for all agents; on the first non-zero exit stop the rest and
-    return that node."""
-    while True:
-        running = False
-        for node in nodes:
-            assert node.proc is not None
-            rc = node.proc.poll()
-            if rc is None:
-                running = True
-            elif rc != 0:
-                stop(nodes, grace)
-                return node
-        if not running:
-            return None
-        time.sleep(0.1)
-
-
-def exit_code(rc: int) -> int:
-    return 128 - rc if rc < 0 else rc
-
-
-def summary(console: Console, nodes: list[Node], failed: Node | None, elapsed: float, interrupted: bool) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"launch local: {len(nodes)} nodes, {elapsed:.1f}s", title_justify="left")
-    for col in ("node", "exit code", "status"):
-        table.add_column(col)
+    """Stop these agents and their workers, outside a supervised run."""
     for node in nodes:
-        rc = node.proc.returncode if node.proc is not None else None
-        if node is failed:
-            status = "[red]failed first[/]"
-        elif node.stopped_by_us:
-            status = "[yellow]stopped[/]"
-        else:
-            status = "[green]ok[/]" if rc == 0 else "[red]failed[/]"
-        table.add_row(f"node{node.index}", str(rc), status)
-    console.print(table)
-    if interrupted:
-        console.print("[yellow]launch local: interrupted; stopped all nodes[/]")
-    elif failed is not None:
-        assert failed.proc is not None
-        console.print(f"[bold red]launch local: node{failed.index} exited with code "
-                      f"{exit_code(failed.proc.returncode)}; stopped the other nodes[/]")
+        node.stop(grace)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,23 +175,4 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     console.print(f"launch local: {spec.nodes} nodes x {spec.nproc_per_node} processes, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
-    began = time.monotonic()
-    failed, interrupted = None, False
-    try:
-        with interrupts_raise():
-            for node in nodes:
-                start(node, console)
-            failed = supervise(nodes, grace)
-    except KeyboardInterrupt:
-        interrupted = True
-        stop(nodes, grace)
-    for node in nodes:
-        if node.pump is not None:
-            node.pump.join(timeout=5)
-    summary(console, nodes, failed, time.monotonic() - began, interrupted)
-    if interrupted:
-        return 130
-    if failed is not None:
-        assert failed.proc is not None
-        return exit_code(failed.proc.returncode) or 1
-    return 0
+    return supervise(nodes, console, grace, RunText("launch local", "interrupted; stopped all nodes"))

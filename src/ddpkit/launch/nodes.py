@@ -1,17 +1,15 @@
 """One running node of an SSH launch: its channel, output, log and teardown.
 
-Each node streams on its own thread; the launcher only learns "node i
-ended with status s" through a queue, so one slow or dead host never holds
-up the others.
+A NodeRun is the SSH launcher's NodeHandle (see supervisor). Each node
+streams on its own thread and tells the supervisor when it ended, so one
+slow or dead host never holds up the others.
 """
 
 from __future__ import annotations
 
-import queue
 import re
-import sys
 import threading
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -22,10 +20,9 @@ from ..targets.sshnode import NodeCommand, parse_pgid
 from .alive import Heartbeat
 from .conn import ConnectError, Endpoint, SshSettings, close, connect
 from .preflight import GO
+from .supervisor import LOST, LinePrinter
 
-DROPPED = -1  # paramiko's exit status when a channel closes without one
-TAIL_LINES = 20
-_OUTPUT_LOCK = threading.Lock()
+DROPPED = LOST  # paramiko's exit status when a channel closes without one
 
 
 @dataclass
@@ -39,28 +36,38 @@ class NodeRun:
     stream: paramiko.ChannelFile
     settings: SshSettings
     log_path: Path
-    out: TextIO = sys.stdout
     pgid: int | None = None
     status: int | None = None
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     started: threading.Event = field(default_factory=threading.Event)
+    _printer: LinePrinter | None = None
+    _went: bool = False  # GO was sent: there is something to stop
     _thread: threading.Thread | None = None
     _heartbeat: Heartbeat | None = None
+
+    @property
+    def index(self) -> int:
+        return self.rank
+
+    @property
+    def host(self) -> str:
+        return self.endpoint.alias
 
     @property
     def label(self) -> str:
         return f"node{self.rank} {self.endpoint.alias}"
 
-    def start(self, events: queue.Queue[NodeRun]) -> None:
+    def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
+        self._printer = printer
         try:
             self.channel.sendall(GO)
         except (OSError, paramiko.SSHException) as exc:
-            self.tail.append(f"ddpkit: could not start: {exc}")
+            printer.line(self, f"ddpkit: could not start: {exc}")
             self.status = DROPPED
             self.started.set()
-            events.put(self)
+            exited()
             return
-        self._thread = threading.Thread(target=self._pump, args=(events,), name=self.label, daemon=True)
+        self._went = True
+        self._thread = threading.Thread(target=self._pump, args=(exited,), name=self.label, daemon=True)
         self._thread.start()
         transport = self.client.get_transport()
         if transport is not None:
@@ -68,7 +75,7 @@ class NodeRun:
                                         self.label)
             self._heartbeat.start()
 
-    def _pump(self, events: queue.Queue[NodeRun]) -> None:
+    def _pump(self, exited: Callable[[], None]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w", encoding="utf-8") as log:
             try:
@@ -80,7 +87,13 @@ class NodeRun:
             if self.status == DROPPED:
                 self._line(f"ddpkit: {self.drop_reason}", log)
         self.started.set()
-        events.put(self)
+        exited()
+
+    def exit_code(self) -> int | None:
+        return self.status
+
+    def lost_reason(self) -> str:
+        return self.drop_reason
 
     @property
     def drop_reason(self) -> str:
@@ -97,14 +110,20 @@ class NodeRun:
                 return
         log.write(line + "\n")
         log.flush()
-        self.tail.append(line)
-        with _OUTPUT_LOCK:
-            self.out.write(f"[{self.label}] {line}\n")
-            self.out.flush()
+        assert self._printer is not None
+        self._printer.line(self, line)
 
-    def stop(self) -> str | None:
-        """TERM the node's process group, KILL after the grace period. Uses
-        a fresh connection when this one has dropped. Returns a problem, if any."""
+    def stop(self, grace_s: float) -> str | None:
+        """TERM the node's process group, KILL after the grace period (the
+        stop script's, ssh.grace_s), then wait for its output to end. Uses a
+        fresh connection when this one has dropped. Returns a problem, if any."""
+        problem = self._stop_group()
+        self.join(grace_s + self.settings.timeout_s)
+        return problem
+
+    def _stop_group(self) -> str | None:
+        if not self._went:
+            return None
         self.started.wait(self.settings.timeout_s)
         if self.pgid is None:
             return None

@@ -126,7 +126,7 @@ def read_facts(facts: HostFacts, command: str, timeout: float) -> None:
     channel.settimeout(timeout)
     channel.exec_command(command)
     facts.channel, facts.stream = channel, channel.makefile("rb")
-    lines = []
+    lines: list[str] = []
     for raw in facts.stream:
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if line == READY:

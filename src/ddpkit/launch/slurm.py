@@ -59,13 +59,13 @@ class JobState:
 
     @property
     def exit_status(self) -> int:
-        """0 only for COMPLETED; otherwise the job's exit code, or 1."""
+        """0 only for COMPLETED; otherwise the job's exit code, 128+signal, or FAILED."""
         if self.state == "COMPLETED":
-            return 0
+            return ExitCode.OK
         code, _, sig = self.exit_code.partition(":")
         if code.isdigit() and int(code):
             return int(code)
-        return 128 + int(sig) if sig.isdigit() and int(sig) else 1
+        return 128 + int(sig) if sig.isdigit() and int(sig) else ExitCode.FAILED
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -143,7 +143,7 @@ def follow(job_id: int, spec: JobSpec) -> int:
             return state.exit_status
         if state is None:
             print(f"ddpkit: job {job_id} is unknown to scontrol and sacct", file=sys.stderr)
-            return 1
+            return ExitCode.FAILED
         time.sleep(POLL_S)
 
 
@@ -201,4 +201,4 @@ def run(args: argparse.Namespace) -> int:
     state = job_state(job_id)
     logs = state.stdout if state and state.stdout else str(script.parent / spec.slurm.output)
     print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
-    return follow(job_id, spec) if args.follow else 0
+    return follow(job_id, spec) if args.follow else ExitCode.OK

@@ -2,34 +2,30 @@
 
 hosts (hostfile or spec) -> ssh_config -> preflight on every host at once,
 each host then waiting on its open session -> every node told to go with its
-node rank (no second connection or login) -> output streamed with a
-`[nodeN host]` prefix and logged per node -> the first failure, a dropped
-connection or Ctrl-C stops every node (TERM, then KILL after ssh.grace_s).
+node rank (no second connection or login) -> the shared supervisor: output
+streamed with a `[nodeN host]` prefix and logged per node, the first failure,
+a dropped connection or Ctrl-C stops every node (TERM, then KILL after
+ssh.grace_s), and the summary table on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import queue
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from ..contract import Target, master_port
+from ..exitcodes import ExitCode
 from ..spec import JobSpec
 from ..targets.sshnode import NodeCommand, node_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
-from .interrupt import interrupts_raise
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, preflight, problem_table
-
-EXIT_FAILED = 1
-EXIT_PREFLIGHT = 3
-EXIT_INTERRUPTED = 130
+from .supervisor import RunText, Supervisor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,80 +86,35 @@ def print_dry_run(plan: Plan, out: TextIO) -> None:
         out.write(plan.command(rank).start + "\n")
 
 
-def start_all(plan: Plan, facts: list[HostFacts], settings: SshSettings,
-              events: queue.Queue[NodeRun]) -> list[NodeRun]:
+def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[NodeRun]:
     runs = []
     for f in facts:
         assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
         runs.append(NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
                             settings, plan.log_path(f.node)))
-    for run in runs:  # one write each: every host is already waiting
-        run.start(events)
     return runs
 
 
-def wait_first_failure(runs: list[NodeRun], events: queue.Queue[NodeRun]) -> NodeRun | None:
-    """Block until every node succeeded (None) or one failed (that node)."""
-    remaining = len(runs)
-    while remaining:
-        node = events.get()
-        remaining -= 1
-        if node.status != 0:
-            return node
-    return None
-
-
-def stop_all(runs: list[NodeRun], grace_s: float, timeout_s: float) -> list[str]:
-    with ThreadPoolExecutor(max_workers=min(64, len(runs))) as pool:
-        problems = [p for p in pool.map(lambda r: r.stop(), runs) if p]
-    for run in runs:
-        run.join(grace_s + timeout_s)
-    return problems
-
-
-def print_failure(first: NodeRun | None, interrupted: bool, problems: list[str]) -> None:
-    from rich.console import Console
-    from rich.panel import Panel
-    from rich.text import Text
-
-    if interrupted:
-        title = "interrupted: every node was stopped"
-        body = Text("Ctrl-C / SIGTERM received; all remote process groups were sent TERM, then KILL.")
-    else:
-        assert first is not None
-        reason = first.drop_reason if first.status == -1 else f"exit status {first.status}"
-        title = f"node {first.rank} ({first.endpoint.alias}) failed first: {reason}; every other node was stopped"
-        body = Text(f"last lines of {first.log_path}:\n" + "\n".join(first.tail))
-    for problem in problems:
-        body.append(f"\nteardown problem: {problem}")
-    Console(stderr=True).print(Panel(body, title=Text(title), border_style="red"))
-
-
 def launch(plan: Plan, settings: SshSettings) -> int:
+    from rich.console import Console
+
     t0 = time.monotonic()
     starts = [plan.command(rank).start for rank in range(len(plan.endpoints))]
     facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port, starts)
+    stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
     if problems:
-        from rich.console import Console
-
-        Console(stderr=True, width=160).print(problem_table(problems))
-        return EXIT_PREFLIGHT
+        stderr.print(problem_table(problems))
+        return ExitCode.PREFLIGHT
     print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
-    events: queue.Queue[NodeRun] = queue.Queue()
-    runs: list[NodeRun] = []
-    first, interrupted = None, False
+    runs = node_runs(plan, facts, settings)
+    # Node output on stdout, the summary on stderr (as the preflight's table).
+    stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr)
     try:
-        with interrupts_raise():
-            runs = start_all(plan, facts, settings, events)
-            first = wait_first_failure(runs, events)
-    except KeyboardInterrupt:
-        interrupted = True
-    try:
-        if first is None and not interrupted:
-            return 0
-        print_failure(first, interrupted, stop_all(runs, plan.spec.ssh.grace_s, settings.timeout_s))
-        return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
+        outcome = supervisor.run()  # every host is already waiting: GO is one write each
+        supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
+        return outcome.code
     finally:
         for run in runs:  # stops its keepalive, then closes its session and connection
             run.close()
@@ -178,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(spec, args, settings)
     if args.dry_run:
         print_dry_run(plan, sys.stdout)
-        return 0
+        return ExitCode.OK
     return launch(plan, settings)

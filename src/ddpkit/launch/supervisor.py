@@ -1,0 +1,303 @@
+"""One supervisor for every launcher ddpkit controls (local, docker, ssh).
+
+A launcher builds one `NodeHandle` per node (a torchrun agent, a container,
+an SSH session) and hands them to `supervise`. Everything else is here and
+only here: starting the nodes, the prefixed line printer, the loop that
+waits for events, fail-fast (the first node that fails stops every other
+node, each given `grace_s` to exit), Ctrl-C / SIGTERM (every node stopped),
+the end-of-run summary table and the exit code.
+
+The loop reads `Event`s from one queue. Nodes post `NodeExited`; anything
+else that may end a run (a hang watchdog, say) is an `EventSource` that
+posts `StopRequested` with its reason and exit code. docs/notes-launch.md
+has the checklist for adding a launcher or a source.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+from ..exitcodes import ExitCode
+from .interrupt import interrupts_raise
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
+TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
+SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
+LOST = -1  # a node that ended without an exit status (a dropped connection, a removed container)
+POLL_S = 0.2  # the loop wakes this often so that Ctrl-C gets through
+# What torchrun puts before each worker line (launchers pass this template,
+# see TORCHRUN_PREFIX_FLAG): the global rank, parsed back into ddpkit's prefix.
+TORCHRUN_PREFIX_FLAG = "--log-line-prefix-template=[rank${rank}]:"
+_TORCHRUN_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+# The first line of torchrun's report on a failed worker; the traceback and
+# the ChildFailedError box after it say nothing the worker's own lines do not.
+_TORCHRUN_FAILED = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode")
+
+
+class NodeHandle(Protocol):
+    """One node of a run, whatever carries it."""
+
+    @property
+    def index(self) -> int:
+        """The node rank."""
+
+    @property
+    def host(self) -> str:
+        """Where it runs, as the user knows the host."""
+
+    @property
+    def label(self) -> str:
+        """The node part of each output line's prefix, e.g. `node0` or `node0 10.0.0.2`."""
+
+    def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
+        """Start the node; send each output line to `printer.line(self, text)`
+        and call `exited()` once, from any thread, when it has ended."""
+
+    def exit_code(self) -> int | None:
+        """None while running; then its exit code (128+N for signal N), or LOST."""
+
+    def lost_reason(self) -> str:
+        """Why a node ended with LOST (one line)."""
+
+    def stop(self, grace_s: float) -> str | None:
+        """Stop it and everything it started: TERM, KILL after `grace_s`.
+        Safe on a node that has ended or never started. Returns a problem, if any."""
+
+
+class Status(Enum):
+    OK = "ok"
+    FAILED_FIRST = "failed first"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    NOT_STARTED = "not started"
+
+
+STATUS_STYLE = {Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
+                Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow"}
+
+
+@dataclass(frozen=True)
+class NodeExited:
+    node: NodeHandle
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """Posted by an event source: stop every node, end with `code`."""
+
+    reason: str
+    code: ExitCode
+
+
+Event = NodeExited | StopRequested
+
+
+class EventSource(Protocol):
+    """Something besides the nodes that may end a run (e.g. a hang watchdog)."""
+
+    def start(self, post: Callable[[Event], None]) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class LinePrinter:
+    """Every node's output, one line at a time, each with one prefix
+    `[<label>]` or `[<label> rank<R>]`, and the last lines of each node."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.tails: dict[int, deque[str]] = {}
+        self._lock = threading.Lock()
+
+    def line(self, node: NodeHandle, text: str) -> None:
+        from rich.text import Text
+
+        match = _TORCHRUN_PREFIX.match(text)
+        prefix = f"[{node.label} rank{match.group(1)}] " if match else f"[{node.label}] "
+        body = text[match.end():] if match else text
+        with self._lock:
+            self.tails.setdefault(node.index, deque(maxlen=TAIL_LINES)).append(prefix + body)
+            self.console.print(Text.assemble((prefix, STYLES[node.index % len(STYLES)]), body), soft_wrap=True)
+
+    def tail(self, node: NodeHandle) -> list[str]:
+        """The node's last lines; when torchrun reported a failed worker,
+        the worker's last lines and the report's first line."""
+        with self._lock:
+            lines = list(self.tails.get(node.index, ()))
+        for at in range(len(lines) - 1, -1, -1):
+            if _TORCHRUN_FAILED.search(lines[at]):
+                return lines[:at + 1]
+        return lines
+
+
+@dataclass
+class Outcome:
+    """How a run ended."""
+
+    first_failure: NodeHandle | None = None
+    stop_request: StopRequested | None = None
+    interrupted: bool = False
+    stopped: set[int] = field(default_factory=set)  # node indexes the supervisor stopped
+    problems: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def code(self) -> int:
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        if self.stop_request is not None:
+            return self.stop_request.code
+        if self.first_failure is not None:
+            code = self.first_failure.exit_code()
+            return code if code is not None and code > 0 else ExitCode.FAILED
+        return ExitCode.OK
+
+
+@dataclass(frozen=True)
+class RunText:
+    """What the summary says that differs between launchers."""
+
+    title: str  # e.g. "launch local"
+    interrupted: str  # after Ctrl-C, e.g. "interrupted; stopped all nodes"
+
+
+class Supervisor:
+    """One run of N nodes: start, wait, fail fast, stop, summarise."""
+
+    def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
+                 sources: Sequence[EventSource] = (), summary_console: Console | None = None) -> None:
+        self.nodes, self.grace_s = list(nodes), grace_s
+        self.console = summary_console or console  # where the summary goes
+        self.sources = list(sources)
+        self.printer = LinePrinter(console)
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.started: set[int] = set()
+
+    def run(self) -> Outcome:
+        outcome, began = Outcome(), time.monotonic()
+        try:
+            with interrupts_raise():
+                self._start()
+                self._wait(outcome)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+        finally:
+            for source in self.sources:
+                source.stop()
+        if outcome.interrupted or outcome.first_failure is not None or outcome.stop_request is not None:
+            self._stop_all(outcome)
+        outcome.elapsed_s = time.monotonic() - began
+        return outcome
+
+    def _start(self) -> None:
+        for source in self.sources:
+            source.start(self.events.put)
+        for node in self.nodes:
+            self.started.add(node.index)
+            node.start(self.printer, functools.partial(self.events.put, NodeExited(node)))
+
+    def _wait(self, outcome: Outcome) -> None:
+        """Until every node succeeded, one failed, or a source asked to stop."""
+        running = {node.index for node in self.nodes}
+        while running:
+            try:
+                event = self.events.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(event, StopRequested):
+                outcome.stop_request = event
+                return
+            running.discard(event.node.index)
+            if event.node.exit_code() != 0:
+                outcome.first_failure = event.node
+                return
+
+    def _stop_all(self, outcome: Outcome) -> None:
+        """Every node at once, so the whole run takes one grace period."""
+        # A node that ended is stopped too: what it left behind may still run.
+        outcome.stopped = {n.index for n in self.nodes if n.exit_code() is None}
+        with ThreadPoolExecutor(max_workers=min(64, max(1, len(self.nodes)))) as pool:
+            outcome.problems = [p for p in pool.map(lambda n: n.stop(self.grace_s), self.nodes) if p]
+
+    def status(self, node: NodeHandle, outcome: Outcome) -> Status:
+        if node is outcome.first_failure:
+            return Status.FAILED_FIRST
+        if node.index not in self.started:
+            return Status.NOT_STARTED
+        if node.index in outcome.stopped:
+            return Status.STOPPED
+        return Status.OK if node.exit_code() == 0 else Status.FAILED
+
+    def summary(self, outcome: Outcome, text: RunText) -> None:
+        """The end-of-run table, then one line on how the run ended."""
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"{text.title}: {len(self.nodes)} nodes, {outcome.elapsed_s:.1f}s",
+                      title_justify="left")
+        # "node | exit code | status" first: scripts (and tests) match that run of cells.
+        for column in ("node", "exit code", "status", "host", "first failure"):
+            table.add_column(column, overflow="fold")
+        for node in self.nodes:
+            status = self.status(node, outcome)
+            table.add_row(Text(f"node{node.index}"), Text(_code_text(node.exit_code())),
+                          Text(status.value, style=STATUS_STYLE[status]), Text(node.host),
+                          self._failure_cell(node, outcome))
+        self.console.print(table)
+        for problem in outcome.problems:
+            self.console.print(Text(f"teardown problem: {problem}"))
+        self.console.print(Text(self.closing_line(outcome, text), style="bold red" if outcome.code else "green"))
+
+    def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> Text:
+        from rich.text import Text
+
+        if node is not outcome.first_failure:
+            return Text("")
+        # Text, not markup: log lines hold brackets (our own prefix, for one).
+        return Text("\n".join([self.reason(node), *self.printer.tail(node)[-SUMMARY_LINES:]]))
+
+    def reason(self, node: NodeHandle) -> str:
+        code = node.exit_code()
+        return node.lost_reason() if code == LOST else f"exit status {code}"
+
+    def closing_line(self, outcome: Outcome, text: RunText) -> str:
+        if outcome.interrupted:
+            return f"{text.title}: {text.interrupted}"
+        if outcome.stop_request is not None:
+            return f"{text.title}: {outcome.stop_request.reason}; stopped every node"
+        failed = outcome.first_failure
+        if failed is None:
+            return f"{text.title}: every node finished"
+        # Both halves are read by scripts and tests: keep their wording.
+        return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {self.reason(failed)}; "
+                f"every other node was stopped\n"
+                f"{text.title}: node{failed.index} exited with code {outcome.code}; stopped the other nodes")
+
+
+def _code_text(code: int | None) -> str:
+    if code is None:
+        return "-"
+    return "lost" if code == LOST else str(code)
+
+
+def supervise(nodes: Sequence[NodeHandle], console: Console, grace_s: float, text: RunText,
+              sources: Sequence[EventSource] = ()) -> int:
+    """Run the nodes to the end, print the summary, return the exit code."""
+    supervisor = Supervisor(nodes, console, grace_s, sources)
+    outcome = supervisor.run()
+    supervisor.summary(outcome, text)
+    return outcome.code
