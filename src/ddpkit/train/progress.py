@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -91,9 +92,16 @@ class Progress:
             self.bar.stop()
 
 
+class RunStatus(StrEnum):
+    """How a run ended (the summary's and the metrics file's `status`)."""
+
+    FINISHED = "finished"
+    PREEMPTED = "preempted"  # a stop signal: checkpointed, exit ExitCode.PREEMPTED
+
+
 @dataclass
 class Summary:
-    status: str                 # finished | preempted
+    status: RunStatus
     steps: int
     epochs_completed: int
     seconds: float
@@ -115,4 +123,4 @@ class Summary:
         ]
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "status": self.status.value}

@@ -27,7 +27,9 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; run again with --resume auto
+from ..exitcodes import ExitCode
+
+EXIT_PREEMPTED = ExitCode.PREEMPTED  # stopped on request after a checkpoint; run again with --resume auto
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 CPU_BACKENDS = ("gloo", "mpi")  # default-group backends that all-reduce CPU tensors
 

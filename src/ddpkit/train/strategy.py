@@ -3,7 +3,6 @@ several devices), DataParallel (optionally balanced), ZeRO-sharded optimizer."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ import torch
 from torch import nn
 
 from .balanced_dp import BalancedDataParallel
+from .config import TrainConfig
 from .models import StagedModel
 
 
@@ -42,7 +42,7 @@ def process_devices(base: torch.device, local_rank: int, per_process: int) -> li
     return [torch.device("cuda", first + i) for i in range(per_process)]
 
 
-def _ddp(model: StagedModel, args: argparse.Namespace, device: torch.device, local_rank: int,
+def _ddp(model: StagedModel, args: TrainConfig, device: torch.device, local_rank: int,
          distributed: bool) -> Parallel:
     devices = process_devices(device, local_rank, args.devices_per_process)
     if args.sync_bn:
@@ -64,7 +64,7 @@ def _ddp(model: StagedModel, args: argparse.Namespace, device: torch.device, loc
     return Parallel(wrapped, model, devices[0], devices[-1], wrapped.no_sync)
 
 
-def _dp(model: StagedModel, args: argparse.Namespace, device: torch.device) -> Parallel:
+def _dp(model: StagedModel, args: TrainConfig, device: torch.device) -> Parallel:
     model.to(device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
@@ -75,7 +75,7 @@ def _dp(model: StagedModel, args: argparse.Namespace, device: torch.device) -> P
     return Parallel(wrapped, model, device, device, contextlib.nullcontext)
 
 
-def parallelise(model: StagedModel, args: argparse.Namespace, device: torch.device, local_rank: int,
+def parallelise(model: StagedModel, args: TrainConfig, device: torch.device, local_rank: int,
                 world_size: int, distributed: bool) -> Parallel:
     if args.activation_checkpointing:
         model.checkpointing = True
@@ -91,7 +91,7 @@ def parallelise(model: StagedModel, args: argparse.Namespace, device: torch.devi
     return par
 
 
-def make_optimizer(params: list[nn.Parameter], args: argparse.Namespace, lr: float,
+def make_optimizer(params: list[nn.Parameter], args: TrainConfig, lr: float,
                    distributed: bool) -> torch.optim.Optimizer:
     sgd = dict(lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
     if args.zero:
