@@ -125,6 +125,21 @@ class FlipFolder(Dataset):
         return image, label
 
 
+def data_problem(data: str, data_dir: Path | None) -> str | None:
+    """What is missing from --data-dir on this node, or None (synthetic data needs nothing)."""
+    if data == "synthetic" or data_dir is None:
+        return None
+    if not data_dir.is_dir():
+        return f"{data_dir}: no such directory"
+    if data == "cifar10":
+        folder = data_dir / CIFAR_FOLDER
+        missing = [n for n in CIFAR_TRAIN + CIFAR_TEST if not (folder / n).is_file()]
+        return f"{folder} lacks {', '.join(missing)}" if missing else None
+    missing = [split for split in ("train", "val") if not (data_dir / split).is_dir()]
+    return f"{data_dir} lacks {'/, '.join(missing)}/ (imagefolder needs train/<class>/<image> and val/...)" \
+        if missing else None
+
+
 def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classes: int,
                    synthetic_size: int, eval_size: int, seed: int) -> tuple[Dataset, Dataset]:
     if data == "synthetic":
@@ -141,23 +156,49 @@ def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classe
 
 
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch part-way: `set_epoch(e, skip=k)`
-    drops the first k indices this rank would have seen, i.e. the samples a
-    resumed run already trained on."""
+    """DistributedSampler that can start an epoch part-way, at a GLOBAL sample.
+
+    An epoch's global order is one permutation of the dataset (seed + epoch,
+    the same for any world size); with W ranks, rank r takes positions r,
+    r+W, r+2W, ... of it, so after S steps of B samples per rank the job has
+    consumed exactly positions 0 .. S*B*W-1. `set_epoch(e, start=G)` drops
+    those G positions and deals the rest out to this world's ranks the same
+    way, so a resumed run continues at the same global sample even when its
+    world size (or batch) differs from the run that wrote the checkpoint.
+    With the same world size this is exactly DistributedSampler's order minus
+    the per-rank prefix. `skip=k` (per rank) means start=k*W.
+    """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
-        self.skip = 0
+        self.start = 0
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+    @property
+    def skip(self) -> int:
+        """Samples of this epoch each rank is taken to have trained on already."""
+        return self.start // self.num_replicas
+
+    def set_epoch(self, epoch: int, skip: int = 0, *, start: int | None = None) -> None:
         super().set_epoch(epoch)
-        self.skip = skip
+        self.start = skip * self.num_replicas if start is None else start
+
+    def global_order(self) -> list[int]:
+        """The epoch's permutation, as DistributedSampler draws it."""
+        gen = torch.Generator()
+        gen.manual_seed(self.seed + self.epoch)
+        return torch.randperm(len(self.dataset), generator=gen).tolist()  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(list(super().__iter__())[self.skip:])
+        order = self.global_order()
+        rest = order[self.start:]
+        pad = -len(rest) % self.num_replicas  # equal shares, wrapping around as DistributedSampler does
+        while pad:
+            rest += order[:pad]
+            pad = -len(rest) % self.num_replicas
+        return iter(rest[self.rank::self.num_replicas])
 
     def __len__(self) -> int:
-        return self.num_samples - self.skip
+        return max(0, -(-(len(self.dataset) - self.start) // self.num_replicas))  # type: ignore[arg-type]
 
 
 class ShardSampler(Sampler[int]):

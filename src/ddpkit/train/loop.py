@@ -3,10 +3,12 @@ The units it drives each live in their own module: one optimizer step
 (steps.Stepper), checkpoints (checkpointing.Checkpointer) and evaluation
 (evaluate.Evaluator).
 
-Position is counted in optimizer steps: `step` overall and `epoch_step`
-within the epoch. A resumed run skips the epoch_step * grad_accum * batch
-samples of the epoch this rank already trained on, so it continues at the
-exact sample.
+Position is counted in optimizer steps (`step` overall, `epoch_step` within
+the epoch) and, for resuming, in GLOBAL samples of the epoch (`samples`): a
+resumed run, with any world size, continues at the exact global sample
+(data.ResumableSampler), runs the steps its world needs for the rest of the
+epochs, and scales the learning rate to its own global batch (linear
+scaling rule), saying so in one log line.
 
 After each step the ranks agree on whether to stop (signals.StopAgreement):
 a stop signal takes effect after the step following the one it arrived in,
@@ -25,11 +27,12 @@ from typing import Any
 import torch
 
 from ..exitcodes import ExitCode
-from .checkpointing import Checkpointer, Position, TrainState, seed_all
+from .checkpointing import Checkpointer, Position, TrainState, check_checkpoint_dir, seed_all
 from .clock import CLOCK, StartupClock
 from .config import TrainConfig
-from .data import DeviceResidentLoader, ResumableSampler, build_datasets, eval_loader, train_loader
+from .data import DeviceResidentLoader, ResumableSampler, build_datasets, data_problem, eval_loader, train_loader
 from .evaluate import Evaluator
+from .faults import check_data
 from .models import build_model
 from .progress import Metrics, Progress, RunStatus, Summary, rank_logger
 from .signals import StopAgreement, StopRequest, requeue_if_slurm
@@ -101,6 +104,7 @@ class Trainer:
         self.distributed = bool(ctx.distributed)
         self.device: torch.device = ctx.device
         self.log = rank_logger(self.rank, config.log_dir)
+        check_checkpoint_dir(config, ctx, self.distributed)  # before anything slow
         seed_all(config.seed)  # identical initial weights on every rank
         if config.cudnn_benchmark:
             torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
@@ -125,17 +129,59 @@ class Trainer:
         self.stop = stop or StopRequest()
         # may create a process group: every rank gets here at the same point
         self.agreement = StopAgreement.for_run(self.stop, self.distributed)
-        self.pos, self.resumed_from = self.checkpointer.resume()
+        self.pos, self.resumed_from, saved_batch = self.checkpointer.resume(self.plan.global_batch)
+        if self.resumed_from is not None:
+            self._replan(saved_batch)
         self._first_step_pending = True
+
+    def _steps_left_in_epoch(self) -> int:
+        """Optimizer steps this world runs for the rest of the current epoch."""
+        self.sampler.set_epoch(self.pos.epoch, start=self.pos.samples)
+        return len(self.sampler) // (self.config.batch_size * self.config.grad_accum)
+
+    def _replan(self, saved_batch: int | None) -> None:
+        """After a resume: the steps left follow this world's steps per epoch, and
+        the learning rate this world's global batch. The same world size changes nothing."""
+        c, plan, pos = self.config, self.plan, self.pos
+        total = pos.step
+        if pos.epoch < c.epochs:
+            total += self._steps_left_in_epoch() + (c.epochs - pos.epoch - 1) * plan.steps_per_epoch
+        if c.max_steps:
+            total = min(total, c.max_steps)
+        if total != plan.total_steps:
+            plan.total_steps = total
+            self.stepper.scheduler.lr_lambdas = [warmup_cosine(plan.warmup_steps, total)]
+        if saved_batch is not None and saved_batch != plan.global_batch:
+            self._rescale_lr(saved_batch)
+
+    def _rescale_lr(self, saved_batch: int) -> None:
+        """Linear scaling rule: the base learning rate follows the global batch."""
+        scheduler, plan = self.stepper.scheduler, self.plan
+        old_lr = scheduler.base_lrs[0]
+        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+        scheduler.base_lrs = [plan.lr] * len(scheduler.base_lrs)
+        for group in self.stepper.optimizer.param_groups:
+            group["initial_lr"] = plan.lr
+            group["lr"] = plan.lr * factor
+        self.log.info("resumed with world size %d and global batch %d (checkpoint: global batch %d): "
+                      "base lr %.4g -> %.4g (linear scaling), %d steps in all, continuing at global sample %d "
+                      "of epoch %d", self.world, plan.global_batch, saved_batch, old_lr, plan.lr,
+                      plan.total_steps, self.pos.samples, self.pos.epoch)
 
     # ---- set-up -------------------------------------------------------------
     def _build_data(self) -> None:
         c = self.config
+        problem = None
         if c.data == "cifar10":
             from .datasets_cli import prepare_once
 
             assert c.data_dir is not None  # options.problems() requires it
-            prepare_once(c.data_dir, self.ctx.local_rank, self.distributed)
+            try:
+                prepare_once(c.data_dir, self.ctx.local_rank, self.distributed)
+            except Exception as exc:  # noqa: BLE001  any download failure: agreed on below, not raised alone
+                problem = f"could not fetch CIFAR-10 into {c.data_dir}: {exc}"
+        # every rank, together: one node without the data must not leave the others waiting in a collective
+        check_data(c.data, c.data_dir, problem or data_problem(c.data, c.data_dir), self.ctx.host, self.distributed)
         self.train_set, self.test_set = build_datasets(c.data, c.data_dir, c.image_size, c.num_classes,
                                                        c.synthetic_size, c.eval_size, c.seed)
         self.sampler = ResumableSampler(self.train_set, self.world, self.rank, seed=c.seed)
@@ -194,20 +240,23 @@ class Trainer:
                        last_eval.accuracy if last_eval else None, last_eval.loss if last_eval else None,
                        str(last_ckpt) if last_ckpt else None, self.world, plan.global_batch)
 
-    def _start_epoch(self) -> Any:
-        c, pos = self.config, self.pos
-        self.sampler.set_epoch(pos.epoch, skip=pos.epoch_step * c.grad_accum * c.batch_size)
+    def _start_epoch(self) -> tuple[Any, int]:
+        """The epoch's batches from the current global sample on, and how many steps they make."""
+        steps = self._steps_left_in_epoch()
         if hasattr(self.train_set, "set_epoch"):
-            self.train_set.set_epoch(pos.epoch)
-        return iter(self.loader)
+            self.train_set.set_epoch(self.pos.epoch)
+        return iter(self.loader), steps
 
     def _epoch(self, progress: Progress, run: _Run) -> RunStatus:
         c, plan, pos = self.config, self.plan, self.pos
-        batches = self._start_epoch()
-        while pos.epoch_step < plan.steps_per_epoch and pos.step < plan.total_steps:
+        batches, steps = self._start_epoch()
+        for _ in range(steps):
+            if pos.step >= plan.total_steps:
+                return RunStatus.FINISHED  # --max-steps mid-epoch
             loss = self.stepper.step(batches)
             pos.epoch_step += 1
             pos.step += 1
+            pos.samples += plan.global_batch
             if self._first_step_pending:
                 self._report_startup()
             self._show(progress, run, loss)
@@ -217,13 +266,13 @@ class Trainer:
             if c.checkpoint_every and pos.step % c.checkpoint_every == 0:
                 self.save()
                 run.saved_at = pos.step
-        if pos.epoch_step == plan.steps_per_epoch:
-            self._end_epoch(run)
+        self._end_epoch(run)
         return RunStatus.FINISHED
 
     def _end_epoch(self, run: _Run) -> None:
         self.pos.epoch += 1
         self.pos.epoch_step = 0
+        self.pos.samples = 0
         if self.config.eval:
             self.evaluate()
         if run.saved_at != self.pos.step:

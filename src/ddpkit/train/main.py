@@ -23,6 +23,7 @@ from .options import add_training_arguments, problems
 from .startup import DistContext, add_startup_arguments
 
 if TYPE_CHECKING:
+    from .faults import TrainFault
     from .signals import StopRequest
 
 
@@ -45,6 +46,11 @@ def _stop_request() -> StopRequest:
     stop = StopRequest()
     stop.install()
     return stop
+
+
+def _fault(exc: TrainFault) -> int:
+    print(f"ddpkit train: {exc}", file=sys.stderr, flush=True)
+    return exc.code
 
 
 def import_trainer(model: str) -> None:
@@ -96,7 +102,14 @@ class _SpawnEntry:
         self.config = config
 
     def __call__(self, ctx: DistContext) -> None:
-        code = train(ctx, self.config)
+        from .faults import TrainFault
+
+        try:
+            code = train(ctx, self.config)
+        except TrainFault as exc:  # a one-line message and its exit code, not a child's traceback
+            code = _fault(exc)
+        except _expected_errors() as exc:
+            code = _bad(str(exc))
         if code:
             sys.exit(code)
 
@@ -123,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
 def run_config(config: TrainConfig) -> int:
     from torch.multiprocessing import ProcessExitedException
 
+    from .faults import TrainFault
     from .startup import init_distributed, run_spawned, shutdown
 
     expected = _expected_errors()
@@ -139,5 +153,7 @@ def run_config(config: TrainConfig) -> int:
             shutdown(ctx)
     except ProcessExitedException as exc:
         return exc.exit_code or ExitCode.FAILED
+    except TrainFault as exc:
+        return _fault(exc)
     except expected as exc:
         return _bad(str(exc))
