@@ -19,6 +19,8 @@ import pytest
 from ddpkit.exitcodes import ExitCode
 from tests.helpers.runs import TINY, processes_in, torchrun
 
+pytestmark = pytest.mark.slow
+
 BASE = [*TINY, "--synthetic-size", "32", "--batch-size", "4", "--no-eval", "--device", "cpu",
         "--dist-timeout", "600"]  # a collective timeout is never what ends these jobs
 
@@ -70,7 +72,7 @@ FAULTS = [
           r"--checkpoint-dir ro/ckpt is not writable on host testhost-node0 \(rank 0\): "
           r"(Read-only file system|Permission denied).*make it writable by the job's user, or choose another "
           r"--checkpoint-dir", broken=0),
-    Fault("dataset directory missing on one node", data_on_node0_only,  # type: ignore[arg-type]
+    Fault("dataset directory missing on one node", data_on_node0_only,
           ["--data", "imagefolder", "--data-dir", "data"], ExitCode.DATA_MISSING,
           r"--data imagefolder --data-dir data is missing on host testhost-node1 \(rank 1\): data: no such "
           r"directory; put the dataset at the same path on every node", broken=1),

@@ -19,6 +19,8 @@ import torch
 from ddpkit.exitcodes import ExitCode
 from tests.helpers.runs import TINY, metrics, processes_in, run_ok, torchrun
 
+pytestmark = pytest.mark.slow
+
 N, BATCH, SEED = 96, 4, 0
 FIRST_STEPS = 5  # the 2-process run stops (and checkpoints) here
 COMMON = [*TINY, "--synthetic-size", str(N), "--batch-size", str(BATCH), "--no-eval", "--seed", str(SEED),

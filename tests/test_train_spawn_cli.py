@@ -42,6 +42,7 @@ def test_the_config_pickles_and_drops_the_cli_handler() -> None:
     assert config.spawn == 2 and config.batch_size == 8 and not hasattr(config, "handler")
 
 
+@pytest.mark.slow
 def test_ddpkit_train_spawn_2_runs_to_completion(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}

@@ -71,8 +71,9 @@ def torchrun(tmp: Path, nodes: int, nproc: int, args: list[str], tag: str = "run
     procs, logs = [], []
     for node in range(nodes):
         log = tmp / f"{tag}-node{node}.out"
-        argv = [*(prefixes[node] if prefixes else []), sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
-                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+        argv = [*(prefixes[node] if prefixes else []), sys.executable, "-m", "torch.distributed.run",
+                f"--nnodes={nodes}", f"--nproc-per-node={nproc}", f"--node-rank={node}",
+                "--master-addr=127.0.0.1", f"--master-port={port}",
                 "-m", module, *args]
         cwd = cwds[node] if cwds else tmp
         with open(log, "wb") as out:

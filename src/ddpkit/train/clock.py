@@ -75,9 +75,10 @@ class StartupClock:
 
     def line(self) -> str:
         """One line for the log: 'start-up 4.51 s: imports 2.16, rendezvous 0.01, ...'."""
-        rec = self.record()
-        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in rec["phases"].items())
-        return f"start-up {rec['total']:.2f} s: {parts}"
+        phases = self.phases()
+        total = self.record()["total"]
+        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in phases.items())
+        return f"start-up {total:.2f} s: {parts}"
 
 
 # One start-up per process: the stamps belong to the process, like its pid,

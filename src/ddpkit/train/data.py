@@ -8,9 +8,10 @@ uninterrupted run would have, whatever the number of loader workers.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -155,6 +156,11 @@ def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classe
     return (FlipFolder(data_dir / "train", image_size, True, seed), FlipFolder(data_dir / "val", image_size, False, seed))
 
 
+def dataset_size(dataset: Dataset) -> int:
+    """len() of a map-style dataset (torch's Dataset type does not declare __len__)."""
+    return len(cast(Sized, dataset))
+
+
 class ResumableSampler(DistributedSampler):
     """DistributedSampler that can start an epoch part-way, at a GLOBAL sample.
 
@@ -186,7 +192,7 @@ class ResumableSampler(DistributedSampler):
         """The epoch's permutation, as DistributedSampler draws it."""
         gen = torch.Generator()
         gen.manual_seed(self.seed + self.epoch)
-        return torch.randperm(len(self.dataset), generator=gen).tolist()  # type: ignore[arg-type]
+        return torch.randperm(dataset_size(self.dataset), generator=gen).tolist()
 
     def __iter__(self) -> Iterator[int]:
         order = self.global_order()
@@ -198,7 +204,7 @@ class ResumableSampler(DistributedSampler):
         return iter(rest[self.rank::self.num_replicas])
 
     def __len__(self) -> int:
-        return max(0, -(-(len(self.dataset) - self.start) // self.num_replicas))  # type: ignore[arg-type]
+        return max(0, -(-(dataset_size(self.dataset) - self.start) // self.num_replicas))
 
 
 class ShardSampler(Sampler[int]):
@@ -233,10 +239,10 @@ class DeviceResidentLoader:
                      device: torch.device) -> DeviceResidentLoader:
         was_train = getattr(dataset, "train", None)
         if was_train is not None:
-            dataset.train = False  # store un-augmented pixels; augmentation happens per batch
-        pairs = [dataset[i] for i in range(len(dataset))]
+            setattr(dataset, "train", False)  # noqa: B010  store un-augmented pixels; augmentation happens per batch
+        pairs = [dataset[i] for i in range(dataset_size(dataset))]
         if was_train is not None:
-            dataset.train = was_train
+            setattr(dataset, "train", was_train)  # noqa: B010
         images = torch.stack([p[0] for p in pairs]).to(device)
         labels = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=device)
         return cls(images, labels, sampler, batch_size, seed)
@@ -278,5 +284,5 @@ def train_loader(dataset: Dataset, sampler: ResumableSampler, batch_size: int, w
 
 
 def eval_loader(dataset: Dataset, num_replicas: int, rank: int, batch_size: int, workers: int) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), num_replicas, rank),
+    return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(dataset_size(dataset), num_replicas, rank),
                       num_workers=workers)

@@ -120,15 +120,15 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
 def _slurm(env: Mapping[str, str], expand: HostlistExpander) -> LaunchInfo:
     """One srun task per process (GPU): SLURM_PROCID is the rank."""
     node_id = _opt_int(env, E.SLURM_NODEID) or 0
-    if "SLURM_NTASKS_PER_NODE" in env:
-        local_world = _int(env, "SLURM_NTASKS_PER_NODE")
-    elif "SLURM_TASKS_PER_NODE" in env:
-        local_world = _tasks_on_node(env["SLURM_TASKS_PER_NODE"], node_id)
+    if E.SLURM_NTASKS_PER_NODE in env:
+        local_world = _int(env, E.SLURM_NTASKS_PER_NODE)
+    elif E.SLURM_TASKS_PER_NODE in env:
+        local_world = _tasks_on_node(env[E.SLURM_TASKS_PER_NODE], node_id)
     else:
         local_world = 1
     master = env.get(E.MASTER_ADDR)
     if master is None:
-        nodelist = env.get(E.SLURM_JOB_NODELIST) or env.get("SLURM_NODELIST")
+        nodelist = env.get(E.SLURM_JOB_NODELIST) or env.get(E.SLURM_NODELIST)
         if not nodelist:
             raise StartupError("under srun but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set; export MASTER_ADDR")
         master = expand(nodelist)[0]
@@ -157,11 +157,11 @@ def _mpi(env: Mapping[str, str], backend: str) -> LaunchInfo:
         )
     return LaunchInfo(
         launcher="mpi",
-        rank=_int(env, "OMPI_COMM_WORLD_RANK"),
-        local_rank=_opt_int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0,
-        world_size=_int(env, "OMPI_COMM_WORLD_SIZE"),
-        local_world_size=_opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") or 1,
-        node_rank=_opt_int(env, "OMPI_COMM_WORLD_NODE_RANK") or 0,
+        rank=_int(env, E.OMPI_COMM_WORLD_RANK),
+        local_rank=_opt_int(env, E.OMPI_COMM_WORLD_LOCAL_RANK) or 0,
+        world_size=_int(env, E.OMPI_COMM_WORLD_SIZE),
+        local_world_size=_opt_int(env, E.OMPI_COMM_WORLD_LOCAL_SIZE) or 1,
+        node_rank=_opt_int(env, E.OMPI_COMM_WORLD_NODE_RANK) or 0,
         master_addr=master,
         master_port=_port(env, DEFAULT_PORT),
         init_method="env://",
@@ -237,9 +237,9 @@ def detect_launch(env: Mapping[str, str], args: Options,
         return _torchrun(env)
     # Inside an srun step (SLURM_STEP_ID set), not the batch script itself,
     # whose SLURM_NTASKS would describe tasks it never started.
-    if E.SLURM_PROCID in env and E.SLURM_NTASKS in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+    if E.SLURM_PROCID in env and E.SLURM_NTASKS in env and (E.SLURM_STEP_ID in env or E.SLURM_STEPID in env):
         return _slurm(env, expand)
-    if "OMPI_COMM_WORLD_RANK" in env:
+    if E.OMPI_COMM_WORLD_RANK in env:
         return _mpi(env, getattr(args, "backend", "auto"))
     if E.RANK in env and E.WORLD_SIZE in env and E.MASTER_ADDR in env:
         if E.PET_NNODES in env or E.PET_NODE_RANK in env:

@@ -178,7 +178,7 @@ class Trainer:
             assert c.data_dir is not None  # options.problems() requires it
             try:
                 prepare_once(c.data_dir, self.ctx.local_rank, self.distributed)
-            except Exception as exc:  # noqa: BLE001  any download failure: agreed on below, not raised alone
+            except Exception as exc:
                 problem = f"could not fetch CIFAR-10 into {c.data_dir}: {exc}"
         # every rank, together: one node without the data must not leave the others waiting in a collective
         check_data(c.data, c.data_dir, problem or data_problem(c.data, c.data_dir), self.ctx.host, self.distributed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import ContextManager
+from contextlib import AbstractContextManager as ContextManager
 
 import torch
 from torch import nn

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
-from typing import ContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -87,13 +88,13 @@ def parallelise(model: StagedModel, args: TrainConfig, device: torch.device, loc
     else:
         par = _ddp(model, args, device, local_rank, distributed)
     if args.compile:
-        par.module = torch.compile(par.module)
+        par.module = torch.compile(par.module)  # type: ignore[assignment]  # a compiled module still is one
     return par
 
 
 def make_optimizer(params: list[nn.Parameter], args: TrainConfig, lr: float,
                    distributed: bool) -> torch.optim.Optimizer:
-    sgd = dict(lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    sgd: dict[str, Any] = {"lr": lr, "momentum": args.momentum, "weight_decay": args.weight_decay}
     if args.zero:
         if not distributed:
             raise StrategyError("--zero shards optimizer state across ranks; it needs a distributed run")
