@@ -123,8 +123,9 @@ def test_unresolvable_master_fails():
 
 
 def test_forged_version_mismatch_fails_the_rank_report():
-    forge = json.dumps({"on_rank": 1, "torch": "0.0-forged"})
-    rc, doc, _ = doctor("--spawn=2", env=base_env(DDPKIT_FORGE_RANK_REPORT=forge), cli=True)
+    from tests.helpers.forge_rank_report import forge_env  # the forge hook is a test helper, not in ddpkit
+
+    rc, doc, _ = doctor("--spawn=2", env=base_env(**forge_env({"on_rank": 1, "torch": "0.0-forged"})), cli=True)
     assert rc == 1 and doc["world_size"] == 2
     fail = the_failure(doc, "rank report")
     assert "versions differ" in fail["detail"] and "0.0-forged" in fail["detail"]

@@ -1,5 +1,5 @@
 """The rank report: the checks on gathered rows, and real gloo jobs that a
-forged row (DDPKIT_FORGE_RANK_REPORT, test-only) must stop on every rank."""
+forged row (tests/helpers/forge_rank_report.py, test-only) must stop on every rank."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from ddpkit.train.rank_report import FORGE_VAR, RankRow, _forged, check_rows
+from ddpkit.train.rank_report import RankRow, check_rows
+from tests.helpers.forge_rank_report import forge_env, forged
 from tests.test_startup import ROOT, free_port, run_ranks
 
 
@@ -42,21 +44,27 @@ def test_each_inconsistency_is_named(rows: list[RankRow], world: int, needle: st
     assert len(problems) == 1 and needle in problems[0], problems
 
 
-def test_forge_hook_changes_only_the_chosen_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FORGE_VAR, json.dumps({"on_rank": 1, "rank": 0}))
-    assert _forged(GOOD[1], 4).rank == 0
-    assert _forged(GOOD[2], 4) == GOOD[2]
-    monkeypatch.setenv(FORGE_VAR, json.dumps({"torch": "0.0"}))  # default: the last rank
-    assert _forged(GOOD[3], 4).torch == "0.0" and _forged(GOOD[0], 4) == GOOD[0]
-    monkeypatch.setenv(FORGE_VAR, json.dumps({"rnak": 1}))
+def test_forge_hook_changes_only_the_chosen_rank() -> None:
+    raw = json.dumps({"on_rank": 1, "rank": 0})
+    assert forged(GOOD[1], 4, raw).rank == 0
+    assert forged(GOOD[2], 4, raw) == GOOD[2]
+    raw = json.dumps({"torch": "0.0"})  # default: the last rank
+    assert forged(GOOD[3], 4, raw).torch == "0.0" and forged(GOOD[0], 4, raw) == GOOD[0]
     with pytest.raises(ValueError, match="unknown row fields"):
-        _forged(GOOD[3], 4)
+        forged(GOOD[3], 4, json.dumps({"rnak": 1}))
+
+
+def test_the_product_has_no_forge_hook() -> None:
+    import ddpkit.train.rank_report as product
+
+    source = Path(product.__file__).read_text()
+    assert "FORGE" not in source and "environ" not in source
 
 
 def manual_job(forge: dict[str, object]) -> list[subprocess.CompletedProcess[str]]:
     url = f"tcp://127.0.0.1:{free_port()}"
     return run_ranks([["--init-method", url, "--rank", str(r), "--world-size", "2"] for r in (0, 1)],
-                     env={FORGE_VAR: json.dumps(forge)})
+                     env=forge_env(forge))
 
 
 @pytest.mark.slow
@@ -81,7 +89,7 @@ def test_forged_version_mismatch_stops_every_rank() -> None:
 @pytest.mark.slow
 def test_forged_duplicate_fails_a_launch_local_job() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_"))}
-    env[FORGE_VAR] = json.dumps({"on_rank": 1, "rank": 0})
+    env.update(forge_env({"on_rank": 1, "rank": 0}, env))
     res = subprocess.run([sys.executable, "-m", "ddpkit.cli", "launch", "local", "--nodes", "2",
                           "--nproc-per-node", "1", "--set", f"command.script={ROOT / 'tests/helpers/report_only.py'}"],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

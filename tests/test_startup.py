@@ -153,6 +153,7 @@ def test_auto_interface_on_the_master_itself_is_not_lo() -> None:
     own = [i for i in netif.interfaces() if i.address and not i.address.startswith("127.")]
     if not own:
         pytest.skip("no non-loopback IPv4 interface here")
+    assert own[0].address is not None  # filtered above
     assert netif.route_interface(own[0].address) == own[0].name
 
 

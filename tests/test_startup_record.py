@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.train.startup import STAMPS, StartupClock
+from ddpkit.train.clock import STAMPS, StartupClock
 from tests.helpers.runs import ROOT, alone, metrics, run_ok, torchrun
 
 TICK = 1 / os.sysconf("SC_CLK_TCK")  # resolution of the kernel's process start time

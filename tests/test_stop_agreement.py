@@ -15,7 +15,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -54,7 +56,7 @@ def _agree(ctx: DistContext, out: str, group_backend: str, signal_rank: int, sig
         {"stopped_at": stopped_at, "requested": stop.requested, "grad": grad.tolist()}))
 
 
-def _spawn_two(tmp: Path, **kwargs: object) -> dict[int, dict]:
+def _spawn_two(tmp: Path, **kwargs: Any) -> dict[int, dict]:
     parser = argparse.ArgumentParser()
     add_startup_arguments(parser)
     args = parser.parse_args(["--spawn", "2", "--device", "cpu", "--backend", "gloo", "--interface", "lo"])
@@ -97,7 +99,7 @@ def test_single_process_reads_its_own_flag_at_once() -> None:
 STEPS = 1000  # one epoch of 4000 samples / 2 ranks / batch 2: never over before the signal lands
 
 
-def manual_job(tmp: Path, tag: str, extra: list[str] = ()) -> Job:
+def manual_job(tmp: Path, tag: str, extra: Sequence[str] = ()) -> Job:
     """Two `ddpkit train` processes joined through a file store; each a child
     of this test, so that it can be signalled alone and its exit code read."""
     common = [*TINY, "--synthetic-size", str(STEPS * 4), "--batch-size", "2", "--no-eval", "--log-every", "1",

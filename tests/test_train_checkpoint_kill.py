@@ -33,6 +33,7 @@ def test_kill_during_checkpoint_write_never_corrupts_latest(tmp_path: Path) -> N
     for _ in range(6):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(step)], env=env,
                                 stdout=subprocess.PIPE)
+        assert proc.stdout is not None  # stdout=PIPE
         assert proc.stdout.readline() == b"ready\n"
         time.sleep(rng.uniform(0.2, 1.0))
         proc.send_signal(signal.SIGKILL)

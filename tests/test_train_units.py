@@ -71,7 +71,9 @@ def _grads_and_stats(checkpointing: bool) -> tuple[list[torch.Tensor], list[torc
     model.checkpointing = checkpointing
     x, y = torch.randn(4, 3, 16, 16), torch.tensor([1, 2, 3, 4])
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    return [p.grad.clone() for p in model.parameters()], [b.clone() for b in model.buffers()]
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)  # every parameter took part
+    return [g.clone() for g in grads if g is not None], [b.clone() for b in model.buffers()]
 
 
 def test_activation_checkpointing_gives_the_same_gradients() -> None:
@@ -83,9 +85,9 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
 
 def test_small_images_get_the_cifar_stem() -> None:
     small, large = build_model("resnet18", 10, 32), build_model("resnet18", 10, 224)
-    assert small.stages[0].conv1.kernel_size == (3, 3) and small.stages[0].conv1.stride == (1, 1)
+    assert small.stages[0].conv1.kernel_size == (3, 3) and small.stages[0].conv1.stride == (1, 1)  # type: ignore[union-attr]
     assert isinstance(small.stages[0].maxpool, torch.nn.Identity)
-    assert large.stages[0].conv1.kernel_size == (7, 7)
+    assert large.stages[0].conv1.kernel_size == (7, 7)  # type: ignore[union-attr]
     assert small(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
@@ -146,6 +148,7 @@ def test_the_loss_is_read_every_log_interval_only_bar_or_not(mode: str) -> None:
         if mode == "bar":
             progress.update(10, 0, 1.5, 100.0)
             progress.update(11, 0, None, 100.0)
+            assert progress.bar is not None
             assert progress.bar.tasks[0].fields["loss"] == "1.5000"  # kept until the next read
     finally:
         progress.close()

@@ -18,6 +18,10 @@ class ExitCode(IntEnum):
     PREFLIGHT = 3       # a host or the cluster cannot run the job; nothing was started
     STARTUP = 4         # the job started but could not form its process group (network, rendezvous, versions)
     STALLED = 5         # a rank made no progress; stacks were dumped and the job stopped
+    # ddpkit train's own faults: each names the host, the path and the fix (docs/notes-train.md)
+    RESUME_MISMATCH = 10  # a rank cannot read the checkpoint rank 0 chose to resume from (directory not shared)
+    CHECKPOINT_DIR = 11   # --checkpoint-dir cannot be written on a rank that writes checkpoints
+    DATA_MISSING = 12     # --data-dir does not exist (or lacks the dataset) on some node
     SOFTWARE = 70       # EX_SOFTWARE: an internal error in ddpkit (a template bug)
     PREEMPTED = 75      # EX_TEMPFAIL: checkpointed on a signal; run again with --resume auto
     INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped

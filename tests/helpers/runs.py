@@ -61,16 +61,24 @@ class Job:
             p.wait(60)
 
 
-def torchrun(tmp: Path, nodes: int, nproc: int, args: list[str], tag: str = "run") -> Job:
+def torchrun(tmp: Path, nodes: int, nproc: int, args: list[str], tag: str = "run", *,
+             module: str = "ddpkit.train", env: dict[str, str] | None = None,
+             cwds: list[Path] | None = None, prefixes: list[list[str]] | None = None) -> Job:
+    """`nodes` torchrun agents of `nproc` workers each running `module`; node n
+    runs in cwds[n] (default: all in tmp), so relative paths can differ per node,
+    under the command words prefixes[n] (e.g. `unshare -m ...`) when given."""
     port = free_port()
     procs, logs = [], []
     for node in range(nodes):
         log = tmp / f"{tag}-node{node}.out"
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={nproc}",
-                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                "-m", "ddpkit.train", *args]
+        argv = [*(prefixes[node] if prefixes else []), sys.executable, "-m", "torch.distributed.run",
+                f"--nnodes={nodes}", f"--nproc-per-node={nproc}", f"--node-rank={node}",
+                "--master-addr=127.0.0.1", f"--master-port={port}",
+                "-m", module, *args]
+        cwd = cwds[node] if cwds else tmp
         with open(log, "wb") as out:
-            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_env(node), cwd=tmp))
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                          env={**_env(node), **(env or {})}, cwd=cwd))
         logs.append(log)
     return Job(procs, logs)
 
@@ -91,9 +99,11 @@ def run_ok(job: Job, timeout: float = 300) -> str:
 
 
 def metrics(path: Path) -> list[dict]:
+    """The complete lines of a metrics file (rank 0 may be writing the last one now)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete = path.read_text().split("\n")[:-1]  # a line is complete once its newline is written
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 def wait_for_step(path: Path, step: int, job: Job, timeout: float = 120) -> None:
@@ -116,3 +126,20 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs: max |diff| {(a[key].float() - b[key].float()).abs().max()}"
+
+
+def processes_in(folder: Path) -> list[int]:
+    """Live processes whose working directory is `folder` or below it: what a
+    test's job left behind (every job these helpers start runs in its tmp folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(proc / "cwd"))
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (cwd == folder or folder in cwd.parents):
+            found.append(int(proc.name))
+    return found

@@ -12,6 +12,7 @@ complete checkpoint (or no `latest` at all before the first save).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -104,6 +105,29 @@ def resolve_resume(resume: str | None, directory: Path | None) -> Path | None:
     if not path.is_file():
         raise CheckpointError(f"--resume {resume}: no such file")
     return path
+
+
+FINGERPRINT_SPAN = 1 << 20
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 of the file's size, first MiB and last MiB: tells two files apart
+    (the pickled header with the position comes first) without reading a
+    multi-GB checkpoint whole on every rank. Raises OSError when unreadable."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        digest.update(str(size).encode())
+        digest.update(f.read(FINGERPRINT_SPAN))
+        f.seek(max(size - FINGERPRINT_SPAN, 0))
+        digest.update(f.read(FINGERPRINT_SPAN))
+    return digest.hexdigest()
+
+
+def step_of(path: Path) -> int | None:
+    """The step in a checkpoint's file name (None for a file named otherwise)."""
+    match = NAME_RE.match(path.name)
+    return int(match.group(1)) if match else None
 
 
 def read_checkpoint(path: Path, map_location: torch.device | str) -> dict[str, Any]:

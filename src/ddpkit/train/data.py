@@ -8,9 +8,10 @@ uninterrupted run would have, whatever the number of loader workers.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -125,6 +126,21 @@ class FlipFolder(Dataset):
         return image, label
 
 
+def data_problem(data: str, data_dir: Path | None) -> str | None:
+    """What is missing from --data-dir on this node, or None (synthetic data needs nothing)."""
+    if data == "synthetic" or data_dir is None:
+        return None
+    if not data_dir.is_dir():
+        return f"{data_dir}: no such directory"
+    if data == "cifar10":
+        folder = data_dir / CIFAR_FOLDER
+        missing = [n for n in CIFAR_TRAIN + CIFAR_TEST if not (folder / n).is_file()]
+        return f"{folder} lacks {', '.join(missing)}" if missing else None
+    missing = [split for split in ("train", "val") if not (data_dir / split).is_dir()]
+    return f"{data_dir} lacks {'/, '.join(missing)}/ (imagefolder needs train/<class>/<image> and val/...)" \
+        if missing else None
+
+
 def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classes: int,
                    synthetic_size: int, eval_size: int, seed: int) -> tuple[Dataset, Dataset]:
     if data == "synthetic":
@@ -140,24 +156,55 @@ def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classe
     return (FlipFolder(data_dir / "train", image_size, True, seed), FlipFolder(data_dir / "val", image_size, False, seed))
 
 
+def dataset_size(dataset: Dataset) -> int:
+    """len() of a map-style dataset (torch's Dataset type does not declare __len__)."""
+    return len(cast(Sized, dataset))
+
+
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch part-way: `set_epoch(e, skip=k)`
-    drops the first k indices this rank would have seen, i.e. the samples a
-    resumed run already trained on."""
+    """DistributedSampler that can start an epoch part-way, at a GLOBAL sample.
+
+    An epoch's global order is one permutation of the dataset (seed + epoch,
+    the same for any world size); with W ranks, rank r takes positions r,
+    r+W, r+2W, ... of it, so after S steps of B samples per rank the job has
+    consumed exactly positions 0 .. S*B*W-1. `set_epoch(e, start=G)` drops
+    those G positions and deals the rest out to this world's ranks the same
+    way, so a resumed run continues at the same global sample even when its
+    world size (or batch) differs from the run that wrote the checkpoint.
+    With the same world size this is exactly DistributedSampler's order minus
+    the per-rank prefix. `skip=k` (per rank) means start=k*W.
+    """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
-        self.skip = 0
+        self.start = 0
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+    @property
+    def skip(self) -> int:
+        """Samples of this epoch each rank is taken to have trained on already."""
+        return self.start // self.num_replicas
+
+    def set_epoch(self, epoch: int, skip: int = 0, *, start: int | None = None) -> None:
         super().set_epoch(epoch)
-        self.skip = skip
+        self.start = skip * self.num_replicas if start is None else start
+
+    def global_order(self) -> list[int]:
+        """The epoch's permutation, as DistributedSampler draws it."""
+        gen = torch.Generator()
+        gen.manual_seed(self.seed + self.epoch)
+        return torch.randperm(dataset_size(self.dataset), generator=gen).tolist()
 
     def __iter__(self) -> Iterator[int]:
-        return iter(list(super().__iter__())[self.skip:])
+        order = self.global_order()
+        rest = order[self.start:]
+        pad = -len(rest) % self.num_replicas  # equal shares, wrapping around as DistributedSampler does
+        while pad:
+            rest += order[:pad]
+            pad = -len(rest) % self.num_replicas
+        return iter(rest[self.rank::self.num_replicas])
 
     def __len__(self) -> int:
-        return self.num_samples - self.skip
+        return max(0, -(-(dataset_size(self.dataset) - self.start) // self.num_replicas))
 
 
 class ShardSampler(Sampler[int]):
@@ -192,10 +239,10 @@ class DeviceResidentLoader:
                      device: torch.device) -> DeviceResidentLoader:
         was_train = getattr(dataset, "train", None)
         if was_train is not None:
-            dataset.train = False  # store un-augmented pixels; augmentation happens per batch
-        pairs = [dataset[i] for i in range(len(dataset))]
+            setattr(dataset, "train", False)  # noqa: B010  store un-augmented pixels; augmentation happens per batch
+        pairs = [dataset[i] for i in range(dataset_size(dataset))]
         if was_train is not None:
-            dataset.train = was_train
+            setattr(dataset, "train", was_train)  # noqa: B010
         images = torch.stack([p[0] for p in pairs]).to(device)
         labels = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=device)
         return cls(images, labels, sampler, batch_size, seed)
@@ -237,5 +284,5 @@ def train_loader(dataset: Dataset, sampler: ResumableSampler, batch_size: int, w
 
 
 def eval_loader(dataset: Dataset, num_replicas: int, rank: int, batch_size: int, workers: int) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), num_replicas, rank),
+    return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(dataset_size(dataset), num_replicas, rank),
                       num_workers=workers)

@@ -8,6 +8,7 @@ cannot hang), then all-reduce the sums.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -16,6 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
+
+from .progress import Metrics
+from .strategy import Parallel
 
 
 @dataclass(frozen=True)
@@ -53,3 +57,26 @@ def evaluate(model: nn.Module, loader: DataLoader, input_device: torch.device, o
         dist.all_reduce(sums)
     correct, total, loss_sum = sums.tolist()
     return EvalResult(int(correct), int(total), loss_sum / total if total else 0.0)
+
+
+class Evaluator:
+    """The trainer's evaluation: runs `evaluate`, keeps the last result, and
+    writes it to the metrics file and the log."""
+
+    def __init__(self, par: Parallel, loader: DataLoader, distributed: bool, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager], channels_last: bool,
+                 metrics: Metrics, log: logging.Logger) -> None:
+        self.par, self.loader, self.distributed, self.device = par, loader, distributed, device
+        self.autocast, self.channels_last = autocast, channels_last
+        self.metrics, self.log = metrics, log
+        self.last: EvalResult | None = None
+
+    def __call__(self, step: int, epoch: int) -> EvalResult:
+        result = evaluate(self.par.raw, self.loader, self.par.input_device, self.par.output_device,
+                          self.distributed, self.device, self.autocast, self.channels_last)
+        self.last = result
+        self.metrics.write("eval", step=step, epoch=epoch, accuracy=result.accuracy,
+                           loss=result.loss, correct=result.correct, total=result.total)
+        self.log.info("eval at step %d: accuracy %.4f (%d/%d), loss %.4f", step, result.accuracy,
+                      result.correct, result.total, result.loss)
+        return result

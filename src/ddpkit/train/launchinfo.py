@@ -8,14 +8,15 @@ order of precedence, and returns one LaunchInfo. No torch, no process group:
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .. import envnames as E
 from ..contract import DEFAULT_PORT, slurm_port_for_job
+from .config import Options
 
 HostlistExpander = Callable[[str], list[str]]
 
@@ -59,23 +60,23 @@ def _opt_int(env: Mapping[str, str], *names: str) -> int | None:
 
 
 def _port(env: Mapping[str, str], default: int | None) -> int | None:
-    return _int(env, "MASTER_PORT") if "MASTER_PORT" in env else default
+    return _int(env, E.MASTER_PORT) if E.MASTER_PORT in env else default
 
 
 def _torchrun(env: Mapping[str, str]) -> LaunchInfo:
     """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/GROUP_RANK and
     MASTER_ADDR/PORT in each worker. Under Kubeflow, PET_NODE_RANK is the node."""
-    local_world = _opt_int(env, "LOCAL_WORLD_SIZE") or 1
-    rank = _int(env, "RANK")
-    node_rank = _opt_int(env, "GROUP_RANK", "PET_NODE_RANK")
+    local_world = _opt_int(env, E.LOCAL_WORLD_SIZE) or 1
+    rank = _int(env, E.RANK)
+    node_rank = _opt_int(env, E.GROUP_RANK, E.PET_NODE_RANK)
     return LaunchInfo(
         launcher="torchrun",
         rank=rank,
-        local_rank=_int(env, "LOCAL_RANK"),
-        world_size=_int(env, "WORLD_SIZE"),
+        local_rank=_int(env, E.LOCAL_RANK),
+        world_size=_int(env, E.WORLD_SIZE),
         local_world_size=local_world,
         node_rank=node_rank if node_rank is not None else rank // local_world,
-        master_addr=env.get("MASTER_ADDR"),
+        master_addr=env.get(E.MASTER_ADDR),
         master_port=_port(env, None),
         init_method="env://",
     )
@@ -118,25 +119,25 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
 
 def _slurm(env: Mapping[str, str], expand: HostlistExpander) -> LaunchInfo:
     """One srun task per process (GPU): SLURM_PROCID is the rank."""
-    node_id = _opt_int(env, "SLURM_NODEID") or 0
-    if "SLURM_NTASKS_PER_NODE" in env:
-        local_world = _int(env, "SLURM_NTASKS_PER_NODE")
-    elif "SLURM_TASKS_PER_NODE" in env:
-        local_world = _tasks_on_node(env["SLURM_TASKS_PER_NODE"], node_id)
+    node_id = _opt_int(env, E.SLURM_NODEID) or 0
+    if E.SLURM_NTASKS_PER_NODE in env:
+        local_world = _int(env, E.SLURM_NTASKS_PER_NODE)
+    elif E.SLURM_TASKS_PER_NODE in env:
+        local_world = _tasks_on_node(env[E.SLURM_TASKS_PER_NODE], node_id)
     else:
         local_world = 1
-    master = env.get("MASTER_ADDR")
+    master = env.get(E.MASTER_ADDR)
     if master is None:
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        nodelist = env.get(E.SLURM_JOB_NODELIST) or env.get(E.SLURM_NODELIST)
         if not nodelist:
             raise StartupError("under srun but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set; export MASTER_ADDR")
         master = expand(nodelist)[0]
-    default_port = slurm_port_for_job(_int(env, "SLURM_JOB_ID")) if "SLURM_JOB_ID" in env else DEFAULT_PORT
+    default_port = slurm_port_for_job(_int(env, E.SLURM_JOB_ID)) if E.SLURM_JOB_ID in env else DEFAULT_PORT
     return LaunchInfo(
         launcher="slurm",
-        rank=_int(env, "SLURM_PROCID"),
-        local_rank=_opt_int(env, "SLURM_LOCALID") or 0,
-        world_size=_int(env, "SLURM_NTASKS"),
+        rank=_int(env, E.SLURM_PROCID),
+        local_rank=_opt_int(env, E.SLURM_LOCALID) or 0,
+        world_size=_int(env, E.SLURM_NTASKS),
         local_world_size=local_world,
         node_rank=node_id,
         master_addr=master,
@@ -148,7 +149,7 @@ def _slurm(env: Mapping[str, str], expand: HostlistExpander) -> LaunchInfo:
 def _mpi(env: Mapping[str, str], backend: str) -> LaunchInfo:
     """Open MPI's mpirun. The mpi backend needs no master; the others need
     MASTER_ADDR passed through (mpirun -x MASTER_ADDR=host)."""
-    master = env.get("MASTER_ADDR")
+    master = env.get(E.MASTER_ADDR)
     if master is None and backend != "mpi":
         raise StartupError(
             "started by mpirun with a TCP backend but MASTER_ADDR is not set; "
@@ -156,11 +157,11 @@ def _mpi(env: Mapping[str, str], backend: str) -> LaunchInfo:
         )
     return LaunchInfo(
         launcher="mpi",
-        rank=_int(env, "OMPI_COMM_WORLD_RANK"),
-        local_rank=_opt_int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0,
-        world_size=_int(env, "OMPI_COMM_WORLD_SIZE"),
-        local_world_size=_opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") or 1,
-        node_rank=_opt_int(env, "OMPI_COMM_WORLD_NODE_RANK") or 0,
+        rank=_int(env, E.OMPI_COMM_WORLD_RANK),
+        local_rank=_opt_int(env, E.OMPI_COMM_WORLD_LOCAL_RANK) or 0,
+        world_size=_int(env, E.OMPI_COMM_WORLD_SIZE),
+        local_world_size=_opt_int(env, E.OMPI_COMM_WORLD_LOCAL_SIZE) or 1,
+        node_rank=_opt_int(env, E.OMPI_COMM_WORLD_NODE_RANK) or 0,
         master_addr=master,
         master_port=_port(env, DEFAULT_PORT),
         init_method="env://",
@@ -170,36 +171,36 @@ def _mpi(env: Mapping[str, str], backend: str) -> LaunchInfo:
 def _pytorchjob(env: Mapping[str, str]) -> LaunchInfo:
     """A Kubeflow PyTorchJob pod running the entrypoint directly (no
     torchrun): one process per pod, RANK is the pod index."""
-    nproc = _opt_int(env, "PET_NPROC_PER_NODE") or 1
+    nproc = _opt_int(env, E.PET_NPROC_PER_NODE) or 1
     if nproc > 1:
         raise StartupError(
             f"PET_NPROC_PER_NODE={nproc} but this pod runs one process without torchrun; "
             "start the container with torchrun, or set nprocPerNode: 1"
         )
-    rank = _int(env, "RANK")
+    rank = _int(env, E.RANK)
     return LaunchInfo(
         launcher="pytorchjob",
         rank=rank,
         local_rank=0,
-        world_size=_int(env, "WORLD_SIZE"),
+        world_size=_int(env, E.WORLD_SIZE),
         local_world_size=1,
         node_rank=rank,
-        master_addr=env["MASTER_ADDR"],
+        master_addr=env[E.MASTER_ADDR],
         master_port=_port(env, DEFAULT_PORT),
         init_method="env://",
     )
 
 
-def _manual(env: Mapping[str, str], args: argparse.Namespace) -> LaunchInfo:
+def _manual(env: Mapping[str, str], args: Options) -> LaunchInfo:
     """--init-method with --rank/--world-size (or RANK/WORLD_SIZE for env://)."""
     method = args.init_method or "env://"
     if not method.startswith(("tcp://", "file://", "env://")):
         raise StartupError(f"--init-method {method!r}: use tcp://HOST:PORT, file:///PATH or env://")
-    rank = args.rank if args.rank is not None else _opt_int(env, "RANK")
-    world = args.world_size if args.world_size is not None else _opt_int(env, "WORLD_SIZE")
+    rank = args.rank if args.rank is not None else _opt_int(env, E.RANK)
+    world = args.world_size if args.world_size is not None else _opt_int(env, E.WORLD_SIZE)
     if rank is None or world is None:
         raise StartupError(f"--init-method {method} needs --rank R and --world-size W (or RANK and WORLD_SIZE)")
-    addr, port = env.get("MASTER_ADDR"), _port(env, None)
+    addr, port = env.get(E.MASTER_ADDR), _port(env, None)
     if method.startswith("tcp://"):
         m = re.fullmatch(r"tcp://\[?([^\]]+?)\]?:(\d+)", method)
         if not m:
@@ -207,14 +208,14 @@ def _manual(env: Mapping[str, str], args: argparse.Namespace) -> LaunchInfo:
         addr, port = m.group(1), int(m.group(2))
     elif method.startswith("env://") and (addr is None or port is None):
         raise StartupError("--init-method env:// needs MASTER_ADDR and MASTER_PORT in the environment")
-    local_rank = _opt_int(env, "LOCAL_RANK")
+    local_rank = _opt_int(env, E.LOCAL_RANK)
     return LaunchInfo(
         launcher="manual",
         rank=rank,
         local_rank=local_rank or 0,
         world_size=world,
-        local_world_size=_opt_int(env, "LOCAL_WORLD_SIZE") or (local_rank or 0) + 1,
-        node_rank=_opt_int(env, "DDPKIT_NODE_RANK", "NODE_RANK", "GROUP_RANK"),
+        local_world_size=_opt_int(env, E.LOCAL_WORLD_SIZE) or (local_rank or 0) + 1,
+        node_rank=_opt_int(env, E.DDPKIT_NODE_RANK, E.NODE_RANK, E.GROUP_RANK),
         master_addr=addr,
         master_port=port,
         init_method=method,
@@ -225,23 +226,23 @@ def _single() -> LaunchInfo:
     return LaunchInfo("single", 0, 0, 1, 1, 0, None, None, "env://")
 
 
-def detect_launch(env: Mapping[str, str], args: argparse.Namespace,
+def detect_launch(env: Mapping[str, str], args: Options,
                   expand: HostlistExpander = expand_hostlist) -> LaunchInfo:
     """Precedence: explicit flags, then torchrun (it may run under Slurm, MPI
     or a PyTorchJob pod, and its variables are the most specific), then the
     per-process launchers, then one process alone."""
     if args.init_method or args.rank is not None or args.world_size is not None:
         return _manual(env, args)
-    if "LOCAL_RANK" in env and "RANK" in env and "WORLD_SIZE" in env:
+    if E.LOCAL_RANK in env and E.RANK in env and E.WORLD_SIZE in env:
         return _torchrun(env)
     # Inside an srun step (SLURM_STEP_ID set), not the batch script itself,
     # whose SLURM_NTASKS would describe tasks it never started.
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+    if E.SLURM_PROCID in env and E.SLURM_NTASKS in env and (E.SLURM_STEP_ID in env or E.SLURM_STEPID in env):
         return _slurm(env, expand)
-    if "OMPI_COMM_WORLD_RANK" in env:
+    if E.OMPI_COMM_WORLD_RANK in env:
         return _mpi(env, getattr(args, "backend", "auto"))
-    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        if "PET_NNODES" in env or "PET_NODE_RANK" in env:
+    if E.RANK in env and E.WORLD_SIZE in env and E.MASTER_ADDR in env:
+        if E.PET_NNODES in env or E.PET_NODE_RANK in env:
             return _pytorchjob(env)
         return _manual(env, args)
     return _single()

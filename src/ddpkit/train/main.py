@@ -1,8 +1,11 @@
 """`ddpkit train`: start-up, rank report, training, summary, shutdown.
 
-Exit codes: 0 done; 2 bad flags, data, checkpoint or launch environment
-(nothing trained); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR2 after writing a
-checkpoint: run again with --resume auto.
+The command line is parsed once into a frozen TrainConfig (config.py), which
+every later step and every --spawn child receives.
+
+Exit codes (ddpkit.exitcodes.ExitCode): 0 OK; 2 BAD_INPUT bad flags, data,
+checkpoint or launch environment (nothing trained); 75 PREEMPTED stopped by
+SIGTERM/SIGUSR2 after writing a checkpoint: run again with --resume auto.
 """
 
 from __future__ import annotations
@@ -11,11 +14,17 @@ import argparse
 import functools
 import gc
 import sys
+from typing import TYPE_CHECKING
 
+from ..exitcodes import ExitCode
+from .clock import CLOCK
+from .config import TrainConfig
 from .options import add_training_arguments, problems
-from .startup import add_startup_arguments
+from .startup import DistContext, add_startup_arguments
 
-EXIT_BAD_INPUT = 2
+if TYPE_CHECKING:
+    from .faults import TrainFault
+    from .signals import StopRequest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _bad(message: str) -> int:
     print(f"ddpkit train: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return ExitCode.BAD_INPUT
 
 
-def _stop_request() -> object:
+def _stop_request() -> StopRequest:
     """SIGTERM/SIGUSR2 handlers, installed before anything slow (start-up,
     rank report, model build): a pre-emption signal that arrives then must
     lead to a checkpoint and exit 75, not kill the process."""
@@ -39,17 +48,33 @@ def _stop_request() -> object:
     return stop
 
 
-def train(ctx: object, args: argparse.Namespace, stop: object = None) -> int:
+def _fault(exc: TrainFault) -> int:
+    print(f"ddpkit train: {exc}", file=sys.stderr, flush=True)
+    return exc.code
+
+
+def import_trainer(model: str) -> None:
+    """Import what training `model` needs (torch, the trainer's modules, and
+    torchvision for its ResNets) now, so that the clock's `imports` phase
+    holds all of it and the later phases time only their own work."""
+    from . import loop, rank_report  # noqa: F401
+    from .models import is_torchvision_resnet
+
+    if is_torchvision_resnet(model):
+        import torchvision  # noqa: F401  (about a second: not for models that never use it)
+    CLOCK.mark("imports_done")
+
+
+def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None) -> int:
     """Everything after start-up, on one rank. Returns the exit code."""
-    from .loop import Trainer
+    from .loop import Trainer, exit_code
     from .rank_report import report
-    from .startup import CLOCK
 
     stop = stop or _stop_request()
     report(ctx)
     CLOCK.mark("rank_report_done")
-    trainer = Trainer(args, ctx, stop)
-    summary, code = trainer.run()
+    trainer = Trainer(config, ctx, stop)
+    summary = trainer.run()
     if ctx.rank == 0:
         print("\n".join(summary.lines()), flush=True)
     # DDP's reducer often sits in a reference cycle; if it outlives the
@@ -58,31 +83,35 @@ def train(ctx: object, args: argparse.Namespace, stop: object = None) -> int:
     # talking before the group is destroyed.
     del trainer
     gc.collect()
-    _finish_together(ctx)
-    return code
+    _finish_together()
+    return exit_code(summary.status)
 
 
-def _finish_together(ctx: object) -> None:
+def _finish_together() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
-def _spawned(ctx: object, args: argparse.Namespace) -> None:
-    code = train(ctx, args)
-    if code:
-        sys.exit(code)
-
-
 class _SpawnEntry:
-    """Picklable fn(ctx) for run_spawned that carries the parsed flags."""
+    """Picklable fn(ctx) for run_spawned: carries the frozen config (never the
+    CLI's Namespace, whose handler is a local function that cannot pickle)."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
 
-    def __call__(self, ctx: object) -> None:
-        _spawned(ctx, self.args)
+    def __call__(self, ctx: DistContext) -> None:
+        from .faults import TrainFault
+
+        try:
+            code = train(ctx, self.config)
+        except TrainFault as exc:  # a one-line message and its exit code, not a child's traceback
+            code = _fault(exc)
+        except _expected_errors() as exc:
+            code = _bad(str(exc))
+        if code:
+            sys.exit(code)
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -101,23 +130,30 @@ def run(args: argparse.Namespace) -> int:
     found = problems(args)
     if found:
         return _bad("invalid options (nothing was started):\n  - " + "\n  - ".join(found))
+    return run_config(TrainConfig.from_args(args))
+
+
+def run_config(config: TrainConfig) -> int:
     from torch.multiprocessing import ProcessExitedException
 
-    from .startup import import_trainer, init_distributed, run_spawned, shutdown
+    from .faults import TrainFault
+    from .startup import init_distributed, run_spawned, shutdown
 
     expected = _expected_errors()
     try:
-        if args.spawn:
-            run_spawned(args, _SpawnEntry(args), prepare=functools.partial(import_trainer, args.model))
-            return 0
+        if config.spawn:
+            run_spawned(config, _SpawnEntry(config), prepare=functools.partial(import_trainer, config.model))
+            return ExitCode.OK
         stop = _stop_request()
-        import_trainer(args.model)
-        ctx = init_distributed(args)
+        import_trainer(config.model)
+        ctx = init_distributed(config)
         try:
-            return train(ctx, args, stop)
+            return train(ctx, config, stop)
         finally:
             shutdown(ctx)
     except ProcessExitedException as exc:
-        return exc.exit_code or 1
+        return exc.exit_code or ExitCode.FAILED
+    except TrainFault as exc:
+        return _fault(exc)
     except expected as exc:
         return _bad(str(exc))

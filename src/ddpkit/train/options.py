@@ -37,7 +37,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("data")
     g.add_argument("--data", choices=("synthetic", "cifar10", "imagefolder"), default="synthetic")
-    g.add_argument("--data-dir", type=Path, help="cifar10: folder holding cifar-10-batches-py; imagefolder: folder with train/ and val/")
+    g.add_argument("--data-dir", type=Path,
+                   help="cifar10: folder holding cifar-10-batches-py; imagefolder: folder with train/ and val/")
     g.add_argument("--synthetic-size", type=_positive, default=1024, help="number of synthetic training samples")
     g.add_argument("--workers", type=_non_negative, default=2, help="DataLoader workers per process")
     g.add_argument("--gpu-resident-data", action="store_true",
@@ -52,7 +53,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup-epochs", type=float, default=0.0, help="linear warm-up length (fractions allowed)")
     g.add_argument("--momentum", type=float, default=0.9)
     g.add_argument("--weight-decay", type=float, default=5e-4)
-    g.add_argument("--grad-accum", type=_positive, default=1, help="micro-batches per optimizer step (no all-reduce on the others)")
+    g.add_argument("--grad-accum", type=_positive, default=1,
+                   help="micro-batches per optimizer step (no all-reduce on the others)")
     g.add_argument("--seed", type=int, default=0)
 
     g = parser.add_argument_group("parallelism and speed")
@@ -72,7 +74,8 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", type=Path)
-    g.add_argument("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints (0: end of each epoch only)")
+    g.add_argument("--checkpoint-every", type=_non_negative, default=0,
+                   help="steps between checkpoints (0: end of each epoch only)")
     g.add_argument("--keep", type=_positive, default=3, help="keep the last K checkpoints")
     g.add_argument("--resume", help="auto (latest in --checkpoint-dir, if any) or a checkpoint file")
 

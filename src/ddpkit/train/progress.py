@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,7 +38,7 @@ class Metrics:
         self.file: TextIO | None = None
         if path is not None and enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "a", encoding="utf-8")
+            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115  open for the whole run; close() ends it
 
     def write(self, kind: str, **fields: Any) -> None:
         if self.file is not None:
@@ -72,7 +73,7 @@ class Progress:
             return
         if self.bar is not None:
             # the loss column keeps the last value read until the next one
-            shown = {} if loss is None else {"loss": f"{loss:.4f}"}
+            shown: dict[str, Any] = {} if loss is None else {"loss": f"{loss:.4f}"}
             self.bar.update(self.task, completed=step, ips=f"{images_per_s:,.0f}", **shown)
         elif loss is not None:
             done = step - self.start
@@ -91,9 +92,22 @@ class Progress:
             self.bar.stop()
 
 
+class RunStatus(str, Enum):
+    """How a run ended (the summary's and the metrics file's `status`)."""
+
+    FINISHED = "finished"
+    PREEMPTED = "preempted"  # a stop signal: checkpointed, exit ExitCode.PREEMPTED
+
+    def __str__(self) -> str:  # "ddpkit train finished: ..." (str, Enum on 3.10 would print RunStatus.FINISHED)
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass
 class Summary:
-    status: str                 # finished | preempted
+    status: RunStatus
     steps: int
     epochs_completed: int
     seconds: float
@@ -115,4 +129,4 @@ class Summary:
         ]
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "status": self.status.value}

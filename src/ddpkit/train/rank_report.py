@@ -4,24 +4,19 @@ Every process builds its row, all rows are gathered to every rank, rank 0
 prints one table, and every rank runs the same checks on the same rows, so
 a bad job stops on all ranks at once instead of hanging in a collective.
 
-Test-only hook: DDPKIT_FORGE_RANK_REPORT='{"on_rank": 1, "rank": 0}' replaces
-fields of one process's row (on_rank: that process's true rank, default the
-last rank) before the gather, so tests can provoke a duplicate rank or a
-version mismatch in real processes. Never set it in a real job.
+Tests forge a row in real processes by replacing `own_row` from outside
+(tests/helpers/forge_rank_report.py); report() looks it up at call time.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import defaultdict
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 
 from .. import netif
 from .startup import DistContext
-
-FORGE_VAR = "DDPKIT_FORGE_RANK_REPORT"
 
 
 class RankReportError(RuntimeError):
@@ -77,20 +72,6 @@ def own_row(ctx: DistContext) -> RankRow:
         device=str(ctx.device), interface=ctx.interface, address=netif.address_of(ctx.interface),
         torch=torch_v, cuda=cuda_v, nccl=nccl_v, launcher=ctx.launcher,
     )
-
-
-def _forged(row: RankRow, world_size: int) -> RankRow:
-    raw = os.environ.get(FORGE_VAR)
-    if not raw:
-        return row
-    changes = json.loads(raw)
-    if changes.pop("on_rank", world_size - 1) != row.rank:
-        return row
-    allowed = {f.name for f in fields(RankRow)}
-    unknown = set(changes) - allowed
-    if unknown:
-        raise ValueError(f"{FORGE_VAR}: unknown row fields {sorted(unknown)}; use {sorted(allowed)}")
-    return replace(row, **changes)
 
 
 def check_rows(rows: list[RankRow], world_size: int) -> list[str]:
@@ -149,7 +130,7 @@ def report(ctx: DistContext, *, quiet: bool = False) -> RankReport:
     RankReportError on every rank when the rows do not form one job."""
     import torch.distributed as dist
 
-    row = _forged(own_row(ctx), ctx.world_size)
+    row = own_row(ctx)
     if dist.is_available() and dist.is_initialized():
         gathered: list[dict | None] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, asdict(row))

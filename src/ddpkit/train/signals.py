@@ -27,7 +27,10 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; run again with --resume auto
+from .. import envnames
+from ..exitcodes import ExitCode
+
+EXIT_PREEMPTED = ExitCode.PREEMPTED  # stopped on request after a checkpoint; run again with --resume auto
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 CPU_BACKENDS = ("gloo", "mpi")  # default-group backends that all-reduce CPU tensors
 
@@ -58,7 +61,9 @@ def cpu_group(backend: str) -> dist.ProcessGroup | None:
         return None
     # NCCL only reduces device tensors: a flag there would cost a device copy
     # and a tiny kernel on the compute stream every step.
-    return dist.new_group(backend="gloo")
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)  # this rank is in the group: never the non-member marker
+    return group
 
 
 class StopAgreement:
@@ -109,7 +114,7 @@ class StopAgreement:
 
 def requeue_if_slurm() -> str | None:
     """Under Slurm, put the job back in the queue; returns what was done, for the log."""
-    job = os.environ.get("SLURM_JOB_ID")
+    job = os.environ.get(envnames.SLURM_JOB_ID)
     if not job:
         return None
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)

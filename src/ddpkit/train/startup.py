@@ -5,9 +5,8 @@ device, process group.
     run_spawned(args, fn)             # --spawn N: N processes on this machine
     shutdown(ctx)
 
-It also keeps this process's start-up clock (CLOCK): wall-clock stamps from
-the process's own start to the end of the first training step, which the
-trainer writes as one `startup` metrics record.
+It stamps the start-up clock (clock.CLOCK) when the group is formed; CLOCK
+and StartupClock are re-exported here for older imports.
 
 torch is imported inside functions: `ddpkit --help` imports this module to
 build its parser.
@@ -20,13 +19,14 @@ import datetime
 import os
 import socket
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import netif
+from .. import envnames, netif
+from .clock import CLOCK, StartupClock, process_start
+from .config import Options
 from .launchinfo import LaunchInfo, StartupError, detect_launch, expand_hostlist
 
 if TYPE_CHECKING:
@@ -35,92 +35,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DistContext", "LaunchInfo", "StartupError", "add_startup_arguments", "detect_launch",
     "expand_hostlist", "init_distributed", "run_spawned", "shutdown", "hostname", "CLOCK", "StartupClock",
-    "import_trainer", "process_start",
+    "process_start", "Options",
 ]
 
 DEFAULT_TIMEOUT_S = 1800
-_IMPORTED_AT = time.time()  # fallback process start where /proc cannot tell
-
-
-# ---- the start-up clock ----------------------------------------------------------
-# Stamps in the order they happen, each the end of the phase named beside it.
-STAMPS = (("process_start", ""), ("imports_done", "imports"), ("rendezvous_done", "rendezvous"),
-          ("rank_report_done", "rank report"), ("model_built", "model"), ("data_built", "data"),
-          ("setup_done", "optimizer + resume"), ("first_step_done", "first step"))
-
-
-def process_start() -> tuple[float, str]:
-    """(wall-clock time this process started, where that came from).
-
-    Linux: /proc/self/stat field 22 is the start in clock ticks after boot
-    (CLOCK_BOOTTIME, 10 ms resolution with the usual 100 Hz ticks). Its age
-    is subtracted from the current wall clock, rather than adding /proc/stat's
-    btime, which is whole seconds and drifts from the wall clock as NTP
-    adjusts it. Elsewhere: when this module was imported, which misses the
-    interpreter's own start-up and the imports before it.
-    """
-    try:
-        stat = Path("/proc/self/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # after "pid (comm)", field 3 is index 0
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - age, "/proc/self/stat"
-    except (OSError, ValueError, IndexError, AttributeError):
-        return _IMPORTED_AT, "ddpkit.train.startup import"
-
-
-@dataclass
-class StartupClock:
-    """Wall-clock stamps of one process's start-up. A later mark of the same
-    name is ignored: a phase ends once, the first time."""
-
-    stamps: dict[str, float] = field(default_factory=dict)
-    process_start_from: str = ""
-
-    def __post_init__(self) -> None:
-        if "process_start" not in self.stamps:
-            self.stamps["process_start"], self.process_start_from = process_start()
-
-    def mark(self, name: str) -> None:
-        if name not in dict(STAMPS):
-            raise ValueError(f"unknown start-up stamp {name!r}")
-        self.stamps.setdefault(name, time.time())
-
-    def phases(self) -> dict[str, float]:
-        """Seconds per phase, each from the previous stamp taken to its own,
-        so the phases add up to the total; a stamp never taken is left out."""
-        taken = [(stamp, phase) for stamp, phase in STAMPS if stamp in self.stamps]
-        return {phase: self.stamps[stamp] - self.stamps[prev]
-                for (prev, _), (stamp, phase) in zip(taken, taken[1:])}
-
-    def record(self) -> dict[str, object]:
-        """The fields of the `startup` metrics record."""
-        ordered = {stamp: self.stamps[stamp] for stamp, _ in STAMPS if stamp in self.stamps}
-        last = next(reversed(ordered))
-        return {"stamps": ordered, "phases": self.phases(), "total": ordered[last] - ordered["process_start"],
-                "process_start_from": self.process_start_from, "pid": os.getpid()}
-
-    def line(self) -> str:
-        """One line for the log: 'start-up 4.51 s: imports 2.16, rendezvous 0.01, ...'."""
-        rec = self.record()
-        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in rec["phases"].items())
-        return f"start-up {rec['total']:.2f} s: {parts}"
-
-
-# One start-up per process: the stamps belong to the process, like its pid,
-# and are taken where each phase ends (main, _init, the trainer).
-CLOCK = StartupClock()
-
-
-def import_trainer(model: str) -> None:
-    """Import what training `model` needs (torch, the trainer's modules, and
-    torchvision for its ResNets) now, so that the clock's `imports` phase
-    holds all of it and the later phases time only their own work."""
-    from . import loop, rank_report  # noqa: F401
-    from .models import is_torchvision_resnet
-
-    if is_torchvision_resnet(model):
-        import torchvision  # noqa: F401  (about a second: not for models that never use it)
-    CLOCK.mark("imports_done")
 
 
 @dataclass(frozen=True)
@@ -152,14 +70,14 @@ class DistContext:
 def add_startup_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("start-up (normally set by the launcher)")
     g.add_argument("--backend", choices=["auto", "nccl", "gloo", "mpi"],
-                   default=os.environ.get("DDPKIT_BACKEND", "auto"),
+                   default=os.environ.get(envnames.DDPKIT_BACKEND, "auto"),
                    help="auto: nccl with GPUs, else gloo (default: $DDPKIT_BACKEND or auto)")
     g.add_argument("--init-method", metavar="URL",
                    help="manual start: tcp://HOST:PORT, file:///PATH or env:// (with --rank and --world-size)")
     g.add_argument("--rank", type=int, help="this process's global rank (manual start)")
     g.add_argument("--world-size", type=int, help="number of processes in the job (manual start)")
     g.add_argument("--spawn", type=int, metavar="N", help="start N processes on this machine (torch.multiprocessing)")
-    g.add_argument("--interface", default=os.environ.get("DDPKIT_INTERFACE", "auto"),
+    g.add_argument("--interface", default=os.environ.get(envnames.DDPKIT_INTERFACE, "auto"),
                    help="network interface(s) for NCCL/Gloo: auto (routes to the master), a name, or a comma list")
     g.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: cuda when a GPU is visible, else cpu")
@@ -170,7 +88,7 @@ def add_startup_arguments(parser: argparse.ArgumentParser) -> None:
 def hostname() -> str:
     """The host's name. `ddpkit launch local` names each emulated node
     (DDPKIT_HOSTNAME) so that N nodes on one machine stay distinct."""
-    return os.environ.get("DDPKIT_HOSTNAME") or socket.gethostname()
+    return os.environ.get(envnames.DDPKIT_HOSTNAME) or socket.gethostname()
 
 
 def resolve_device(choice: str, local_rank: int) -> torch.device:
@@ -209,8 +127,8 @@ def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float) -> Non
         return
     if info.init_method == "env://":
         # Launchers that do not export these (srun, mpirun, a pod) still meet env://.
-        os.environ["MASTER_ADDR"] = str(info.master_addr)
-        os.environ["MASTER_PORT"] = str(info.master_port)
+        os.environ[envnames.MASTER_ADDR] = str(info.master_addr)
+        os.environ[envnames.MASTER_PORT] = str(info.master_port)
     dist.init_process_group(backend, init_method=info.init_method, rank=info.rank,
                             world_size=info.world_size, timeout=timeout)
 
@@ -227,7 +145,7 @@ def _placement_from_hosts(rank: int, host: str) -> tuple[int, int, int]:
     return order.index(host), mine.index(rank), len(mine)
 
 
-def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
+def _init(info: LaunchInfo, args: Options) -> DistContext:
     import torch
 
     # A manual start that was not told its node guesses the GPU from the
@@ -244,6 +162,8 @@ def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if info.launcher != "single":
+        # Pre-join network checks (interface, DNS, port) belong here, before
+        # the first collective can hang on a bad network.
         _init_process_group(info, backend, args.dist_timeout)
         if backend == "mpi":
             info = replace(info, rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size())
@@ -258,13 +178,13 @@ def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     )
 
 
-def init_distributed(args: argparse.Namespace) -> DistContext:
+def init_distributed(args: Options) -> DistContext:
     """Detect the launcher, pin the interface, pick backend and device, and
     join the process group (none for one process started alone)."""
     return _init(detect_launch(os.environ, args), args)
 
 
-def _spawned_child(index: int, args: argparse.Namespace, fn: Callable[[DistContext], object],
+def _spawned_child(index: int, args: Options, fn: Callable[[DistContext], object],
                    nprocs: int, init_file: str, prepare: Callable[[], object] | None) -> None:
     if prepare is not None:
         prepare()
@@ -277,7 +197,7 @@ def _spawned_child(index: int, args: argparse.Namespace, fn: Callable[[DistConte
         shutdown(ctx)
 
 
-def run_spawned(args: argparse.Namespace, fn: Callable[[DistContext], object],
+def run_spawned(args: Options, fn: Callable[[DistContext], object],
                 prepare: Callable[[], object] | None = None) -> None:
     """--spawn N: N processes on this machine, joined through a file store
     (no port to race for). Each runs prepare() (if given) before it joins the

@@ -3,16 +3,17 @@ several devices), DataParallel (optionally balanced), ZeRO-sharded optimizer."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
-from typing import ContextManager
+from typing import Any
 
 import torch
 from torch import nn
 
 from .balanced_dp import BalancedDataParallel
+from .config import TrainConfig
 from .models import StagedModel
 
 
@@ -42,7 +43,7 @@ def process_devices(base: torch.device, local_rank: int, per_process: int) -> li
     return [torch.device("cuda", first + i) for i in range(per_process)]
 
 
-def _ddp(model: StagedModel, args: argparse.Namespace, device: torch.device, local_rank: int,
+def _ddp(model: StagedModel, args: TrainConfig, device: torch.device, local_rank: int,
          distributed: bool) -> Parallel:
     devices = process_devices(device, local_rank, args.devices_per_process)
     if args.sync_bn:
@@ -64,7 +65,7 @@ def _ddp(model: StagedModel, args: argparse.Namespace, device: torch.device, loc
     return Parallel(wrapped, model, devices[0], devices[-1], wrapped.no_sync)
 
 
-def _dp(model: StagedModel, args: argparse.Namespace, device: torch.device) -> Parallel:
+def _dp(model: StagedModel, args: TrainConfig, device: torch.device) -> Parallel:
     model.to(device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
@@ -75,7 +76,7 @@ def _dp(model: StagedModel, args: argparse.Namespace, device: torch.device) -> P
     return Parallel(wrapped, model, device, device, contextlib.nullcontext)
 
 
-def parallelise(model: StagedModel, args: argparse.Namespace, device: torch.device, local_rank: int,
+def parallelise(model: StagedModel, args: TrainConfig, device: torch.device, local_rank: int,
                 world_size: int, distributed: bool) -> Parallel:
     if args.activation_checkpointing:
         model.checkpointing = True
@@ -87,13 +88,13 @@ def parallelise(model: StagedModel, args: argparse.Namespace, device: torch.devi
     else:
         par = _ddp(model, args, device, local_rank, distributed)
     if args.compile:
-        par.module = torch.compile(par.module)
+        par.module = torch.compile(par.module)  # type: ignore[assignment]  # a compiled module still is one
     return par
 
 
-def make_optimizer(params: list[nn.Parameter], args: argparse.Namespace, lr: float,
+def make_optimizer(params: list[nn.Parameter], args: TrainConfig, lr: float,
                    distributed: bool) -> torch.optim.Optimizer:
-    sgd = dict(lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    sgd: dict[str, Any] = {"lr": lr, "momentum": args.momentum, "weight_decay": args.weight_decay}
     if args.zero:
         if not distributed:
             raise StrategyError("--zero shards optimizer state across ranks; it needs a distributed run")

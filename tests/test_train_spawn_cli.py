@@ -1,0 +1,59 @@
+"""`ddpkit train --spawn N` through the installed console command (issue 13
+item 5): the CLI's parsed Namespace carries its handler, a local function
+that cannot be pickled into the spawned children; the children get the
+frozen TrainConfig instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpkit.train.config import TrainConfig
+from tests.helpers.runs import ROOT, TINY
+
+
+def console_command() -> str:
+    """The `ddpkit` script installed beside this interpreter (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name("ddpkit")
+    found = str(beside) if beside.exists() else shutil.which("ddpkit")
+    if found is None:
+        pytest.skip("no `ddpkit` console command installed")
+    return found
+
+
+def test_the_config_pickles_and_drops_the_cli_handler() -> None:
+    import argparse
+    import pickle
+
+    from ddpkit.train.main import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--spawn", "2", "--batch-size", "8"])
+    args.handler = lambda _: 0  # what ddpkit.cli puts there: not picklable
+    config = TrainConfig.from_args(args)
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert config.spawn == 2 and config.batch_size == 8 and not hasattr(config, "handler")
+
+
+@pytest.mark.slow
+def test_ddpkit_train_spawn_2_runs_to_completion(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    done = subprocess.run([console_command(), "train", "--spawn", "2", "--device", "cpu", "--backend", "gloo",
+                           "--interface", "lo", *TINY, "--synthetic-size", "64", "--batch-size", "8",
+                           "--eval-size", "16", "--metrics", str(metrics)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Can't pickle" not in done.stderr
+    assert "ddpkit train finished: 4 steps, 1 epochs, world size 2, global batch 16" in done.stdout
+    [summary] = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "summary"]
+    assert summary["status"] == "finished" and summary["world_size"] == 2
