@@ -120,4 +120,5 @@ def run(args: argparse.Namespace) -> int:
     except ProcessExitedException as exc:
         return exc.exit_code or 1
     except expected as exc:
-        return _bad(str(exc))
+        _bad(str(exc))  # a NetCheckError carries its own code (STARTUP)
+        return int(getattr(exc, "exit_code", EXIT_BAD_INPUT))

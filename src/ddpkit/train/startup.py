@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import netif
+from .. import netcheck, netif
 from .launchinfo import LaunchInfo, StartupError, detect_launch, expand_hostlist
 
 if TYPE_CHECKING:
@@ -200,12 +200,15 @@ def resolve_backend(choice: str, device: torch.device) -> str:
     return choice
 
 
-def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float) -> None:
+def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float, store: object = None) -> None:
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "mpi":  # MPI knows ranks and peers itself
         dist.init_process_group("mpi", timeout=timeout)
+        return
+    if store is not None:  # the network checks opened the rendezvous store: the group meets through it
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
         return
     if info.init_method == "env://":
         # Launchers that do not export these (srun, mpirun, a pod) still meet env://.
@@ -235,8 +238,10 @@ def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     device = resolve_device(args.device, info.local_rank if info.node_rank is not None else info.rank)
     backend = resolve_backend(args.backend, device)
     host = hostname()
-    interface = None
+    interface = store = None
     if info.launcher != "single" and backend != "mpi":
+        # Interface, DNS, port and arrival checks before any group; NetCheckError is a StartupError (exit 4).
+        store = netcheck.before_join(info, args.interface, args.dist_timeout)
         try:
             interface = netif.apply_interface(args.interface, info.master_addr)
         except netif.InterfaceError as exc:
@@ -244,7 +249,7 @@ def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if info.launcher != "single":
-        _init_process_group(info, backend, args.dist_timeout)
+        _init_process_group(info, backend, args.dist_timeout, store)
         if backend == "mpi":
             info = replace(info, rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size())
     node_rank, local_rank, local_world = info.node_rank, info.local_rank, info.local_world_size
