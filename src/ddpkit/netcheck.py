@@ -113,7 +113,7 @@ def interface_settings(choice: str, env: Mapping[str, str]) -> list[tuple[str, s
     return found or [("--interface", choice)]
 
 
-def _names(value: str) -> list[str]:
+def names_in(value: str) -> list[str]:
     # NCCL's '=eth0' asks for an exact match; '^lo,docker' (exclusion) names no interface to check.
     return [] if value.startswith("^") else [n.lstrip("=") for n in value.split(",") if n]
 
@@ -129,7 +129,7 @@ def interface_problem(source: str, value: str, spans_hosts: bool,
     if value.startswith("^") and source != "NCCL_SOCKET_IFNAME":
         return Problem("interface", f"{source}={value!r}: Gloo does not accept NCCL's '^' exclusion syntax", offer)
     by_name = {i.name: i for i in have}
-    names = _names(value)
+    names = names_in(value)
     missing = [n for n in names if n not in by_name]
     if missing:
         return Problem("interface", f"{source}={value!r}: no interface {', '.join(missing)} on host "

@@ -91,7 +91,7 @@ def listing(have: list[Interface] | None = None) -> str:
 
 def resolve_ipv4(host: str) -> str:
     try:
-        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
     except (socket.gaierror, UnicodeError) as exc:
         raise InterfaceError(f"master address {host!r} does not resolve to an IPv4 address: {exc}") from None
 
