@@ -25,8 +25,10 @@ import ipaddress
 import os
 import socket
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,8 +44,9 @@ WINDOW_VAR = "DDPKIT_RENDEZVOUS_WINDOW"
 # Every rank must check in within this many seconds of rank 0 opening the
 # store; a fault must end the job within 30 s. Launchers whose nodes start
 # minutes apart (pods pulling images) raise it through DDPKIT_RENDEZVOUS_WINDOW.
-DEFAULT_WINDOW_S = 20.0
+DEFAULT_WINDOW_S = 15.0
 RETRY_S = 0.2
+STORE_REPLY_S = 10.0
 ACK_WAIT_S = 3.0  # how long rank 0 keeps the store up so arrived ranks read its verdict
 KEY = "ddpkit/netcheck"
 
@@ -227,7 +230,44 @@ def connect_problem(addr: str, port: int, window: float) -> Problem | None:
 
 # ---- arrival -----------------------------------------------------------------------
 
+@contextmanager
+def _watchdog(seconds: float, problem: Problem) -> Iterator[None]:
+    """End this process with `problem` if the block takes longer than
+    `seconds`. TCPStore's client waits without limit for the store's reply
+    when whatever accepted the connection never answers (a port held by
+    another program): no exception reaches us, so a timer must end it."""
+    def fire() -> None:
+        print(f"ddpkit train: {problem.line()}", file=sys.stderr, flush=True)
+        os._exit(ExitCode.STARTUP)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _silent_store(peers: Peers, window: float) -> Problem:
+    where = f"{peers.master_addr}:{peers.master_port}"
+    return Problem("rendezvous", f"{where} accepted the connection but no rendezvous store answered within "
+                   f"{window:.0f} s: another program holds the port, or rank 0 stopped",
+                   f"see rank 0's log; if something else listens on {peers.master_port} there, choose another "
+                   "port (network.master_port in the job spec, or MASTER_PORT)")
+
+
 def _open_store(peers: Peers, window: float) -> dist.TCPStore:
+    assert peers.master_addr is not None and peers.master_port is not None
+    if peers.hosts_store:
+        return _create_store(peers, window)
+    # A store that accepted the connection answers in milliseconds: give it
+    # STORE_REPLY_S, not the whole window, so the job still ends within 30 s.
+    with _watchdog(min(window, STORE_REPLY_S), _silent_store(peers, min(window, STORE_REPLY_S))):
+        return _create_store(peers, window)
+
+
+def _create_store(peers: Peers, window: float) -> dist.TCPStore:
     import torch.distributed as dist
 
     assert peers.master_addr is not None and peers.master_port is not None
@@ -318,6 +358,10 @@ def local_problems(peers: Peers, choice: str, env: Mapping[str, str]) -> list[Pr
         picked = auto_choice(peers.master_addr)
         if isinstance(picked, Problem):
             problems.append(picked)
+        elif peers.spans_hosts and picked.name == netif.loopback_name():
+            problems.append(Problem("interface", f"auto found only loopback ({picked.reason}) but the job spans "
+                                    "hosts: the other nodes cannot reach this one",
+                                    f"bring this host's network interface up, or name one: {netif.listing()}"))
     loop = loopback_master_problem(peers)
     if loop is not None:
         problems.append(loop)

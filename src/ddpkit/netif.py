@@ -118,10 +118,10 @@ def choose(master_addr: str) -> Choice:
     if not ipaddress.ip_address(target).is_loopback:
         return _routed(master_addr, target)
     if is_local_name(master_addr):
-        return Choice(_loopback_name(), f"{master_addr} is loopback: a one-machine job")
+        return Choice(loopback_name(), f"{master_addr} is loopback: a one-machine job")
     real = outward_interface()
     if real is None:
-        return Choice(_loopback_name(), f"{master_addr} -> {target} and this host has no other interface up")
+        return Choice(loopback_name(), f"{master_addr} -> {target} and this host has no other interface up")
     return Choice(real.name, f"{master_addr} -> {target} (loopback) here; {real.reason}")
 
 
@@ -188,7 +188,7 @@ def route_interface(master_addr: str) -> str:
     return choose(master_addr).name
 
 
-def _loopback_name() -> str:
+def loopback_name() -> str:
     for iface in interfaces():
         if iface.loopback:
             return iface.name

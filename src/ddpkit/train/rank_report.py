@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, fields, replace
 
 from .. import netif
+from ..exitcodes import ExitCode
 from .startup import DistContext
 
 FORGE_VAR = "DDPKIT_FORGE_RANK_REPORT"
@@ -26,6 +27,8 @@ FORGE_VAR = "DDPKIT_FORGE_RANK_REPORT"
 
 class RankReportError(RuntimeError):
     """The processes of the job do not form one consistent job."""
+
+    exit_code = ExitCode.STARTUP  # `ddpkit train` exits with it (main.run)
 
 
 @dataclass(frozen=True)
