@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.doctor.sizes import KIB
+from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 
 pytestmark = pytest.mark.slow
@@ -177,3 +179,31 @@ def test_bad_size_is_refused_with_exit_2():
     proc = subprocess.run([sys.executable, "-m", "ddpkit.doctor", "--ops=alltoall"], env=base_env(),
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "alltoall" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["one process", "--spawn=2"])
+def test_wrong_interface_name_fails_before_any_group(mode: str) -> None:
+    """Issue 13: one process said PASS; --spawn 2 died in gloo's traceback
+    'Unable to find address for: nosuch0'."""
+    args = ["--interface=nosuch0"] if mode == "one process" else ["--spawn=2"]
+    env = base_env(GLOO_SOCKET_IFNAME="nosuch0") if mode != "one process" else base_env()
+    rc, doc, err = doctor(*args, env=env, cli=True, timeout=60)
+    assert rc == ExitCode.FAILED and doc["verdict"] == "FAIL"
+    fail = the_failure(doc, "interface")
+    assert "no interface nosuch0" in fail["detail"] and "lo=127.0.0.1" in fail["fix"]
+    assert "Traceback" not in err and "Unable to find address" not in err
+
+
+def test_master_port_in_use_fails_on_the_master() -> None:
+    """Rank 0 opens the store itself (no torchrun agent): a port something
+    else listens on fails before the rendezvous, with the port named."""
+    with socket.socket() as squatter:
+        squatter.bind(("", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        env = base_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        rc, doc, err = doctor("--connect-timeout=1", env=env, timeout=60)
+    assert rc == ExitCode.FAILED
+    fail = the_failure(doc, "master port")
+    assert f"master port {port} is already in use" in fail["detail"] and "another port" in fail["fix"]
+    assert "Traceback" not in err
