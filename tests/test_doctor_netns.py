@@ -32,7 +32,7 @@ def start(net: netns.Network, env: dict[str, str], *extra: str) -> list[subproce
             for i, host in enumerate(net.hosts)]
 
 
-def test_two_hosts_auto_interface_and_a_wrong_name():
+def test_two_hosts_auto_interface_and_a_wrong_name() -> None:
     with netns.Network(["dka", "dkb"], prefix="dkdoc", ifnames=["ens5", "enp7s0"]) as net:
         net.wait_reachable()
         procs = start(net, base_env(DDPKIT_INTERFACE="auto"))

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def as_rank1_of_2(port: int, **extra: str) -> dict[str, str]:
 
 
 def doctor(*args: str, env: dict[str, str], torchrun: int = 0, timeout: int = 240,
-           preexec=None, cli: bool = False) -> tuple[int, dict, str]:
+           preexec: Callable[[], object] | None = None, cli: bool = False) -> tuple[int, dict, str]:
     cmd = [sys.executable]
     if cli:  # through `ddpkit doctor`, not `python -m ddpkit.doctor`
         cmd += ["-m", "ddpkit.cli", "doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", *args]
@@ -71,7 +72,7 @@ def the_failure(doc: dict, name: str) -> dict:
     return fails[0]
 
 
-def test_four_gloo_ranks_bandwidth_table_is_sane():
+def test_four_gloo_ranks_bandwidth_table_is_sane() -> None:
     rc, doc, err = doctor("--bench", "--max-size=256KiB", "--bench-seconds=0.02", "--ops=all_reduce,all_gather",
                           env=base_env(), torchrun=4)
     assert rc == 0, err
@@ -97,7 +98,7 @@ def test_four_gloo_ranks_bandwidth_table_is_sane():
 
 
 @pytest.mark.parametrize("var", ["GLOO_SOCKET_IFNAME", "DDPKIT_INTERFACE"])
-def test_missing_interface_fails_before_joining(var):
+def test_missing_interface_fails_before_joining(var: str) -> None:
     rc, doc, _ = doctor(env=as_rank1_of_2(free_port(), **{var: "nonexistent0"}))
     assert rc == 1 and doc["verdict"] == "FAIL"
     fail = the_failure(doc, "interface")
@@ -106,7 +107,7 @@ def test_missing_interface_fails_before_joining(var):
     assert the_failure(doc, "rendezvous")["rank"] == 1
 
 
-def test_closed_master_port_fails_within_the_timeout():
+def test_closed_master_port_fails_within_the_timeout() -> None:
     port = free_port()
     rc, doc, _ = doctor("--connect-timeout=1", env=as_rank1_of_2(port))
     assert rc == 1
@@ -116,7 +117,7 @@ def test_closed_master_port_fails_within_the_timeout():
     assert rows(doc, "master resolves")[0]["status"] == "PASS"
 
 
-def test_unresolvable_master_fails():
+def test_unresolvable_master_fails() -> None:
     env = as_rank1_of_2(free_port())
     env["MASTER_ADDR"] = "no-such-master.invalid"
     rc, doc, _ = doctor("--connect-timeout=1", "--interface=lo", env=env)
@@ -124,7 +125,7 @@ def test_unresolvable_master_fails():
     assert "no-such-master.invalid" in the_failure(doc, "master resolves")["detail"]
 
 
-def test_forged_version_mismatch_fails_the_rank_report():
+def test_forged_version_mismatch_fails_the_rank_report() -> None:
     forge = json.dumps({"on_rank": 1, "torch": "0.0-forged"})
     rc, doc, _ = doctor("--spawn=2", env=base_env(DDPKIT_FORGE_RANK_REPORT=forge), cli=True)
     assert rc == 1 and doc["world_size"] == 2
@@ -135,7 +136,7 @@ def test_forged_version_mismatch_fails_the_rank_report():
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="needs root to mount a small tmpfs")
-def test_small_shm_and_full_disk_on_a_real_1m_tmpfs(tmp_path: Path):
+def test_small_shm_and_full_disk_on_a_real_1m_tmpfs(tmp_path: Path) -> None:
     mnt = tmp_path / "shm"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
@@ -150,7 +151,7 @@ def test_small_shm_and_full_disk_on_a_real_1m_tmpfs(tmp_path: Path):
     assert "need 64 MiB" in the_failure(doc, "disk")["detail"]
 
 
-def test_shm_threshold_is_overridable():
+def test_shm_threshold_is_overridable() -> None:
     total = os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize
     too_big = f"{total // KIB + 1024}KiB"
     rc, doc, _ = doctor(f"--shm-min={too_big}", env=base_env())
@@ -164,7 +165,7 @@ def _low_memlock() -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has GPUs")
-def test_cuda_without_gpus_fails_and_low_memlock_warns():
+def test_cuda_without_gpus_fails_and_low_memlock_warns() -> None:
     rc, doc, _ = doctor("--device=cuda", env=as_rank1_of_2(free_port()), preexec=_low_memlock)
     assert rc == 1
     assert "0 GPU(s) visible" in the_failure(doc, "gpus")["detail"]
@@ -172,7 +173,7 @@ def test_cuda_without_gpus_fails_and_low_memlock_warns():
     assert memlock["status"] == "WARN" and "64 KiB" in memlock["detail"] and "unlimited" in memlock["fix"]
 
 
-def test_bad_size_is_refused_with_exit_2():
+def test_bad_size_is_refused_with_exit_2() -> None:
     proc = subprocess.run([sys.executable, "-m", "ddpkit.doctor", "--max-size=12XB"], env=base_env(),
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--max-size" in proc.stderr and "64MiB" in proc.stderr

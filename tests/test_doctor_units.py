@@ -36,12 +36,13 @@ WHERE = local.Where(rank=3, host="node1")
         ("broadcast", 4, 10**9, 2.0, 0.5, 0.5),
     ],
 )
-def test_busbw_matches_hand_computed(op, world, size, seconds, alg, bus):
+def test_busbw_matches_hand_computed(op: str, world: int, size: int, seconds: float, alg: float,
+                                    bus: float) -> None:
     assert algbw(size, seconds) == pytest.approx(alg)
     assert busbw(op, size, seconds, world) == pytest.approx(bus)
 
 
-def test_bus_factor_rejects_unknown_op_and_bad_world():
+def test_bus_factor_rejects_unknown_op_and_bad_world() -> None:
     with pytest.raises(ValueError, match="all_reduce"):
         bus_factor("alltoall", 4)
     with pytest.raises(ValueError):
@@ -50,7 +51,7 @@ def test_bus_factor_rejects_unknown_op_and_bad_world():
         algbw(1024, 0.0)
 
 
-def test_sizes_from_1kib_to_1gib():
+def test_sizes_from_1kib_to_1gib() -> None:
     sizes = message_sizes(KIB, GIB)
     assert sizes[0] == 1024 and sizes[-1] == GIB
     assert all(b == 4 * a for a, b in zip(sizes, sizes[1:]))
@@ -61,17 +62,17 @@ def test_sizes_from_1kib_to_1gib():
 
 @pytest.mark.parametrize(("text", "value"), [("4096", 4096), ("64KiB", 64 * KIB), ("64M", 64 * MIB),
                                             ("1GiB", GIB), ("2 gb", 2 * GIB)])
-def test_parse_size(text, value):
+def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "1.5G", "12XB", "0", "-4K"])
-def test_parse_size_rejects(text):
+def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
         parse_size(text)
 
 
-def test_gpus_fewer_than_processes_fails_and_blocks():
+def test_gpus_fewer_than_processes_fails_and_blocks() -> None:
     c = local.check_gpus(WHERE, wants_cuda=True, visible=1, local_world_size=2)
     assert c.status is Status.FAIL and c.blocking and "nproc_per_node to 1" in c.fix
     assert local.check_gpus(WHERE, wants_cuda=True, visible=0, local_world_size=1).status is Status.FAIL
@@ -80,37 +81,37 @@ def test_gpus_fewer_than_processes_fails_and_blocks():
     assert local.check_gpus(WHERE, wants_cuda=False, visible=0, local_world_size=4).status is Status.SKIP
 
 
-def test_memlock_warns_only_where_it_matters():
+def test_memlock_warns_only_where_it_matters() -> None:
     assert local.check_memlock(WHERE, rdma_or_gpu=True, limit=64 * KIB).status is Status.WARN
     assert local.check_memlock(WHERE, rdma_or_gpu=False, limit=64 * KIB).status is Status.PASS
     assert local.check_memlock(WHERE, rdma_or_gpu=True, limit=resource.RLIM_INFINITY).status is Status.PASS
 
 
-def test_disk_threshold_and_missing_folder(tmp_path: Path):
+def test_disk_threshold_and_missing_folder(tmp_path: Path) -> None:
     target = tmp_path / "not" / "yet"
     ok = local.check_disk(WHERE, target, 1)
     assert ok.status is Status.PASS and str(tmp_path) in ok.detail
     assert local.check_disk(WHERE, target, 1 << 60).status is Status.FAIL
 
 
-def test_a_failure_must_carry_a_fix():
+def test_a_failure_must_carry_a_fix() -> None:
     with pytest.raises(ValueError, match="fix"):
         Check("local", "x", Status.FAIL, "broken")
 
 
-def test_interface_variables_win_over_the_flag():
+def test_interface_variables_win_over_the_flag() -> None:
     env = {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "^lo"}
     assert network.interface_names("auto", env) == [("NCCL_SOCKET_IFNAME", "^lo"), ("GLOO_SOCKET_IFNAME", "eth1")]
     assert network.interface_names("eth0", {}) == [("--interface / DDPKIT_INTERFACE", "eth0")]
 
 
-def test_gloo_refuses_nccl_exclusion_syntax():
+def test_gloo_refuses_nccl_exclusion_syntax() -> None:
     c = network.check_interface("GLOO_SOCKET_IFNAME", "^lo", "127.0.0.1", 0, "h")
     assert c.status is Status.FAIL and "Gloo" in c.detail
     assert network.check_interface("NCCL_SOCKET_IFNAME", "^docker", "127.0.0.1", 0, "h").status is Status.PASS
 
 
-def test_hosts_store_ordering():
+def test_hosts_store_ordering() -> None:
     # torchrun's agent holds the store: even rank 0 can probe it.
     assert not network.hosts_store(0, "torchrun", {"TORCHELASTIC_USE_AGENT_STORE": "True"})
     # srun / mpirun / a pod: rank 0 opens the port inside init_process_group.
@@ -118,12 +119,12 @@ def test_hosts_store_ordering():
     assert not network.hosts_store(1, "slurm", {})
 
 
-def test_rank_ranges():
+def test_rank_ranges() -> None:
     assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert rank_ranges([3]) == "3"
 
 
-def test_tables_merge_ranks_and_show_every_fix():
+def test_tables_merge_ranks_and_show_every_fix() -> None:
     checks = [Check("local", "shm", Status.PASS, "ok", rank=r, host="h") for r in range(4)]
     checks.append(Check("network", "master port", Status.FAIL, "closed", "open TCP 29500", rank=2, host="h"))
     rows = merged(checks)
