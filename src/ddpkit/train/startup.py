@@ -200,20 +200,21 @@ def resolve_backend(choice: str, device: torch.device) -> str:
     return choice
 
 
-def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float, store: object = None) -> None:
+def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float,
+                        store: torch.distributed.Store | None = None) -> None:
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "mpi":  # MPI knows ranks and peers itself
         dist.init_process_group("mpi", timeout=timeout)
         return
-    if store is not None:  # the network checks opened the rendezvous store: the group meets through it
-        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
-        return
     if info.init_method == "env://":
         # Launchers that do not export these (srun, mpirun, a pod) still meet env://.
         os.environ["MASTER_ADDR"] = str(info.master_addr)
         os.environ["MASTER_PORT"] = str(info.master_port)
+    if store is not None:  # the network checks opened the rendezvous store: the group meets through it
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+        return
     dist.init_process_group(backend, init_method=info.init_method, rank=info.rank,
                             world_size=info.world_size, timeout=timeout)
 
@@ -238,7 +239,8 @@ def _init(info: LaunchInfo, args: argparse.Namespace) -> DistContext:
     device = resolve_device(args.device, info.local_rank if info.node_rank is not None else info.rank)
     backend = resolve_backend(args.backend, device)
     host = hostname()
-    interface = store = None
+    interface = None
+    store: torch.distributed.Store | None = None
     if info.launcher != "single" and backend != "mpi":
         # Interface, DNS, port and arrival checks before any group; NetCheckError is a StartupError (exit 4).
         store = netcheck.before_join(info, args.interface, args.dist_timeout)
