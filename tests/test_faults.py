@@ -133,7 +133,7 @@ CASES: list[Fault] = [
           ("cannot reach the master at fa:", "from fb", "fix:", "firewall"),
           reporter=1, inject=master_link_down),
     Fault("rendezvous-timeout-rank-never-arrives", ExitCode.STARTUP,
-          ("1 of 3 ranks never arrived (ranks 2)", "fix:", "started"),
+          ("1 of 3 ranks never arrived (ranks 2)", "s after the last arrival", "fix:", "started"),
           nodes=3, started=(0, 1)),
     Fault("torch-versions-differ", ExitCode.STARTUP,
           ("versions differ between processes", "torch 0.0-other", "on fb/rank1", "use one image everywhere"),

@@ -41,10 +41,11 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 WINDOW_VAR = "DDPKIT_RENDEZVOUS_WINDOW"
-# Every rank must check in within this many seconds of rank 0 opening the
-# store; a fault must end the job within 30 s. Launchers whose nodes start
-# minutes apart (pods pulling images) raise it through DDPKIT_RENDEZVOUS_WINDOW.
-DEFAULT_WINDOW_S = 15.0
+# A non-master retries the master's port this long; rank 0 waits this long
+# after the last arrival. A fault must end the job within 30 s, torch's
+# import included. Launchers whose nodes start minutes apart (pods pulling
+# images) raise it through DDPKIT_RENDEZVOUS_WINDOW.
+DEFAULT_WINDOW_S = 10.0
 RETRY_S = 0.2
 STORE_REPLY_S = 10.0
 ACK_WAIT_S = 3.0  # how long rank 0 keeps the store up so arrived ranks read its verdict
@@ -288,17 +289,25 @@ def _missing_ranks(store: dist.TCPStore, world_size: int) -> list[int]:
 
 
 def _await_arrivals(store: dist.TCPStore, peers: Peers, window: float) -> None:
-    """Rank 0: wait for every rank's check-in; name the ones that never came."""
+    """Rank 0: wait for every rank's check-in; name the ones that never came.
+    The window restarts with each arrival, so a large job whose ranks keep
+    trickling in (a slow shared filesystem) is not a false alarm; a rank
+    that never comes ends the wait `window` seconds after the last arrival."""
+    arrived = int(store.add(f"{KEY}/count", 0))
     deadline = time.monotonic() + window
-    while int(store.add(f"{KEY}/count", 0)) < peers.world_size and time.monotonic() < deadline:
+    while arrived < peers.world_size and time.monotonic() < deadline:
         time.sleep(RETRY_S)
+        now = int(store.add(f"{KEY}/count", 0))
+        if now > arrived:
+            arrived, deadline = now, time.monotonic() + window
     missing = _missing_ranks(store, peers.world_size)
     if not missing:
         store.set(f"{KEY}/verdict", "ok")
         return
     shown = ", ".join(map(str, missing[:32])) + (f" and {len(missing) - 32} more" if len(missing) > 32 else "")
-    problem = Problem("rendezvous", f"rendezvous at {peers.master_addr}:{peers.master_port} timed out after "
-                      f"{window:.0f} s: {len(missing)} of {peers.world_size} ranks never arrived (ranks {shown})",
+    problem = Problem("rendezvous", f"rendezvous at {peers.master_addr}:{peers.master_port} timed out, "
+                      f"{window:.0f} s after the last arrival: {len(missing)} of {peers.world_size} ranks never arrived "
+                      f"(ranks {shown})",
                       "check that the nodes running those ranks started (the scheduler's log for them) and that "
                       f"they reach {peers.master_addr}:{peers.master_port} (firewall, MASTER_ADDR, interface); "
                       f"if nodes start slowly, raise {WINDOW_VAR}")
@@ -314,14 +323,15 @@ def _wait_acks(store: dist.TCPStore, arrived: int) -> None:
         time.sleep(RETRY_S)
 
 
-def _check_in(store: dist.TCPStore, peers: Peers, window: float) -> None:
-    """Any rank but 0: announce this rank, then wait for rank 0's verdict."""
+def _check_in(store: dist.TCPStore, peers: Peers, verdict_s: float) -> None:
+    """Any rank but 0: announce this rank, then wait for rank 0's verdict
+    (rank 0 stopping drops the connection: that ends the wait at once)."""
     store.set(f"{KEY}/arrived/{peers.rank}", socket.gethostname())
     store.add(f"{KEY}/count", 1)
     if peers.hosts_store:
         return
     try:
-        store.wait([f"{KEY}/verdict"], datetime.timedelta(seconds=window + ACK_WAIT_S + 5))
+        store.wait([f"{KEY}/verdict"], datetime.timedelta(seconds=verdict_s))
         verdict = store.get(f"{KEY}/verdict").decode()
     except RuntimeError as exc:
         raise NetCheckError(Problem("rendezvous", f"rank 0 at {peers.master_addr}:{peers.master_port} gave no "
@@ -337,7 +347,7 @@ def arrival(peers: Peers, window: float, dist_timeout_s: float) -> dist.TCPStore
     """Open (rank 0) or join the rendezvous store, and make sure every rank
     arrived within the window. The store is returned for the process group."""
     store = _open_store(peers, window)
-    _check_in(store, peers, window)
+    _check_in(store, peers, dist_timeout_s)
     if peers.hosts_store:
         _await_arrivals(store, peers, window)
     store.set_timeout(datetime.timedelta(seconds=dist_timeout_s))
