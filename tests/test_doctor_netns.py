@@ -32,7 +32,7 @@ def start(net: netns.Network, env: dict[str, str], *extra: str) -> list[subproce
             for i, host in enumerate(net.hosts)]
 
 
-def test_two_hosts_auto_interface_and_a_wrong_name():
+def test_two_hosts_auto_interface_and_a_wrong_name() -> None:
     with netns.Network(["dka", "dkb"], prefix="dkdoc", ifnames=["ens5", "enp7s0"]) as net:
         net.wait_reachable()
         procs = start(net, base_env(DDPKIT_INTERFACE="auto"))
@@ -57,3 +57,22 @@ def test_two_hosts_auto_interface_and_a_wrong_name():
         fail = [c for c in doc["checks"] if c["status"] == "FAIL" and c["name"].startswith("interface")]
         assert fail and fail[0]["host"] == "dkb" and "ens5" in fail[0]["detail"]
         assert "enp7s0=" in fail[0]["fix"]
+
+
+def test_auto_on_a_node0_that_maps_its_own_name_to_loopback() -> None:
+    """Debian/Ubuntu write '127.0.1.1 <hostname>': on node 0 the master's
+    name is loopback. auto must pin the interface the other node reaches it
+    by, say why, and the two hosts must then meet."""
+    with netns.Network(["dka", "dkb"], prefix="dkdeb", ifnames=["ens5", "enp7s0"]) as net:
+        net.debian_own_name(net["dka"])
+        net.wait_reachable()
+        procs = start(net, base_env(DDPKIT_INTERFACE="auto"))
+        try:
+            outs = [p.communicate(timeout=240) for p in procs]
+        finally:
+            net.kill_all()
+        assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+        doc = json.loads(outs[0][0])
+        iface = {c["rank"]: c["detail"] for c in doc["checks"] if c["name"].startswith("interface")}
+        assert iface[0] == "auto -> ens5 (dka -> 127.0.1.1 (loopback) here; ens5 is the only interface up besides loopback)"
+        assert iface[1].startswith("auto -> enp7s0 (routes to dka (10.213.77.2)")

@@ -9,13 +9,16 @@ import json
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ddpkit.doctor.sizes import KIB
+from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 
 pytestmark = pytest.mark.slow
@@ -40,7 +43,7 @@ def as_rank1_of_2(port: int, **extra: str) -> dict[str, str]:
 
 
 def doctor(*args: str, env: dict[str, str], torchrun: int = 0, timeout: int = 240,
-           preexec=None, cli: bool = False) -> tuple[int, dict, str]:
+           preexec: Callable[[], object] | None = None, cli: bool = False) -> tuple[int, dict, str]:
     cmd = [sys.executable]
     if cli:  # through `ddpkit doctor`, not `python -m ddpkit.doctor`
         cmd += ["-m", "ddpkit.cli", "doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", *args]
@@ -69,7 +72,7 @@ def the_failure(doc: dict, name: str) -> dict:
     return fails[0]
 
 
-def test_four_gloo_ranks_bandwidth_table_is_sane():
+def test_four_gloo_ranks_bandwidth_table_is_sane() -> None:
     rc, doc, err = doctor("--bench", "--max-size=256KiB", "--bench-seconds=0.02", "--ops=all_reduce,all_gather",
                           env=base_env(), torchrun=4)
     assert rc == 0, err
@@ -95,7 +98,7 @@ def test_four_gloo_ranks_bandwidth_table_is_sane():
 
 
 @pytest.mark.parametrize("var", ["GLOO_SOCKET_IFNAME", "DDPKIT_INTERFACE"])
-def test_missing_interface_fails_before_joining(var):
+def test_missing_interface_fails_before_joining(var: str) -> None:
     rc, doc, _ = doctor(env=as_rank1_of_2(free_port(), **{var: "nonexistent0"}))
     assert rc == 1 and doc["verdict"] == "FAIL"
     fail = the_failure(doc, "interface")
@@ -104,7 +107,7 @@ def test_missing_interface_fails_before_joining(var):
     assert the_failure(doc, "rendezvous")["rank"] == 1
 
 
-def test_closed_master_port_fails_within_the_timeout():
+def test_closed_master_port_fails_within_the_timeout() -> None:
     port = free_port()
     rc, doc, _ = doctor("--connect-timeout=1", env=as_rank1_of_2(port))
     assert rc == 1
@@ -114,7 +117,7 @@ def test_closed_master_port_fails_within_the_timeout():
     assert rows(doc, "master resolves")[0]["status"] == "PASS"
 
 
-def test_unresolvable_master_fails():
+def test_unresolvable_master_fails() -> None:
     env = as_rank1_of_2(free_port())
     env["MASTER_ADDR"] = "no-such-master.invalid"
     rc, doc, _ = doctor("--connect-timeout=1", "--interface=lo", env=env)
@@ -122,7 +125,7 @@ def test_unresolvable_master_fails():
     assert "no-such-master.invalid" in the_failure(doc, "master resolves")["detail"]
 
 
-def test_forged_version_mismatch_fails_the_rank_report():
+def test_forged_version_mismatch_fails_the_rank_report() -> None:
     from tests.helpers.forge_rank_report import forge_env  # the forge hook is a test helper, not in ddpkit
 
     rc, doc, _ = doctor("--spawn=2", env=base_env(**forge_env({"on_rank": 1, "torch": "0.0-forged"})), cli=True)
@@ -134,7 +137,7 @@ def test_forged_version_mismatch_fails_the_rank_report():
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="needs root to mount a small tmpfs")
-def test_small_shm_and_full_disk_on_a_real_1m_tmpfs(tmp_path: Path):
+def test_small_shm_and_full_disk_on_a_real_1m_tmpfs(tmp_path: Path) -> None:
     mnt = tmp_path / "shm"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
@@ -149,7 +152,7 @@ def test_small_shm_and_full_disk_on_a_real_1m_tmpfs(tmp_path: Path):
     assert "need 64 MiB" in the_failure(doc, "disk")["detail"]
 
 
-def test_shm_threshold_is_overridable():
+def test_shm_threshold_is_overridable() -> None:
     total = os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize
     too_big = f"{total // KIB + 1024}KiB"
     rc, doc, _ = doctor(f"--shm-min={too_big}", env=base_env())
@@ -163,7 +166,7 @@ def _low_memlock() -> None:
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has GPUs")
-def test_cuda_without_gpus_fails_and_low_memlock_warns():
+def test_cuda_without_gpus_fails_and_low_memlock_warns() -> None:
     rc, doc, _ = doctor("--device=cuda", env=as_rank1_of_2(free_port()), preexec=_low_memlock)
     assert rc == 1
     assert "0 GPU(s) visible" in the_failure(doc, "gpus")["detail"]
@@ -171,10 +174,38 @@ def test_cuda_without_gpus_fails_and_low_memlock_warns():
     assert memlock["status"] == "WARN" and "64 KiB" in memlock["detail"] and "unlimited" in memlock["fix"]
 
 
-def test_bad_size_is_refused_with_exit_2():
+def test_bad_size_is_refused_with_exit_2() -> None:
     proc = subprocess.run([sys.executable, "-m", "ddpkit.doctor", "--max-size=12XB"], env=base_env(),
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--max-size" in proc.stderr and "64MiB" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "ddpkit.doctor", "--ops=alltoall"], env=base_env(),
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "alltoall" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["one process", "--spawn=2"])
+def test_wrong_interface_name_fails_before_any_group(mode: str) -> None:
+    """Issue 13: one process said PASS; --spawn 2 died in gloo's traceback
+    'Unable to find address for: nosuch0'."""
+    args = ["--interface=nosuch0"] if mode == "one process" else ["--spawn=2"]
+    env = base_env(GLOO_SOCKET_IFNAME="nosuch0") if mode != "one process" else base_env()
+    rc, doc, err = doctor(*args, env=env, cli=True, timeout=60)
+    assert rc == ExitCode.FAILED and doc["verdict"] == "FAIL"
+    fail = the_failure(doc, "interface")
+    assert "no interface nosuch0" in fail["detail"] and "lo=127.0.0.1" in fail["fix"]
+    assert "Traceback" not in err and "Unable to find address" not in err
+
+
+def test_master_port_in_use_fails_on_the_master() -> None:
+    """Rank 0 opens the store itself (no torchrun agent): a port something
+    else listens on fails before the rendezvous, with the port named."""
+    with socket.socket() as squatter:
+        squatter.bind(("", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        env = base_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        rc, doc, err = doctor("--connect-timeout=1", env=env, timeout=60)
+    assert rc == ExitCode.FAILED
+    fail = the_failure(doc, "master port")
+    assert f"master port {port} is already in use" in fail["detail"] and "another port" in fail["fix"]
+    assert "Traceback" not in err

@@ -136,6 +136,28 @@ class Network:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "hosts").write_text("\n".join(lines) + "\n")
 
+    def hosts_lines(self, host: Host) -> list[str]:
+        """The /etc/hosts lines `host` sees now."""
+        return (NETNS_ETC / host.ns / "hosts").read_text().splitlines()
+
+    def set_hosts_lines(self, host: Host, lines: list[str]) -> None:
+        """Give `host` its own /etc/hosts (read by every later command there)."""
+        target = NETNS_ETC / host.ns / "hosts"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, target)
+
+    def debian_own_name(self, host: Host) -> None:
+        """`host` resolves its own name to 127.0.1.1, as Debian/Ubuntu's
+        installer writes /etc/hosts; the others still see its real address."""
+        others = [line for line in self.hosts_lines(host) if not line.endswith(f"\t{host.name}")]
+        self.set_hosts_lines(host, [*others, f"127.0.1.1\t{host.name}"])
+
+    def set_link(self, host: Host, up: bool) -> None:
+        """`ip link set IFACE up|down` inside `host`: down loses the host
+        without a reset; its peers see silence."""
+        _ip("-n", host.ns, "link", "set", host.ifname, "up" if up else "down")
+
     @staticmethod
     def _stash_cgroup() -> None:
         if CGROUP_STASH.is_dir() and os.path.ismount(CGROUP_STASH):

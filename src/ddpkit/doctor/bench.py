@@ -36,7 +36,7 @@ def _slowest(g: Group, seconds: float) -> float:
     return float(t.item())
 
 
-def _runner(g: Group, op: str, size_bytes: int, world: int) -> Callable[[], None]:
+def _runner(g: Group, op: str, size_bytes: int, world: int) -> Callable[[], object]:
     """A closure that runs `op` once on preallocated buffers."""
     import torch
     import torch.distributed as dist
@@ -56,7 +56,7 @@ def _runner(g: Group, op: str, size_bytes: int, world: int) -> Callable[[], None
     raise ValueError(f"unknown op {op!r}")
 
 
-def _timed(g: Group, fn: Callable[[], None], iters: int) -> float:
+def _timed(g: Group, fn: Callable[[], object], iters: int) -> float:
     import torch.distributed as dist
 
     dist.barrier(group=g.group)

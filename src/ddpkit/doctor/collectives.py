@@ -14,6 +14,7 @@ from .results import Check, Status
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
 SECTION = "distributed"
 COUNTS = (1, 1000, 65537)  # a scalar, a small odd size, a size above typical chunk boundaries
@@ -27,7 +28,7 @@ class Group:
 
     backend: str
     device: torch.device
-    group: object = None  # None: the default group
+    group: ProcessGroup | None = None  # None: the default group
 
 
 def dtypes_for(backend: str) -> list[torch.dtype]:
@@ -54,7 +55,9 @@ def expected_sum(count: int, world: int, dtype: torch.dtype) -> torch.Tensor:
     import torch
 
     idx = torch.arange(count, dtype=torch.int64)
-    total = sum((idx + r) % _modulus(dtype) for r in range(world))
+    total = torch.zeros(count, dtype=torch.int64)
+    for r in range(world):
+        total += (idx + r) % _modulus(dtype)
     return total.to(dtype)
 
 

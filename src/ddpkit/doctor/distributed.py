@@ -27,7 +27,9 @@ def groups(ctx: DistContext, with_gloo: bool) -> list[Group]:
 
     out = [Group(ctx.backend, ctx.device)]
     if ctx.backend != "gloo" and with_gloo:
-        out.append(Group("gloo", torch.device("cpu"), dist.new_group(backend="gloo")))
+        gloo = dist.new_group(backend="gloo")
+        assert isinstance(gloo, dist.ProcessGroup)  # every rank is a member: never GroupMember.NON_GROUP_MEMBER
+        out.append(Group("gloo", torch.device("cpu"), gloo))
     return out
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import netif
+from ..exitcodes import ExitCode
+from ..netcheck import NetCheckError
 from ..train.launchinfo import LaunchInfo, StartupError, detect_launch
 from ..train.startup import DistContext, add_startup_arguments, hostname, init_distributed, run_spawned, shutdown
 from . import local, network
@@ -22,8 +24,8 @@ from .distributed import CPU_MAX_SIZE, GPU_MAX_SIZE, run_distributed
 from .results import Check, DoctorResult, Status
 from .sizes import bus_factor, format_size, message_sizes, parse_size
 
-EXIT_FAIL = 1
-EXIT_BAD_INPUT = 2
+EXIT_FAIL = ExitCode.FAILED
+EXIT_BAD_INPUT = ExitCode.BAD_INPUT
 DOCTOR_DIST_TIMEOUT_S = 120  # a doctor should fail in minutes, not after the job's 30-minute timeout
 
 
@@ -89,13 +91,17 @@ def preflight(args: argparse.Namespace, place: Place) -> list[Check]:
         local.check_memlock(where, rdma_or_gpu=wants_cuda or local.has_rdma()),
         local.check_disk(where, args.checkpoint_dir, args.disk_min),
     ]
+    checks += interface_checks(args, place)  # one process too: a wrong name must not pass
     if place.launcher != "single":
-        for source, value in network.interface_names(args.interface, dict(os.environ)):
-            checks.append(network.check_interface(source, value, place.master.addr, place.rank, place.host))
         checks.append(network.check_resolves(place.master, place.rank, place.host))
         if not any(c.blocking and c.status is Status.FAIL for c in checks):
             checks.append(network.check_port(place.master, args.connect_timeout, place.rank, place.host))
     return checks
+
+
+def interface_checks(args: argparse.Namespace, place: Place) -> list[Check]:
+    return [network.check_interface(source, value, place.master.addr, place.rank, place.host)
+            for source, value in network.interface_names(args.interface, dict(os.environ))]
 
 
 def _place(info: LaunchInfo, host: str) -> Place:
@@ -112,10 +118,10 @@ def _emit(args: argparse.Namespace, result: DoctorResult) -> None:
 
 def _alone(args: argparse.Namespace, place: Place, checks: list[Check], world: int) -> int:
     """Report this process's own rows: it could not join, or there is no job."""
-    if place.launcher != "single":
+    if place.launcher not in ("single", "spawn"):
         checks = checks + [Check("distributed", "rendezvous", Status.FAIL,
                                  f"rank {place.rank} did not join: see the failures above",
-                                 "fix the failures above; the other ranks stop at their --dist-timeout",
+                                 "fix the failures above; the other ranks stop when their rendezvous times out",
                                  place.rank, place.host)]
     result = DoctorResult(world, checks)
     _emit(args, result)
@@ -136,6 +142,11 @@ def run_process(args: argparse.Namespace) -> int:
         return _alone(args, place, checks, 1)
     try:
         ctx = init_distributed(args)
+    except NetCheckError as exc:  # the same pre-join checks as `ddpkit train`, with their own fix
+        problem = exc.problem
+        checks.append(Check(network.SECTION, problem.check, Status.FAIL, problem.cause, problem.fix,
+                            place.rank, place.host, True))
+        return _alone(args, place, checks, info.world_size)
     except (RuntimeError, StartupError, netif.InterfaceError) as exc:
         checks.append(Check("distributed", "rendezvous", Status.FAIL, str(exc).splitlines()[0],
                             "check MASTER_ADDR/MASTER_PORT, the interface, and that every node started",
@@ -201,6 +212,11 @@ def _run_spawned(args: argparse.Namespace) -> int:
 
     # The children get args by pickle; the CLI's dispatch closure cannot travel.
     args = argparse.Namespace(**{k: v for k, v in vars(args).items() if not callable(v)})
+    # Before any child starts: a wrong interface name would end in gloo's traceback in every child.
+    place = Place(0, args.spawn, "spawn", network.Master("127.0.0.1", None, False), hostname())
+    checks = interface_checks(args, place)
+    if any(c.status is Status.FAIL for c in checks):
+        return _alone(args, place, checks, args.spawn)
     try:
         run_spawned(args, functools.partial(_spawned_entry, args=args))
     except ProcessExitedException:

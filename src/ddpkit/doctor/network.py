@@ -18,7 +18,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from .. import netif
+from .. import netcheck, netif
 from .results import Check, Status
 
 SECTION = "network"
@@ -34,56 +34,38 @@ class Master:
 def interface_names(cli_choice: str, env: dict[str, str]) -> list[tuple[str, str]]:
     """(where it came from, value) for every interface setting in force.
     The environment variables win over the flag: that is what NCCL and Gloo read."""
-    found = [(var, env[var]) for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if env.get(var)]
-    if not found:
-        found.append(("--interface / DDPKIT_INTERFACE", cli_choice))
-    return found
+    return [("--interface / DDPKIT_INTERFACE" if src == "--interface" else src, value)
+            for src, value in netcheck.interface_settings(cli_choice, env)]
 
 
-def _names(source: str, value: str) -> list[str]:
-    # NCCL's '^lo,docker' excludes names and '=eth0' asks for an exact match.
-    return [n.lstrip("=") for n in value.split(",") if n and not value.startswith("^")]
-
-
-def check_interface(source: str, value: str, master_addr: str | None, rank: int, host: str) -> Check:
+def check_interface(source: str, value: str, master_addr: str | None, rank: int, host: str,
+                    spans_hosts: bool = False) -> Check:
+    """The same checks `ddpkit train` runs before joining (netcheck), as a row."""
     def row(status: Status, detail: str, fix: str = "") -> Check:
         return Check(SECTION, f"interface ({source})", status, detail, fix, rank, host, status is Status.FAIL)
 
-    have = netif.interfaces()
-    listing = ", ".join(f"{i.name}={i.address or 'no IPv4'}" for i in have)
     if value == "auto":
         if master_addr is None:
             return row(Status.SKIP, "auto, single process: no peers to reach")
-        try:
-            return row(Status.PASS, f"auto -> {netif.route_interface(master_addr)} (routes to {master_addr})")
-        except netif.InterfaceError as exc:
-            return row(Status.FAIL, str(exc), f"name the interface that reaches the master; this host has {listing}")
+        picked = netcheck.auto_choice(master_addr)
+        if isinstance(picked, netcheck.Problem):
+            return row(Status.FAIL, picked.cause, picked.fix)
+        return row(Status.PASS, f"auto -> {picked.name} ({picked.reason})")
+    problem = netcheck.interface_problem(source, value, spans_hosts)
+    if problem is not None:
+        return row(Status.FAIL, problem.cause, problem.fix)
     if value.startswith("^"):
-        if source == "GLOO_SOCKET_IFNAME":
-            return row(Status.FAIL, f"{value!r}: Gloo does not accept NCCL's '^' exclusion syntax",
-                       f"set GLOO_SOCKET_IFNAME to an interface name; this host has {listing}")
         return row(Status.PASS, f"{value!r} excludes interfaces (NCCL syntax)")
-    by_name = {i.name: i for i in have}
-    missing = [n for n in _names(source, value) if n not in by_name]
-    if missing:
-        return row(Status.FAIL, f"{source}={value!r}: no interface {', '.join(missing)} on this host",
-                   f"set network.interface in the job spec to one of: {listing} (or auto)")
-    bare = [n for n in _names(source, value) if not by_name[n].address]
-    if bare:
-        return row(Status.FAIL, f"{source}={value!r}: {', '.join(bare)} has no IPv4 address",
-                   f"bring the interface up with an address, or pick another: {listing}")
-    return row(Status.PASS, ", ".join(f"{n} {by_name[n].address}" for n in _names(source, value)))
+    return row(Status.PASS, ", ".join(f"{n} {netif.ipv4_address(n)}" for n in netcheck.names_in(value)))
 
 
 def check_resolves(master: Master, rank: int, host: str) -> Check:
     if master.addr is None:
         return Check(SECTION, "master resolves", Status.SKIP, "single process: no master", rank=rank, host=host)
-    try:
-        ip = netif.resolve_ipv4(master.addr)
-    except netif.InterfaceError as exc:
-        return Check(SECTION, "master resolves", Status.FAIL, str(exc),
-                     "MASTER_ADDR must be node 0's name as every node resolves it: fix DNS or /etc/hosts, "
-                     "or use node 0's IP address", rank, host, True)
+    problem = netcheck.resolve_problem(master.addr)
+    if problem is not None:
+        return Check(SECTION, "master resolves", Status.FAIL, problem.cause, problem.fix, rank, host, True)
+    ip = netif.resolve_ipv4(master.addr)
     return Check(SECTION, "master resolves", Status.PASS, f"{master.addr} -> {ip}", rank=rank, host=host)
 
 
@@ -111,8 +93,12 @@ def check_port(master: Master, timeout_s: float, rank: int, host: str) -> Check:
         return Check(SECTION, name, Status.SKIP, "single process: no rendezvous", rank=rank, host=host)
     where = f"{master.addr}:{master.port}"
     if master.hosts_store:
+        busy = netcheck.port_in_use_problem(master.port)
+        if busy is not None:
+            return Check(SECTION, name, Status.FAIL, busy.cause, busy.fix, rank, host, True)
         return Check(SECTION, name, Status.SKIP,
-                     f"this process opens {where} itself; the rendezvous below proves it", rank=rank, host=host)
+                     f"this process opens {where} itself and it is free; the rendezvous below proves it",
+                     rank=rank, host=host)
     ok, why, took = port_answers(master.addr, master.port, timeout_s)
     if ok:
         return Check(SECTION, name, Status.PASS, f"{where} answered in {took * 1000:.0f} ms", rank=rank, host=host)
@@ -127,7 +113,3 @@ def hosts_store(rank: int, launcher: str, env: dict[str, str]) -> bool:
     if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
         return False  # the torchrun agent already holds it
     return rank == 0 and launcher not in ("spawn", "single")
-
-
-
-

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import sys
 from itertools import groupby
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from .results import BenchRow, Check, DoctorResult, Status
 from .sizes import format_size
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 SECTIONS = (("local", "local checks"), ("network", "network checks"), ("distributed", "distributed checks"))
 STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
@@ -39,7 +42,7 @@ def merged(checks: list[Check]) -> list[tuple[str, Check]]:
     return sorted(rows, key=lambda rc: (rc[1].name, order[rc[1].status]))
 
 
-def _checks_table(title: str, checks: list[Check]):
+def _checks_table(title: str, checks: list[Check]) -> Table:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", show_lines=False)
@@ -50,7 +53,7 @@ def _checks_table(title: str, checks: list[Check]):
     return table
 
 
-def _bench_table(rows: list[BenchRow], world: int):
+def _bench_table(rows: list[BenchRow], world: int) -> Table:
     from rich.table import Table
 
     table = Table(title=f"bandwidth ({world} ranks; busbw as nccl-tests define it)", title_justify="left")

@@ -37,6 +37,13 @@ def _bad(message: str) -> int:
     return ExitCode.BAD_INPUT
 
 
+def _expected(exc: BaseException) -> int:
+    """One line for an expected error; its own exit code when it carries one
+    (a NetCheckError or RankReportError: STARTUP), else BAD_INPUT."""
+    _bad(str(exc))
+    return int(getattr(exc, "exit_code", ExitCode.BAD_INPUT))
+
+
 def _stop_request() -> StopRequest:
     """SIGTERM/SIGUSR2 handlers, installed before anything slow (start-up,
     rank report, model build): a pre-emption signal that arrives then must
@@ -109,7 +116,7 @@ class _SpawnEntry:
         except TrainFault as exc:  # a one-line message and its exit code, not a child's traceback
             code = _fault(exc)
         except _expected_errors() as exc:
-            code = _bad(str(exc))
+            code = _expected(exc)
         if code:
             sys.exit(code)
 
@@ -156,4 +163,4 @@ def run_config(config: TrainConfig) -> int:
     except TrainFault as exc:
         return _fault(exc)
     except expected as exc:
-        return _bad(str(exc))
+        return _expected(exc)

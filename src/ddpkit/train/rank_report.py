@@ -16,11 +16,14 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from .. import netif
+from ..exitcodes import ExitCode
 from .startup import DistContext
 
 
 class RankReportError(RuntimeError):
     """The processes of the job do not form one consistent job."""
+
+    exit_code = ExitCode.STARTUP  # `ddpkit train` exits with it (main.run)
 
 
 @dataclass(frozen=True)

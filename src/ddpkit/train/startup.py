@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import envnames, netif
+from .. import envnames, netcheck, netif
 from .clock import CLOCK, StartupClock, process_start
 from .config import Options
 from .launchinfo import LaunchInfo, StartupError, detect_launch, expand_hostlist
@@ -118,7 +118,8 @@ def resolve_backend(choice: str, device: torch.device) -> str:
     return choice
 
 
-def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float) -> None:
+def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float,
+                        store: torch.distributed.Store | None = None) -> None:
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -129,6 +130,9 @@ def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float) -> Non
         # Launchers that do not export these (srun, mpirun, a pod) still meet env://.
         os.environ[envnames.MASTER_ADDR] = str(info.master_addr)
         os.environ[envnames.MASTER_PORT] = str(info.master_port)
+    if store is not None:  # the network checks opened the rendezvous store: the group meets through it
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+        return
     dist.init_process_group(backend, init_method=info.init_method, rank=info.rank,
                             world_size=info.world_size, timeout=timeout)
 
@@ -154,7 +158,10 @@ def _init(info: LaunchInfo, args: Options) -> DistContext:
     backend = resolve_backend(args.backend, device)
     host = hostname()
     interface = None
+    store: torch.distributed.Store | None = None
     if info.launcher != "single" and backend != "mpi":
+        # Interface, DNS, port and arrival checks before any group; NetCheckError is a StartupError (exit 4).
+        store = netcheck.before_join(info, args.interface, args.dist_timeout)
         try:
             interface = netif.apply_interface(args.interface, info.master_addr)
         except netif.InterfaceError as exc:
@@ -162,9 +169,7 @@ def _init(info: LaunchInfo, args: Options) -> DistContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if info.launcher != "single":
-        # Pre-join network checks (interface, DNS, port) belong here, before
-        # the first collective can hang on a bad network.
-        _init_process_group(info, backend, args.dist_timeout)
+        _init_process_group(info, backend, args.dist_timeout, store)
         if backend == "mpi":
             info = replace(info, rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size())
     node_rank, local_rank, local_world = info.node_rank, info.local_rank, info.local_world_size
