@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 BASE = {"envnames", "exitcodes"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
-            "netif", "netcheck"} | BASE,
+            "netif"} | BASE,
     "launch": {"targets", "render", "contract", "quoting", "specfile", "spec"} | BASE,
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
@@ -30,9 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "specfile": {"spec"} | BASE,
     "spec": BASE,
     "quoting": set(),
-    "doctor": {"train", "netif", "netcheck"} | BASE,
-    "train": {"contract", "netif", "netcheck"} | BASE,  # the entrypoint reads the contract (port rule)
-    "netcheck": {"netif"} | BASE,
+    "doctor": {"train", "netif"} | BASE,
+    "train": {"contract", "netif"} | BASE,  # the entrypoint reads the contract (port rule)
     "netif": BASE,
     "envnames": set(),
     "exitcodes": set(),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from .. import netif
 from ..exitcodes import ExitCode
-from ..netcheck import NetCheckError
 from ..train.launchinfo import LaunchInfo, StartupError, detect_launch
+from ..train.netcheck import NetCheckError
 from ..train.startup import DistContext, add_startup_arguments, hostname, init_distributed, run_spawned, shutdown
 from . import local, network
 from .distributed import CPU_MAX_SIZE, GPU_MAX_SIZE, run_distributed

@@ -18,7 +18,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from .. import netcheck, netif
+from .. import netif
+from ..train import netcheck
 from .results import Check, Status
 
 SECTION = "network"

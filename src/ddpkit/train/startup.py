@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import envnames, netcheck, netif
+from .. import envnames, netif
+from . import netcheck
 from .clock import CLOCK, StartupClock, process_start
 from .config import Options
 from .launchinfo import LaunchInfo, StartupError, detect_launch, expand_hostlist

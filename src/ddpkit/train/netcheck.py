@@ -32,15 +32,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import netif
-from .envnames import SOCKET_IFNAMES
-from .exitcodes import ExitCode
-from .train.launchinfo import LaunchInfo, StartupError
+from .. import netif
+from ..envnames import DDPKIT_RENDEZVOUS_WINDOW, SOCKET_IFNAMES
+from ..exitcodes import ExitCode
+from .launchinfo import LaunchInfo, StartupError
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-WINDOW_VAR = "DDPKIT_RENDEZVOUS_WINDOW"
+WINDOW_VAR = DDPKIT_RENDEZVOUS_WINDOW
 # A non-master retries the master's port this long; rank 0 waits this long
 # after the last arrival. A fault must end the job within 30 s, torch's
 # import included. Launchers whose nodes start minutes apart (pods pulling
