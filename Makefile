@@ -75,7 +75,7 @@ lint: install
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-test: install
+test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # CPU benchmarks (results in bench/results/, see docs/PERFORMANCE.md).
