@@ -2,7 +2,7 @@
 
 The numbers follow sysexits(3) and the shell's 128+signal convention where one
 fits, so that schedulers and scripts can tell a fault of the input from a fault
-of the job. README.md ("When things go wrong") lists them for users; keep the
+of the job. README.md ("When things go wrong") lists them with their messages for users; keep the
 two in step.
 """
 
@@ -17,8 +17,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2       # the job spec, a flag or a hostfile is wrong; nothing was started
     PREFLIGHT = 3       # a host or the cluster cannot run the job; nothing was started
     STARTUP = 4         # the job started but could not form its process group (network, rendezvous, versions)
-    STALLED = 5         # a rank made no progress; stacks were dumped and the job stopped
-    # ddpkit train's own faults: each names the host, the path and the fix (docs/notes-train.md)
+    # ddpkit train's own faults: each names the host, the path and the fix (README: When things go wrong)
     RESUME_MISMATCH = 10  # a rank cannot read the checkpoint rank 0 chose to resume from (directory not shared)
     CHECKPOINT_DIR = 11   # --checkpoint-dir cannot be written on a rank that writes checkpoints
     DATA_MISSING = 12     # --data-dir does not exist (or lacks the dataset) on some node
