@@ -25,12 +25,3 @@ class ExitCode(IntEnum):
     PREEMPTED = 75      # EX_TEMPFAIL: checkpointed on a signal; run again with --resume auto
     INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped
 
-
-def describe(code: int) -> str:
-    """One word for a summary table: the name of a known code, else the number."""
-    try:
-        return ExitCode(code).name.lower()
-    except ValueError:
-        if code > 128:
-            return f"signal {code - 128}"
-        return f"exit {code}"
