@@ -14,8 +14,6 @@ got through it)."""
 
 from __future__ import annotations
 
-import socket
-import time
 from dataclasses import dataclass
 
 from .. import netif
@@ -70,24 +68,6 @@ def check_resolves(master: Master, rank: int, host: str) -> Check:
     return Check(SECTION, "master resolves", Status.PASS, f"{master.addr} -> {ip}", rank=rank, host=host)
 
 
-def port_answers(addr: str, port: int, timeout_s: float, retry_s: float = 0.2) -> tuple[bool, str, float]:
-    """TCP connect (what `telnet host port` tests), retried until the timeout
-    because the store may come up a little after this process starts."""
-    start = time.monotonic()
-    deadline = start + timeout_s
-    last = "no attempt"
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            with socket.create_connection((addr, port), timeout=max(min(left, 2.0), 0.05)):
-                return True, "connected", time.monotonic() - start
-        except OSError as exc:
-            last = exc.strerror or str(exc)
-        if time.monotonic() + retry_s >= deadline:
-            return False, last, time.monotonic() - start
-        time.sleep(retry_s)
-
-
 def check_port(master: Master, timeout_s: float, rank: int, host: str) -> Check:
     name = "master port"
     if master.addr is None or master.port is None:
@@ -100,7 +80,7 @@ def check_port(master: Master, timeout_s: float, rank: int, host: str) -> Check:
         return Check(SECTION, name, Status.SKIP,
                      f"this process opens {where} itself and it is free; the rendezvous below proves it",
                      rank=rank, host=host)
-    ok, why, took = port_answers(master.addr, master.port, timeout_s)
+    ok, why, took = netcheck.port_answers(master.addr, master.port, timeout_s)
     if ok:
         return Check(SECTION, name, Status.PASS, f"{where} answered in {took * 1000:.0f} ms", rank=rank, host=host)
     return Check(SECTION, name, Status.FAIL, f"{where} did not answer within {timeout_s:g} s ({why})",

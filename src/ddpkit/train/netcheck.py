@@ -211,9 +211,10 @@ def unreachable_problem(addr: str, port: int, why: str, waited: float) -> Proble
                    f"({netif.listing()})")
 
 
-def connect_problem(addr: str, port: int, window: float) -> Problem | None:
-    """TCP connect to the master, retried for `window` seconds: a master a
-    little later than this node is not a fault."""
+def port_answers(addr: str, port: int, window: float, retry_s: float = RETRY_S) -> tuple[bool, str, float]:
+    """TCP connect (what `telnet host port` tests), retried for `window`
+    seconds: a master a little later than this node is not a fault.
+    (answered, why not, seconds taken)."""
     start = time.monotonic()
     deadline = start + window
     why = "no attempt"
@@ -221,12 +222,17 @@ def connect_problem(addr: str, port: int, window: float) -> Problem | None:
         left = deadline - time.monotonic()
         try:
             with socket.create_connection((addr, port), timeout=max(min(left, 2.0), 0.05)):
-                return None
+                return True, "connected", time.monotonic() - start
         except OSError as exc:
             why = exc.strerror or str(exc) or type(exc).__name__
-        if time.monotonic() + RETRY_S >= deadline:
-            return unreachable_problem(addr, port, why, time.monotonic() - start)
-        time.sleep(RETRY_S)
+        if time.monotonic() + retry_s >= deadline:
+            return False, why, time.monotonic() - start
+        time.sleep(retry_s)
+
+
+def connect_problem(addr: str, port: int, window: float) -> Problem | None:
+    answered, why, took = port_answers(addr, port, window)
+    return None if answered else unreachable_problem(addr, port, why, took)
 
 
 # ---- arrival -----------------------------------------------------------------------
