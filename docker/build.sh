@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the ddpkit image and print its tag on the last line.
-#   docker/build.sh cuda [TAG]   default: CUDA + NCCL PyTorch base (torch from the base)
+#   docker/build.sh cuda [TAG]   default: CUDA runtime base + the tested torch (docker/Dockerfile's ARGs)
 #   docker/build.sh cpu  [TAG]   CPU variant: Python base + torch/torchvision wheels
 # Environment:
 #   BASE_IMAGE         override the base (cpu default: python:3.11-slim-bookworm)
@@ -23,7 +23,8 @@ case "$variant" in
       py=${PYTHON:-.venv/bin/python}
       TORCH_PACKAGES=$("$py" -c 'import torch, torchvision; print("torch==" + torch.__version__.partition("+")[0], "torchvision==" + torchvision.__version__.partition("+")[0])')
     fi
-    args+=(--build-arg "TORCH_PACKAGES=$TORCH_PACKAGES") ;;
+    # an empty TORCH_INDEX_URL: the CPU wheels come from PIP_INDEX_URL, not the CUDA index
+    args+=(--build-arg "TORCH_PACKAGES=$TORCH_PACKAGES" --build-arg "TORCH_INDEX_URL=") ;;
   *) echo "build.sh: variant must be cuda or cpu, not '$variant'" >&2; exit 2 ;;
 esac
 [ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")

@@ -289,3 +289,39 @@ def process_argv(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
     """The per-process line for launchers that start every rank themselves
     (Slurm srun mode): no torchrun, the entrypoint reads the launcher's variables."""
     return [Arg.of(spec.command.python)] + [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
+
+
+@dataclass(frozen=True)
+class DeviceBlock:
+    """The GPUs one process owns, as indices into CUDA_VISIBLE_DEVICES (or
+    into all GPUs when it is unset). `primary` is where its inputs live."""
+
+    first: int
+    count: int
+
+    @property
+    def primary(self) -> int:
+        return self.first
+
+    @property
+    def indices(self) -> list[int]:
+        return list(range(self.first, self.first + self.count))
+
+
+def device_block(local_rank: int, devices_per_process: int, visible: int) -> DeviceBlock:
+    """The one device-ownership rule. A node runs nproc_per_node processes of
+    devices_per_process GPUs each (JobSpec.gpus_per_node requests their
+    product on every target); the process with local rank r owns the
+    contiguous block [r*K, (r+1)*K). Contiguous blocks keep a model split
+    over K GPUs on neighbouring devices, which usually share a switch.
+    `visible` is the number of GPUs the process sees; a block past it means
+    the target gave the node fewer GPUs than the layout needs."""
+    if local_rank < 0 or devices_per_process < 1:
+        raise ValueError(f"local rank {local_rank} and devices per process {devices_per_process}: "
+                         "need local rank >= 0 and at least one device per process")
+    first = local_rank * devices_per_process
+    if first + devices_per_process > visible:
+        raise ValueError(f"local rank {local_rank} owns GPUs {first}..{first + devices_per_process - 1} "
+                         f"({devices_per_process} per process) but this process sees {visible}; "
+                         "request nproc_per_node x devices_per_process GPUs per node")
+    return DeviceBlock(first, devices_per_process)

@@ -49,6 +49,8 @@ SLURM_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^\d+$")
 SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
 K8S_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_GPUS_PER_NODE = 64
+TRAIN_MODULE = "ddpkit.train"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -334,6 +336,13 @@ class JobSpec(Strict):
     nodes: int = Field(default=1, ge=1, le=4096)
     nproc_per_node: int = Field(default=1, ge=1, le=64, description="processes (GPUs) per node")
     device: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda requests GPUs from the scheduler")
+    strategy: Literal["ddp", "dp"] = Field(
+        default="ddp", description="ddp: one process per device block; dp: one process drives several GPUs"
+    )
+    devices_per_process: int = Field(
+        default=1, ge=1, le=MAX_GPUS_PER_NODE,
+        description="GPUs each process owns: K when a model is split over K GPUs, or the GPUs a dp process drives",
+    )
     backend: Backend = Backend.AUTO
     rendezvous: Rendezvous = Field(default_factory=Rendezvous)
     master_port: int | None = Field(
@@ -382,9 +391,18 @@ class JobSpec(Strict):
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
+    @model_validator(mode="after")
+    def _device_layout(self) -> JobSpec:
+        problems = _layout_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @property
     def gpus_per_node(self) -> int:
-        return self.nproc_per_node if self.device == "cuda" else 0
+        """GPUs every target requests per node: processes per node x devices
+        per process (contract.device_block says which ones each process owns)."""
+        return self.nproc_per_node * self.devices_per_process if self.device == "cuda" else 0
 
     @property
     def resolved_backend(self) -> str:
@@ -392,6 +410,42 @@ class JobSpec(Strict):
         if self.backend != Backend.AUTO.value:
             return str(self.backend)
         return "nccl" if self.device == "cuda" else "gloo"
+
+
+def _train_flag(args: list[str], flag: str) -> str | None:
+    """The value of `--flag V` or `--flag=V` in a train argv (last one wins, as argparse)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _layout_problems(spec: JobSpec) -> list[str]:
+    """The device layout must fit one node, and the ddpkit entrypoint's own
+    flags must say the same thing as the fields that size the GPU requests
+    (otherwise a target would request GPUs the processes never use, or too few)."""
+    out = []
+    if spec.strategy == "dp" and spec.world_size != 1:
+        out.append(f"strategy: dp runs one process, but nodes x nproc_per_node is {spec.world_size}; "
+                   "set nodes: 1 and nproc_per_node: 1, or use strategy: ddp")
+    if spec.nproc_per_node * spec.devices_per_process > MAX_GPUS_PER_NODE:
+        out.append(f"nproc_per_node {spec.nproc_per_node} x devices_per_process {spec.devices_per_process} "
+                   f"needs more than {MAX_GPUS_PER_NODE} GPUs per node; lower one of them")
+    if spec.command.module != TRAIN_MODULE:
+        return out  # another program's flags are its own business
+    args = spec.command.args
+    strategy = _train_flag(args, "--strategy") or "ddp"
+    if strategy != spec.strategy:
+        out.append(f"command.args runs --strategy {strategy} but strategy is {spec.strategy}; "
+                   f"set strategy: {strategy} (it sizes every GPU request)")
+    dpp = _train_flag(args, "--devices-per-process")
+    if spec.strategy == "ddp" and str(spec.devices_per_process) != (dpp or "1"):
+        out.append(f"command.args has --devices-per-process {dpp or 1} but devices_per_process is "
+                   f"{spec.devices_per_process}; make them equal (the field sizes every GPU request)")
+    return out
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

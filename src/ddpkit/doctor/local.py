@@ -120,3 +120,44 @@ def check_disk(where: Where, path: Path, need: int) -> Check:
                            "free space or point --checkpoint-dir at a larger volume "
                            "(--disk-min to change the threshold)")
     return where.check("disk", Status.PASS, f"{detail}, need {format_size(need)}")
+
+
+def driver_cuda_version() -> str | None:
+    """The newest CUDA the host's driver supports ("13.2"), from libcuda's
+    cuDriverGetVersion: no GPU context needed, so it answers even when torch
+    cannot initialise CUDA. None without a driver."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    out = ctypes.c_int(0)
+    if libcuda.cuDriverGetVersion(ctypes.byref(out)) != 0 or out.value <= 0:
+        return None
+    return f"{out.value // 1000}.{out.value % 1000 // 10}"
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    major, _, minor = version.partition(".")
+    return int(major), int(minor.partition(".")[0] or 0)
+
+
+def check_cuda_driver(where: Where, *, wants_cuda: bool, runtime: str | None, driver: str | None) -> Check:
+    """The CUDA torch was built with (the image's) against the newest the host
+    driver supports. An older major cannot run at all (torch sees no GPU);
+    an older minor runs under CUDA minor-version compatibility, but kernels
+    that need the newer driver (PTX JIT) fail."""
+    if not wants_cuda or runtime is None:
+        return where.check("cuda driver", Status.SKIP, f"CPU run or CPU build of torch (CUDA {runtime or '-'})")
+    if driver is None:
+        return where.check("cuda driver", Status.WARN, f"torch built for CUDA {runtime}, no NVIDIA driver found",
+                           f"install an NVIDIA driver for CUDA {runtime} on the host (and the container toolkit for images)")
+    detail = f"torch built for CUDA {runtime}, host driver supports up to CUDA {driver}"
+    fix = f"upgrade the host's NVIDIA driver to one for CUDA {runtime}, or use an image built for CUDA {driver}"
+    have, need = _major_minor(driver), _major_minor(runtime)
+    if have[0] < need[0]:
+        return where.check("cuda driver", Status.FAIL, detail + ": the driver is a major version behind", fix)
+    if have < need:
+        return where.check("cuda driver", Status.WARN, detail + ": minor-version compatibility only", fix)
+    return where.check("cuda driver", Status.PASS, detail)

@@ -81,12 +81,19 @@ def _wants_cuda(args: argparse.Namespace) -> tuple[bool, int]:
     return wants, visible
 
 
+def _torch_cuda() -> str | None:
+    import torch
+
+    return torch.version.cuda
+
+
 def preflight(args: argparse.Namespace, place: Place) -> list[Check]:
     where = local.Where(place.rank, place.host)
     wants_cuda, visible = _wants_cuda(args)
     checks = [
         local.check_versions(where),
         local.check_gpus(where, wants_cuda=wants_cuda, visible=visible, local_world_size=place.local_world_size),
+        local.check_cuda_driver(where, wants_cuda=wants_cuda, runtime=_torch_cuda(), driver=local.driver_cuda_version()),
         local.check_shm(where, args.shm_path, args.shm_min or local.SHM_PER_PROCESS * place.local_world_size),
         local.check_memlock(where, rdma_or_gpu=wants_cuda or local.has_rdma()),
         local.check_disk(where, args.checkpoint_dir, args.disk_min),

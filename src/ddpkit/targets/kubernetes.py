@@ -115,7 +115,7 @@ def resources(spec: JobSpec) -> Resources:
     fixed = {k: v for k, v in (("cpu", spec.k8s.cpu), ("memory", spec.k8s.memory)) if v is not None}
     limits = dict(fixed)
     if spec.device == "cuda":
-        limits[GPU_RESOURCE] = str(spec.nproc_per_node)
+        limits[GPU_RESOURCE] = str(spec.gpus_per_node)
     return Resources(requests=fixed, limits=limits)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import envnames, netif
+from ..contract import device_block
 from . import netcheck
 from .clock import CLOCK, StartupClock, process_start
 from .config import Options
@@ -92,7 +93,13 @@ def hostname() -> str:
     return os.environ.get(envnames.DDPKIT_HOSTNAME) or socket.gethostname()
 
 
-def resolve_device(choice: str, local_rank: int) -> torch.device:
+def resolve_device(choice: str, local_rank: int, devices_per_process: int = 1, *,
+                   wrap: bool = False) -> torch.device:
+    """The primary device of the process with this local rank: the first of
+    its block by the contract's ownership rule (contract.device_block), so
+    local rank 1 with two GPUs per process gets cuda:2, not rank 0's cuda:1.
+    `wrap`: the rank is a guess (a manual start that was not told its node
+    passes its global rank), so it is reduced modulo the blocks that fit."""
     import torch
 
     if choice == "auto":
@@ -101,7 +108,14 @@ def resolve_device(choice: str, local_rank: int) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise StartupError("--device cuda but no GPU is visible to this process; use --device cpu (with gloo)")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    visible = torch.cuda.device_count()
+    if wrap:
+        local_rank %= max(1, visible // devices_per_process)
+    try:
+        block = device_block(local_rank, devices_per_process, visible)
+    except ValueError as err:
+        raise StartupError(str(err)) from None
+    return torch.device("cuda", block.primary)
 
 
 def resolve_backend(choice: str, device: torch.device) -> str:
@@ -155,7 +169,12 @@ def _init(info: LaunchInfo, args: Options) -> DistContext:
 
     # A manual start that was not told its node guesses the GPU from the
     # global rank (one host's ranks are usually consecutive).
-    device = resolve_device(args.device, info.local_rank if info.node_rank is not None else info.rank)
+    # The doctor's Namespace has no --devices-per-process: its processes own one GPU each.
+    per_process = int(getattr(args, "devices_per_process", 1))
+    if info.node_rank is not None:
+        device = resolve_device(args.device, info.local_rank, per_process)
+    else:
+        device = resolve_device(args.device, info.rank, per_process, wrap=True)
     backend = resolve_backend(args.backend, device)
     host = hostname()
     interface = None

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..contract import device_block
 from .balanced_dp import BalancedDataParallel
 from .config import TrainConfig
 from .models import StagedModel
@@ -31,16 +32,24 @@ class Parallel:
 
 
 def process_devices(base: torch.device, local_rank: int, per_process: int) -> list[torch.device]:
-    """The devices one process owns. On CPU the 'devices' are all `cpu`, which
-    keeps the model-parallel code path testable without GPUs."""
-    if base.type != "cuda" or per_process == 1:
+    """The devices one process owns: its block by the contract's rule
+    (contract.device_block). On CPU the 'devices' are all `cpu`, which keeps
+    the model-parallel code path testable without GPUs."""
+    if base.type != "cuda":
         return [base] * per_process
-    count = torch.cuda.device_count()
-    first = local_rank * per_process
-    if first + per_process > count:
-        raise StrategyError(f"--devices-per-process {per_process}: local rank {local_rank} needs GPUs "
-                            f"{first}..{first + per_process - 1}, this node has {count}")
-    return [torch.device("cuda", first + i) for i in range(per_process)]
+    # start-up resolved the primary device by the same rule (a manual start may
+    # have guessed it from the global rank): the block is the one it begins
+    owner = local_rank if base.index is None else base.index // per_process
+    return cuda_devices(owner, per_process, torch.cuda.device_count())
+
+
+def cuda_devices(local_rank: int, per_process: int, visible: int) -> list[torch.device]:
+    """The CUDA devices of a local rank's block among `visible` GPUs."""
+    try:
+        block = device_block(local_rank, per_process, visible)
+    except ValueError as err:
+        raise StrategyError(f"--devices-per-process {per_process}: {err}") from None
+    return [torch.device("cuda", i) for i in block.indices]
 
 
 def _ddp(model: StagedModel, args: TrainConfig, device: torch.device, local_rank: int,

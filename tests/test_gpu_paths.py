@@ -1,0 +1,178 @@
+"""The CUDA-only paths of the trainer, each on a real GPU (marker `gpu`: the
+suite skips them without one, tests/conftest.py), and beside each the CPU
+test of the same logic where one is possible."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ddpkit.train import checkpoint
+from ddpkit.train.balanced_dp import BalancedDataParallel
+from ddpkit.train.rank_report import versions
+from ddpkit.train.strategy import process_devices
+from tests.helpers.runs import ROOT, TINY
+
+RESNET = ["--model", "resnet18", "--image-size", "16", "--workers", "0", "--progress", "plain"]
+SMALL = ["--synthetic-size", "32", "--batch-size", "8", "--eval-size", "16", "--epochs", "1"]
+
+
+def train(tmp_path: Path, *argv: str) -> dict[str, Any]:
+    """Run `ddpkit train` to completion in a fresh process; its summary record."""
+    metrics = tmp_path / "metrics.jsonl"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-m", "ddpkit.cli", "train", *argv, *SMALL, "--metrics", str(metrics)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [summary] = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "summary"]
+    assert summary["status"] == "finished"
+    return summary
+
+
+# ---- whole runs on one GPU: DDP over NCCL (--spawn 1) and DataParallel ----
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],  # DDP with device_ids=[cuda:0] over NCCL
+        ["--precision", "fp16"],  # GradScaler on CUDA
+        ["--precision", "bf16", "--channels-last", "--sync-bn"],  # SyncBatchNorm needs CUDA
+        ["--gpu-resident-data"],  # the data set lives on the GPU
+        ["--compile"],  # torch.compile under DDP
+    ],
+    ids=["nccl", "fp16-gradscaler", "bf16-syncbn", "gpu-resident-data", "compile"],
+)
+def test_one_gpu_ddp_over_nccl_trains(tmp_path: Path, extra: list[str]) -> None:
+    summary = train(tmp_path, "--spawn", "1", "--device", "cuda", "--backend", "nccl", "--interface", "lo",
+                    *RESNET, *extra)
+    assert summary["world_size"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["--gpu0-batch", "2"]], ids=["dataparallel", "balanced"])
+def test_dataparallel_over_every_visible_gpu_trains(tmp_path: Path, extra: list[str]) -> None:
+    train(tmp_path, "--strategy", "dp", "--device", "cuda", *TINY, *extra)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_checkpoint_resumes_onto_the_gpu(tmp_path: Path) -> None:
+    common = ["--spawn", "1", "--device", "cuda", "--backend", "nccl", "--interface", "lo", *TINY,
+              "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2"]
+    train(tmp_path, *common, "--max-steps", "2")
+    summary = train(tmp_path, *common, "--resume", "auto")
+    assert summary["world_size"] == 1
+
+
+# ---- in-process: the pieces a run uses ----
+
+@pytest.mark.gpu
+def test_balanced_dataparallel_matches_the_module_on_the_gpus() -> None:
+    torch.manual_seed(0)
+    module = nn.Linear(6, 3).cuda()
+    x = torch.randn(10, 6, device="cuda")
+    wrapped = BalancedDataParallel(2, module)
+    torch.testing.assert_close(wrapped(x), module(x))
+
+
+def test_balanced_dataparallel_without_cuda_runs_the_module_as_is() -> None:
+    torch.manual_seed(0)
+    module = nn.Linear(6, 3)
+    wrapped = BalancedDataParallel(2, module, device_ids=[])
+    x = torch.randn(10, 6)
+    torch.testing.assert_close(wrapped(x), module(x))
+
+
+@pytest.mark.gpu
+def test_gradscaler_fp16_step_updates_the_weights() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2).cuda()
+    before = model.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(torch.randn(4, 8, device="cuda")).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() > 0 and not torch.equal(before, model.weight.detach())
+
+
+def test_a_disabled_gradscaler_is_a_plain_step_on_cpu() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)  # what the loop builds for fp32/bf16
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    assert scaler.scale(loss) is loss  # disabled: no scaling at all
+    loss.backward()
+    want = [p.detach() - 0.1 * p.grad for p in model.parameters() if p.grad is not None]
+    scaler.step(opt)
+    for got, w in zip(model.parameters(), want):
+        torch.testing.assert_close(got.detach(), w)
+
+
+def _rng_roundtrip(tmp_path: Path, device: torch.device) -> None:
+    """Saved RNG state, read back with map_location onto `device`, replays the same draws."""
+    torch.manual_seed(1)
+    path = tmp_path / "rng.pt"
+    torch.save({"rng": checkpoint.rng_state(device)}, path)
+    first = torch.rand(4, device=device)
+    state = checkpoint.read_checkpoint(path, map_location=device)
+    checkpoint.set_rng_state(state["rng"], device)
+    torch.testing.assert_close(torch.rand(4, device=device), first)
+    assert ("cuda" in state["rng"]) == (device.type == "cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_rng_state_survives_a_checkpoint_mapped_onto_the_gpu(tmp_path: Path) -> None:
+    _rng_roundtrip(tmp_path, torch.device("cuda", 0))
+
+
+def test_rng_state_survives_a_checkpoint_on_cpu(tmp_path: Path) -> None:
+    _rng_roundtrip(tmp_path, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_a_process_owns_its_block_of_real_devices() -> None:
+    count = torch.cuda.device_count()
+    assert process_devices(torch.device("cuda", 0), 0, count) == [torch.device("cuda", i) for i in range(count)]
+    assert process_devices(torch.device("cuda", count - 1), count - 1, 1) == [torch.device("cuda", count - 1)]
+
+
+def test_model_parallel_on_cpu_uses_the_cpu_for_every_stage() -> None:
+    assert process_devices(torch.device("cpu"), 3, 2) == [torch.device("cpu")] * 2
+
+
+@pytest.mark.gpu
+def test_nccl_version_is_reported() -> None:
+    _torch, cuda, nccl = versions()
+    assert cuda == torch.version.cuda and nccl is not None and nccl.count(".") == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_doctor_nccl_bandwidth_table_on_the_gpus() -> None:
+    from tests.test_doctor_real import base_env, doctor
+
+    ranks = torch.cuda.device_count()
+    rc, doc, err = doctor("--bench", "--device=cuda", "--backend=nccl", "--max-size=1MiB", "--bench-seconds=0.05",
+                          "--ops=all_reduce", env=base_env(), torchrun=ranks)
+    assert rc == 0, err
+    bench = [b for b in doc["bench"] if b["op"] == "all_reduce"]
+    assert bench and all(b["backend"] == "nccl" and b["time_us"] > 0 for b in bench)
+    for b in bench:  # nccl-tests' bus bandwidth for all_reduce: algbw x 2(n-1)/n
+        assert b["busbw_gbps"] == pytest.approx(b["algbw_gbps"] * 2 * (ranks - 1) / ranks, rel=1e-9)
