@@ -15,7 +15,10 @@ pkg/constants, trainjob_types.go).
 
 from __future__ import annotations
 
+import shlex
+import sys
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -33,8 +36,9 @@ from ..contract import (
 )
 from ..quoting import kubelet_unliteral
 from ..render import OutputFile, Rendered, RenderError, k8s_arg
-from ..spec import DNS1035, JobSpec
+from ..spec import DNS1035, JobSpec, K8sVolume
 from ..specfile import SpecError
+from . import podsecurity
 
 NAME = "k8s"
 
@@ -64,6 +68,15 @@ PATCH_MANAGER = "ddpkit.io/render"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DNS_LABEL_MAX = 63
+SHM_VOLUME = "dshm"
+# Shared storage that outlives a pod: where a checkpoint for `--resume auto` can live.
+SHARED_SOURCES = frozenset({"persistent_volume_claim", "nfs"})
+# spec field -> Kubernetes volume source key.
+VOLUME_KEYS = {
+    "persistent_volume_claim": "persistentVolumeClaim", "host_path": "hostPath", "nfs": "nfs",
+    "config_map": "configMap", "secret": "secret", "empty_dir": "emptyDir",
+}
+PSS_PREFIX = "# Pod Security Standard: "
 
 
 @dataclass(frozen=True)
@@ -88,8 +101,9 @@ class Container:
     command: list[Arg]
     env: dict[str, str]
     resources: Resources
-    shm_size: str
     port: Port | None
+    mounts: list[dict[str, Any]]
+    security_context: dict[str, Any]
 
     @property
     def k8s_command(self) -> list[str]:
@@ -116,7 +130,118 @@ def resources(spec: JobSpec) -> Resources:
     limits = dict(fixed)
     if spec.device == "cuda":
         limits[GPU_RESOURCE] = str(spec.nproc_per_node)
+    if spec.k8s.rdma is not None:
+        limits[spec.k8s.rdma.resource] = str(spec.k8s.rdma.count)
     return Resources(requests=fixed, limits=limits)
+
+
+def volume_manifest(v: K8sVolume) -> dict[str, Any]:
+    """The pod's `volumes:` item for one spec volume."""
+    source: dict[str, Any]
+    if v.persistent_volume_claim is not None:
+        source = {"claimName": v.persistent_volume_claim}
+        if v.read_only:
+            source["readOnly"] = True
+    elif v.host_path is not None:
+        source = {"path": v.host_path, "type": "Directory"}
+    elif v.nfs is not None:
+        source = {"server": v.nfs.server, "path": v.nfs.path, **({"readOnly": True} if v.read_only else {})}
+    elif v.config_map is not None:
+        source = {"name": v.config_map}
+    elif v.secret is not None:
+        source = {"secretName": v.secret}
+    else:
+        assert v.empty_dir is not None  # the spec's _one_source guarantees one source
+        source = {k: val for k, val in (("medium", v.empty_dir.medium), ("sizeLimit", v.empty_dir.size_limit))
+                  if val}
+    return {"name": v.name, VOLUME_KEYS[v.source]: source}
+
+
+def mount_manifest(v: K8sVolume) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": v.name, "mountPath": v.mount_path}
+    if v.read_only:
+        mount["readOnly"] = True
+    if v.sub_path is not None:
+        mount["subPath"] = v.sub_path
+    return mount
+
+
+def pod_volumes(spec: JobSpec) -> list[dict[str, Any]]:
+    """/dev/shm (memory-backed: DataLoader workers and NCCL need more than
+    the runtime's 64 MiB) and the spec's volumes, in every kind alike."""
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.k8s.shm_size}}
+    return [shm, *(volume_manifest(v) for v in spec.k8s.volumes)]
+
+
+def container_mounts(spec: JobSpec) -> list[dict[str, Any]]:
+    return [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *(mount_manifest(v) for v in spec.k8s.volumes)]
+
+
+def security_context(spec: JobSpec) -> dict[str, Any]:
+    """What the restricted Pod Security Standard asks of a container; RDMA
+    adds IPC_LOCK (NCCL pins its buffers with mlock), which no level but
+    privileged allows."""
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if spec.k8s.rdma is not None:
+        caps["add"] = ["IPC_LOCK"]
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": spec.k8s.run_as_user,
+        "allowPrivilegeEscalation": False,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": caps,
+    }
+
+
+def pod_fields(spec: JobSpec) -> dict[str, Any]:
+    """The pod-spec fields every kind but TrainJob renders as they are."""
+    out: dict[str, Any] = {"terminationGracePeriodSeconds": spec.k8s.termination_grace_s}
+    if spec.k8s.host_network:
+        # Without it a host-network pod resolves names with the node's
+        # resolver and cannot find its peers' Service names.
+        out |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    return out
+
+
+def pod_security_view(spec: JobSpec, cont: Container) -> dict[str, Any]:
+    """The pod spec as far as Pod Security is concerned, built from the same
+    values the templates render (verify() re-checks the parsed file)."""
+    return {**pod_fields(spec), "volumes": pod_volumes(spec),
+            "containers": [{"name": cont.name, "securityContext": cont.security_context}]}
+
+
+def arg_value(args: list[str], flag: str) -> str | None:
+    """The value of `--flag=v` or `--flag v` in an argv (the last one wins, as argparse does)."""
+    value = None
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+        elif a == flag and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
+def resume_warning(spec: JobSpec) -> str | None:
+    """`--resume auto` needs the checkpoint directory on storage that outlives
+    the pod; without one a restarted pod starts again from step 0."""
+    args = list(spec.command.args)
+    if arg_value(args, "--resume") != "auto":
+        return None
+    ckpt = arg_value(args, "--checkpoint-dir")
+    if ckpt is None:
+        return None
+    target = PurePosixPath(ckpt)
+    for v in spec.k8s.volumes:
+        mount = PurePosixPath(v.mount_path)
+        if v.source in SHARED_SOURCES and not v.read_only and (target == mount or mount in target.parents):
+            return None
+    parent = str(target.parent) if str(target.parent) != "/" else str(target)
+    return (
+        f"warning: k8s: --resume auto but no shared writable volume is mounted at or above "
+        f"--checkpoint-dir {shlex.quote(ckpt)}: a restarted pod finds no checkpoint and starts again. "
+        f"Fix: add to k8s.volumes {{name: ckpt, mount_path: {parent}, persistent_volume_claim: <claim>}} "
+        f"(a ReadWriteMany PVC or nfs)"
+    )
 
 
 def container_env(spec: JobSpec, kind: Kind) -> dict[str, str]:
@@ -136,8 +261,9 @@ def container(spec: JobSpec, *, doctor: bool = False) -> Container:
         command=torchrun_argv(spec, sources(spec, target), doctor=doctor),
         env=container_env(spec, kind),
         resources=resources(spec),
-        shm_size=spec.k8s.shm_size,
         port=Port(PYTORCH_PORT_NAME, int(port)) if kind == "pytorchjob" and port is not None else None,
+        mounts=container_mounts(spec),
+        security_context=security_context(spec),
     )
 
 
@@ -174,13 +300,28 @@ def check_spec(spec: JobSpec) -> None:
         raise SpecError(problems)
 
 
+def pss_comment(pss: podsecurity.Level) -> str:
+    return f"{PSS_PREFIX}{pss.value}"
+
+
 def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     check_spec(spec)
     kind = kind_of(spec)
     target = KIND_TARGET[kind]
+    cont = container(spec, doctor=doctor)
+    pss = podsecurity.level(pod_security_view(spec, cont))
+    # The two notes a platform engineer needs before applying: on stderr,
+    # so that `ddpkit render k8s > job.yaml` still writes clean YAML.
+    warning = None if doctor else resume_warning(spec)
+    if warning:
+        print(warning, file=sys.stderr)
+    print(f"k8s: {filename(spec)}: meets Pod Security level {pss.value}", file=sys.stderr)
     variables: dict[str, Any] = {
         "spec": spec,
-        "container": container(spec, doctor=doctor),
+        "container": cont,
+        "pss_comment": pss_comment(pss),
+        "volumes": pod_volumes(spec),
+        "pod_fields": pod_fields(spec),
         "labels": labels(spec),
         "hosts": hosts_for(spec, target),
         "port": master_port(spec, target),
@@ -226,7 +367,36 @@ def check_container(got: dict[str, Any], want: Container, where: str, *, full: b
         mounts = {m["mountPath"] for m in got.get("volumeMounts", [])}
         if "/dev/shm" not in mounts:
             problems.append(f"{where}: /dev/shm is not mounted")
+        if got.get("volumeMounts") != want.mounts:
+            problems.append(f"{where}: volumeMounts differ from k8s.volumes")
+        if got.get("securityContext") != want.security_context:
+            problems.append(f"{where}: securityContext differs from the spec's")
     return problems
+
+
+def pod_specs(docs: list[dict[str, Any]], kind: Kind) -> list[dict[str, Any]]:
+    """Every pod template's spec in the file (for TrainJob: its runtime patch)."""
+    out = []
+    for doc in docs:
+        spec = doc.get("spec") or {}
+        if kind == "pytorchjob":
+            out += [r["template"]["spec"] for r in (spec.get("pytorchReplicaSpecs") or {}).values()]
+        elif doc.get("kind") == "Job":
+            out.append(spec["template"]["spec"])
+        elif kind == "trainjob":
+            for patch in spec.get("runtimePatches") or []:
+                rjobs = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+                out += [r["template"]["spec"]["template"]["spec"] for r in rjobs]
+    return out
+
+
+def check_pod_security(text: str, docs: list[dict[str, Any]], kind: Kind) -> list[str]:
+    """The level named on the file's first line is the one its pods meet."""
+    first = text.split("\n", 1)[0]
+    got = podsecurity.lowest([podsecurity.level(p) for p in pod_specs(docs, kind)])
+    if not first.startswith(pss_comment(got)):
+        return [f"first line {first!r} does not name the Pod Security level its pods meet ({got.value})"]
+    return []
 
 
 def verify_pytorchjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
@@ -299,6 +469,11 @@ def verify_trainjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list
     if t.get("numNodes") != spec.nodes or t.get("numProcPerNode") != spec.nproc_per_node:
         problems.append("numNodes / numProcPerNode differ from the spec")
     problems += check_container({"name": want.name, **t}, want, "trainer", full=False)
+    for pod in pod_specs([doc], "trainjob"):
+        patched = [c for c in pod.get("containers") or [] if c.get("name") == want.name]
+        if len(patched) != 1 or patched[0].get("volumeMounts") != want.mounts \
+                or patched[0].get("securityContext") != want.security_context:
+            problems.append(f"runtime patch: container {want.name!r} lacks the volume mounts or securityContext")
     env_names = {e["name"] for e in t.get("env", [])}
     if env_names & TRAINJOB_RESERVED_ENV:
         problems.append(f"trainer.env sets reserved {sorted(env_names & TRAINJOB_RESERVED_ENV)}")
@@ -312,14 +487,19 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     name = filename(spec)
     docs = [d for d in yaml.safe_load_all(rendered.files[name]) if d is not None]
     want = container(spec, doctor=doctor)
-    problems = []
+    kind = kind_of(spec)
+    problems = check_pod_security(rendered.files[name], docs, kind)
+    for pod in pod_specs(docs, kind):
+        if pod.get("volumes") != pod_volumes(spec):
+            problems.append("pod volumes differ from k8s.volumes")
+        if pod.get("terminationGracePeriodSeconds") != spec.k8s.termination_grace_s:
+            problems.append("terminationGracePeriodSeconds differs from k8s.termination_grace_s")
     for doc in docs:
         meta = doc.get("metadata", {})
         if not DNS1035.match(meta.get("name", "")) or len(meta["name"]) > DNS_LABEL_MAX:
             problems.append(f"{doc.get('kind')} name {meta.get('name')!r} is not a DNS-1035 label")
         if meta.get("name") != spec.name or meta.get("namespace") != spec.k8s.namespace:
             problems.append(f"{doc.get('kind')} name/namespace differ from the spec")
-    kind = kind_of(spec)
     if kind == "indexed-job":
         problems += verify_indexed_job(docs, spec, want)
     elif len(docs) != 1:
