@@ -145,7 +145,7 @@ def test_default_container_meets_restricted(kind: str) -> None:
     ({"rdma": {"count": 2}}, Level.PRIVILEGED),  # IPC_LOCK is not in baseline's list
     ({"host_network": True}, Level.PRIVILEGED),
 ])
-@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job"])
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "jobset"])
 def test_privileged_asks_lower_the_reported_level(
         kind: str, k8s: dict[str, Any], level: Level, capsys: pytest.CaptureFixture[str]) -> None:
     spec = make_spec(kind, k8s=k8s)
@@ -266,7 +266,7 @@ def test_indexed_job_with_every_option_passes_kubernetes_validate_strict(tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob", "jobset"])
 def test_crd_kinds_with_every_option_match_the_upstream_schema(tmp_path: Path, kind: str) -> None:
     k8s = {k: v for k, v in EVERYTHING.items() if not (kind == "trainjob" and k == "host_network")}
     docs = render_docs(make_spec(kind, nodes=3, k8s=k8s))

@@ -336,7 +336,7 @@ class RdmaOptions(Strict):
 
 
 class K8sOptions(Strict):
-    kind: Literal["pytorchjob", "indexed-job", "trainjob"] = "pytorchjob"
+    kind: Literal["pytorchjob", "indexed-job", "trainjob", "jobset"] = "pytorchjob"
     namespace: str = "default"
     shm_size: str = Field(default="8Gi", description="size of the memory-backed /dev/shm")
     cpu: str | None = Field(default=None, description="CPU request and limit per pod, e.g. '8'")

@@ -4,6 +4,8 @@
 - indexed-job: a plain batch/v1 Indexed Job with its headless Service; runs on
   any cluster, no operator needed.
 - trainjob: Kubeflow Trainer v2 TrainJob on the `torch-distributed` runtime.
+- jobset: a JobSet (jobset.x-k8s.io/v1alpha2) of one Indexed Job; needs the
+  JobSet controller, which also makes the headless Service.
 
 All three run the same torchrun line (contract.torchrun_argv); only where the
 node rank and master come from differs, and that is `$(VAR)` that the kubelet
@@ -42,12 +44,13 @@ from . import podsecurity
 
 NAME = "k8s"
 
-Kind = Literal["pytorchjob", "indexed-job", "trainjob"]
+Kind = Literal["pytorchjob", "indexed-job", "trainjob", "jobset"]
 
 KIND_TARGET: dict[str, Target] = {
     "pytorchjob": Target.PYTORCHJOB,
     "indexed-job": Target.INDEXED_JOB,
     "trainjob": Target.TRAINJOB,
+    "jobset": Target.JOBSET,
 }
 
 # kubeflow.org/v1 PyTorchJob: the operator reads the master port from this
@@ -64,6 +67,14 @@ TRAINJOB_RESERVED_ENV = frozenset(
      envnames.PET_MASTER_PORT}
 )
 TRAINJOB_MAX_ITEMS = 128  # trainer.command / args / env: kubebuilder MaxItems
+# JobSet: its one replicated Job; the webhook checks that the longest pod name,
+# <jobset>-<rjob>-<jobIndex>-<podIndex> plus the Job controller's 5-character
+# random suffix ("-abcde"), is a DNS-1035 label (pkg/webhooks/jobset_webhook.go, v0.12.0).
+JOBSET_RJOB = "node"
+JOBSET_POD_SUFFIX = "-abcde"
+CONTAINER_NAMES: dict[str, str] = {
+    "pytorchjob": PYTORCH_CONTAINER, "indexed-job": "trainer", "trainjob": TRAINJOB_NODE, "jobset": JOBSET_RJOB,
+}
 PATCH_MANAGER = "ddpkit.io/render"
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -255,7 +266,7 @@ def container(spec: JobSpec, *, doctor: bool = False) -> Container:
     target = KIND_TARGET[kind]
     port = master_port(spec, target)
     return Container(
-        name=PYTORCH_CONTAINER if kind == "pytorchjob" else TRAINJOB_NODE if kind == "trainjob" else "trainer",
+        name=CONTAINER_NAMES[kind],
         image=spec.image,
         pull_policy=spec.k8s.image_pull_policy,
         command=torchrun_argv(spec, sources(spec, target), doctor=doctor),
@@ -285,6 +296,13 @@ def check_spec(spec: JobSpec) -> None:
             f"pod host name {longest!r} has {len(longest)} characters and Kubernetes allows "
             f"{DNS_LABEL_MAX}; shorten name to at most {room} characters"
         )
+    if kind_of(spec) == "jobset":
+        pod_name = f"{spec.name}-{JOBSET_RJOB}-0-{spec.nodes - 1}{JOBSET_POD_SUFFIX}"
+        if len(pod_name) > DNS_LABEL_MAX:
+            problems.append(
+                f"name: {spec.name!r} is too long for a JobSet of {spec.nodes} nodes: the JobSet webhook needs "
+                f"pod name {pod_name!r} to fit in {DNS_LABEL_MAX} characters; shorten name to at most "
+                f"{DNS_LABEL_MAX - (len(pod_name) - len(spec.name))} characters")
     if kind_of(spec) == "trainjob":
         reserved = sorted(set(spec.env) & TRAINJOB_RESERVED_ENV)
         if reserved:
@@ -328,7 +346,7 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
         "service": k8s_service_name(spec),
         "roles": [(role, n) for role, n in zip(PYTORCH_ROLES, (1, spec.nodes - 1)) if n > 0],
         "restart_policy": restart_policy(spec),
-        "replicated_job": TRAINJOB_NODE,
+        "replicated_job": JOBSET_RJOB if kind == "jobset" else TRAINJOB_NODE,
         "patch_manager": PATCH_MANAGER,
     }
     return [OutputFile(filename(spec), f"k8s/{kind}.yaml.j2", variables, "yaml")]
@@ -383,6 +401,8 @@ def pod_specs(docs: list[dict[str, Any]], kind: Kind) -> list[dict[str, Any]]:
             out += [r["template"]["spec"] for r in (spec.get("pytorchReplicaSpecs") or {}).values()]
         elif doc.get("kind") == "Job":
             out.append(spec["template"]["spec"])
+        elif doc.get("kind") == "JobSet":
+            out += [r["template"]["spec"]["template"]["spec"] for r in spec.get("replicatedJobs") or []]
         elif kind == "trainjob":
             for patch in spec.get("runtimePatches") or []:
                 rjobs = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -458,6 +478,36 @@ def verify_indexed_job(docs: list[dict[str, Any]], spec: JobSpec, want: Containe
     return problems
 
 
+def verify_jobset(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
+    """JobSet's CRD and webhook rules that ddpkit's output could break, and
+    the pod layout the rank contract assumes."""
+    problems = []
+    if (doc.get("apiVersion"), doc.get("kind")) != ("jobset.x-k8s.io/v1alpha2", "JobSet"):
+        problems.append("not a jobset.x-k8s.io/v1alpha2 JobSet")
+    s = doc["spec"]
+    net = s.get("network") or {}
+    if net.get("enableDNSHostnames") is not True or net.get("subdomain", spec.name) != spec.name:
+        problems.append("network.enableDNSHostnames must be true with the JobSet's name as subdomain")
+    rjobs = s.get("replicatedJobs") or []
+    if [r.get("name") for r in rjobs] != [JOBSET_RJOB] or rjobs[0].get("replicas") != 1:
+        problems.append(f"expected one replicatedJob {JOBSET_RJOB!r} with replicas 1")
+        return problems
+    j = rjobs[0]["template"]["spec"]
+    if j.get("completionMode") != "Indexed" or not j.get("completions") == j.get("parallelism") == spec.nodes:
+        problems.append("Job must be Indexed with completions = parallelism = nodes")
+    if (s.get("failurePolicy") or {}).get("maxRestarts") != spec.k8s.backoff_limit:
+        problems.append("failurePolicy.maxRestarts differs from k8s.backoff_limit")
+    pod = j["template"]["spec"]
+    if pod.get("restartPolicy") != "Never":
+        problems.append("podFailurePolicy needs restartPolicy Never")
+    containers = pod.get("containers") or []
+    if len(containers) != 1:
+        problems.append("expected exactly one container")
+    else:
+        problems += check_container(containers[0], want, "JobSet")
+    return problems
+
+
 def verify_trainjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
     """The Trainer's CRD rules and its torch plugin's Validate()."""
     problems = []
@@ -506,6 +556,8 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
         problems.append(f"expected one document, found {len(docs)}")
     elif kind == "pytorchjob":
         problems += verify_pytorchjob(docs[0], spec, want)
+    elif kind == "jobset":
+        problems += verify_jobset(docs[0], spec, want)
     else:
         problems += verify_trainjob(docs[0], spec, want)
     if problems:
