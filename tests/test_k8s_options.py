@@ -272,3 +272,74 @@ def test_crd_kinds_with_every_option_match_the_upstream_schema(tmp_path: Path, k
     docs = render_docs(make_spec(kind, nodes=3, k8s=k8s))
     result = check_against_crd(tmp_path, kind, docs)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- gang scheduling: Kueue and Volcano ----
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
+def test_kueue_queue_labels_the_job_object_and_creates_it_suspended(kind: str) -> None:
+    docs = render_docs(make_spec(kind, nodes=2, k8s={"queue": "team-a"}))
+    obj = kubernetes.job_object(docs)
+    assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert (obj["spec"]["runPolicy"] if kind == "pytorchjob" else obj["spec"])["suspend"] is True
+    plain = kubernetes.job_object(render_docs(make_spec(kind, nodes=2)))
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+    assert "suspend" not in (plain["spec"]["runPolicy"] if kind == "pytorchjob" else plain["spec"])
+
+
+@pytest.mark.parametrize("kind", ["indexed-job", "jobset"])
+def test_volcano_podgroup_for_kinds_without_a_native_field(kind: str) -> None:
+    docs = render_docs(make_spec(kind, nodes=3, k8s={"scheduler": "volcano"}))
+    (group,) = [d for d in docs if d["kind"] == "PodGroup"]
+    assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1" and group["spec"] == {"minMember": 3}
+    for pod in pod_specs(make_spec(kind, nodes=3, k8s={"scheduler": "volcano"})):
+        assert pod["schedulerName"] == "volcano"
+    templates = [d["spec"]["template"]["metadata"] for d in docs if d["kind"] == "Job"] or [
+        r["template"]["spec"]["template"]["metadata"] for r in docs[0]["spec"]["replicatedJobs"]]
+    assert templates[0]["annotations"]["scheduling.k8s.io/group-name"] == group["metadata"]["name"]
+
+
+def test_volcano_pytorchjob_uses_its_scheduling_policy() -> None:
+    spec = make_spec("pytorchjob", nodes=3, k8s={"scheduler": "volcano"})
+    (doc,) = render_docs(spec)
+    assert doc["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 3}
+    assert all(p["schedulerName"] == "volcano" for p in pod_specs(spec))
+
+
+@pytest.mark.parametrize(("kind", "k8s", "message"), [
+    ("trainjob", {"scheduler": "volcano"}, "podGroupPolicy.volcano in the ClusterTrainingRuntime"),
+    ("indexed-job", {"scheduler": "volcano", "queue": "q"}, "choose one"),
+    ("jobset", {"scheduler": "volcano", "pod_annotations": {"scheduling.k8s.io/group-name": "x"}}, "remove it"),
+])
+def test_gang_scheduling_refused_with_a_reason(kind: str, k8s: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        make_spec(kind, k8s=k8s)
+
+
+def test_verify_rejects_a_podgroup_of_the_wrong_size() -> None:
+    spec = make_spec("indexed-job", nodes=3, k8s={"scheduler": "volcano"})
+    rendered = render(spec, "k8s")
+    name = kubernetes.filename(spec)
+    rendered.files[name] = rendered.files[name].replace("minMember: 3", "minMember: 2")
+    with pytest.raises(RenderError, match="PodGroup"):
+        kubernetes.verify(spec, rendered)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_indexed_job_with_kueue_passes_kubernetes_validate_strict(tmp_path: Path, version: str) -> None:
+    spec = make_spec("indexed-job", nodes=2, k8s={"queue": "team-a"})
+    path = tmp_path / "job.yaml"
+    path.write_text(render(spec, "k8s").files[kubernetes.filename(spec)], encoding="utf-8")
+    result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", "-k", version, str(path)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("kind", "k8s"), [
+    ("pytorchjob", {"queue": "q"}), ("pytorchjob", {"scheduler": "volcano"}), ("trainjob", {"queue": "q"}),
+    ("jobset", {"queue": "q"}),
+])
+def test_gang_options_match_the_upstream_crd_schema(tmp_path: Path, kind: str, k8s: dict[str, Any]) -> None:
+    result = check_against_crd(tmp_path, kind, render_docs(make_spec(kind, nodes=2, k8s=k8s)))
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -246,6 +246,8 @@ class Toleration(Strict):
 VolumeSource = Literal["persistent_volume_claim", "host_path", "nfs", "config_map", "secret", "empty_dir"]
 VOLUME_SOURCES: tuple[VolumeSource, ...] = (
     "persistent_volume_claim", "host_path", "nfs", "config_map", "secret", "empty_dir")
+# The annotation that puts a pod into a Volcano PodGroup.
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 # Names ddpkit's own pod volumes use; a user volume of that name would replace them.
 K8S_RESERVED_VOLUMES = frozenset({"dshm"})
 
@@ -360,6 +362,8 @@ class K8sOptions(Strict):
     # the same default as slurm.signal_seconds, the grace before Slurm's kill.
     termination_grace_s: int = Field(default=90, ge=0, le=3600, description="pod terminationGracePeriodSeconds")
     active_deadline_s: int | None = Field(default=None, ge=1, description="wall-clock limit of the whole job")
+    queue: str | None = Field(default=None, description="Kueue LocalQueue: the job is created suspended and admitted whole")
+    scheduler: Literal["default", "volcano"] = Field(default="default", description="volcano: gang-schedule all pods")
 
     @field_validator("namespace")
     @classmethod
@@ -401,12 +405,28 @@ class K8sOptions(Strict):
                 raise ValueError(f"volume {what} {twice} appears twice; each volume needs its own")
         return value
 
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, value: str | None) -> str | None:
+        if value is not None and not DNS1123_SUBDOMAIN.match(value):
+            raise ValueError(f"{value!r} is not a Kueue LocalQueue name (DNS-1123 subdomain)")
+        return value
+
     @model_validator(mode="after")
     def _kind_options(self) -> K8sOptions:
-        # The TrainJob's runtime patch has no hostNetwork field: the runtime owns it.
+        # The TrainJob's runtime patch has no hostNetwork or schedulerName
+        # field: the runtime owns both.
         if self.kind == "trainjob" and self.host_network:
             raise ValueError("host_network: a TrainJob cannot set it (its runtime patch has no such field); "
                              "set hostNetwork in the ClusterTrainingRuntime, or use another kind")
+        if self.kind == "trainjob" and self.scheduler == "volcano":
+            raise ValueError("scheduler: a TrainJob cannot choose its scheduler (its runtime patch has no "
+                             "schedulerName); set podGroupPolicy.volcano in the ClusterTrainingRuntime, or use "
+                             "another kind")
+        if self.queue is not None and self.scheduler == "volcano":
+            raise ValueError("queue (Kueue) and scheduler: volcano are two gang schedulers for one job; choose one")
+        if self.scheduler == "volcano" and VOLCANO_GROUP_ANNOTATION in self.pod_annotations:
+            raise ValueError(f"pod_annotations: {VOLCANO_GROUP_ANNOTATION} is set by scheduler: volcano; remove it")
         return self
 
 

@@ -38,7 +38,7 @@ from ..contract import (
 )
 from ..quoting import kubelet_unliteral
 from ..render import OutputFile, Rendered, RenderError, k8s_arg
-from ..spec import DNS1035, JobSpec, K8sVolume
+from ..spec import DNS1035, VOLCANO_GROUP_ANNOTATION, JobSpec, K8sVolume
 from ..specfile import SpecError
 from . import podsecurity
 
@@ -88,6 +88,8 @@ VOLUME_KEYS = {
     "config_map": "configMap", "secret": "secret", "empty_dir": "emptyDir",
 }
 PSS_PREFIX = "# Pod Security Standard: "
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+VOLCANO = "volcano"
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,24 @@ def filename(spec: JobSpec) -> str:
 
 def labels(spec: JobSpec) -> dict[str, str]:
     return {"app.kubernetes.io/managed-by": "ddpkit", "ddpkit.io/job": spec.name}
+
+
+def object_labels(spec: JobSpec) -> dict[str, str]:
+    """The job object's labels: Kueue admits a job whose object names its
+    LocalQueue (and that was created suspended; it unsuspends it)."""
+    out = labels(spec)
+    if spec.k8s.queue is not None:
+        out[KUEUE_QUEUE_LABEL] = spec.k8s.queue
+    return out
+
+
+def pod_annotations(spec: JobSpec) -> dict[str, str]:
+    """The spec's pod annotations, and, for Volcano on kinds without a
+    scheduling field of their own, the PodGroup each pod belongs to."""
+    out = dict(spec.k8s.pod_annotations)
+    if spec.k8s.scheduler == VOLCANO and kind_of(spec) in ("indexed-job", "jobset"):
+        out[VOLCANO_GROUP_ANNOTATION] = spec.name
+    return out
 
 
 def resources(spec: JobSpec) -> Resources:
@@ -207,6 +227,8 @@ def security_context(spec: JobSpec) -> dict[str, Any]:
 def pod_fields(spec: JobSpec) -> dict[str, Any]:
     """The pod-spec fields every kind but TrainJob renders as they are."""
     out: dict[str, Any] = {"terminationGracePeriodSeconds": spec.k8s.termination_grace_s}
+    if spec.k8s.scheduler == VOLCANO:
+        out["schedulerName"] = VOLCANO
     if spec.k8s.host_network:
         # Without it a host-network pod resolves names with the node's
         # resolver and cannot find its peers' Service names.
@@ -341,6 +363,10 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
         "volumes": pod_volumes(spec),
         "pod_fields": pod_fields(spec),
         "labels": labels(spec),
+        "object_labels": object_labels(spec),
+        "pod_annotations": pod_annotations(spec),
+        "suspend": spec.k8s.queue is not None,
+        "pod_group": spec.k8s.scheduler == VOLCANO and kind in ("indexed-job", "jobset"),
         "hosts": hosts_for(spec, target),
         "port": master_port(spec, target),
         "service": k8s_service_name(spec),
@@ -478,6 +504,37 @@ def verify_indexed_job(docs: list[dict[str, Any]], spec: JobSpec, want: Containe
     return problems
 
 
+def job_object(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The document Kueue admits: the one that is not a Service or PodGroup."""
+    return next(d for d in docs if d.get("kind") not in ("Service", "PodGroup"))
+
+
+def verify_gang(docs: list[dict[str, Any]], spec: JobSpec, kind: Kind) -> list[str]:
+    """Kueue: the queue label and suspend on the job object. Volcano: every
+    pod names the scheduler, and a PodGroup of minMember = nodes holds them
+    (the kind's own field for PyTorchJob)."""
+    problems = []
+    obj = job_object(docs)
+    queue = obj["metadata"].get("labels", {}).get(KUEUE_QUEUE_LABEL)
+    spec_part = obj["spec"]["runPolicy"] if kind == "pytorchjob" else obj["spec"]
+    if queue != spec.k8s.queue or bool(spec_part.get("suspend")) != (spec.k8s.queue is not None):
+        problems.append(f"Kueue: label {KUEUE_QUEUE_LABEL} / suspend disagree with k8s.queue")
+    volcano = spec.k8s.scheduler == VOLCANO
+    if any((p.get("schedulerName") == VOLCANO) != volcano for p in pod_specs(docs, kind)):
+        problems.append("schedulerName disagrees with k8s.scheduler")
+    groups = [d for d in docs if d.get("kind") == "PodGroup"]
+    if kind == "pytorchjob":
+        policy = obj["spec"]["runPolicy"].get("schedulingPolicy")
+        if (policy == {"minAvailable": spec.nodes}) != volcano:
+            problems.append("runPolicy.schedulingPolicy.minAvailable disagrees with k8s.scheduler")
+    elif kind != "trainjob" and volcano and (
+            [g["spec"].get("minMember") for g in groups] != [spec.nodes] or groups[0]["metadata"]["name"] != spec.name):
+        problems.append(f"expected one PodGroup {spec.name!r} with minMember {spec.nodes}")
+    if groups and not (volcano and kind in ("indexed-job", "jobset")):
+        problems.append("a PodGroup without scheduler: volcano")
+    return problems
+
+
 def verify_jobset(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
     """JobSet's CRD and webhook rules that ddpkit's output could break, and
     the pod layout the rank contract assumes."""
@@ -538,7 +595,7 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     docs = [d for d in yaml.safe_load_all(rendered.files[name]) if d is not None]
     want = container(spec, doctor=doctor)
     kind = kind_of(spec)
-    problems = check_pod_security(rendered.files[name], docs, kind)
+    problems = check_pod_security(rendered.files[name], docs, kind) + verify_gang(docs, spec, kind)
     for pod in pod_specs(docs, kind):
         if pod.get("volumes") != pod_volumes(spec):
             problems.append("pod volumes differ from k8s.volumes")
@@ -550,6 +607,7 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
             problems.append(f"{doc.get('kind')} name {meta.get('name')!r} is not a DNS-1035 label")
         if meta.get("name") != spec.name or meta.get("namespace") != spec.k8s.namespace:
             problems.append(f"{doc.get('kind')} name/namespace differ from the spec")
+    docs = [d for d in docs if d.get("kind") != "PodGroup"]  # verify_gang checked it
     if kind == "indexed-job":
         problems += verify_indexed_job(docs, spec, want)
     elif len(docs) != 1:
