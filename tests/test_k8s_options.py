@@ -11,14 +11,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from ddpkit.cli import main as cli_main
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec
+from ddpkit.specfile import load_spec
 from ddpkit.targets import kubernetes, podsecurity, render
 from ddpkit.targets.podsecurity import Level
-from tests.test_render_k8s import BIN, K8S_VERSIONS, KINDS, check_against_crd, make_spec, render_docs
+from tests.test_render_k8s import (
+    BIN,
+    EXAMPLES,
+    K8S_VERSIONS,
+    KINDS,
+    check_against_crd,
+    make_spec,
+    render_docs,
+)
 
 VOLUMES: list[dict[str, Any]] = [
     {"name": "data", "mount_path": "/data", "read_only": True, "persistent_volume_claim": "cifar-data"},
@@ -343,3 +353,46 @@ def test_indexed_job_with_kueue_passes_kubernetes_validate_strict(tmp_path: Path
 def test_gang_options_match_the_upstream_crd_schema(tmp_path: Path, kind: str, k8s: dict[str, Any]) -> None:
     result = check_against_crd(tmp_path, kind, render_docs(make_spec(kind, nodes=2, k8s=k8s)))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- every example x kind x option set passes the upstream validators ----
+
+OPTION_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "everything": EVERYTHING,
+    "kueue": {"queue": "team-a", "active_deadline_s": 600},
+    "volcano": {"scheduler": "volcano", "rdma": {"count": 2}},
+}
+SCHEMA_OF = {"PyTorchJob": "pytorchjob", "TrainJob": "trainjob", "JobSet": "jobset", "PodGroup": "podgroup"}
+BUILTIN = {"Service", "Job"}
+
+
+def test_every_example_kind_and_option_set_passes_its_validator(tmp_path: Path) -> None:
+    by_schema: dict[str, list[dict[str, Any]]] = {k: [] for k in SCHEMA_OF.values()}
+    builtin: list[Path] = []
+    rendered = 0
+    for example in EXAMPLES:
+        for kind in KINDS:
+            for name, k8s in OPTION_SETS.items():
+                k8s = {k: v for k, v in k8s.items()
+                       if not (kind == "trainjob" and k in ("host_network", "scheduler"))}
+                fields = load_spec(example, overrides=[f"k8s.kind={kind}"]).model_dump(exclude_unset=True)
+                fields["k8s"] = {**fields.get("k8s", {}), **copy.deepcopy(k8s)}
+                spec = JobSpec.model_validate(fields)
+                docs = render_docs(spec)
+                rendered += 1
+                for i, doc in enumerate(docs):
+                    if doc["kind"] in BUILTIN:
+                        path = tmp_path / f"{example.stem}-{kind}-{name}-{i}.yaml"
+                        path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+                        builtin.append(path)
+                    else:
+                        by_schema[SCHEMA_OF[doc["kind"]]].append(doc)
+    assert rendered == len(EXAMPLES) * len(KINDS) * len(OPTION_SETS)
+    result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", "-k", K8S_VERSIONS[-1],
+                             *map(str, builtin)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for kind, docs in by_schema.items():
+        assert docs, f"no {kind} document rendered"
+        result = check_against_crd(tmp_path, kind, docs)
+        assert result.returncode == 0, f"{kind}: {result.stdout}{result.stderr}"

@@ -187,7 +187,7 @@ def strict_schema(schema: Any) -> Any:
 
 
 CRD_SCHEMAS = {"pytorchjob": "pytorchjob-kubeflow.org-v1.json", "trainjob": "trainjob-trainer.kubeflow.org-v1alpha1.json",
-               "jobset": "jobset-jobset.x-k8s.io-v1alpha2.json"}
+               "jobset": "jobset-jobset.x-k8s.io-v1alpha2.json", "podgroup": "podgroup-scheduling.volcano.sh-v1beta1.json"}
 
 
 def check_against_crd(tmp_path: Path, kind: str, docs: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:

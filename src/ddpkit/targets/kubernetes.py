@@ -473,6 +473,12 @@ def verify_pytorchjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> li
             problems.append(f"{role}: port {PYTORCH_PORT_NAME} is not {want.port.number}")
     if total != spec.nodes:
         problems.append(f"{total} pods for {spec.nodes} nodes")
+    elastic = doc["spec"].get("elasticPolicy")
+    if elastic is not None:  # pytorchjob_webhook.go validateSpec
+        if "Worker" not in replica_specs:
+            problems.append("Worker must be configured if elastic policy is used")
+        if "nProcPerNode" in elastic and "nprocPerNode" in doc["spec"]:
+            problems.append("elasticPolicy.nProcPerNode must not be used with nprocPerNode")
     if doc["spec"].get("nprocPerNode") != str(spec.nproc_per_node):
         problems.append("nprocPerNode (a string in kubeflow.org/v1) differs from nproc_per_node")
     return problems
