@@ -226,7 +226,10 @@ def security_context(spec: JobSpec) -> dict[str, Any]:
 
 def pod_fields(spec: JobSpec) -> dict[str, Any]:
     """The pod-spec fields every kind but TrainJob renders as they are."""
-    out: dict[str, Any] = {"terminationGracePeriodSeconds": spec.k8s.termination_grace_s}
+    # fsGroup: the kubelet makes PVC and emptyDir volumes group-writable by
+    # this group, so the non-root container can write its checkpoints.
+    out: dict[str, Any] = {"terminationGracePeriodSeconds": spec.k8s.termination_grace_s,
+                           "securityContext": {"fsGroup": spec.k8s.run_as_user}}
     if spec.k8s.scheduler == VOLCANO:
         out["schedulerName"] = VOLCANO
     if spec.k8s.host_network:
