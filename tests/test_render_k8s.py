@@ -1,4 +1,4 @@
-"""The Kubernetes renderer: PyTorchJob, Indexed Job + Service, TrainJob.
+"""The Kubernetes renderer: PyTorchJob, Indexed Job + Service, TrainJob, JobSet.
 
 No API server can run here, so each manifest is checked the way its consumer
 would check it: built-in kinds with `kubernetes-validate --strict`, the CRDs
