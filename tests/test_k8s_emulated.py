@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -200,3 +202,58 @@ def test_a_wrong_variable_in_the_template_fails_the_run(docker_daemon: Docker) -
     assert codes != [0, 0], "\n".join(logs)
     assert "$(JOB_INDEX)" in "\n".join(logs)
 
+
+# ---- a shared checkpoint volume: resume after a pod is lost ----
+
+CKPT = "/ckpt/run"
+RESUME_ARGS = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=128", "--batch-size=8",
+               "--epochs=3", "--workers=0", "--no-eval", f"--checkpoint-dir={CKPT}", "--checkpoint-every=4",
+               "--resume=auto"]
+
+
+def kill_after_first_checkpoint(volume_dir: Path, victim: int) -> Callable[[list[Any]], int | None]:
+    """SIGKILL pod `victim` once the checkpoint pointer exists on the shared
+    volume (read on the daemon's side: the volume's mount point)."""
+    latest = volume_dir / CKPT.removeprefix("/ckpt/") / "latest"
+
+    def kill(containers: list[Any]) -> int | None:
+        if not latest.exists():
+            time.sleep(0.5)
+            return None
+        containers[victim].kill(signal="SIGKILL")
+        return victim
+    return kill
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(docker_daemon: Docker) -> None:
+    """JobSet, 2 pods, the checkpoint directory on a PVC (a Docker volume
+    mounted in both containers, as a ReadWriteMany claim is), run as the
+    manifest's non-root user. Pod 1 is SIGKILLed after the first checkpoint;
+    the run fails fast (FailJob); the JobSet restart (fresh containers, same
+    claim) resumes from that checkpoint instead of step 0."""
+    spec = load_spec(REPO / "examples" / "cpu-smoke.yaml",
+                     overrides=["k8s.kind=jobset", "k8s.backoff_limit=1", "command.args=" + json.dumps(RESUME_ARGS)],
+                     nodes=2, nproc_per_node=1)
+    assert kubernetes.resume_warning(spec) is None, "the example mounts a shared checkpoint claim"
+    pods_ = pods(spec, rendered(spec))
+    assert all(p.claims.get("/ckpt") == ("smoke-checkpoints", False) and p.user == "1000" for p in pods_)
+    sdk: Any = importlib.import_module("docker")
+    client = sdk.DockerClient(base_url=docker_daemon.host)
+    volume = client.volumes.create(f"k8s-emul-ckpt-{uuid.uuid4().hex[:8]}", labels={"io.ddpkit.test": "ckpt"})
+    try:
+        # What the kubelet does for fsGroup: the volume's group, group-writable, setgid.
+        client.containers.run(docker_daemon.image, ["sh", "-c", f"chgrp {pods_[0].fs_group} /ckpt && chmod 2775 /ckpt"],
+                              volumes={volume.name: {"bind": "/ckpt", "mode": "rw"}}, remove=True, user="0")
+        claims = {"smoke-checkpoints": volume.name}
+        mountpoint = Path(client.api.inspect_volume(volume.name)["Mountpoint"])
+        codes, logs = run_pods(docker_daemon, pods_, volumes=claims, kill=kill_after_first_checkpoint(mountpoint, 1))
+        assert codes[1] == 137 and codes != [0, 0], "\n".join(logs)
+        assert not any("resumed from" in log for log in logs), "the first attempt had nothing to resume"
+        codes, logs = run_pods(docker_daemon, pods_, volumes=claims)
+        assert codes == [0, 0], "\n".join(logs)
+        assert "resumed from" in logs[0] and "at step 0 " not in logs[0], logs[0]
+    finally:
+        volume.remove(force=True)
