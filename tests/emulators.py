@@ -86,7 +86,8 @@ def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = J
             "PET_NPROC_PER_NODE": str(p),
             "PYTHONUNBUFFERED": "1",
         }
-    if target == Target.INDEXED_JOB:
+    if target in (Target.INDEXED_JOB, Target.JOBSET):
+        # JobSet's pods are an Indexed Job's: the Job controller sets the index.
         return {"JOB_COMPLETION_INDEX": str(index)}
     assert target == Target.TRAINJOB, target
     return {

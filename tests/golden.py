@@ -11,7 +11,7 @@ from ddpkit.specfile import load_spec
 from ddpkit.targets import render
 
 ROOT = Path(__file__).resolve().parents[1]
-K8S_KINDS = ("pytorchjob", "indexed-job", "trainjob")
+K8S_KINDS = ("pytorchjob", "indexed-job", "trainjob", "jobset")
 
 
 def _single(spec: JobSpec, target: str) -> str:

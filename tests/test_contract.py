@@ -50,6 +50,7 @@ INJECTED = {
         "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456", "PYTHONUNBUFFERED": "1",
     },
     Target.INDEXED_JOB: {"JOB_COMPLETION_INDEX": "{i}"},
+    Target.JOBSET: {"JOB_COMPLETION_INDEX": "{i}"},
     Target.TRAINJOB: {
         "PET_NODE_RANK": "{i}", "PET_NNODES": "{n}", "PET_NPROC_PER_NODE": "{p}",
         "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29500",
@@ -65,6 +66,7 @@ MASTER = {
     Target.PYTORCHJOB: ("job-master-0", 23456),
     Target.INDEXED_JOB: ("job-0.job", 29500),
     Target.TRAINJOB: ("job-node-0-0.job", 29500),
+    Target.JOBSET: ("job-node-0-0.job", 29500),
     Target.SSH: ("gpu00.example", 29500),
     Target.COMPOSE: ("node0", 29500),
     Target.LOCAL: ("127.0.0.1", 29500),

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,6 +48,11 @@ class Pod:
     dns_names: list[str]
     argv: list[str]
     env: dict[str, str]
+    # mount path -> (PVC claim name, read-only): one Docker volume per claim,
+    # shared by every pod, as a ReadWriteMany claim is.
+    claims: dict[str, tuple[str, bool]]
+    user: str | None  # securityContext.runAsUser
+    fs_group: int | None  # pod securityContext.fsGroup
 
 
 def _containers(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -59,6 +67,10 @@ def _containers(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         job = next(d for d in docs if d["kind"] == "Job")
         assert job["spec"]["completionMode"] == "Indexed"
         return [job["spec"]["template"]["spec"]["containers"][0]] * job["spec"]["completions"]
+    if kind == "jobset":
+        (rjob,) = docs[0]["spec"]["replicatedJobs"]
+        assert rjob["replicas"] == 1 and rjob["template"]["spec"]["completionMode"] == "Indexed"
+        return [rjob["template"]["spec"]["template"]["spec"]["containers"][0]] * rjob["template"]["spec"]["completions"]
     trainer = docs[0]["spec"]["trainer"]
     return [trainer] * trainer["numNodes"]
 
@@ -77,17 +89,30 @@ def pods(spec: JobSpec, text: str) -> list[Pod]:
         assert service["spec"]["clusterIP"] == "None"
         job = next(d for d in docs if d["kind"] == "Job")
         assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
+    if kind == "jobset":  # JobSet makes <jobset>-<rjob>-0-<i>.<jobset> resolve
+        assert docs[0]["spec"]["network"]["enableDNSHostnames"] is True
+    pod_spec = kubernetes.pod_specs(docs, kind)[0]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in pod_spec.get("volumes", []) if "persistentVolumeClaim" in v}
+    fs_group = (pod_spec.get("securityContext") or {}).get("fsGroup")
     out = []
     for i, (container, host) in enumerate(zip(_containers(kind, docs), hosts_for(spec, target))):
         env = kubelet_container_env(container.get("env", []), controller_env(spec, target, i))
         argv = [kubelet_expand(a, env) for a in container.get("command", []) + container.get("args", [])]
-        out.append(Pod(host.split(".")[0], sorted({host, host.split(".")[0]}), argv, env))
+        mounts = {m["mountPath"]: (claims[m["name"]], bool(m.get("readOnly")))
+                  for m in container.get("volumeMounts", []) if m["name"] in claims}
+        uid = (container.get("securityContext") or {}).get("runAsUser")
+        out.append(Pod(host.split(".")[0], sorted({host, host.split(".")[0]}), argv, env, mounts,
+                       None if uid is None else str(uid), fs_group))
     return out
 
 
-def run_pods(docker: Docker, pods_: list[Pod]) -> tuple[list[int], list[str]]:
+def run_pods(docker: Docker, pods_: list[Pod], *, volumes: dict[str, str] | None = None,
+             kill: Callable[[list[Any]], int | None] | None = None) -> tuple[list[int], list[str]]:
     """Start every pod's container on one network; fail fast like a JobSet
-    or an operator with backoffLimit 0; return exit codes and logs."""
+    or an operator with backoffLimit 0; return exit codes and logs.
+    `volumes`: claim name -> Docker volume. `kill(containers)`, polled while
+    they run, may SIGKILL one and return its index (a lost node)."""
     # By name: run from the repository root, mypy takes its docker/ folder for the SDK.
     sdk: Any = importlib.import_module("docker")
 
@@ -95,19 +120,30 @@ def run_pods(docker: Docker, pods_: list[Pod]) -> tuple[list[int], list[str]]:
     tag = uuid.uuid4().hex[:8]
     net = client.networks.create(f"k8s-emul-{tag}", labels={"io.ddpkit.test": tag})
     containers = []
+    # A claim the caller did not provide gets an empty volume for this run.
+    own = [client.volumes.create(f"k8s-emul-{tag}-{claim}", labels={"io.ddpkit.test": tag})
+           for claim in sorted({c for p in pods_ for c, _ in p.claims.values()} - set(volumes or {}))]
+    volumes = {**(volumes or {}), **{v.name.removeprefix(f"k8s-emul-{tag}-"): v.name for v in own}}
     try:
         for pod in pods_:
             endpoint = client.api.create_endpoint_config(aliases=pod.dns_names)
+            binds = {volumes[claim]: {"bind": path, "mode": "ro" if ro else "rw"}
+                     for path, (claim, ro) in pod.claims.items()}
             created = client.api.create_container(
                 docker.image, command=pod.argv, environment=pod.env, hostname=pod.hostname,
-                labels={"io.ddpkit.test": tag},
+                labels={"io.ddpkit.test": tag}, user=pod.user,
                 networking_config=client.api.create_networking_config({net.name: endpoint}),
-                host_config=client.api.create_host_config(shm_size="256m"))
+                host_config=client.api.create_host_config(
+                    shm_size="256m", binds=binds,
+                    group_add=[str(pod.fs_group)] if pod.fs_group is not None else None))
             containers.append(client.containers.get(created["Id"]))
         for c in containers:
             c.start()
         codes: list[int | None] = [None] * len(containers)
+        killed = None
         while None in codes:
+            if kill is not None and killed is None:
+                killed = kill(containers)
             for i, c in enumerate(containers):
                 if codes[i] is None:
                     try:
@@ -123,6 +159,8 @@ def run_pods(docker: Docker, pods_: list[Pod]) -> tuple[list[int], list[str]]:
         for c in containers:
             c.remove(force=True)
         net.remove()
+        for v in own:
+            v.remove(force=True)
 
 
 def job(kind: str, nodes: int) -> JobSpec:
@@ -140,7 +178,7 @@ def rendered(spec: JobSpec) -> str:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob"])
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
 def test_every_pod_reports_its_rank(docker_daemon: Docker, kind: str) -> None:
     spec = job(kind, 3)
     pods_ = pods(spec, rendered(spec))
@@ -163,3 +201,59 @@ def test_a_wrong_variable_in_the_template_fails_the_run(docker_daemon: Docker) -
     codes, logs = run_pods(docker_daemon, pods_)
     assert codes != [0, 0], "\n".join(logs)
     assert "$(JOB_INDEX)" in "\n".join(logs)
+
+
+# ---- a shared checkpoint volume: resume after a pod is lost ----
+
+CKPT = "/ckpt/run"
+RESUME_ARGS = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=128", "--batch-size=8",
+               "--epochs=3", "--workers=0", "--no-eval", f"--checkpoint-dir={CKPT}", "--checkpoint-every=4",
+               "--resume=auto"]
+
+
+def kill_after_first_checkpoint(volume_dir: Path, victim: int) -> Callable[[list[Any]], int | None]:
+    """SIGKILL pod `victim` once the checkpoint pointer exists on the shared
+    volume (read on the daemon's side: the volume's mount point)."""
+    latest = volume_dir / CKPT.removeprefix("/ckpt/") / "latest"
+
+    def kill(containers: list[Any]) -> int | None:
+        if not latest.exists():
+            time.sleep(0.5)
+            return None
+        containers[victim].kill(signal="SIGKILL")
+        return victim
+    return kill
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(docker_daemon: Docker) -> None:
+    """JobSet, 2 pods, the checkpoint directory on a PVC (a Docker volume
+    mounted in both containers, as a ReadWriteMany claim is), run as the
+    manifest's non-root user. Pod 1 is SIGKILLed after the first checkpoint;
+    the run fails fast (FailJob); the JobSet restart (fresh containers, same
+    claim) resumes from that checkpoint instead of step 0."""
+    spec = load_spec(REPO / "examples" / "cpu-smoke.yaml",
+                     overrides=["k8s.kind=jobset", "k8s.backoff_limit=1", "command.args=" + json.dumps(RESUME_ARGS)],
+                     nodes=2, nproc_per_node=1)
+    assert kubernetes.resume_warning(spec) is None, "the example mounts a shared checkpoint claim"
+    pods_ = pods(spec, rendered(spec))
+    assert all(p.claims.get("/ckpt") == ("smoke-checkpoints", False) and p.user == "1000" for p in pods_)
+    sdk: Any = importlib.import_module("docker")
+    client = sdk.DockerClient(base_url=docker_daemon.host)
+    volume = client.volumes.create(f"k8s-emul-ckpt-{uuid.uuid4().hex[:8]}", labels={"io.ddpkit.test": "ckpt"})
+    try:
+        # What the kubelet does for fsGroup: the volume's group, group-writable, setgid.
+        client.containers.run(docker_daemon.image, ["sh", "-c", f"chgrp {pods_[0].fs_group} /ckpt && chmod 2775 /ckpt"],
+                              volumes={volume.name: {"bind": "/ckpt", "mode": "rw"}}, remove=True, user="0")
+        claims = {"smoke-checkpoints": volume.name}
+        mountpoint = Path(client.api.inspect_volume(volume.name)["Mountpoint"])
+        codes, logs = run_pods(docker_daemon, pods_, volumes=claims, kill=kill_after_first_checkpoint(mountpoint, 1))
+        assert codes[1] == 137 and codes != [0, 0], "\n".join(logs)
+        assert not any("resumed from" in log for log in logs), "the first attempt had nothing to resume"
+        codes, logs = run_pods(docker_daemon, pods_, volumes=claims)
+        assert codes == [0, 0], "\n".join(logs)
+        assert "resumed from" in logs[0] and "at step 0 " not in logs[0], logs[0]
+    finally:
+        volume.remove(force=True)

@@ -64,11 +64,14 @@ def k8s_containers(kind: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]
     if kind == "indexed-job":
         c = docs[1]["spec"]["template"]["spec"]["containers"][0]
         return [c, c]
+    if kind == "jobset":
+        c = docs[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+        return [c, c]
     t = docs[0]["spec"]["trainer"]
     return [t, t]
 
 
-@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob"])
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
 @SETTINGS
 @given(env=hostile_env, args=hostile_args)
 def test_k8s_values_survive_the_kubelet(kind: str, env: dict[str, str], args: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""The Kubernetes renderer: PyTorchJob, Indexed Job + Service, TrainJob.
+"""The Kubernetes renderer: PyTorchJob, Indexed Job + Service, TrainJob, JobSet.
 
 No API server can run here, so each manifest is checked the way its consumer
 would check it: built-in kinds with `kubernetes-validate --strict`, the CRDs
@@ -31,7 +31,7 @@ from tests.expansion import kubelet_container_env, kubelet_expand
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
-KINDS = ("pytorchjob", "indexed-job", "trainjob")
+KINDS = ("pytorchjob", "indexed-job", "trainjob", "jobset")
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 K8S_VERSIONS = ("1.33.0", "1.37.0")  # an older supported release and the newest the tool knows
 
@@ -87,6 +87,10 @@ def pods(spec: JobSpec, docs: list[dict[str, Any]]) -> list[tuple[dict[str, Any]
     elif kind == "indexed-job":
         job = next(d for d in docs if d["kind"] == "Job")
         containers = [job["spec"]["template"]["spec"]["containers"][0]] * job["spec"]["completions"]
+    elif kind == "jobset":
+        (rjob,) = docs[0]["spec"]["replicatedJobs"]
+        job_spec = rjob["template"]["spec"]
+        containers = [job_spec["template"]["spec"]["containers"][0]] * job_spec["completions"] * rjob["replicas"]
     else:
         trainer = docs[0]["spec"]["trainer"]
         containers = [{"name": "node", **trainer}] * trainer["numNodes"]
@@ -182,7 +186,8 @@ def strict_schema(schema: Any) -> Any:
     return schema
 
 
-CRD_SCHEMAS = {"pytorchjob": "pytorchjob-kubeflow.org-v1.json", "trainjob": "trainjob-trainer.kubeflow.org-v1alpha1.json"}
+CRD_SCHEMAS = {"pytorchjob": "pytorchjob-kubeflow.org-v1.json", "trainjob": "trainjob-trainer.kubeflow.org-v1alpha1.json",
+               "jobset": "jobset-jobset.x-k8s.io-v1alpha2.json", "podgroup": "podgroup-scheduling.volcano.sh-v1beta1.json"}
 
 
 def check_against_crd(tmp_path: Path, kind: str, docs: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
@@ -196,7 +201,7 @@ def check_against_crd(tmp_path: Path, kind: str, docs: list[dict[str, Any]]) -> 
     )
 
 
-@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob", "jobset"])
 def test_crd_kinds_match_the_upstream_crd_schema(tmp_path: Path, kind: str) -> None:
     docs = render_docs(make_spec(kind)) + render_docs(full_spec(kind)) + render_docs(
         make_spec(kind, nodes=1, device="cpu"))
@@ -204,10 +209,10 @@ def test_crd_kinds_match_the_upstream_crd_schema(tmp_path: Path, kind: str) -> N
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob", "jobset"])
 def test_crd_schema_check_catches_a_wrong_field(tmp_path: Path, kind: str) -> None:
     docs = render_docs(make_spec(kind))
-    docs[0]["spec"]["runPolicyy" if kind == "pytorchjob" else "trainerr"] = {}
+    docs[0]["spec"][{"pytorchjob": "runPolicyy", "trainjob": "trainerr", "jobset": "networkk"}[kind]] = {}
     assert check_against_crd(tmp_path, kind, docs).returncode != 0
 
 
@@ -338,6 +343,14 @@ TAMPER = {
         ('name: "torch-distributed"', 'name: "mpi-distributed"', "runtimeRef"),
         ('- name: "HF_HOME"', '- name: "PET_NNODES"', "reserved"),
     ],
+    "jobset": [
+        ("enableDNSHostnames: true", "enableDNSHostnames: false", "enableDNSHostnames"),
+        ("replicas: 1", "replicas: 2", "replicas 1"),
+        ("completions: 3", "completions: 2", "Indexed"),
+        ("maxRestarts: 2", "maxRestarts: 0", "maxRestarts"),
+        ('restartPolicy: "Never"', 'restartPolicy: "OnFailure"', "restartPolicy Never"),
+        ('- name: "node"\n                  image', '- name: "trainer"\n                  image', "container is named"),
+    ],
 }
 
 
@@ -358,6 +371,7 @@ def test_verify_rejects_a_broken_manifest(kind: str, old: str, new: str, message
 
 @pytest.mark.parametrize(("kind", "nodes", "longest"), [
     ("pytorchjob", 12, "-worker-10"), ("indexed-job", 100, "-99"), ("trainjob", 12, "-node-0-11"),
+    ("jobset", 12, "-node-0-11-abcde"),  # the JobSet webhook counts the pod name's random suffix
 ])
 def test_name_too_long_for_pod_hostnames(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           kind: str, nodes: int, longest: str) -> None:

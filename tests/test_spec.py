@@ -34,7 +34,7 @@ def test_examples_are_valid(example: Path) -> None:
         ("slurm.partition=gpu --qos=high", "slurm.partition: 'gpu --qos=high' may only hold"),
         ("slurm.time=forever", "slurm.time: 'forever' is not a Slurm time"),
         ("k8s.shm_size=lots", "k8s.shm_size: 'lots' is not a Kubernetes quantity"),
-        ("k8s.kind=deployment", "k8s.kind: Input should be 'pytorchjob', 'indexed-job' or 'trainjob'"),
+        ("k8s.kind=deployment", "k8s.kind: Input should be 'pytorchjob', 'indexed-job', 'trainjob' or 'jobset'"),
         ("command.module=a b", "command.module: 'a b' is not a dotted python module name"),
         ("master_port=80", "master_port: Input should be greater than or equal to 1024"),
     ],

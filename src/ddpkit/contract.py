@@ -29,6 +29,7 @@ class Target(str, Enum):
     PYTORCHJOB = "pytorchjob"
     INDEXED_JOB = "indexed-job"
     TRAINJOB = "trainjob"
+    JOBSET = "jobset"
     LOCAL = "local"
 
 
@@ -164,6 +165,16 @@ CONTRACT: dict[Target, ContractRow] = {
     Target.TRAINJOB: ContractRow(
         controller="kubeflow trainer", node_rank=FromNode(envnames.PET_NODE_RANK),
         master_addr=FromNode(envnames.PET_MASTER_ADDR), master_port=FromNode(envnames.PET_MASTER_PORT),
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
+        hosts=lambda spec: [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(spec.nodes)]),
+    # JobSet (jobset.x-k8s.io): one replicated Job "node" with one Indexed
+    # Job; with network.enableDNSHostnames the pod host name is
+    # <jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>, the subdomain
+    # defaults to the JobSet's name and JobSet creates that headless Service.
+    Target.JOBSET: ContractRow(
+        controller="jobset controller + kubernetes job controller",
+        node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
+        master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
         hosts=lambda spec: [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(spec.nodes)]),
     # ssh, compose, local: ddpkit writes each node's rank into that node's

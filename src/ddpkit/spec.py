@@ -245,8 +245,102 @@ class Toleration(Strict):
     tolerationSeconds: int | None = None
 
 
+VolumeSource = Literal["persistent_volume_claim", "host_path", "nfs", "config_map", "secret", "empty_dir"]
+VOLUME_SOURCES: tuple[VolumeSource, ...] = (
+    "persistent_volume_claim", "host_path", "nfs", "config_map", "secret", "empty_dir")
+# The annotation that puts a pod into a Volcano PodGroup.
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+# Names ddpkit's own pod volumes use; a user volume of that name would replace them.
+K8S_RESERVED_VOLUMES = frozenset({"dshm"})
+
+
+class NfsSource(Strict):
+    server: str = Field(min_length=1)
+    path: str = Field(pattern=r"^/")
+
+
+class EmptyDirSource(Strict):
+    medium: Literal["", "Memory"] = ""
+    size_limit: str | None = None
+
+    @field_validator("size_limit")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not K8S_QUANTITY.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity, e.g. 8Gi")
+        return value
+
+
+class K8sVolume(Strict):
+    """One pod volume and its mount in the training container; exactly one
+    source field is set. The same volume is rendered in every kind."""
+
+    name: str
+    mount_path: str = Field(description="absolute path in the container")
+    read_only: bool = False
+    sub_path: str | None = Field(default=None, description="mount only this path inside the volume")
+    persistent_volume_claim: str | None = Field(default=None, description="claim name")
+    host_path: str | None = Field(default=None, description="absolute path on the node")
+    nfs: NfsSource | None = None
+    config_map: str | None = Field(default=None, description="ConfigMap name")
+    secret: str | None = Field(default=None, description="Secret name")
+    empty_dir: EmptyDirSource | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if len(value) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", value):
+            raise ValueError(f"{value!r} is not a volume name (DNS-1123 label)")
+        if value in K8S_RESERVED_VOLUMES:
+            raise ValueError(f"{value!r} is ddpkit's /dev/shm volume; choose another name")
+        return value
+
+    @field_validator("mount_path", "host_path")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or ":" in value):
+            raise ValueError(f"{value!r} must be an absolute path without ':'")
+        return value
+
+    @field_validator("sub_path")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        # The API server refuses an absolute subPath or one with '..'.
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError(f"{value!r} must be a relative path without '..'")
+        return value
+
+    @field_validator("persistent_volume_claim", "config_map", "secret")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        if value is not None and not DNS1123_SUBDOMAIN.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes object name (DNS-1123 subdomain)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> K8sVolume:
+        given = [s for s in VOLUME_SOURCES if getattr(self, s) is not None]
+        if len(given) != 1:
+            raise ValueError(f"volume {self.name!r}: set exactly one of {', '.join(VOLUME_SOURCES)} (got {given or 'none'})")
+        if self.mount_path.rstrip("/") == "/dev/shm":
+            raise ValueError("/dev/shm is mounted by ddpkit (k8s.shm_size); mount elsewhere")
+        return self
+
+    @property
+    def source(self) -> VolumeSource:
+        return next(s for s in VOLUME_SOURCES if getattr(self, s) is not None)
+
+
+class RdmaOptions(Strict):
+    """An RDMA device resource for NCCL over InfiniBand / RoCE (e.g. the
+    k8s-rdma-shared-dev-plugin's rdma/ib); adds IPC_LOCK to the container."""
+
+    resource: str = Field(default="rdma/ib", pattern=r"^[a-z0-9.-]+/[A-Za-z0-9_.-]+$")
+    count: int = Field(default=1, ge=1)
+
+
 class K8sOptions(Strict):
-    kind: Literal["pytorchjob", "indexed-job", "trainjob"] = "pytorchjob"
+    kind: Literal["pytorchjob", "indexed-job", "trainjob", "jobset"] = "pytorchjob"
     namespace: str = "default"
     shm_size: str = Field(default="8Gi", description="size of the memory-backed /dev/shm")
     cpu: str | None = Field(default=None, description="CPU request and limit per pod, e.g. '8'")
@@ -255,10 +349,23 @@ class K8sOptions(Strict):
     tolerations: list[Toleration] = Field(default_factory=list)
     image_pull_secrets: list[str] = Field(default_factory=list)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    clean_pod_policy: Literal["None", "Running", "All"] = "None"
+    # Running: when the job ends (one pod failed), the operator deletes the
+    # pods still running instead of leaving them in a collective for 30 minutes.
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"
     backoff_limit: int = Field(default=0, ge=0)
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
     runtime: str = Field(default="torch-distributed", description="TrainJob runtimeRef name")
+    volumes: list[K8sVolume] = Field(default_factory=list, description="pod volumes mounted in the training container")
+    run_as_user: int = Field(default=1000, ge=1, description="container UID; non-root (restricted Pod Security)")
+    rdma: RdmaOptions | None = Field(default=None, description="RDMA device resource; adds IPC_LOCK")
+    host_network: bool = Field(default=False, description="pods use the node's network (not allowed by baseline)")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, description="e.g. k8s.v1.cni.cncf.io/networks")
+    # The SIGTERM-to-SIGKILL time a preempted pod gets to write a checkpoint;
+    # the same default as slurm.signal_seconds, the grace before Slurm's kill.
+    termination_grace_s: int = Field(default=90, ge=0, le=3600, description="pod terminationGracePeriodSeconds")
+    active_deadline_s: int | None = Field(default=None, ge=1, description="wall-clock limit of the whole job")
+    queue: str | None = Field(default=None, description="Kueue LocalQueue: the job is created suspended and admitted whole")
+    scheduler: Literal["default", "volcano"] = Field(default="default", description="volcano: gang-schedule all pods")
 
     @field_validator("namespace")
     @classmethod
@@ -288,6 +395,41 @@ class K8sOptions(Strict):
         if not DNS1123_SUBDOMAIN.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes object name")
         return value
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, value: list[K8sVolume]) -> list[K8sVolume]:
+        names = [v.name for v in value]
+        paths = [v.mount_path.rstrip("/") or "/" for v in value]
+        for what, items in (("name", names), ("mount_path", paths)):
+            twice = sorted({x for x in items if items.count(x) > 1})
+            if twice:
+                raise ValueError(f"volume {what} {twice} appears twice; each volume needs its own")
+        return value
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, value: str | None) -> str | None:
+        if value is not None and not DNS1123_SUBDOMAIN.match(value):
+            raise ValueError(f"{value!r} is not a Kueue LocalQueue name (DNS-1123 subdomain)")
+        return value
+
+    @model_validator(mode="after")
+    def _kind_options(self) -> K8sOptions:
+        # The TrainJob's runtime patch has no hostNetwork or schedulerName
+        # field: the runtime owns both.
+        if self.kind == "trainjob" and self.host_network:
+            raise ValueError("host_network: a TrainJob cannot set it (its runtime patch has no such field); "
+                             "set hostNetwork in the ClusterTrainingRuntime, or use another kind")
+        if self.kind == "trainjob" and self.scheduler == "volcano":
+            raise ValueError("scheduler: a TrainJob cannot choose its scheduler (its runtime patch has no "
+                             "schedulerName); set podGroupPolicy.volcano in the ClusterTrainingRuntime, or use "
+                             "another kind")
+        if self.queue is not None and self.scheduler == "volcano":
+            raise ValueError("queue (Kueue) and scheduler: volcano are two gang schedulers for one job; choose one")
+        if self.scheduler == "volcano" and VOLCANO_GROUP_ANNOTATION in self.pod_annotations:
+            raise ValueError(f"pod_annotations: {VOLCANO_GROUP_ANNOTATION} is set by scheduler: volcano; remove it")
+        return self
 
 
 class SshOptions(Strict):

@@ -4,6 +4,8 @@
 - indexed-job: a plain batch/v1 Indexed Job with its headless Service; runs on
   any cluster, no operator needed.
 - trainjob: Kubeflow Trainer v2 TrainJob on the `torch-distributed` runtime.
+- jobset: a JobSet (jobset.x-k8s.io/v1alpha2) of one Indexed Job; needs the
+  JobSet controller, which also makes the headless Service.
 
 All three run the same torchrun line (contract.torchrun_argv); only where the
 node rank and master come from differs, and that is `$(VAR)` that the kubelet
@@ -15,7 +17,10 @@ pkg/constants, trainjob_types.go).
 
 from __future__ import annotations
 
+import shlex
+import sys
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -33,17 +38,19 @@ from ..contract import (
 )
 from ..quoting import kubelet_unliteral
 from ..render import OutputFile, Rendered, RenderError, k8s_arg
-from ..spec import DNS1035, JobSpec
+from ..spec import DNS1035, VOLCANO_GROUP_ANNOTATION, JobSpec, K8sVolume
 from ..specfile import SpecError
+from . import podsecurity
 
 NAME = "k8s"
 
-Kind = Literal["pytorchjob", "indexed-job", "trainjob"]
+Kind = Literal["pytorchjob", "indexed-job", "trainjob", "jobset"]
 
 KIND_TARGET: dict[str, Target] = {
     "pytorchjob": Target.PYTORCHJOB,
     "indexed-job": Target.INDEXED_JOB,
     "trainjob": Target.TRAINJOB,
+    "jobset": Target.JOBSET,
 }
 
 # kubeflow.org/v1 PyTorchJob: the operator reads the master port from this
@@ -60,10 +67,29 @@ TRAINJOB_RESERVED_ENV = frozenset(
      envnames.PET_MASTER_PORT}
 )
 TRAINJOB_MAX_ITEMS = 128  # trainer.command / args / env: kubebuilder MaxItems
+# JobSet: its one replicated Job; the webhook checks that the longest pod name,
+# <jobset>-<rjob>-<jobIndex>-<podIndex> plus the Job controller's 5-character
+# random suffix ("-abcde"), is a DNS-1035 label (pkg/webhooks/jobset_webhook.go, v0.12.0).
+JOBSET_RJOB = "node"
+JOBSET_POD_SUFFIX = "-abcde"
+CONTAINER_NAMES: dict[str, str] = {
+    "pytorchjob": PYTORCH_CONTAINER, "indexed-job": "trainer", "trainjob": TRAINJOB_NODE, "jobset": JOBSET_RJOB,
+}
 PATCH_MANAGER = "ddpkit.io/render"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DNS_LABEL_MAX = 63
+SHM_VOLUME = "dshm"
+# Shared storage that outlives a pod: where a checkpoint for `--resume auto` can live.
+SHARED_SOURCES = frozenset({"persistent_volume_claim", "nfs"})
+# spec field -> Kubernetes volume source key.
+VOLUME_KEYS = {
+    "persistent_volume_claim": "persistentVolumeClaim", "host_path": "hostPath", "nfs": "nfs",
+    "config_map": "configMap", "secret": "secret", "empty_dir": "emptyDir",
+}
+PSS_PREFIX = "# Pod Security Standard: "
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+VOLCANO = "volcano"
 
 
 @dataclass(frozen=True)
@@ -88,8 +114,9 @@ class Container:
     command: list[Arg]
     env: dict[str, str]
     resources: Resources
-    shm_size: str
     port: Port | None
+    mounts: list[dict[str, Any]]
+    security_context: dict[str, Any]
 
     @property
     def k8s_command(self) -> list[str]:
@@ -109,6 +136,24 @@ def labels(spec: JobSpec) -> dict[str, str]:
     return {"app.kubernetes.io/managed-by": "ddpkit", "ddpkit.io/job": spec.name}
 
 
+def object_labels(spec: JobSpec) -> dict[str, str]:
+    """The job object's labels: Kueue admits a job whose object names its
+    LocalQueue (and that was created suspended; it unsuspends it)."""
+    out = labels(spec)
+    if spec.k8s.queue is not None:
+        out[KUEUE_QUEUE_LABEL] = spec.k8s.queue
+    return out
+
+
+def pod_annotations(spec: JobSpec) -> dict[str, str]:
+    """The spec's pod annotations, and, for Volcano on kinds without a
+    scheduling field of their own, the PodGroup each pod belongs to."""
+    out = dict(spec.k8s.pod_annotations)
+    if spec.k8s.scheduler == VOLCANO and kind_of(spec) in ("indexed-job", "jobset"):
+        out[VOLCANO_GROUP_ANNOTATION] = spec.name
+    return out
+
+
 def resources(spec: JobSpec) -> Resources:
     """Requests equal limits (Guaranteed QoS: a training pod should not be
     the first one evicted); GPUs are limits only, as the device plugin wants."""
@@ -116,7 +161,123 @@ def resources(spec: JobSpec) -> Resources:
     limits = dict(fixed)
     if spec.device == "cuda":
         limits[GPU_RESOURCE] = str(spec.gpus_per_node)
+    if spec.k8s.rdma is not None:
+        limits[spec.k8s.rdma.resource] = str(spec.k8s.rdma.count)
     return Resources(requests=fixed, limits=limits)
+
+
+def volume_manifest(v: K8sVolume) -> dict[str, Any]:
+    """The pod's `volumes:` item for one spec volume."""
+    source: dict[str, Any]
+    if v.persistent_volume_claim is not None:
+        source = {"claimName": v.persistent_volume_claim}
+        if v.read_only:
+            source["readOnly"] = True
+    elif v.host_path is not None:
+        source = {"path": v.host_path, "type": "Directory"}
+    elif v.nfs is not None:
+        source = {"server": v.nfs.server, "path": v.nfs.path, **({"readOnly": True} if v.read_only else {})}
+    elif v.config_map is not None:
+        source = {"name": v.config_map}
+    elif v.secret is not None:
+        source = {"secretName": v.secret}
+    else:
+        assert v.empty_dir is not None  # the spec's _one_source guarantees one source
+        source = {k: val for k, val in (("medium", v.empty_dir.medium), ("sizeLimit", v.empty_dir.size_limit))
+                  if val}
+    return {"name": v.name, VOLUME_KEYS[v.source]: source}
+
+
+def mount_manifest(v: K8sVolume) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": v.name, "mountPath": v.mount_path}
+    if v.read_only:
+        mount["readOnly"] = True
+    if v.sub_path is not None:
+        mount["subPath"] = v.sub_path
+    return mount
+
+
+def pod_volumes(spec: JobSpec) -> list[dict[str, Any]]:
+    """/dev/shm (memory-backed: DataLoader workers and NCCL need more than
+    the runtime's 64 MiB) and the spec's volumes, in every kind alike."""
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.k8s.shm_size}}
+    return [shm, *(volume_manifest(v) for v in spec.k8s.volumes)]
+
+
+def container_mounts(spec: JobSpec) -> list[dict[str, Any]]:
+    return [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *(mount_manifest(v) for v in spec.k8s.volumes)]
+
+
+def security_context(spec: JobSpec) -> dict[str, Any]:
+    """What the restricted Pod Security Standard asks of a container; RDMA
+    adds IPC_LOCK (NCCL pins its buffers with mlock), which no level but
+    privileged allows."""
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if spec.k8s.rdma is not None:
+        caps["add"] = ["IPC_LOCK"]
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": spec.k8s.run_as_user,
+        "allowPrivilegeEscalation": False,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": caps,
+    }
+
+
+def pod_fields(spec: JobSpec) -> dict[str, Any]:
+    """The pod-spec fields every kind but TrainJob renders as they are."""
+    # fsGroup: the kubelet makes PVC and emptyDir volumes group-writable by
+    # this group, so the non-root container can write its checkpoints.
+    out: dict[str, Any] = {"terminationGracePeriodSeconds": spec.k8s.termination_grace_s,
+                           "securityContext": {"fsGroup": spec.k8s.run_as_user}}
+    if spec.k8s.scheduler == VOLCANO:
+        out["schedulerName"] = VOLCANO
+    if spec.k8s.host_network:
+        # Without it a host-network pod resolves names with the node's
+        # resolver and cannot find its peers' Service names.
+        out |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    return out
+
+
+def pod_security_view(spec: JobSpec, cont: Container) -> dict[str, Any]:
+    """The pod spec as far as Pod Security is concerned, built from the same
+    values the templates render (verify() re-checks the parsed file)."""
+    return {**pod_fields(spec), "volumes": pod_volumes(spec),
+            "containers": [{"name": cont.name, "securityContext": cont.security_context}]}
+
+
+def arg_value(args: list[str], flag: str) -> str | None:
+    """The value of `--flag=v` or `--flag v` in an argv (the last one wins, as argparse does)."""
+    value = None
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+        elif a == flag and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
+def resume_warning(spec: JobSpec) -> str | None:
+    """`--resume auto` needs the checkpoint directory on storage that outlives
+    the pod; without one a restarted pod starts again from step 0."""
+    args = list(spec.command.args)
+    if arg_value(args, "--resume") != "auto":
+        return None
+    ckpt = arg_value(args, "--checkpoint-dir")
+    if ckpt is None:
+        return None
+    target = PurePosixPath(ckpt)
+    for v in spec.k8s.volumes:
+        mount = PurePosixPath(v.mount_path)
+        if v.source in SHARED_SOURCES and not v.read_only and (target == mount or mount in target.parents):
+            return None
+    parent = str(target.parent) if str(target.parent) != "/" else str(target)
+    return (
+        f"warning: k8s: --resume auto but no shared writable volume is mounted at or above "
+        f"--checkpoint-dir {shlex.quote(ckpt)}: a restarted pod finds no checkpoint and starts again. "
+        f"Fix: add to k8s.volumes {{name: ckpt, mount_path: {parent}, persistent_volume_claim: <claim>}} "
+        f"(a ReadWriteMany PVC or nfs)"
+    )
 
 
 def container_env(spec: JobSpec, kind: Kind) -> dict[str, str]:
@@ -130,14 +291,15 @@ def container(spec: JobSpec, *, doctor: bool = False) -> Container:
     target = KIND_TARGET[kind]
     port = master_port(spec, target)
     return Container(
-        name=PYTORCH_CONTAINER if kind == "pytorchjob" else TRAINJOB_NODE if kind == "trainjob" else "trainer",
+        name=CONTAINER_NAMES[kind],
         image=spec.image,
         pull_policy=spec.k8s.image_pull_policy,
         command=torchrun_argv(spec, sources(spec, target), doctor=doctor),
         env=container_env(spec, kind),
         resources=resources(spec),
-        shm_size=spec.k8s.shm_size,
         port=Port(PYTORCH_PORT_NAME, int(port)) if kind == "pytorchjob" and port is not None else None,
+        mounts=container_mounts(spec),
+        security_context=security_context(spec),
     )
 
 
@@ -159,6 +321,13 @@ def check_spec(spec: JobSpec) -> None:
             f"pod host name {longest!r} has {len(longest)} characters and Kubernetes allows "
             f"{DNS_LABEL_MAX}; shorten name to at most {room} characters"
         )
+    if kind_of(spec) == "jobset":
+        pod_name = f"{spec.name}-{JOBSET_RJOB}-0-{spec.nodes - 1}{JOBSET_POD_SUFFIX}"
+        if len(pod_name) > DNS_LABEL_MAX:
+            problems.append(
+                f"name: {spec.name!r} is too long for a JobSet of {spec.nodes} nodes: the JobSet webhook needs "
+                f"pod name {pod_name!r} to fit in {DNS_LABEL_MAX} characters; shorten name to at most "
+                f"{DNS_LABEL_MAX - (len(pod_name) - len(spec.name))} characters")
     if kind_of(spec) == "trainjob":
         reserved = sorted(set(spec.env) & TRAINJOB_RESERVED_ENV)
         if reserved:
@@ -174,20 +343,39 @@ def check_spec(spec: JobSpec) -> None:
         raise SpecError(problems)
 
 
+def pss_comment(pss: podsecurity.Level) -> str:
+    return f"{PSS_PREFIX}{pss.value}"
+
+
 def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     check_spec(spec)
     kind = kind_of(spec)
     target = KIND_TARGET[kind]
+    cont = container(spec, doctor=doctor)
+    pss = podsecurity.level(pod_security_view(spec, cont))
+    # The two notes a platform engineer needs before applying: on stderr,
+    # so that `ddpkit render k8s > job.yaml` still writes clean YAML.
+    warning = None if doctor else resume_warning(spec)
+    if warning:
+        print(warning, file=sys.stderr)
+    print(f"k8s: {filename(spec)}: meets Pod Security level {pss.value}", file=sys.stderr)
     variables: dict[str, Any] = {
         "spec": spec,
-        "container": container(spec, doctor=doctor),
+        "container": cont,
+        "pss_comment": pss_comment(pss),
+        "volumes": pod_volumes(spec),
+        "pod_fields": pod_fields(spec),
         "labels": labels(spec),
+        "object_labels": object_labels(spec),
+        "pod_annotations": pod_annotations(spec),
+        "suspend": spec.k8s.queue is not None,
+        "pod_group": spec.k8s.scheduler == VOLCANO and kind in ("indexed-job", "jobset"),
         "hosts": hosts_for(spec, target),
         "port": master_port(spec, target),
         "service": k8s_service_name(spec),
         "roles": [(role, n) for role, n in zip(PYTORCH_ROLES, (1, spec.nodes - 1)) if n > 0],
         "restart_policy": restart_policy(spec),
-        "replicated_job": TRAINJOB_NODE,
+        "replicated_job": JOBSET_RJOB if kind == "jobset" else TRAINJOB_NODE,
         "patch_manager": PATCH_MANAGER,
     }
     return [OutputFile(filename(spec), f"k8s/{kind}.yaml.j2", variables, "yaml")]
@@ -226,7 +414,38 @@ def check_container(got: dict[str, Any], want: Container, where: str, *, full: b
         mounts = {m["mountPath"] for m in got.get("volumeMounts", [])}
         if "/dev/shm" not in mounts:
             problems.append(f"{where}: /dev/shm is not mounted")
+        if got.get("volumeMounts") != want.mounts:
+            problems.append(f"{where}: volumeMounts differ from k8s.volumes")
+        if got.get("securityContext") != want.security_context:
+            problems.append(f"{where}: securityContext differs from the spec's")
     return problems
+
+
+def pod_specs(docs: list[dict[str, Any]], kind: Kind) -> list[dict[str, Any]]:
+    """Every pod template's spec in the file (for TrainJob: its runtime patch)."""
+    out = []
+    for doc in docs:
+        spec = doc.get("spec") or {}
+        if kind == "pytorchjob":
+            out += [r["template"]["spec"] for r in (spec.get("pytorchReplicaSpecs") or {}).values()]
+        elif doc.get("kind") == "Job":
+            out.append(spec["template"]["spec"])
+        elif doc.get("kind") == "JobSet":
+            out += [r["template"]["spec"]["template"]["spec"] for r in spec.get("replicatedJobs") or []]
+        elif kind == "trainjob":
+            for patch in spec.get("runtimePatches") or []:
+                rjobs = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+                out += [r["template"]["spec"]["template"]["spec"] for r in rjobs]
+    return out
+
+
+def check_pod_security(text: str, docs: list[dict[str, Any]], kind: Kind) -> list[str]:
+    """The level named on the file's first line is the one its pods meet."""
+    first = text.split("\n", 1)[0]
+    got = podsecurity.lowest([podsecurity.level(p) for p in pod_specs(docs, kind)])
+    if not first.startswith(pss_comment(got)):
+        return [f"first line {first!r} does not name the Pod Security level its pods meet ({got.value})"]
+    return []
 
 
 def verify_pytorchjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
@@ -257,6 +476,12 @@ def verify_pytorchjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> li
             problems.append(f"{role}: port {PYTORCH_PORT_NAME} is not {want.port.number}")
     if total != spec.nodes:
         problems.append(f"{total} pods for {spec.nodes} nodes")
+    elastic = doc["spec"].get("elasticPolicy")
+    if elastic is not None:  # pytorchjob_webhook.go validateSpec
+        if "Worker" not in replica_specs:
+            problems.append("Worker must be configured if elastic policy is used")
+        if "nProcPerNode" in elastic and "nprocPerNode" in doc["spec"]:
+            problems.append("elasticPolicy.nProcPerNode must not be used with nprocPerNode")
     if doc["spec"].get("nprocPerNode") != str(spec.nproc_per_node):
         problems.append("nprocPerNode (a string in kubeflow.org/v1) differs from nproc_per_node")
     return problems
@@ -288,6 +513,67 @@ def verify_indexed_job(docs: list[dict[str, Any]], spec: JobSpec, want: Containe
     return problems
 
 
+def job_object(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The document Kueue admits: the one that is not a Service or PodGroup."""
+    return next(d for d in docs if d.get("kind") not in ("Service", "PodGroup"))
+
+
+def verify_gang(docs: list[dict[str, Any]], spec: JobSpec, kind: Kind) -> list[str]:
+    """Kueue: the queue label and suspend on the job object. Volcano: every
+    pod names the scheduler, and a PodGroup of minMember = nodes holds them
+    (the kind's own field for PyTorchJob)."""
+    problems = []
+    obj = job_object(docs)
+    queue = obj["metadata"].get("labels", {}).get(KUEUE_QUEUE_LABEL)
+    spec_part = obj["spec"]["runPolicy"] if kind == "pytorchjob" else obj["spec"]
+    if queue != spec.k8s.queue or bool(spec_part.get("suspend")) != (spec.k8s.queue is not None):
+        problems.append(f"Kueue: label {KUEUE_QUEUE_LABEL} / suspend disagree with k8s.queue")
+    volcano = spec.k8s.scheduler == VOLCANO
+    if any((p.get("schedulerName") == VOLCANO) != volcano for p in pod_specs(docs, kind)):
+        problems.append("schedulerName disagrees with k8s.scheduler")
+    groups = [d for d in docs if d.get("kind") == "PodGroup"]
+    if kind == "pytorchjob":
+        policy = obj["spec"]["runPolicy"].get("schedulingPolicy")
+        if (policy == {"minAvailable": spec.nodes}) != volcano:
+            problems.append("runPolicy.schedulingPolicy.minAvailable disagrees with k8s.scheduler")
+    elif kind != "trainjob" and volcano and (
+            [g["spec"].get("minMember") for g in groups] != [spec.nodes] or groups[0]["metadata"]["name"] != spec.name):
+        problems.append(f"expected one PodGroup {spec.name!r} with minMember {spec.nodes}")
+    if groups and not (volcano and kind in ("indexed-job", "jobset")):
+        problems.append("a PodGroup without scheduler: volcano")
+    return problems
+
+
+def verify_jobset(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
+    """JobSet's CRD and webhook rules that ddpkit's output could break, and
+    the pod layout the rank contract assumes."""
+    problems = []
+    if (doc.get("apiVersion"), doc.get("kind")) != ("jobset.x-k8s.io/v1alpha2", "JobSet"):
+        problems.append("not a jobset.x-k8s.io/v1alpha2 JobSet")
+    s = doc["spec"]
+    net = s.get("network") or {}
+    if net.get("enableDNSHostnames") is not True or net.get("subdomain", spec.name) != spec.name:
+        problems.append("network.enableDNSHostnames must be true with the JobSet's name as subdomain")
+    rjobs = s.get("replicatedJobs") or []
+    if [r.get("name") for r in rjobs] != [JOBSET_RJOB] or rjobs[0].get("replicas") != 1:
+        problems.append(f"expected one replicatedJob {JOBSET_RJOB!r} with replicas 1")
+        return problems
+    j = rjobs[0]["template"]["spec"]
+    if j.get("completionMode") != "Indexed" or not j.get("completions") == j.get("parallelism") == spec.nodes:
+        problems.append("Job must be Indexed with completions = parallelism = nodes")
+    if (s.get("failurePolicy") or {}).get("maxRestarts") != spec.k8s.backoff_limit:
+        problems.append("failurePolicy.maxRestarts differs from k8s.backoff_limit")
+    pod = j["template"]["spec"]
+    if pod.get("restartPolicy") != "Never":
+        problems.append("podFailurePolicy needs restartPolicy Never")
+    containers = pod.get("containers") or []
+    if len(containers) != 1:
+        problems.append("expected exactly one container")
+    else:
+        problems += check_container(containers[0], want, "JobSet")
+    return problems
+
+
 def verify_trainjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
     """The Trainer's CRD rules and its torch plugin's Validate()."""
     problems = []
@@ -299,6 +585,11 @@ def verify_trainjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list
     if t.get("numNodes") != spec.nodes or t.get("numProcPerNode") != spec.nproc_per_node:
         problems.append("numNodes / numProcPerNode differ from the spec")
     problems += check_container({"name": want.name, **t}, want, "trainer", full=False)
+    for pod in pod_specs([doc], "trainjob"):
+        patched = [c for c in pod.get("containers") or [] if c.get("name") == want.name]
+        if len(patched) != 1 or patched[0].get("volumeMounts") != want.mounts \
+                or patched[0].get("securityContext") != want.security_context:
+            problems.append(f"runtime patch: container {want.name!r} lacks the volume mounts or securityContext")
     env_names = {e["name"] for e in t.get("env", [])}
     if env_names & TRAINJOB_RESERVED_ENV:
         problems.append(f"trainer.env sets reserved {sorted(env_names & TRAINJOB_RESERVED_ENV)}")
@@ -312,20 +603,28 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     name = filename(spec)
     docs = [d for d in yaml.safe_load_all(rendered.files[name]) if d is not None]
     want = container(spec, doctor=doctor)
-    problems = []
+    kind = kind_of(spec)
+    problems = check_pod_security(rendered.files[name], docs, kind) + verify_gang(docs, spec, kind)
+    for pod in pod_specs(docs, kind):
+        if pod.get("volumes") != pod_volumes(spec):
+            problems.append("pod volumes differ from k8s.volumes")
+        if pod.get("terminationGracePeriodSeconds") != spec.k8s.termination_grace_s:
+            problems.append("terminationGracePeriodSeconds differs from k8s.termination_grace_s")
     for doc in docs:
         meta = doc.get("metadata", {})
         if not DNS1035.match(meta.get("name", "")) or len(meta["name"]) > DNS_LABEL_MAX:
             problems.append(f"{doc.get('kind')} name {meta.get('name')!r} is not a DNS-1035 label")
         if meta.get("name") != spec.name or meta.get("namespace") != spec.k8s.namespace:
             problems.append(f"{doc.get('kind')} name/namespace differ from the spec")
-    kind = kind_of(spec)
+    docs = [d for d in docs if d.get("kind") != "PodGroup"]  # verify_gang checked it
     if kind == "indexed-job":
         problems += verify_indexed_job(docs, spec, want)
     elif len(docs) != 1:
         problems.append(f"expected one document, found {len(docs)}")
     elif kind == "pytorchjob":
         problems += verify_pytorchjob(docs[0], spec, want)
+    elif kind == "jobset":
+        problems += verify_jobset(docs[0], spec, want)
     else:
         problems += verify_trainjob(docs[0], spec, want)
     if problems:
