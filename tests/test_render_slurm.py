@@ -38,7 +38,7 @@ def script_text(spec: JobSpec, *, doctor: bool = False) -> str:
 
 def test_torchrun_mode_directives() -> None:
     spec = spec_for("slurm.partition=gpu", "slurm.account=proj", "slurm.qos=high", "slurm.time=04:00:00",
-                    "slurm.mem=64G", "slurm.cpus_per_task=16", "slurm.exclusive=true", "slurm.signal_seconds=120")
+                    "slurm.mem=64G", "slurm.cpus_per_process=8", "slurm.exclusive=true", "slurm.signal_seconds=120")
     assert slurm.parse_directives(script_text(spec)) == [
         "--job-name=tj", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=2", "--cpus-per-task=16",
         "--mem=64G", "--time=04:00:00", "--partition=gpu", "--account=proj", "--qos=high", "--exclusive",
@@ -52,7 +52,7 @@ def test_srun_mode_cpu_no_requeue_directives() -> None:
 
 
 def test_srun_repeats_the_step_options() -> None:
-    text = script_text(spec_for("slurm.mode=srun", "slurm.cpus_per_task=4"))
+    text = script_text(spec_for("slurm.mode=srun", "slurm.cpus_per_process=4"))
     block = text.split("srun_options=(")[1].split(")")[0].split()
     assert block == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=4",
                      "--kill-on-bad-exit=1", "--label"]

@@ -353,7 +353,7 @@ def test_submit_refuses_a_job_the_cluster_can_never_run(cluster: SlurmCluster, t
     cpus = spec_extra.pop("slurm_cpus", None)
     spec.update(spec_extra)
     if cpus:
-        spec["slurm"]["cpus_per_task"] = cpus
+        spec["slurm"]["cpus_per_process"] = cpus
     done = submit(cluster, tmp_path, spec, "--follow", *flags)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "can never run on this cluster (nothing was submitted)" in done.stderr and expected in done.stderr
