@@ -92,7 +92,8 @@ def compose_unliteral(value: str) -> str:
 # _get_argument), not a shell's: whitespace separates arguments, ' and "
 # group, a backslash takes the next character literally (inside quotes too),
 # and an unquoted # starts a comment.
-_SBATCH_SPECIAL = frozenset(" \t\n\r\v\f'\"\\#")
+_C_SPACE = frozenset(" \t\n\r\v\f")  # C's isspace() in sbatch's (C) locale, not str.isspace
+_SBATCH_SPECIAL = _C_SPACE | frozenset("'\"\\#")
 
 
 def sbatch_word(value: str) -> str:
@@ -111,13 +112,13 @@ def sbatch_words_of(text: str) -> list[str]:
     words: list[str] = []
     i, n = 0, len(text)
     while True:
-        while i < n and text[i].isspace():
+        while i < n and text[i] in _C_SPACE:
             i += 1
         if i >= n or text[i] == "#":
             return words
         word: list[str] = []
         quote = ""
-        while i < n and (quote or not text[i].isspace()):
+        while i < n and (quote or text[i] not in _C_SPACE):
             c = text[i]
             if c == "\\":
                 word.append(text[i + 1 : i + 2])

@@ -183,7 +183,7 @@ def parse_directives(text: str) -> list[str]:
     quoting.sbatch_words_of): only the comment block before the first
     command counts."""
     out: list[str] = []
-    for line in text.splitlines()[1:]:
+    for line in text.split("\n")[1:]:  # sbatch splits on \n only, not on \v, \f or U+2028
         if line.startswith("#SBATCH"):
             words = sbatch_words_of(line[len("#SBATCH"):])
             if len(words) != 1:
