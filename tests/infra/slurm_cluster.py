@@ -20,6 +20,8 @@ Choices, and why:
   test sit idle for two minutes.
 - sched_interval=2: a requeued job that becomes eligible starts within
   seconds instead of at the next 60 s scheduling pass.
+- Node features `ddp` (every node) and `rackI` (node I only), so that
+  `--constraint` is checked against real node features.
 - Everything lives under one folder; SLURM_CONF points every command there.
 
 Torn down on exit: daemons stopped, every process in the namespaces killed,
@@ -52,6 +54,12 @@ def available() -> str | None:
     if missing:
         return f"needs Slurm and munge ({', '.join(missing)} missing: apt-get install slurm-wlm munge)"
     return None
+
+
+def node_features(name: str) -> str:
+    """Features of node `nodeI`: `ddp` on every node, `rackI` on node I
+    alone, so a constraint can match all nodes or exactly one."""
+    return f"ddp,rack{name.removeprefix('node')}"
 
 
 def _sbin(name: str) -> str:
@@ -169,7 +177,8 @@ class SlurmCluster:
             (w / sub).mkdir(exist_ok=True)
         (w / "plugstack.conf").write_text("")  # keep the system's SPANK plugins out
         assert self.net is not None
-        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.addr} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.addr} CPUs={CPUS_PER_NODE} "
+                          f"Features={node_features(h.name)} State=UNKNOWN"
                           for h in self.net.hosts if h.name != "slurmctl")
         self.conf.write_text(f"""\
 ClusterName=ddpkit-test
