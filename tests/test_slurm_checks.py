@@ -9,6 +9,7 @@ import pytest
 from ddpkit.launch import slurm_checks
 from ddpkit.launch.slurm import JobState
 from ddpkit.launch.slurm_checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
+from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 
 PARTITIONS = """\
@@ -36,7 +37,7 @@ def cluster() -> Cluster:
     return read_cluster(lambda argv: PARTITIONS if "partition" in argv else NODES)
 
 
-def spec(**overrides: str):
+def spec(**overrides: str) -> JobSpec:
     sets = [f"{k.replace('__', '.')}={v}" for k, v in overrides.items()]
     return load_spec(None, overrides=["device=cpu", "backend=gloo", *sets], nodes=None, nproc_per_node=None, image=None)
 

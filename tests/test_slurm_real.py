@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pyt
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as c:
         yield c
 
@@ -183,7 +183,8 @@ while [[ "$1" == --* ]]; do
   esac
 done
 image="$1"
-if [[ "$image" =~ ^(docker|library|oras|shub|https?)://[^/] || "$image" =~ ^(docker-archive|docker-daemon|oci|oci-archive): ]]; then
+schemes='^(docker|library|oras|shub|https?)://[^/]|^(docker-archive|docker-daemon|oci|oci-archive):'
+if [[ "$image" =~ $schemes ]]; then
   :
 elif [ ! -f "$image" ]; then
   # what apptainer does with a scheme-less word: it is a local image path
@@ -500,7 +501,7 @@ def sbatch_test_only(cluster: SlurmCluster, script: Path) -> subprocess.Complete
 
 
 @pytest.fixture
-def held_job(cluster: SlurmCluster):
+def held_job(cluster: SlurmCluster) -> Iterator[int]:
     """A real job to depend on, held so that it never runs."""
     job = cluster.run(["sbatch", "--parsable", "--hold", "--job-name=dep", "--output=/dev/null", "--wrap=true"])
     assert job.returncode == 0, job.stderr

@@ -35,8 +35,10 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from . import netns
 
@@ -79,7 +81,7 @@ class JobInfo:
 
     @classmethod
     def parse(cls, line: str) -> JobInfo:
-        raw = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+        raw = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
         return cls(int(raw["JobId"]), raw["JobState"], raw.get("ExitCode", ""),
                    int(raw.get("Restarts", "0")), raw.get("NodeList", ""), raw)
 
@@ -151,7 +153,7 @@ class SlurmCluster:
             self.net.__exit__(None, None, None)
             self.net = None
 
-    def _log(self, name: str):
+    def _log(self, name: str) -> TextIO:
         return open(self.workdir / f"{name}.out", "w")
 
     def _start_munge(self) -> None:
@@ -278,7 +280,7 @@ PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINI
         return info[0]
 
 
-def _wait_for(predicate, timeout: float, what: str, period: float = 0.2) -> None:
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, period: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
