@@ -366,3 +366,11 @@ def test_sbatch_word_round_trips(value: str) -> None:
     if "hetjob" not in value.lower() and "packjob" not in value.lower():
         spec = JobSpec.model_validate({"name": "tj", "slurm": {"extra_sbatch": ["--comment=" + value]}})
         assert slurm.parse_directives(script_text(spec))[-1] == "--comment=" + value
+
+
+def test_verify_refuses_a_changed_image() -> None:
+    spec = spec_for("slurm.container.runtime=pyxis", "image=ghcr.io/org/img:tag")
+    rendered = render(spec, "slurm")
+    rendered.files["tj.sbatch"] = rendered.files["tj.sbatch"].replace("ghcr.io#org", "ghcr.io/org")
+    with pytest.raises(RenderError, match="container-image"):
+        slurm.verify(spec, rendered)

@@ -373,6 +373,9 @@ class SlurmOptions(Strict):
     def _output(cls, value: str) -> str:
         if not value or any(c in value for c in "\n\r\t ") or value.startswith("-"):
             raise ValueError(f"{value!r}: an output pattern has no whitespace and no leading '-'")
+        problem = sbatch_directive_problem(value)
+        if problem:
+            raise ValueError(f"{value!r}: {problem}")
         return value
 
     @field_validator("dependency")

@@ -219,5 +219,10 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     missing = {k: v for k, v in expected.items() if env.get(k) != v}
     if missing:
         raise RenderError(f"{name}: exports differ from the job env for {sorted(missing)}")
-    if plan(spec, doctor=doctor).task not in text:
+    p = plan(spec, doctor=doctor)
+    if p.task not in text:
         raise RenderError(f"{name}: the task command is missing")
+    # the step options and the container words (the image in the runtime's syntax)
+    missing_words = [w for w in p.srun_words + [shell_word(w) for w in p.container] if f"\n  {w}\n" not in text]
+    if missing_words:
+        raise RenderError(f"{name}: srun / container words missing: {missing_words}")
