@@ -38,7 +38,7 @@ def script_text(spec: JobSpec, *, doctor: bool = False) -> str:
 
 def test_torchrun_mode_directives() -> None:
     spec = spec_for("slurm.partition=gpu", "slurm.account=proj", "slurm.qos=high", "slurm.time=04:00:00",
-                    "slurm.mem=64G", "slurm.cpus_per_task=16", "slurm.exclusive=true", "slurm.signal_seconds=120")
+                    "slurm.mem=64G", "slurm.cpus_per_process=8", "slurm.exclusive=true", "slurm.signal_seconds=120")
     assert slurm.parse_directives(script_text(spec)) == [
         "--job-name=tj", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=2", "--cpus-per-task=16",
         "--mem=64G", "--time=04:00:00", "--partition=gpu", "--account=proj", "--qos=high", "--exclusive",
@@ -52,7 +52,7 @@ def test_srun_mode_cpu_no_requeue_directives() -> None:
 
 
 def test_srun_repeats_the_step_options() -> None:
-    text = script_text(spec_for("slurm.mode=srun", "slurm.cpus_per_task=4"))
+    text = script_text(spec_for("slurm.mode=srun", "slurm.cpus_per_process=4"))
     block = text.split("srun_options=(")[1].split(")")[0].split()
     assert block == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=4",
                      "--kill-on-bad-exit=1", "--label"]
@@ -94,6 +94,8 @@ MATRIX = [
     ("slurm.mode=srun",),
     ("device=cpu", "slurm.requeue=false"),
     ("slurm.container.runtime=pyxis", "slurm.container.mounts=[/d:/d, /e:/e:ro]", "slurm.container.workdir=/w"),
+    ("slurm.gpu_request=gres", "slurm.dependency=afterok:1?afternotok:2", "slurm.constraint=a&b",
+     "slurm.extra_sbatch=['--comment=a b #c']"),
     ("slurm.mode=srun", "slurm.container.runtime=apptainer", "slurm.container.mounts=[/d:/d]",
      "slurm.container.workdir=/w"),
     ("master_port=29400", "rendezvous.backend=c10d"),
@@ -200,3 +202,175 @@ def test_hostile_values_arrive_byte_for_byte(stand_ins: Path, args: list[str], v
     expected = ["-m", "ddpkit.train", *args]
     assert argv[-len(expected):] == expected
     assert not Path("/tmp/ddpkit-pwned").exists()
+
+
+# ---- issue 16: images per runtime, resources, ports, placement options ------------
+
+from ddpkit import quoting  # noqa: E402
+from ddpkit.contract import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SKIPS, SLURM_PORT_SPAN  # noqa: E402
+from ddpkit.spec import apptainer_image, enroot_image  # noqa: E402
+from ddpkit.specfile import SpecError  # noqa: E402
+
+# enroot's own parser of `docker://[USER@][REGISTRY#]IMAGE[:TAG]` (src/docker.sh, docker::import)
+ENROOT_DOCKER_URI = r"^docker://(([[:alnum:]_.!~*\'()%\;:\&=+$,-@]+)@)?(([^#]+)#)?([[:lower:][:digit:]/._-]+)(:([[:alnum:]._:-]+))?$"
+
+
+@pytest.mark.parametrize(("image", "pyxis", "apptainer"), [
+    ("ghcr.io/org/img:tag", "ghcr.io#org/img:tag", "docker://ghcr.io/org/img:tag"),
+    ("ubuntu:22.04", "ubuntu:22.04", "docker://ubuntu:22.04"),
+    ("docker.io/library/ubuntu:22.04", "library/ubuntu:22.04", "docker://docker.io/library/ubuntu:22.04"),
+    ("org/img", "org/img", "docker://org/img"),
+    ("localhost:5000/img:1", "localhost:5000#img:1", "docker://localhost:5000/img:1"),
+    ("nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io#nvidia/pytorch:24.05-py3", "docker://nvcr.io/nvidia/pytorch:24.05-py3"),
+    ("user@nvcr.io#nvidia/pytorch:24.05", "user@nvcr.io#nvidia/pytorch:24.05", "docker://nvcr.io/nvidia/pytorch:24.05"),
+    ("docker://ghcr.io/org/img:tag", "ghcr.io#org/img:tag", "docker://ghcr.io/org/img:tag"),
+    ("/images/ddpkit.sqsh", "/images/ddpkit.sqsh", "/images/ddpkit.sqsh"),
+])
+def test_image_in_each_runtimes_syntax(image: str, pyxis: str, apptainer: str) -> None:
+    assert enroot_image(image) == pyxis
+    assert apptainer_image(image) == apptainer
+    if not pyxis.startswith("/"):
+        # what enroot itself accepts: pyxis hands it docker://<image>
+        check = subprocess.run(["bash", "-c", f'[[ "$1" =~ {ENROOT_DOCKER_URI} ]]', "-", f"docker://{pyxis}"])
+        assert check.returncode == 0, pyxis
+
+
+@pytest.mark.parametrize(("runtime", "image", "needle"), [
+    ("pyxis", "ghcr.io/org/img@sha256:" + "a" * 64, "no digest form"),
+    ("pyxis", "/images/ddpkit.sif", "Apptainer image"),
+    ("pyxis", "ddpkit.sqsh", "absolute path or ./relative"),
+    ("pyxis", "oras://ghcr.io/org/img:1", "docker:// images only"),
+    ("pyxis", "ghcr.io/Org/Img:1", "lower-case"),
+    ("apptainer", "ddpkit.sif", "absolute path or ./relative"),
+    ("apptainer", "ftp://host/img", "cannot pull this scheme"),
+])
+def test_an_image_the_runtime_cannot_pull_is_refused(runtime: str, image: str, needle: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_for(f"slurm.container.runtime={runtime}", f"image={image}")
+    assert needle in str(err.value) and f"slurm.container.runtime={runtime}" in str(err.value)
+
+
+def test_render_writes_the_runtime_syntax() -> None:
+    text = script_text(spec_for("slurm.container.runtime=pyxis", "image=ghcr.io/org/img:tag"))
+    assert "--container-image=ghcr.io#org/img:tag" in text and "ghcr.io/org" not in text
+    text = script_text(spec_for("slurm.container.runtime=apptainer", "image=ghcr.io/org/img:tag"))
+    assert "  docker://ghcr.io/org/img:tag\n" in text
+
+
+@pytest.mark.parametrize("mount", ["data:/data", "/data:data", "./d:/d:ro"])
+def test_relative_mount_exits_2_with_the_fix(tmp_path: Path, mount: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "--set", "slurm.container.runtime=pyxis",
+                          "--set", f"slurm.container.mounts=[{mount}]", "-o", str(tmp_path / "o")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2, out.stderr
+    assert "is not an absolute path; write both sides of a mount as absolute paths" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "o").exists()
+
+
+def test_cpus_per_task_is_refused_naming_the_new_field(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "--set", "slurm.cpus_per_task=32",
+                          "--set", "nproc_per_node=4", "-o", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert "replaced by slurm.cpus_per_process" in out.stderr and "32 / nproc_per_node" in out.stderr
+
+
+def _cpus_per_node(text: str) -> int:
+    directives = dict(d.split("=", 1) for d in slurm.parse_directives(text) if "=" in d)
+    return int(directives["--ntasks-per-node"]) * int(directives.get("--cpus-per-task", "1"))
+
+
+def test_cpus_per_process_means_the_same_in_both_modes() -> None:
+    # the issue: switching slurm.mode asked for 4x the CPUs; now the node total is the same
+    tr = script_text(spec_for("nproc_per_node=4", "slurm.cpus_per_process=8"))
+    sr = script_text(spec_for("nproc_per_node=4", "slurm.cpus_per_process=8", "slurm.mode=srun"))
+    assert "--cpus-per-task=32" in slurm.parse_directives(tr) and "--cpus-per-task=8" in slurm.parse_directives(sr)
+    assert _cpus_per_node(tr) == _cpus_per_node(sr) == 32
+    # srun is told the same per-task figure as sbatch (a step does not inherit it)
+    assert "  --cpus-per-task=32\n" in tr and "  --cpus-per-task=8\n" in sr
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_gpu_request_gres(mode: str) -> None:
+    text = script_text(spec_for("slurm.gpu_request=gres", f"slurm.mode={mode}"))
+    assert "--gres=gpu:2" in slurm.parse_directives(text) and "  --gres=gpu:2\n" in text
+    assert "gpus-per-node" not in text
+    assert "--gpus-per-node=2" in slurm.parse_directives(script_text(spec_for(f"slurm.mode={mode}")))
+
+
+def test_port_rule_stays_out_of_the_ephemeral_range_and_skipped_ports() -> None:
+    ports = [slurm_port_for_job(j) for j in range(SLURM_PORT_SPAN)]
+    assert len(set(ports)) == SLURM_PORT_SPAN  # one job id per port over a whole span
+    assert min(ports) == SLURM_PORT_BASE and max(ports) == SLURM_PORT_LAST < 32768
+    assert not set(ports) & set(SLURM_PORT_SKIPS)
+    # the honest limit: ids a whole span apart share a port
+    assert slurm_port_for_job(7) == slurm_port_for_job(7 + SLURM_PORT_SPAN)
+
+
+@pytest.mark.parametrize(("a", "b"), [(101, 20101), (4242, 24242), (1, 40001), (100, 60100)])
+def test_job_ids_that_collided_before_do_not_now(stand_ins: Path, a: int, b: int) -> None:
+    assert 20000 + a % 20000 == 20000 + b % 20000  # the old rule gave both the same port
+    spec = spec_for(f"command.python={stand_ins / 'recorder'}")
+    text = script_text(spec)
+    ports = [next(x for x in task_argv(text, stand_ins, 0, j) if x.startswith("--master-port=")) for j in (a, b)]
+    assert ports == [f"--master-port={slurm_port_for_job(a)}", f"--master-port={slurm_port_for_job(b)}"]
+    assert ports[0] != ports[1]
+
+
+@pytest.mark.parametrize("job_id", [0, 1210, 1211, 13455, 13456, 22761, 22762, 99999999])
+def test_batch_script_port_equals_the_contract(stand_ins: Path, job_id: int) -> None:
+    """The bash loop in the script and contract.slurm_port_for_job agree at
+    every skip boundary."""
+    spec = spec_for(f"command.python={stand_ins / 'recorder'}")
+    assert f"--master-port={slurm_port_for_job(job_id)}" in task_argv(script_text(spec), stand_ins, 0, job_id)
+
+
+def test_placement_options_rendered_in_order() -> None:
+    spec = spec_for("device=cpu", "slurm.requeue=false", "slurm.dependency=afterok:12:13,afterany:14",
+                    "slurm.constraint=a100&ib", "slurm.reservation=maint", "slurm.nodelist=gpu[01-02]",
+                    "slurm.exclude=gpu07", "slurm.extra_sbatch=[--mail-type=END, --comment=it's a \"#1\" \\test]")
+    assert slurm.parse_directives(script_text(spec)) == [
+        "--job-name=tj", "--nodes=2", "--ntasks-per-node=1", "--output=%x-%j.out", "--dependency=afterok:12:13,afterany:14",
+        "--constraint=a100&ib", "--reservation=maint", "--nodelist=gpu[01-02]", "--exclude=gpu07",
+        "--mail-type=END", "--comment=it's a \"#1\" \\test"]
+    assert '#SBATCH "--comment=it\'s a \\"#1\\" \\\\test"\n' in script_text(spec)
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("slurm.dependency=afterok", "is not a Slurm dependency"),
+    ("slurm.dependency=afterok:1,afterany:2?afterok:3", "is not a Slurm dependency"),
+    ("slurm.dependency=before:12", "is not a Slurm dependency"),
+    ("slurm.constraint=a100 ib", "is not a Slurm constraint"),
+    ("slurm.nodelist=gpu01;rm", "is not a Slurm host list"),
+    ("slurm.reservation=a b", "may only hold"),
+    ("slurm.extra_sbatch=[-N2]", "long form"),
+    ("slurm.extra_sbatch=[--nodes=3]", "ddpkit writes --nodes itself; set nodes instead"),
+    ("slurm.extra_sbatch=[--gres=gpu:1]", "set slurm.gpu_request instead"),
+    ("slurm.extra_sbatch=[--comment=a hetjob b]", "erases the words"),
+])
+def test_bad_placement_options_are_refused(override: str, needle: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_for(override)
+    assert needle in str(err.value)
+
+
+def test_extra_sbatch_newline_is_refused() -> None:
+    spec = spec_for()
+    with pytest.raises(ValueError, match="newline"):
+        spec.slurm.model_copy().model_validate({"extra_sbatch": ["--comment=a\n#SBATCH --nodes=9"]})
+
+
+@given(value=st.text(st.characters(codec="utf-8", exclude_characters="\x00\n\r"), max_size=40))
+def test_sbatch_word_round_trips(value: str) -> None:
+    assert quoting.sbatch_words_of(" " + quoting.sbatch_word(value) + "  # note") == [value]
+    # and through the rendered script, read back as sbatch does
+    if "hetjob" not in value.lower() and "packjob" not in value.lower():
+        spec = JobSpec.model_validate({"name": "tj", "slurm": {"extra_sbatch": ["--comment=" + value]}})
+        assert slurm.parse_directives(script_text(spec))[-1] == "--comment=" + value
+
+
+def test_verify_refuses_a_changed_image() -> None:
+    spec = spec_for("slurm.container.runtime=pyxis", "image=ghcr.io/org/img:tag")
+    rendered = render(spec, "slurm")
+    rendered.files["tj.sbatch"] = rendered.files["tj.sbatch"].replace("ghcr.io#org", "ghcr.io/org")
+    with pytest.raises(RenderError, match="container-image"):
+        slurm.verify(spec, rendered)

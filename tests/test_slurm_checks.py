@@ -9,6 +9,7 @@ import pytest
 from ddpkit.launch import slurm_checks
 from ddpkit.launch.slurm import JobState
 from ddpkit.launch.slurm_checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
+from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 
 PARTITIONS = """\
@@ -36,7 +37,7 @@ def cluster() -> Cluster:
     return read_cluster(lambda argv: PARTITIONS if "partition" in argv else NODES)
 
 
-def spec(**overrides: str):
+def spec(**overrides: str) -> JobSpec:
     sets = [f"{k.replace('__', '.')}={v}" for k, v in overrides.items()]
     return load_spec(None, overrides=["device=cpu", "backend=gloo", *sets], nodes=None, nproc_per_node=None, image=None)
 
@@ -66,7 +67,7 @@ def test_a_job_that_fits_passes() -> None:
     ({"device": "cuda", "nproc_per_node": "2"}, "no node of partition 'cpu' has GPU gres"),
     ({"device": "cuda", "nproc_per_node": "8", "slurm__partition": "gpu"}, "have at most 4; pass --gpus-per-node 4"),
     ({"slurm__time": "03:00:00"}, "slurm.time: 03:00:00 is above partition 'cpu''s limit of 02:00:00"),
-    ({"slurm__mode": "srun", "nproc_per_node": "4", "slurm__cpus_per_task": "4"},
+    ({"slurm__mode": "srun", "nproc_per_node": "4", "slurm__cpus_per_process": "4"},
      "asks for 16 CPUs per node but the nodes of partition 'cpu' have at most 8"),
     ({"slurm__mem": "64G"}, "slurm.mem: 64G per node is more than any node"),
 ])

@@ -6,12 +6,14 @@ real start-up and rank report, then one `PROBE {json}` line per rank."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pyt
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as c:
         yield c
 
@@ -157,8 +159,11 @@ def _wait_for_text(path: Path, needle: str, timeout: float) -> None:
 # ---- containers: stand-in runtimes on PATH -----------------------------------
 
 APPTAINER = r"""#!/bin/bash
-# Stand-in apptainer: record what it was given, then run the command the way
-# `apptainer exec` would (binds and GPU flags need a real runtime; skipped).
+# Stand-in apptainer: record what it was given, check the image and binds
+# against apptainer's documented forms (`apptainer help exec`: a URI with a
+# scheme, or a local image file; `--bind src[:dest[:opts]]`, src must exist),
+# then run the command the way `apptainer exec` would (binds and GPU flags
+# need a real runtime; not applied).
 set -euo pipefail
 rec="$RECORD_DIR/apptainer-$SLURM_PROCID"
 printf '%s\0' "$@" > "$rec.argv"
@@ -169,31 +174,66 @@ pwd_dir=""
 while [[ "$1" == --* ]]; do
   case "$1" in
     --nv) shift ;;
-    --bind) shift 2 ;;
+    --bind)
+      src="${2%%:*}"
+      [[ "$src" == /* && -e "$src" ]] || { echo "FATAL: bind source $src: no such absolute path" >&2; exit 255; }
+      shift 2 ;;
     --pwd) pwd_dir="$2"; shift 2 ;;
     *) echo "stand-in apptainer: unknown option $1" >&2; exit 2 ;;
   esac
 done
-shift  # the image
+image="$1"
+schemes='^(docker|library|oras|shub|https?)://[^/]|^(docker-archive|docker-daemon|oci|oci-archive):'
+if [[ "$image" =~ $schemes ]]; then
+  :
+elif [ ! -f "$image" ]; then
+  # what apptainer does with a scheme-less word: it is a local image path
+  echo "FATAL: could not open image $PWD/$image: failed to retrieve path for $image: no such file" >&2
+  exit 255
+fi
+shift
 if [ -n "$pwd_dir" ]; then cd "$pwd_dir"; fi
 exec "$@"
 """
 
+# enroot's parser of the URI pyxis hands it (docker://<--container-image>), from
+# enroot's src/docker.sh (docker::import): docker://[USER@][REGISTRY#]IMAGE[:TAG]
+ENROOT_URI = (r"^docker://(([[:alnum:]_.!~*\'()%\;:\&=+$,-@]+)@)?(([^#]+)#)?([[:lower:][:digit:]/._-]+)"
+              r"(:([[:alnum:]._:-]+))?$")
+
 SRUN_PYXIS = r"""#!/bin/bash
-# Stand-in for srun with the pyxis plugin: record the argv, then run the real
-# srun without the --container-* options (the workdir becomes --chdir).
+# Stand-in for srun with the pyxis plugin: record the argv, check the
+# container options as pyxis and enroot read them (--container-image is an
+# enroot URI without its scheme, or a squashfs path starting with / or ./;
+# --container-mounts SRC:DST[:FLAGS],... with absolute paths), then run the
+# real srun without the --container-* options (the workdir becomes --chdir).
 set -euo pipefail
 printf '%s\0' "$@" > "$RECORD_DIR/srun.argv"
 args=()
 for a in "$@"; do
   case "$a" in
-    --container-image=*|--container-mounts=*) ;;
+    --container-image=*)
+      image="${a#--container-image=}"
+      if [[ "$image" == /* || "$image" == ./* ]]; then
+        [ -f "$image" ] || { echo "pyxis: could not find squashfs $image" >&2; exit 2; }
+      elif ! [[ "docker://$image" =~ ENROOT_URI_RE ]]; then
+        echo "[ERROR] Invalid image reference: docker://$image" >&2; exit 2
+      elif [[ -z "${BASH_REMATCH[4]}" && "${BASH_REMATCH[5]%%/*}" == *.* ]]; then
+        # no REGISTRY#: enroot pulls from Docker Hub, where a host name is no repository
+        echo "[ERROR] docker://$image: enroot would pull ${BASH_REMATCH[5]} from registry-1.docker.io" >&2; exit 2
+      fi ;;
+    --container-mounts=*)
+      IFS=, read -r -a mounts <<< "${a#--container-mounts=}"
+      for m in "${mounts[@]}"; do
+        IFS=: read -r src dst _ <<< "$m"
+        [[ "$src" == /* && "$dst" == /* ]] || { echo "pyxis: mount $m: paths must be absolute" >&2; exit 2; }
+      done ;;
     --container-workdir=*) args+=("--chdir=${a#--container-workdir=}") ;;
     *) args+=("$a") ;;
   esac
 done
 exec /usr/bin/srun "${args[@]}"
-"""
+""".replace("ENROOT_URI_RE", ENROOT_URI)
 
 
 def _stand_in(tmp: Path, name: str, text: str) -> Path:
@@ -209,10 +249,25 @@ def _records(path: Path) -> list[str]:
     return path.read_bytes().decode().split("\0")[:-1]
 
 
-def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path: Path) -> None:
+def _local_image(tmp: Path, name: str) -> str:
+    path = tmp / name
+    path.write_bytes(b"stand-in image")
+    return str(path)
+
+
+@pytest.mark.parametrize(("image", "expected"), [
+    ("docker://registry.example/ddpkit:1.0", "docker://registry.example/ddpkit:1.0"),
+    ("ghcr.io/org/img:tag", "docker://ghcr.io/org/img:tag"),
+    ("nvcr.io#nvidia/pytorch:24.05-py3", "docker://nvcr.io/nvidia/pytorch:24.05-py3"),
+    ("LOCAL/ddpkit.sif", "LOCAL/ddpkit.sif"),
+])
+def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path: Path, image: str,
+                                                expected: str) -> None:
+    if image.startswith("LOCAL/"):
+        image = expected = _local_image(tmp_path, image.split("/", 1)[1])
     container = {"runtime": "apptainer", "mounts": [f"{tmp_path}:/data:ro"], "workdir": str(tmp_path)}
     spec = job_spec("appt", mode="srun", container=container)
-    spec["image"] = "docker://registry.example/ddpkit:1.0"
+    spec["image"] = image
     script = render(tmp_path, spec)
     folder = _stand_in(tmp_path, "apptainer", APPTAINER)
     env = {"PATH": f"{folder}:{cluster.env()['PATH']}", "RECORD_DIR": str(tmp_path)}
@@ -223,8 +278,7 @@ def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path:
     check_ranks(text, launcher="slurm")
     for rank in range(4):
         argv = _records(tmp_path / f"apptainer-{rank}.argv")
-        assert argv[:6] == ["exec", "--bind", f"{tmp_path}:/data:ro", "--pwd", str(tmp_path),
-                            "docker://registry.example/ddpkit:1.0"], argv
+        assert argv[:6] == ["exec", "--bind", f"{tmp_path}:/data:ro", "--pwd", str(tmp_path), expected], argv
         assert "--nv" not in argv  # CPU job: no GPU flag
         assert argv[6:] == [PYTHON, PROBE]
         env_seen = dict(e.split("=", 1) for e in _records(tmp_path / f"apptainer-{rank}.env"))
@@ -232,10 +286,18 @@ def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path:
                             "TEST_NOTE": "it's $(not run) `ever`"}
 
 
-def test_pyxis_options_reach_srun(cluster: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("image", "expected"), [
+    ("nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io#nvidia/pytorch:24.05-py3"),
+    ("ghcr.io/org/img:tag", "ghcr.io#org/img:tag"),
+    ("docker.io/library/ubuntu:22.04", "library/ubuntu:22.04"),
+    ("LOCAL/ddpkit.sqsh", "LOCAL/ddpkit.sqsh"),
+])
+def test_pyxis_options_reach_srun(cluster: SlurmCluster, tmp_path: Path, image: str, expected: str) -> None:
+    if image.startswith("LOCAL/"):
+        image = expected = _local_image(tmp_path, image.split("/", 1)[1])
     container = {"runtime": "pyxis", "mounts": ["/data:/data", f"{tmp_path}:/w:ro"], "workdir": str(tmp_path)}
     spec = job_spec("pyx", container=container)
-    spec["image"] = "nvcr.io#nvidia/pytorch:24.05-py3"
+    spec["image"] = image
     script = render(tmp_path, spec)
     folder = _stand_in(tmp_path, "srun", SRUN_PYXIS)
     env = {"PATH": f"{folder}:{cluster.env()['PATH']}", "RECORD_DIR": str(tmp_path)}
@@ -245,11 +307,30 @@ def test_pyxis_options_reach_srun(cluster: SlurmCluster, tmp_path: Path) -> None
     assert info.state == "COMPLETED", text
     check_ranks(text, launcher="torchrun")
     argv = _records(tmp_path / "srun.argv")
-    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in argv
+    assert [a for a in argv if a.startswith("--container-image=")] == [f"--container-image={expected}"]
     assert f"--container-mounts=/data:/data,{tmp_path}:/w:ro" in argv
     assert f"--container-workdir={tmp_path}" in argv
     assert "--kill-on-bad-exit=1" in argv and "--ntasks-per-node=1" in argv
     assert argv[-3:-1] == ["bash", "-c"] and '--node-rank="${SLURM_NODEID}"' in argv[-1]
+
+
+@pytest.mark.parametrize(("stand_in", "argv", "error"), [
+    # what ddpkit used to pass: a Docker reference, which enroot does not parse
+    ("srun", ["--container-image=ghcr.io/org/img:tag", "true"], "enroot would pull ghcr.io/org/img from registry-1.docker.io"),
+    ("srun", ["--container-image=ghcr.io/Org/img:tag", "true"], "Invalid image reference"),
+    ("srun", ["--container-image=nvcr.io#nvidia/pytorch:24.05", "--container-mounts=data:/data", "true"],
+     "paths must be absolute"),
+    ("apptainer", ["exec", "ghcr.io/org/img:tag", "true"], "could not open image"),
+])
+def test_stand_ins_refuse_what_the_runtime_refuses(tmp_path: Path, stand_in: str, argv: list[str], error: str) -> None:
+    """The stand-ins fail a job whose container arguments the real runtime
+    would not take, so the tests above can fail."""
+    text = SRUN_PYXIS if stand_in == "srun" else APPTAINER
+    folder = _stand_in(tmp_path, stand_in, text)
+    env = {"PATH": "/usr/bin:/bin", "RECORD_DIR": str(tmp_path), "SLURM_PROCID": "0", "SLURM_NODEID": "0",
+           "MASTER_ADDR": "x", "TEST_NOTE": "x"}
+    done = subprocess.run([str(folder / stand_in), *argv], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode != 0 and error in done.stderr, done.stderr
 
 
 def test_no_daemons_leak(tmp_path: Path) -> None:
@@ -353,7 +434,7 @@ def test_submit_refuses_a_job_the_cluster_can_never_run(cluster: SlurmCluster, t
     cpus = spec_extra.pop("slurm_cpus", None)
     spec.update(spec_extra)
     if cpus:
-        spec["slurm"]["cpus_per_task"] = cpus
+        spec["slurm"]["cpus_per_process"] = cpus
     done = submit(cluster, tmp_path, spec, "--follow", *flags)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "can never run on this cluster (nothing was submitted)" in done.stderr and expected in done.stderr
@@ -396,3 +477,125 @@ def test_follow_shows_the_state_as_it_changes(cluster: SlurmCluster, tmp_path: P
     assert done.returncode == 0, done.stdout + done.stderr
     job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
     assert f"ddpkit: job {job_id} RUNNING" in done.stderr or f"ddpkit: job {job_id} COMPLETED" in done.stderr
+
+
+# ---- every rendered variant of the example specs, checked by sbatch --test-only -----
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# What makes an example fit this 2-node, 8-CPU, GPU-less cluster.
+FIT = ["slurm.partition=debug", "device=cpu", "backend=gloo", "nodes=2", "nproc_per_node=2",
+       "slurm.cpus_per_process=2", "slurm.mem=1M"]
+RESERVATION = "ddpkit-res"
+
+
+def render_example(example: Path, out: Path, sets: list[str]) -> Path:
+    args = [a for s in sets for a in ("--set", s)]
+    done = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "-f", str(example), *args,
+                           "-o", str(out)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return out / f"{example.stem}.sbatch"
+
+
+def sbatch_test_only(cluster: SlurmCluster, script: Path) -> subprocess.CompletedProcess[str]:
+    return cluster.run(["sbatch", "--test-only", str(script)], cwd=script.parent)
+
+
+@pytest.fixture
+def held_job(cluster: SlurmCluster) -> Iterator[int]:
+    """A real job to depend on, held so that it never runs."""
+    job = cluster.run(["sbatch", "--parsable", "--hold", "--job-name=dep", "--output=/dev/null", "--wrap=true"])
+    assert job.returncode == 0, job.stderr
+    job_id = int(job.stdout.strip().split(";")[0])
+    yield job_id
+    cluster.run(["scancel", str(job_id)])
+
+
+@contextlib.contextmanager
+def reservation(cluster: SlurmCluster) -> Iterator[str]:
+    """A real reservation on both nodes, for root, from now on; deleted on
+    exit (while it exists, no other job can start on the nodes)."""
+    made = cluster.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}", "Nodes=node[1-2]",
+                        "StartTime=now", "Duration=30", "Users=root", "Flags=IGNORE_JOBS"])
+    assert made.returncode == 0, made.stdout + made.stderr
+    try:
+        yield RESERVATION
+    finally:
+        cluster.run(["scontrol", "delete", f"ReservationName={RESERVATION}"])
+
+
+def variants(held: int) -> list[list[str]]:
+    return [
+        [],
+        [f"slurm.dependency=afterok:{held}"],
+        [f"slurm.dependency=afterany:{held}?afternotok:{held}"],
+        ["slurm.constraint=ddp"],
+        ["slurm.constraint=rack1|rack2"],
+        [f"slurm.reservation={RESERVATION}"],
+        ["slurm.nodelist=node[1-2]"],
+        ["nodes=1", "slurm.exclude=node1"],
+        ["slurm.extra_sbatch=[\"--comment=it's a #test\", --nice=10, --mail-type=NONE]"],
+        ["slurm.requeue=false", "slurm.exclusive=true", "slurm.time=00:30:00"],
+        [f"slurm.dependency=afterok:{held}", "slurm.constraint=ddp&rack1", "nodes=1", "slurm.nodelist=node1",
+         "slurm.extra_sbatch=[--comment=all]"],
+    ]
+
+
+def test_sbatch_test_only_accepts_every_rendered_variant(cluster: SlurmCluster, tmp_path: Path,
+                                                         held_job: int) -> None:
+    def check(runs: list[tuple[Path, str, list[str]]]) -> list[tuple[str, str, list[str], str]]:
+        refused = []
+        for example, mode, extra in runs:
+            out = tmp_path / f"{example.stem}-{mode}-{len(list(tmp_path.iterdir()))}"
+            script = render_example(example, out, [*FIT, f"slurm.mode={mode}", *extra])
+            done = sbatch_test_only(cluster, script)
+            # accepted: "sbatch: Job N to start at ... on nodes ..." and status 0
+            if done.returncode != 0 or "to start at" not in done.stderr:
+                refused.append((script.name, mode, extra, done.stderr.strip()))
+        return refused
+
+    runs = [(example, mode, extra) for example in EXAMPLES for mode in ("torchrun", "srun")
+            for extra in variants(held_job)]
+    in_reservation = [r for r in runs if any(e.startswith("slurm.reservation=") for e in r[2])]
+    refused = check([r for r in runs if r not in in_reservation])
+    with reservation(cluster):
+        refused += check(in_reservation)
+    assert len(runs) == len(EXAMPLES) * 2 * len(variants(held_job)) >= 44 and len(in_reservation) >= 4
+    assert refused == [], "\n".join(map(str, refused))
+
+
+@pytest.mark.parametrize(("extra", "error"), [
+    (["slurm.constraint=rack1"], "Requested node configuration is not available"),
+    (["slurm.reservation=nosuch"], "requested reservation is invalid"),
+    (["slurm.exclude=node1"], "Requested node configuration is not available"),
+])
+def test_sbatch_refuses_what_the_cluster_cannot_give(cluster: SlurmCluster, tmp_path: Path,
+                                                     extra: list[str], error: str) -> None:
+    """The options really reach sbatch: one the cluster cannot satisfy (both
+    nodes on one rack, no such reservation, a 2-node job with one node
+    excluded) is refused. --test-only does not look at
+    dependencies, so that one is a real submission."""
+    script = render_example(EXAMPLES[0], tmp_path, [*FIT, *extra])
+    dependency = any(e.startswith("slurm.dependency") for e in extra)
+    done = (cluster.run(["sbatch", "--parsable", "--hold", str(script)], cwd=tmp_path) if dependency
+            else sbatch_test_only(cluster, script))
+    if done.returncode == 0 and dependency:
+        cluster.run(["scancel", done.stdout.strip().split(";")[0]])
+    assert done.returncode != 0 and error.lower() in done.stderr.lower(), done.stderr
+
+
+def test_placement_options_as_slurm_records_them(cluster: SlurmCluster, tmp_path: Path, held_job: int) -> None:
+    """A held job with every option: scontrol shows what sbatch read from the
+    #SBATCH lines, quotes and '#' included."""
+    comment = "it's a \"#quoted\" \\ comment"
+    spec = job_spec("placed", dependency=f"afterok:{held_job}", constraint="ddp&rack1", nodelist="node1",
+                    extra_sbatch=[f"--comment={comment}", "--nice=10"])
+    spec["nodes"] = 1
+    script = render(tmp_path, spec)
+    job = cluster.sbatch(script, "--hold")
+    try:
+        info = cluster.run(["scontrol", "show", "job", str(job)]).stdout
+    finally:
+        cluster.run(["scancel", str(job)])
+    assert f"Comment={comment}" in [line.strip() for line in info.splitlines()], info
+    assert f"Dependency=afterok:{held_job}" in info and "Features=ddp&rack1" in info
+    assert "ReqNodeList=node1" in info and "Nice=10" in info

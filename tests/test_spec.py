@@ -25,7 +25,7 @@ def test_examples_are_valid(example: Path) -> None:
         ("name=a" + "b" * 63, "at most 63 characters"),
         ("nodes=0", "nodes: Input should be greater than or equal to 1"),
         ("bogus=1", "bogus: unknown field; valid fields here: backend, command, compose"),
-        ("slurm.partiton=gpu", "slurm.partiton: unknown field; valid fields here: account, container"),
+        ("slurm.partiton=gpu", "slurm.partiton: unknown field; valid fields here: account, constraint, container"),
         ("env.RANK=3", "'RANK' is set by the launcher"),
         ("env.PET_NNODES=3", "'PET_NNODES' is set by the launcher"),
         ("env.MASTER_PORT=1", "'MASTER_PORT' is set by the launcher"),

@@ -35,8 +35,19 @@ class Target(str, Enum):
 
 DEFAULT_PORT = 29500
 PYTORCHJOB_DEFAULT_PORT = 23456  # the Kubeflow operator's default for `pytorchjob-port`
-SLURM_PORT_BASE = 20000
-SLURM_PORT_SPAN = 20000
+# Slurm's derived master port: below Linux's default ephemeral range
+# (net.ipv4.ip_local_port_range = 32768 60999), where any process's outgoing
+# connection may already hold a port, and above the crowded low ports.
+SLURM_PORT_BASE = 10000
+SLURM_PORT_LAST = 32767
+# Ports in that range that other services commonly listen on, skipped
+# (sorted): memcached, RabbitMQ management, Kubeflow's PyTorchJob default,
+# MongoDB, the c10d rendezvous port of PyTorch's examples, torchrun's default.
+SLURM_PORT_SKIPS = (11211, 15672, PYTORCHJOB_DEFAULT_PORT, 27017, 29400, DEFAULT_PORT)
+# How many ports the job id is spread over: two job ids collide only when
+# they differ by a multiple of this (22762), the least any pure function of
+# an unbounded job id can promise with this many ports.
+SLURM_PORT_SPAN = SLURM_PORT_LAST - SLURM_PORT_BASE + 1 - len(SLURM_PORT_SKIPS)
 
 
 @dataclass(frozen=True)
@@ -72,14 +83,15 @@ class Sources:
     master_port: Part
 
 
-def slurm_port_expr() -> str:
-    """Bash arithmetic that derives a per-job port, so two jobs sharing nodes
-    do not both bind 29500."""
-    return f"$(( {SLURM_PORT_BASE} + SLURM_JOB_ID % {SLURM_PORT_SPAN} ))"
-
-
 def slurm_port_for_job(job_id: int) -> int:
-    return SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+    """The master port of Slurm job `job_id`: the (job id mod span)-th port
+    of SLURM_PORT_BASE..SLURM_PORT_LAST that is not in SLURM_PORT_SKIPS.
+    The batch script computes the same in bash (templates/slurm)."""
+    port = SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+    for skip in SLURM_PORT_SKIPS:  # sorted: each skip below shifts the port up by one
+        if port >= skip:
+            port += 1
+    return port
 
 
 class Fixed(str, Enum):

@@ -9,6 +9,7 @@ hostile text through both; docs/ARCHITECTURE.md has the table):
 - a node-side variable in shell:        shell_var (expands on the node)
 - a value the kubelet expands $(VAR) in: kubelet_literal / kubelet_unliteral
 - a value docker compose interpolates:  compose_literal / compose_unliteral
+- an argument of an #SBATCH line:       sbatch_word / sbatch_words_of
 
 YAML scalars are not here: they are JSON (render.yaml_scalar), which needs
 no inverse but a YAML parser.
@@ -85,3 +86,55 @@ def compose_literal(value: str) -> str:
 def compose_unliteral(value: str) -> str:
     """The inverse of compose_literal."""
     return value.replace("$$", "$")
+
+
+# sbatch reads #SBATCH lines with its own parser (src/sbatch/opt.c,
+# _get_argument), not a shell's: whitespace separates arguments, ' and "
+# group, a backslash takes the next character literally (inside quotes too),
+# and an unquoted # starts a comment.
+_C_SPACE = frozenset(" \t\n\r\v\f")  # C's isspace() in sbatch's (C) locale, not str.isspace
+_SBATCH_SPECIAL = _C_SPACE | frozenset("'\"\\#")
+
+
+def sbatch_word(value: str) -> str:
+    """One argument of an `#SBATCH` line, as sbatch's directive parser reads
+    it back. Newlines cannot be carried (a directive is one line)."""
+    if "\n" in value or "\r" in value or "\x00" in value:
+        raise ValueError(f"{value!r}: an #SBATCH argument cannot hold a newline or NUL")
+    if value and not any(c in _SBATCH_SPECIAL for c in value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def sbatch_words_of(text: str) -> list[str]:
+    """The arguments sbatch reads from the rest of an `#SBATCH` line: the
+    inverse of sbatch_word (a port of sbatch's _get_argument)."""
+    words: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in _C_SPACE:
+            i += 1
+        if i >= n or text[i] == "#":
+            return words
+        word: list[str] = []
+        quote = ""
+        while i < n and (quote or text[i] not in _C_SPACE):
+            c = text[i]
+            if c == "\\":
+                word.append(text[i + 1 : i + 2])
+                i += 2
+                continue
+            if quote:
+                if c == quote:
+                    quote = ""
+                else:
+                    word.append(c)
+            elif c in "'\"":
+                quote = c
+            elif c == "#":
+                i = n  # the rest of the line is a comment
+                break
+            else:
+                word.append(c)
+            i += 1
+        words.append("".join(word))

@@ -167,9 +167,91 @@ class Command(Strict):
         return [str(self.script), *self.args]
 
 
+# ---- Slurm ---------------------------------------------------------------------
+
+# Docker's rule for the first component of a reference: a registry host when
+# it has a dot or a port, or is localhost; otherwise a Docker Hub repository.
+DOCKER_HUB_HOSTS = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+# enroot's own parser (src/docker.sh, docker::import): docker://[USER@][REGISTRY#]IMAGE[:TAG]
+ENROOT_URI = re.compile(r"^(?:[A-Za-z0-9_.!~*'()%;:&=+$,@-]+@)?(?:[^#]+#)?[a-z0-9/._-]+(?::[A-Za-z0-9._:-]+)?$")
+# Schemes apptainer pulls from, and the local forms it opens (`apptainer help build`).
+APPTAINER_SCHEME = re.compile(r"^(docker|library|oras|shub|http|https)://|^(docker-archive|docker-daemon|oci|oci-archive):")
+ENROOT_SCHEMES = ("dockerd://", "podman://")
+SQUASHFS_SUFFIXES = (".sqsh", ".sqfs", ".squashfs")
+
+
+def _is_local_path(image: str) -> bool:
+    return image.startswith(("/", "./", "../"))
+
+
+def _split_registry(ref: str) -> tuple[str | None, str]:
+    """(registry, rest) of a Docker reference; registry None for Docker Hub."""
+    first, _, rest = ref.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return (None if first in DOCKER_HUB_HOSTS else first), rest
+    return None, ref
+
+
+def enroot_image(image: str) -> str:
+    """The image as pyxis' --container-image takes it: an enroot URI
+    `[USER@][REGISTRY#]IMAGE[:TAG]` without its docker:// scheme, or a
+    squashfs path. `ghcr.io/org/img:tag` -> `ghcr.io#org/img:tag`; Docker Hub
+    images lose the host (enroot's default registry is Docker Hub, and it adds
+    `library/` to one-word names itself). Raises ValueError with the fix."""
+    if _is_local_path(image):
+        if image.endswith(".sif"):
+            raise ValueError(f"{image!r} is an Apptainer image; pyxis runs squashfs files ({', '.join(SQUASHFS_SUFFIXES)})")
+        return image
+    if image.endswith(SQUASHFS_SUFFIXES + (".sif",)):
+        raise ValueError(f"{image!r}: write a local image as an absolute path or ./relative path "
+                         "(pyxis reads any other word as a registry image)")
+    if image.startswith(ENROOT_SCHEMES):
+        return image
+    ref = image.removeprefix("docker://")
+    if "://" in ref:
+        raise ValueError(f"{image!r}: pyxis/enroot pull docker:// images only (or dockerd://, podman://)")
+    if "@sha256:" in ref or "@" in ref.split("#")[-1]:
+        raise ValueError(f"{image!r}: enroot's image URI has no digest form; use a tag, or import the image "
+                         "to a squashfs file and give its path")
+    if "#" not in ref:
+        registry, rest = _split_registry(ref)
+        ref = f"{registry}#{rest}" if registry else rest
+    if not ENROOT_URI.match(ref):
+        raise ValueError(f"{image!r} does not fit enroot's [USER@][REGISTRY#]IMAGE[:TAG] "
+                         "(the image name is lower-case letters, digits and / . _ -)")
+    return ref
+
+
+def apptainer_image(image: str) -> str:
+    """The image as `apptainer exec` takes it: a URI with its scheme
+    (`docker://ghcr.io/org/img:tag`), or a local file passed unchanged. An
+    enroot-style `REGISTRY#IMAGE` is turned back into a Docker reference."""
+    if _is_local_path(image) or APPTAINER_SCHEME.match(image):
+        return image
+    if image.endswith((".sif", *SQUASHFS_SUFFIXES)):
+        raise ValueError(f"{image!r}: write a local image as an absolute path or ./relative path "
+                         "(apptainer needs a scheme such as docker:// for anything else)")
+    if "://" in image:
+        raise ValueError(f"{image!r}: apptainer cannot pull this scheme; use docker://, oras:// or library://")
+    registry, sep, rest = image.rpartition("#")
+    if sep:
+        registry = registry.rpartition("@")[2]  # enroot's USER@: apptainer takes credentials from the environment
+        return f"docker://{registry}/{rest}"
+    return f"docker://{image}"
+
+
+def container_image(image: str, runtime: str) -> str:
+    """`image` written in the syntax of the Slurm container runtime."""
+    if runtime == "pyxis":
+        return enroot_image(image)
+    if runtime == "apptainer":
+        return apptainer_image(image)
+    return image
+
+
 class SlurmContainer(Strict):
     runtime: Literal["none", "pyxis", "apptainer"] = "none"
-    mounts: list[str] = Field(default_factory=list, description="'SRC:DST[:ro]' bind mounts")
+    mounts: list[str] = Field(default_factory=list, description="'SRC:DST[:ro]' bind mounts, both absolute paths")
     workdir: str | None = None
 
     @field_validator("mounts")
@@ -181,6 +263,12 @@ class SlurmContainer(Strict):
                 raise ValueError(f"{m!r}: write mounts as SRC:DST or SRC:DST:ro")
             if "," in m or "\n" in m:
                 raise ValueError(f"{m!r}: commas and newlines cannot appear in a mount (pyxis splits on commas)")
+            relative = [p for p in parts[:2] if not p.startswith("/")]
+            if relative:
+                # A relative source resolves against wherever the task starts
+                # (differently per runtime); a relative target is refused by both.
+                raise ValueError(f"{m!r}: {relative[0]!r} is not an absolute path; write both sides of a mount "
+                                 f"as absolute paths, e.g. /scratch/data:/data")
         return value
 
     @field_validator("workdir")
@@ -189,6 +277,33 @@ class SlurmContainer(Strict):
         if value is not None and (not value.startswith("/") or "\n" in value):
             raise ValueError(f"{value!r}: container workdir must be an absolute path")
         return value
+
+
+SLURM_DEPENDENCY_TYPES = ("after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok")
+_DEP_ITEM = re.compile(rf"^(singleton|({'|'.join(SLURM_DEPENDENCY_TYPES)})(:\d+(_\d+)?(\+\d+)?)+)$")
+SLURM_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,&|*!\[\]():+-]+$")
+SLURM_HOSTLIST = re.compile(r"^[A-Za-z0-9_.,\[\]-]+$")
+# Options ddpkit writes from other fields: a second copy in extra_sbatch
+# would silently win over them (sbatch keeps the last) and break the job.
+SBATCH_OWNED = {
+    "job-name": "name", "nodes": "nodes", "ntasks": "nproc_per_node", "ntasks-per-node": "nproc_per_node",
+    "cpus-per-task": "slurm.cpus_per_process", "gpus": "nproc_per_node", "gpus-per-node": "slurm.gpu_request",
+    "gpus-per-task": "slurm.gpu_request", "gres": "slurm.gpu_request", "mem": "slurm.mem", "time": "slurm.time",
+    "partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos", "exclusive": "slurm.exclusive",
+    "output": "slurm.output", "requeue": "slurm.requeue", "no-requeue": "slurm.requeue", "signal": "slurm.signal_seconds",
+    "open-mode": "slurm.requeue", "dependency": "slurm.dependency", "constraint": "slurm.constraint",
+    "reservation": "slurm.reservation", "nodelist": "slurm.nodelist", "exclude": "slurm.exclude",
+}
+
+
+def sbatch_directive_problem(value: str) -> str | None:
+    """Why `value` cannot be one #SBATCH argument, or None. sbatch's
+    directive parser blanks the words packjob/hetjob anywhere on the line."""
+    if "\n" in value or "\r" in value or "\x00" in value:
+        return "no newline or NUL"
+    if any(word in value.lower() for word in ("packjob", "hetjob")):
+        return "sbatch erases the words 'packjob' and 'hetjob' from #SBATCH lines"
+    return None
 
 
 class SlurmOptions(Strict):
@@ -201,14 +316,40 @@ class SlurmOptions(Strict):
     qos: str | None = None
     time: str | None = Field(default=None, description="wall time, e.g. 04:00:00 or 1-00:00:00")
     mem: str | None = Field(default=None, description="memory per node, e.g. 64G")
-    cpus_per_task: int | None = Field(default=None, ge=1)
+    cpus_per_process: int | None = Field(
+        default=None, ge=1, description="CPUs for each training process; each mode derives its --cpus-per-task"
+    )
+    cpus_per_task: int | None = Field(default=None, description="replaced by cpus_per_process (refused)")
+    gpu_request: Literal["gpus-per-node", "gres"] = Field(
+        default="gpus-per-node", description="how GPUs are asked for: --gpus-per-node=N or --gres=gpu:N"
+    )
     exclusive: bool = False
     output: str = Field(default="%x-%j.out", description="sbatch --output pattern")
     requeue: bool = Field(default=True, description="requeue on preemption after checkpointing")
     signal_seconds: int = Field(default=90, ge=10, le=3600, description="seconds of warning before the time limit")
+    dependency: str | None = Field(default=None, description="e.g. afterok:1234 or afterany:12:13 (sbatch --dependency)")
+    constraint: str | None = Field(default=None, description="node features, e.g. a100&ib (sbatch --constraint)")
+    reservation: str | None = None
+    nodelist: str | None = Field(default=None, description="hosts the job must use, e.g. gpu[01-04]")
+    exclude: str | None = Field(default=None, description="hosts the job must not use, e.g. gpu07")
+    extra_sbatch: list[str] = Field(default_factory=list, description="raw sbatch options, e.g. --mail-type=END")
     container: SlurmContainer = Field(default_factory=SlurmContainer)
 
-    @field_validator("partition", "account", "qos")
+    @field_validator("cpus_per_task")
+    @classmethod
+    def _cpus_per_task(cls, value: int | None) -> int | None:
+        if value is not None:
+            # Not mapped: it meant CPUs per node in torchrun mode and per
+            # process in srun mode, so no one reading fits both modes.
+            raise ValueError(
+                "slurm.cpus_per_task is replaced by slurm.cpus_per_process (CPUs for each training process; "
+                "ddpkit derives --cpus-per-task for either mode). It meant per node in torchrun mode, per process "
+                f"in srun mode: set slurm.cpus_per_process to {value} / nproc_per_node if you used torchrun mode, "
+                f"or to {value} if you used srun mode"
+            )
+        return value
+
+    @field_validator("partition", "account", "qos", "reservation")
     @classmethod
     def _word(cls, value: str | None) -> str | None:
         if value is not None and not SLURM_WORD.match(value):
@@ -234,6 +375,52 @@ class SlurmOptions(Strict):
     def _output(cls, value: str) -> str:
         if not value or any(c in value for c in "\n\r\t ") or value.startswith("-"):
             raise ValueError(f"{value!r}: an output pattern has no whitespace and no leading '-'")
+        problem = sbatch_directive_problem(value)
+        if problem:
+            raise ValueError(f"{value!r}: {problem}")
+        return value
+
+    @field_validator("dependency")
+    @classmethod
+    def _dependency(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        # ',' means all must hold, '?' any; sbatch refuses a list that mixes them.
+        items = value.split("?") if "?" in value else value.split(",")
+        if "?" in value and "," in value or not all(_DEP_ITEM.match(i) for i in items):
+            raise ValueError(
+                f"{value!r} is not a Slurm dependency: write TYPE:JOBID[:JOBID...] with TYPE one of "
+                f"{', '.join(SLURM_DEPENDENCY_TYPES)} (or 'singleton'), several joined by ',' (all) or '?' (any), "
+                "e.g. afterok:1234"
+            )
+        return value
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_CONSTRAINT.match(value):
+            raise ValueError(f"{value!r} is not a Slurm constraint: feature names joined by & | , with [ ] ( ) *N")
+        return value
+
+    @field_validator("nodelist", "exclude")
+    @classmethod
+    def _hostlist(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_HOSTLIST.match(value):
+            raise ValueError(f"{value!r} is not a Slurm host list, e.g. node[1-4],gpu07")
+        return value
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _extra(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if not option.startswith("--") or len(option) < 3:
+                raise ValueError(f"{option!r}: write each extra sbatch option in its long form, e.g. --mail-type=END")
+            problem = sbatch_directive_problem(option)
+            if problem:
+                raise ValueError(f"{option!r}: {problem}")
+            name = option[2:].split("=", 1)[0]
+            if name in SBATCH_OWNED:
+                raise ValueError(f"{option!r}: ddpkit writes --{name} itself; set {SBATCH_OWNED[name]} instead")
         return value
 
 
@@ -528,6 +715,18 @@ class JobSpec(Strict):
                 )
             _no_nul(val)
         return value
+
+    @model_validator(mode="after")
+    def _slurm_image(self) -> JobSpec:
+        # The image must be expressible in the runtime's own syntax: refuse
+        # here (exit 2) rather than let the nodes fail to pull it.
+        runtime = self.slurm.container.runtime
+        if runtime != "none":
+            try:
+                container_image(self.image, runtime)
+            except ValueError as exc:
+                raise ValueError(f"image with slurm.container.runtime={runtime}: {exc}") from None
+        return self
 
     @property
     def world_size(self) -> int:

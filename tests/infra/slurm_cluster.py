@@ -20,6 +20,8 @@ Choices, and why:
   test sit idle for two minutes.
 - sched_interval=2: a requeued job that becomes eligible starts within
   seconds instead of at the next 60 s scheduling pass.
+- Node features `ddp` (every node) and `rackI` (node I only), so that
+  `--constraint` is checked against real node features.
 - Everything lives under one folder; SLURM_CONF points every command there.
 
 Torn down on exit: daemons stopped, every process in the namespaces killed,
@@ -33,8 +35,10 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from . import netns
 
@@ -54,6 +58,12 @@ def available() -> str | None:
     return None
 
 
+def node_features(name: str) -> str:
+    """Features of node `nodeI`: `ddp` on every node, `rackI` on node I
+    alone, so a constraint can match all nodes or exactly one."""
+    return f"ddp,rack{name.removeprefix('node')}"
+
+
 def _sbin(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
@@ -71,7 +81,7 @@ class JobInfo:
 
     @classmethod
     def parse(cls, line: str) -> JobInfo:
-        raw = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+        raw = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
         return cls(int(raw["JobId"]), raw["JobState"], raw.get("ExitCode", ""),
                    int(raw.get("Restarts", "0")), raw.get("NodeList", ""), raw)
 
@@ -143,7 +153,7 @@ class SlurmCluster:
             self.net.__exit__(None, None, None)
             self.net = None
 
-    def _log(self, name: str):
+    def _log(self, name: str) -> TextIO:
         return open(self.workdir / f"{name}.out", "w")
 
     def _start_munge(self) -> None:
@@ -169,7 +179,8 @@ class SlurmCluster:
             (w / sub).mkdir(exist_ok=True)
         (w / "plugstack.conf").write_text("")  # keep the system's SPANK plugins out
         assert self.net is not None
-        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.addr} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.addr} CPUs={CPUS_PER_NODE} "
+                          f"Features={node_features(h.name)} State=UNKNOWN"
                           for h in self.net.hosts if h.name != "slurmctl")
         self.conf.write_text(f"""\
 ClusterName=ddpkit-test
@@ -269,7 +280,7 @@ PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINI
         return info[0]
 
 
-def _wait_for(predicate, timeout: float, what: str, period: float = 0.2) -> None:
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, period: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

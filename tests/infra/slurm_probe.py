@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ddpkit.train.rank_report import report
 from ddpkit.train.signals import EXIT_PREEMPTED, StopAgreement, StopRequest, requeue_if_slurm
-from ddpkit.train.startup import add_startup_arguments, init_distributed, shutdown
+from ddpkit.train.startup import DistContext, add_startup_arguments, init_distributed, shutdown
 
 
 def say(line: str) -> None:
@@ -25,7 +25,7 @@ def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
-def steps(ctx, total: int, ckpt: Path) -> int:
+def steps(ctx: DistContext, total: int, ckpt: Path) -> int:
     stop = StopRequest()
     stop.install()
     agreement = StopAgreement.for_run(stop, ctx.distributed)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..spec import JobSpec
-from ..targets.slurm import tasks_per_node
+from ..targets.slurm import cpus_per_task, tasks_per_node
 
 Runner = Callable[[list[str]], str]
 
@@ -126,7 +126,7 @@ def read_cluster(run: Runner = _scontrol) -> Cluster:
 
 
 def _cpus_per_node(spec: JobSpec) -> int:
-    return tasks_per_node(spec) * (spec.slurm.cpus_per_task or 1)
+    return tasks_per_node(spec) * (cpus_per_task(spec) or 1)
 
 
 def problems(spec: JobSpec, cluster: Cluster) -> list[str]:
@@ -174,8 +174,8 @@ def _size_problems(spec: JobSpec, nodes: list[Node], where: str) -> list[str]:
     found = []
     cpus, most_cpus = _cpus_per_node(spec), max(n.cpus for n in nodes)
     if cpus > most_cpus:
-        found.append(f"slurm.cpus_per_task: the job asks for {cpus} CPUs per node but the nodes of {where} have at"
-                     f" most {most_cpus}; lower slurm.cpus_per_task")
+        found.append(f"slurm.cpus_per_process: the job asks for {cpus} CPUs per node but the nodes of {where} have at"
+                     f" most {most_cpus}; lower slurm.cpus_per_process")
     most_mem = max(n.memory_mb for n in nodes)
     # RealMemory=1 is Slurm's "not configured": nothing to compare with.
     if spec.slurm.mem and most_mem > 1 and megabytes(spec.slurm.mem) > most_mem:

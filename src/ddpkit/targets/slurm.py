@@ -10,15 +10,23 @@ the container wrapper, the task command); the template only lays it out."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 from dataclasses import dataclass
 
 from .. import envnames
-from ..contract import Target, process_argv, slurm_port_expr, sources, target_env, torchrun_argv
-from ..quoting import bash_c, shell_word, single_quoted
+from ..contract import (
+    SLURM_PORT_BASE,
+    SLURM_PORT_SKIPS,
+    SLURM_PORT_SPAN,
+    Target,
+    process_argv,
+    sources,
+    target_env,
+    torchrun_argv,
+)
+from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
 from ..render import OutputFile, Rendered, RenderError, shell_argv
-from ..spec import JobSpec
+from ..spec import JobSpec, container_image
 
 NAME = "slurm"
 TEMPLATE = "slurm/job.sbatch.j2"
@@ -41,13 +49,30 @@ def tasks_per_node(spec: JobSpec) -> int:
     return 1 if spec.slurm.mode == "torchrun" else spec.nproc_per_node
 
 
+def cpus_per_task(spec: JobSpec) -> int | None:
+    """--cpus-per-task from slurm.cpus_per_process: a torchrun task is a
+    whole node's processes, an srun task is one process."""
+    per_process = spec.slurm.cpus_per_process
+    if per_process is None:
+        return None
+    return per_process * (spec.nproc_per_node if spec.slurm.mode == "torchrun" else 1)
+
+
+def gpu_option(spec: JobSpec) -> list[str]:
+    """The GPU request, in the form the cluster accepts (slurm.gpu_request)."""
+    if not spec.gpus_per_node:
+        return []
+    if spec.slurm.gpu_request == "gres":
+        return [f"--gres=gpu:{spec.gpus_per_node}"]
+    return [f"--gpus-per-node={spec.gpus_per_node}"]
+
+
 def sbatch_directives(spec: JobSpec) -> list[str]:
     """The #SBATCH options, in the order they are written."""
     s = spec.slurm
-    out = [f"--job-name={spec.name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec)}"]
-    if spec.gpus_per_node:
-        out.append(f"--gpus-per-node={spec.gpus_per_node}")
-    optional = {"cpus-per-task": s.cpus_per_task, "mem": s.mem, "time": s.time,
+    out = [f"--job-name={spec.name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec)}",
+           *gpu_option(spec)]
+    optional = {"cpus-per-task": cpus_per_task(spec), "mem": s.mem, "time": s.time,
                 "partition": s.partition, "account": s.account, "qos": s.qos}
     out += [f"--{key}={value}" for key, value in optional.items() if value is not None]
     if s.exclusive:
@@ -56,7 +81,10 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     if s.requeue:
         # A requeued run appends to the same file, so the log shows every run.
         out += [f"--signal=B:{PREEMPT_SIGNAL}@{s.signal_seconds}", "--requeue", "--open-mode=append"]
-    return out
+    placement = {"dependency": s.dependency, "constraint": s.constraint, "reservation": s.reservation,
+                 "nodelist": s.nodelist, "exclude": s.exclude}
+    out += [f"--{key}={value}" for key, value in placement.items() if value is not None]
+    return [*out, *s.extra_sbatch]
 
 
 def srun_options(spec: JobSpec) -> list[str]:
@@ -64,15 +92,14 @@ def srun_options(spec: JobSpec) -> list[str]:
     --cpus-per-task from sbatch, and a step must not take the whole
     allocation's task count by accident."""
     n = tasks_per_node(spec)
-    out = [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes * n}", f"--ntasks-per-node={n}"]
-    if spec.gpus_per_node:
-        out.append(f"--gpus-per-node={spec.gpus_per_node}")
-    if spec.slurm.cpus_per_task is not None:
-        out.append(f"--cpus-per-task={spec.slurm.cpus_per_task}")
+    out = [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes * n}", f"--ntasks-per-node={n}", *gpu_option(spec)]
+    cpus = cpus_per_task(spec)
+    if cpus is not None:
+        out.append(f"--cpus-per-task={cpus}")
     out += ["--kill-on-bad-exit=1", "--label"]
     c = spec.slurm.container
     if c.runtime == "pyxis":
-        out.append(f"--container-image={spec.image}")
+        out.append(f"--container-image={container_image(spec.image, c.runtime)}")
         if c.mounts:
             out.append(f"--container-mounts={','.join(c.mounts)}")
         if c.workdir:
@@ -93,7 +120,7 @@ def container_prefix(spec: JobSpec) -> list[str]:
         out += ["--bind", mount]
     if c.workdir:
         out += ["--pwd", c.workdir]
-    return [*out, spec.image]
+    return [*out, container_image(spec.image, c.runtime)]
 
 
 def task_argv(spec: JobSpec, *, doctor: bool = False) -> str:
@@ -122,10 +149,18 @@ class Plan:
     spec: JobSpec
     directives: list[str]
     exports: dict[str, str]
-    master_port: str
     srun_options: list[str]
     container: list[str]
     task: str
+    # The derived port (used unless spec.master_port fixes it), as in
+    # contract.slurm_port_for_job.
+    port_base: int = SLURM_PORT_BASE
+    port_span: int = SLURM_PORT_SPAN
+    port_skips: tuple[int, ...] = SLURM_PORT_SKIPS
+
+    @property
+    def directive_words(self) -> list[str]:
+        return [sbatch_word(d) for d in self.directives]
 
     @property
     def srun_words(self) -> list[str]:
@@ -135,8 +170,7 @@ class Plan:
 
 
 def plan(spec: JobSpec, *, doctor: bool = False) -> Plan:
-    port = str(spec.master_port) if spec.master_port is not None else slurm_port_expr()
-    return Plan(spec, sbatch_directives(spec), exports(spec), port, srun_options(spec),
+    return Plan(spec, sbatch_directives(spec), exports(spec), srun_options(spec),
                 container_prefix(spec), task_argv(spec, doctor=doctor))
 
 
@@ -144,19 +178,17 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec, doctor=doctor)}, "shell", 0o755)]
 
 
-_DIRECTIVE = re.compile(r"^#SBATCH\s+(\S+)\s*$")
-
-
 def parse_directives(text: str) -> list[str]:
-    """#SBATCH options as sbatch reads them: only the comment block before the
-    first command counts."""
-    out = []
-    for line in text.splitlines()[1:]:
+    """#SBATCH options as sbatch reads them (its own quoting, see
+    quoting.sbatch_words_of): only the comment block before the first
+    command counts."""
+    out: list[str] = []
+    for line in text.split("\n")[1:]:  # sbatch splits on \n only, not on \v, \f or U+2028
         if line.startswith("#SBATCH"):
-            m = _DIRECTIVE.match(line)
-            if m is None:
-                raise RenderError(f"malformed directive line {line!r}")
-            out.append(m.group(1))
+            words = sbatch_words_of(line[len("#SBATCH"):])
+            if len(words) != 1:
+                raise RenderError(f"malformed directive line {line!r}: one option per line")
+            out += words
         elif line.strip() and not line.startswith("#"):
             break
     return out
@@ -187,5 +219,10 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     missing = {k: v for k, v in expected.items() if env.get(k) != v}
     if missing:
         raise RenderError(f"{name}: exports differ from the job env for {sorted(missing)}")
-    if plan(spec, doctor=doctor).task not in text:
+    p = plan(spec, doctor=doctor)
+    if p.task not in text:
         raise RenderError(f"{name}: the task command is missing")
+    # the step options and the container words (the image in the runtime's syntax)
+    missing_words = [w for w in p.srun_words + [shell_word(w) for w in p.container] if f"\n  {w}\n" not in text]
+    if missing_words:
+        raise RenderError(f"{name}: srun / container words missing: {missing_words}")
