@@ -198,7 +198,7 @@ def test_start_up_fault(faultnet: Net, case: Fault) -> None:
     with case.inject(faultnet):
         out = run_case(faultnet, case)
     left = {h.name: h.pids() for h in faultnet.net.hosts if h.pids()}  # the injection's own process is gone too
-    print(f"\nFAULT-TIMING {case.id} {out.seconds:.1f}s codes={out.codes}")  # for docs/notes-doctor.md
+    print(f"\nFAULT-TIMING {case.id} {out.seconds:.1f}s codes={out.codes}")  # for docs/FAILURES.md
     everything = "\n".join(f"--- node {n}\n{text[-3000:]}" for n, text in out.stderr.items())
     started = case.started or tuple(range(case.nodes))
     expected = {n: int(case.also_exit.get(n, case.code)) for n in started}

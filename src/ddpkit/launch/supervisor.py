@@ -9,7 +9,7 @@ the end-of-run summary table and the exit code.
 
 The loop reads `Event`s from one queue. Nodes post `NodeExited`; anything
 else that may end a run (a hang watchdog, say) is an `EventSource` that
-posts `StopRequested` with its reason and exit code. docs/notes-launch.md
+posts `StopRequested` with its reason and exit code. docs/ARCHITECTURE.md
 has the checklist for adding a launcher or a source.
 """
 
