@@ -155,7 +155,16 @@ def run_config(config: TrainConfig) -> int:
         import_trainer(config.model)
         ctx = init_distributed(config)
         try:
-            return train(ctx, config, stop)
+            try:
+                return train(ctx, config, stop)
+            except TrainFault as exc:
+                code = _fault(exc)
+            # The fault's traceback held the model and DDP's reducer; freed only
+            # now, they must be collected before the group is destroyed, or gloo
+            # aborts the process at exit ("terminate called without an active
+            # exception") instead of letting it exit with the fault's code.
+            gc.collect()
+            return code
         finally:
             shutdown(ctx)
     except ProcessExitedException as exc:
