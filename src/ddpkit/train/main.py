@@ -158,13 +158,9 @@ def run_config(config: TrainConfig) -> int:
             try:
                 return train(ctx, config, stop)
             except TrainFault as exc:
-                code = _fault(exc)
-            # The fault's traceback held the model and DDP's reducer; freed only
-            # now, they must be collected before the group is destroyed, or gloo
-            # aborts the process at exit ("terminate called without an active
-            # exception") instead of letting it exit with the fault's code.
-            gc.collect()
-            return code
+                # Handled here, not outside `finally`: the traceback (which holds
+                # the model and DDP's reducer) must be freed before shutdown().
+                return _fault(exc)
         finally:
             shutdown(ctx)
     except ProcessExitedException as exc:

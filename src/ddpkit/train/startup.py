@@ -239,7 +239,13 @@ def run_spawned(args: Options, fn: Callable[[DistContext], object],
 def shutdown(ctx: DistContext | None = None) -> None:
     """Leave the process group so that no rank exits with NCCL/Gloo work
     still pending (torch warns, and peers may hang)."""
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # A DDP reducer left in a reference cycle (a fault's freed traceback
+        # held it) must go before its group, or gloo aborts the process at
+        # exit ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
