@@ -24,7 +24,9 @@ Docker daemon and image. docs/TARGETS.md describes the matrix.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,7 +75,9 @@ def spec_dict(workdir: Path, **placement: Any) -> dict[str, Any]:
         "name": "targets", "image": "ddpkit:latest", "nodes": NODES, "nproc_per_node": NPROC,
         "device": "cpu", "backend": "gloo", "master_port": MASTER_PORT,
         "command": {"python": PYTHON, "args": TRAIN_ARGS}, "env": {"HOSTILE": HOSTILE},
-        "ssh": {"workdir": str(workdir), "log_dir": str(workdir / "logs"), "grace_s": 3, "connect_timeout_s": 5},
+        # The launcher's pre-start checks import torch on every host (about 20 s on a
+        # loaded 2-core machine); their limit is connect_timeout_s + 20 s.
+        "ssh": {"workdir": str(workdir), "log_dir": str(workdir / "logs"), "grace_s": 3, "connect_timeout_s": 60},
     }
     for key, value in placement.items():
         node = spec
@@ -130,6 +134,27 @@ def test_launch_local(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_"))}
     output = run_ok([DDPKIT, "launch", "local", "-f", str(job)], cwd=tmp_path, env=env)
     check("launch local", output, started)
+
+
+@pytest.mark.slow
+def test_rank_report_json_file_and_metrics_records(tmp_path: Path) -> None:
+    """The file form of the record (one JSON document by rank 0) and the
+    metrics lines (kind rank_report, one per process) carry the same records."""
+    from tests.helpers import runs
+
+    report, metrics = tmp_path / "out" / "ranks.json", tmp_path / "metrics.jsonl"
+    args = [*runs.TINY, "--synthetic-size=16", "--batch-size=4", "--max-steps=1", "--no-eval",
+            f"--rank-report-json={report}", "--rank-report-env=HOSTILE", "--rank-report-env=UNSET_HERE",
+            f"--metrics={metrics}"]
+    runs.run_ok(runs.torchrun(tmp_path, 2, 1, args, env={"HOSTILE": HOSTILE}))
+    document = json.loads(report.read_text())
+    assert document["kind"] == "rank_report" and document["world_size"] == 2 and document["problems"] == []
+    lines = [r for r in runs.metrics(metrics) if r["kind"] == "rank_report"]
+    assert [{k: v for k, v in r.items() if k != "time"} for r in lines] == document["processes"]
+    got = Promise(nodes=2, nproc_per_node=1, master_port=document["processes"][0]["master_port"], backend="gloo",
+                  device="cpu", interface="lo", env={"HOSTILE": HOSTILE, "UNSET_HERE": None})
+    assert differences("file", document["processes"], got) == []
+    assert list(tmp_path.joinpath("out").iterdir()) == [report], "no temporary file is left beside the report"
 
 
 # ---- namespace hosts: one Slurm cluster whose nodes also run sshd ----
@@ -265,6 +290,36 @@ def test_kubernetes_emulated(docker_daemon: Docker, tmp_path: Path, kind: str) -
     codes, logs = run_pods(docker_daemon, pods(spec, text))
     assert codes == [0] * NODES, "\n".join(logs)[-6000:]
     check(f"k8s {kind}", logs[0], started)
+
+
+# ---- make compose-test: the user's one-command check of the compose file ----
+
+
+def make_compose_test(docker: Docker, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`make compose-test` on the session's image (already built: SKIP_BUILD)."""
+    assert docker.image is not None
+    run_env = docker.env | {"IMAGE": docker.image, "SKIP_BUILD": "1", "OUT": str(out), **env}
+    return subprocess.run(["make", "--no-print-directory", "compose-test"], cwd=REPO, env=run_env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_make_compose_test_runs_and_exits_with_node0s_code(docker_daemon: Docker, tmp_path: Path) -> None:
+    ok = make_compose_test(docker_daemon, tmp_path / "ok", NODES=str(NODES))
+    text = ok.stdout + ok.stderr
+    assert ok.returncode == 0, text[-6000:]
+    assert "compose-test: node0 exited with 0" in text
+    assert f"rank report check: ranks 0..{NODES * 2 - 1} each reported once" in text, text[-6000:]
+    # A job that fails on every node: the script ends with node0's code, which make reports as the recipe's.
+    bad = make_compose_test(docker_daemon, tmp_path / "bad", NODES="2", NPROC="1",
+                            ARGS='["--model=no.such.module:factory", "--workers=0"]')
+    text = bad.stdout + bad.stderr
+    assert bad.returncode != 0, text[-6000:]
+    node0 = re.search(r"compose-test: node0 exited with (\d+)", text)
+    assert node0 is not None and node0.group(1) != "0", text[-6000:]
+    assert "[Makefile:" in text and f"compose-test] Error {node0.group(1)}" in text, text[-6000:]
 
 
 # ---- the closing comparison ----

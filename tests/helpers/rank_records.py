@@ -34,7 +34,7 @@ class Promise:
     backend: str
     device: str
     interface: str
-    env: dict[str, str]
+    env: dict[str, str | None]
 
     @property
     def world_size(self) -> int:
