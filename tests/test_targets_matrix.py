@@ -136,6 +136,22 @@ def test_launch_local(tmp_path: Path) -> None:
     check("launch local", output, started)
 
 
+def test_rank_report_flags_are_checked_and_frozen(tmp_path: Path) -> None:
+    import argparse
+
+    from ddpkit.train.config import TrainConfig
+    from ddpkit.train.main import add_arguments
+    from ddpkit.train.options import problems
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--rank-report-json", str(tmp_path), "--rank-report-env", "A", "--rank-report-env", "B"])
+    assert any("--rank-report-json" in p and "folder" in p for p in problems(args)), problems(args)
+    config = TrainConfig.from_args(args)
+    assert config.rank_report_env == ("A", "B") and hash(config)
+    assert problems(parser.parse_args(["--rank-report-json", "-"])) == []
+
+
 @pytest.mark.slow
 def test_rank_report_json_file_and_metrics_records(tmp_path: Path) -> None:
     """The file form of the record (one JSON document by rank 0) and the

@@ -190,15 +190,15 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def publish(rows: list[RankRow], problems: list[str], outputs: ReportOutputs) -> None:
+def publish(rows: list[RankRow], problems: list[str], outputs: ReportOutputs, world_size: int) -> None:
     """Write the records where `outputs` says (rank 0 calls this)."""
     if outputs.json_path == STDOUT:
         # One short line per process: a single write each, so lines from
         # other processes sharing the stream cannot split a record.
         for row in rows:
-            print(json.dumps(record(row), sort_keys=False), flush=True)
+            print(json.dumps(record(row)), flush=True)  # "kind" first: readers find records by it
     elif outputs.json_path is not None:
-        document = {"kind": RECORD_KIND, "world_size": len(rows), "problems": problems,
+        document = {"kind": RECORD_KIND, "world_size": world_size, "problems": problems,
                     "processes": [record(r) for r in rows]}
         _write_atomically(Path(outputs.json_path), json.dumps(document, indent=1) + "\n")
     if outputs.metrics is not None:
@@ -222,7 +222,7 @@ def report(ctx: DistContext, *, quiet: bool = False, env_names: Sequence[str] = 
     if ctx.is_main and not quiet:
         print_table(rows, problems)
     if ctx.is_main and outputs is not None:
-        publish(rows, problems, outputs)
+        publish(rows, problems, outputs, ctx.world_size)
     if problems:
         raise RankReportError("rank report: " + " | ".join(problems))
     return RankReport(rows, problems)
