@@ -78,6 +78,13 @@ lint: install
 test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# One spec on every target (local, ssh, launch.sh, Slurm x2, compose, launch
+# docker, four Kubernetes kinds emulated), every rank report compared
+# (docs/TARGETS.md). Needs root (namespaces, sshd, Slurm, dockerd).
+.PHONY: test-targets
+test-targets: install
+	$(PY) -m pytest tests/test_targets_matrix.py $(PYTEST_ARGS)
+
 # CPU benchmarks (results in bench/results/, see docs/PERFORMANCE.md).
 bench: install
 	$(PY) -m bench.train_throughput

@@ -2,7 +2,9 @@
 # make compose-test: build the CPU image, render the compose file for NODES
 # nodes (default 2), check it with `docker compose config`, run a gloo DDP
 # `ddpkit train` on synthetic data, and exit with node0's code. The rank
-# report must show every rank exactly once.
+# report must show every rank exactly once. Environment: NODES, NPROC, OUT,
+# IMAGE (tag), SKIP_BUILD=1 (use IMAGE as it is), ARGS (the training
+# arguments as a JSON list; default: a tiny synthetic run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nodes=${NODES:-2}
@@ -16,9 +18,9 @@ else compose=(docker-compose); fi
 
 [ "${SKIP_BUILD:-0}" = 1 ] || tag=$(bash docker/build.sh cpu "$tag" | tail -n 1)
 # Tiny settings: a real DDP run (forward, all-reduce, step) in seconds per node.
+args=${ARGS:-'["--model=resnet18","--data=synthetic","--image-size=16","--synthetic-size=64","--batch-size=8","--epochs=1","--workers=0","--no-eval"]'}
 "$py" -m ddpkit.cli render compose -f examples/cpu-smoke.yaml --nodes "$nodes" --nproc-per-node "$nproc" \
-  --image "$tag" -o "$out" \
-  --set 'command.args=["--model=resnet18","--data=synthetic","--image-size=16","--synthetic-size=64","--batch-size=8","--epochs=1","--workers=0","--no-eval"]'
+  --image "$tag" -o "$out" --set "command.args=$args"
 file=$out/compose.yaml
 "${compose[@]}" -f "$file" config --quiet
 echo "compose-test: $file passes '${compose[*]} config'"

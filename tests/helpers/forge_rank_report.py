@@ -47,7 +47,7 @@ def install(raw: str) -> None:
 
     real: Callable[[Any], Any] = rank_report.own_row
 
-    def own_row(ctx: Any) -> Any:
-        return forged(real(ctx), ctx.world_size, raw)
+    def own_row(ctx: Any, *args: Any) -> Any:
+        return forged(real(ctx, *args), ctx.world_size, raw)
 
     rank_report.own_row = own_row

@@ -122,10 +122,13 @@ def free_port() -> int:
 
 def local_spec(args: argparse.Namespace) -> JobSpec:
     """The job as given, made to run here: gloo on the CPU, static
-    rendezvous on a free port. The user's --set still wins over these."""
-    here = ["backend=gloo", "device=cpu", "rendezvous.backend=static", f"master_port={free_port()}"]
+    rendezvous on a free port unless the spec fixes one (a fixed master_port
+    wins on every target). The user's --set still wins over these."""
+    here = ["backend=gloo", "device=cpu", "rendezvous.backend=static"]
     args = argparse.Namespace(**{**vars(args), "overrides": here + list(args.overrides)})
     spec = spec_from_args(args)
+    if spec.master_port is None:
+        spec = spec.model_copy(update={"master_port": free_port()})
     extra = [a for a in args.train_args if a != "--"] if args.train_args[:1] == ["--"] else list(args.train_args)
     command = spec.command.model_copy(update={"args": [*spec.command.args, *extra]})
     if spec.command.python == Command.model_fields["python"].default:

@@ -79,6 +79,8 @@ class TrainConfig(StartupOptions):
     eval_size: int = 256
     log_dir: Path | None = None
     metrics: Path | None = None
+    rank_report_json: str | None = None
+    rank_report_env: tuple[str, ...] = ()
     log_every: int = 10
     progress: str = "auto"
 
@@ -86,7 +88,10 @@ class TrainConfig(StartupOptions):
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
         """The parsed flags, without what the CLI adds for itself (its handler)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in vars(args).items() if k in names})
+        values = {k: v for k, v in vars(args).items() if k in names}
+        if "rank_report_env" in values:  # argparse's append list: a tuple keeps the config frozen and hashable
+            values["rank_report_env"] = tuple(values["rank_report_env"] or ())
+        return cls(**values)
 
     def as_record(self) -> dict[str, str]:
         """Every field as text, for the checkpoint's record of how it was made."""

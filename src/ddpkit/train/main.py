@@ -75,10 +75,11 @@ def import_trainer(model: str) -> None:
 def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None) -> int:
     """Everything after start-up, on one rank. Returns the exit code."""
     from .loop import Trainer, exit_code
-    from .rank_report import report
+    from .rank_report import ReportOutputs, report
 
     stop = stop or _stop_request()
-    report(ctx)
+    report(ctx, env_names=config.rank_report_env,
+           outputs=ReportOutputs(json_path=config.rank_report_json, metrics=config.metrics))
     CLOCK.mark("rank_report_done")
     trainer = Trainer(config, ctx, stop)
     summary = trainer.run()

@@ -85,6 +85,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-size", type=_positive, default=256, help="synthetic test-set size")
     g.add_argument("--log-dir", type=Path, help="every rank writes rank<R>.log here")
     g.add_argument("--metrics", type=Path, help="JSON Lines file rank 0 appends metrics to")
+    g.add_argument("--rank-report-json", metavar="PATH",
+                   help="rank 0 writes every process's rank report record here as JSON "
+                        "('-': one JSON line per process on stdout)")
+    g.add_argument("--rank-report-env", metavar="NAME", action="append", default=[],
+                   help="add this environment variable's value, as each process sees it, to its rank report "
+                        "record (repeatable)")
     g.add_argument("--log-every", type=_positive, default=10, help="steps between progress lines")
     g.add_argument("--progress", choices=("auto", "bar", "plain"), default="auto",
                    help="auto: a progress bar when stdout is a terminal, plain lines otherwise")
@@ -109,6 +115,9 @@ def problems(args: argparse.Namespace) -> list[str]:
         out.append("--resume auto needs --checkpoint-dir DIR")
     if args.checkpoint_every and args.checkpoint_dir is None:
         out.append("--checkpoint-every needs --checkpoint-dir DIR")
+    report_json = getattr(args, "rank_report_json", None)
+    if report_json not in (None, "-") and Path(report_json).is_dir():
+        out.append(f"--rank-report-json {report_json}: that is a folder; give a file path (or - for stdout)")
     if args.warmup_epochs < 0:
         out.append("--warmup-epochs must be >= 0")
     if args.lr <= 0:
