@@ -74,4 +74,5 @@ DDPKIT_INTERFACE: Final = "DDPKIT_INTERFACE"
 DDPKIT_JOB_NAME: Final = "DDPKIT_JOB_NAME"
 DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
 DDPKIT_PGID: Final = "DDPKIT_PGID"
+DDPKIT_RDZV_ID: Final = "DDPKIT_RDZV_ID"  # an elastic job's rendezvous id on ssh: fresh per run
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers

