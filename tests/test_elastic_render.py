@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ddpkit.cli import main as cli_main
-from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, torchrun_argv
+from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError
@@ -108,6 +108,13 @@ def test_launch_line(target: Target) -> None:
                                                                                          "DDPKIT_MASTER_ADDR": "h1"})
                             for a in argv])["rdzv-endpoint"] for i in range(spec.nodes)}
         assert len(endpoints) == 1
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
+def test_workers_get_a_fresh_store_per_restart(target: Target) -> None:
+    # torchrun's shared store keeps the previous world's keys (tests/test_elastic_train.py fails without it)
+    assert target_env(make(), target)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in target_env(make(elastic=None), target)
 
 
 def test_static_jobs_keep_their_launch_line() -> None:

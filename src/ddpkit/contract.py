@@ -329,9 +329,19 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
     env[envnames.DDPKIT_BACKEND] = (row.backend if row else None) or spec.resolved_backend
     env[envnames.DDPKIT_INTERFACE] = spec.network.ifname_value
     env[envnames.DDPKIT_JOB_NAME] = spec.name
+    env.update(elastic_env(spec))
     if not (row and row.controller_sets_unbuffered):
         env.setdefault(envnames.PYTHONUNBUFFERED, "1")
     return env
+
+
+def elastic_env(spec: JobSpec) -> dict[str, str]:
+    """An elastic job's workers meet through a store their own rank 0 opens
+    afresh at every restart. torchrun's default shares one store server,
+    opened by the first rendezvous' rank-0 agent, across all rounds: its
+    keys from the previous world (peers' old addresses) mislead the next
+    one, and it dies with that agent's node."""
+    return {envnames.TORCH_DISABLE_SHARE_RDZV_TCP_STORE: "1"} if spec.elastic else {}
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
