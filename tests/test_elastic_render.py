@@ -313,3 +313,38 @@ def test_rendered_launcher_gives_every_node_one_fresh_id_per_run(tmp_path: Path)
 def test_spec_error_type_for_refusals() -> None:
     with pytest.raises(SpecError, match="elastic on jobset"):
         render(make(k8s={"kind": "jobset"}), "k8s")
+
+
+# The node's exit status, by node rank (read from the remote command's env prefix).
+EXITING_SSH = r"""#!/bin/bash
+for last; do :; done
+[[ $last == "env DDPKIT_PGID="* ]] && exit 0  # a stop command
+[[ $last =~ ^env\ DDPKIT_NODE_RANK=([0-9]+) ]] || exit 90
+exit "${NODE_STATUS[${BASH_REMATCH[1]}]:-0}"
+"""
+
+
+@pytest.mark.parametrize(("statuses", "want_rc", "want"), [
+    ("0 0 3", 0, "node 2 (h3) failed with exit status 3: excluded; the job goes on with 2 nodes"),
+    ("0 3 0", 0, "node 1 (h2) failed with exit status 3: excluded"),
+    ("3 0 0", 1, "node 0 (h1) failed first with exit status 3"),  # node 0 holds the store
+    ("0 3 4", 1, "failed first with exit status"),  # one lost leaves 2; a second leaves 1 < min_nodes
+])
+def test_rendered_launcher_excludes_a_failed_node_while_min_nodes_remain(
+        tmp_path: Path, statuses: str, want_rc: int, want: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ssh = bindir / "ssh"
+    # bash cannot export arrays: the stand-in reads the statuses from a string
+    ssh.write_text(EXITING_SSH.replace("for last", f"NODE_STATUS=({statuses})\nfor last", 1))
+    ssh.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text(render(make(), "ssh").files["launch.sh"])
+    env = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == want_rc, done.stderr
+    assert want in done.stderr, done.stderr
+    static = render(make(elastic=None), "ssh").files["launch.sh"]
+    script.write_text(static)
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == (0 if statuses == "0 0 0" else 1), done.stderr  # static: any failure ends it

@@ -99,8 +99,8 @@ def elastic_agents(tmp: Path, args: list[str], gate: Path) -> Job:
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={MIN_NODES}:{NODES}",
                 "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                 "--rdzv-id=elastic-test", f"--rdzv-conf={conf}", "--max-restarts=2", "-m", GATE, *args]
-        env = {**_env(node), **elastic_env(ELASTIC_SPEC), "DDPKIT_TEST_GATE_DIR": str(gate),
-               "DDPKIT_TEST_GATE_WORLD": str(NODES)}
+        env = {**_env(node), **elastic_env(ELASTIC_SPEC), "ELASTIC_TEST_GATE_DIR": str(gate),
+               "ELASTIC_TEST_GATE_WORLD": str(NODES)}
         with open(log, "wb") as out:
             procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp))
         logs.append(log)

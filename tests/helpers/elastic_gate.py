@@ -2,9 +2,9 @@
 that holds every rank right after the first checkpoint its full-size world
 writes, so a test can take a node away at a known step.
 
-$DDPKIT_TEST_GATE_DIR/<step>.rank<R> is written (atomically) by each held
+$ELASTIC_TEST_GATE_DIR/<step>.rank<R> is written (atomically) by each held
 rank, holding its world size; the ranks go on once the test creates
-$DDPKIT_TEST_GATE_DIR/go. Only a world of $DDPKIT_TEST_GATE_WORLD ranks is
+$ELASTIC_TEST_GATE_DIR/go. Only a world of $ELASTIC_TEST_GATE_WORLD ranks is
 held (a first rendezvous that formed smaller is let through), and only
 until `go` exists: the workers started after the node loss run freely."""
 
@@ -19,7 +19,7 @@ from typing import Any
 from ddpkit.train import checkpointing
 from ddpkit.train.__main__ import main
 
-GATE_DIR, GATE_WORLD = "DDPKIT_TEST_GATE_DIR", "DDPKIT_TEST_GATE_WORLD"
+GATE_DIR, GATE_WORLD = "ELASTIC_TEST_GATE_DIR", "ELASTIC_TEST_GATE_WORLD"
 _real_save = checkpointing.Checkpointer.save
 
 

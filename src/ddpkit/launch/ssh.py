@@ -5,7 +5,9 @@ each host then waiting on its open session -> every node told to go with its
 node rank (no second connection or login) -> the shared supervisor: output
 streamed with a `[nodeN host]` prefix and logged per node, the first failure,
 a dropped connection or Ctrl-C stops every node (TERM, then KILL after
-ssh.grace_s), and the summary table on stderr.
+ssh.grace_s), and the summary table on stderr. An elastic job (spec.elastic)
+goes on without a failed node other than node 0 while min_nodes remain; the
+summary names it as excluded (docs/ELASTIC.md).
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr)
+    elastic = plan.spec.elastic
+    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
+                            min_nodes=elastic.min_nodes if elastic else None)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
