@@ -299,3 +299,52 @@ def test_rendered_launcher_excludes_a_failed_node_while_min_nodes_remain(
     script.write_text(static)
     done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == (0 if statuses == "0 0 0" else 1), done.stderr  # static: any failure ends it
+
+
+# ---- Slurm: the relaunch on the nodes still up (stand-ins for srun, sinfo, scontrol) --
+
+RELAUNCH_SRUN = r"""#!/bin/bash
+# stand-in srun: record the options and MASTER_ADDR; the first step fails (a lost node), later ones succeed
+n=$(ls "$CALLS" | wc -l)
+printf '%s\n' "MASTER_ADDR=$MASTER_ADDR" "$@" > "$CALLS/$n"
+[ "$n" -ge "${FAILING_STEPS:-1}" ]
+"""
+DOWN_SINFO = """#!/bin/bash
+printf '%s\\n' $DOWN_NODES
+"""
+THREE_HOSTS = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && printf 'gpu-a\\ngpu-b\\ngpu-c\\n'
+"""
+
+
+@pytest.mark.parametrize(("down", "failing", "want_calls", "want_rc"), [
+    ("gpu-c", 1, 2, 0),            # node c lost: relaunched on a and b, which complete
+    ("", 1, 2, 0),                 # a failed step with every node up: relaunched on all three
+    ("gpu-b gpu-c", 1, 1, 1),      # one node left, fewer than min_nodes 2: no relaunch, the job fails
+    ("gpu-c", 9, 5, 1),            # max_restarts (4) relaunches, then the job fails
+])
+def test_slurm_relaunches_the_step_on_the_nodes_still_up(tmp_path: Path, down: str, failing: int,
+                                                         want_calls: int, want_rc: int) -> None:
+    for name, text in (("srun", RELAUNCH_SRUN), ("sinfo", DOWN_SINFO), ("scontrol", THREE_HOSTS)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(slurm_text(make(slurm={"requeue": False})))
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu-[a-c]",
+           "CALLS": str(calls), "DOWN_NODES": down, "FAILING_STEPS": str(failing)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == want_rc, done.stderr
+    runs = [(calls / str(i)).read_text().split("\n") for i in range(len(list(calls.iterdir())))]
+    assert len(runs) == want_calls, done.stderr
+    assert "--nodes=3" in runs[0] and "MASTER_ADDR=gpu-a" in runs[0]
+    up = [h for h in ("gpu-a", "gpu-b", "gpu-c") if h not in down.split()]
+    for again in runs[1:]:
+        # the later --nodes/--ntasks/--nodelist win over the step options (srun reads them in order)
+        assert again[again.index("--nodes=3") + 1:].count(f"--nodes={len(up)}") == 1, again
+        assert f"--nodelist={','.join(up)}" in again and f"MASTER_ADDR={up[0]}" in again
+    if want_calls > 1:
+        assert "ddpkit: elastic: job step ended with status 1; relaunch 1 on" in done.stderr
+    if down == "gpu-b gpu-c":
+        assert "1 node(s) up, fewer than min_nodes 2; not relaunching" in done.stderr
