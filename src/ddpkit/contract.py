@@ -145,7 +145,7 @@ class ContractRow:
     # appends it to every container): the job env must not list it twice.
     controller_sets_unbuffered: bool = False
     backend: str | None = None  # a backend the target forces, whatever the spec says
-    elastic: ElasticRow = ElasticRow(None, "this target cannot run an elastic job")
+    elastic: ElasticRow = ElasticRow(None, "this target cannot run an elastic job")  # each row names its reason
 
     @property
     def ddpkit_controls(self) -> bool:
@@ -242,7 +242,9 @@ CONTRACT: dict[Target, ContractRow] = {
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
-        hosts=lambda spec: ["127.0.0.1"] * spec.nodes),
+        hosts=lambda spec: ["127.0.0.1"] * spec.nodes,
+        elastic=ElasticRow(None, "launch local runs every node on this machine, where no node can be lost "
+                                 "alone; use launch ssh (or another target) for an elastic job")),
 }
 
 
