@@ -94,3 +94,12 @@ def test_launch_bench_times_start_and_teardown_on_real_hosts(tmp_path: Path) -> 
     assert set(kinds) == {("start", "ddpkit launch ssh"), ("teardown", "ddpkit launch ssh")}
     for key, row in kinds.items():
         assert row["spread"] and row["spread"]["mean"] > 0, (key, row["notes"])
+
+
+def test_elastic_bench_times_recovery_and_resubmitting(tmp_path: Path) -> None:
+    """bench/elastic.py: three elastic agents here, one killed mid-run."""
+    run_bench("bench.elastic", "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "elastic.json").read_text())
+    (run,) = data["runs"]
+    assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0
+    assert 0 <= run["steps_lost"] <= run["killed_at_step"] and data["machine"]["torch"]

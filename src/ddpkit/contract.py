@@ -81,6 +81,8 @@ class Sources:
     node_rank: Part
     master_addr: Part
     master_port: Part
+    rdzv_id: Part | None = None  # the elastic rendezvous id (None: the target cannot run elastic)
+    target: Target | None = None  # whose row these came from (elastic: its rendezvous timeouts)
 
 
 def slurm_port_for_job(job_id: int) -> int:
@@ -100,6 +102,23 @@ class Fixed(str, Enum):
 
     NODE0_HOST = "node 0's host name"
     PORT = "the target's port (master_port, or its default)"
+    JOB_NAME = "the job's name"
+
+
+@dataclass(frozen=True)
+class ElasticRow:
+    """How a target runs an elastic job (spec.elastic), or why it cannot.
+
+    `rdzv_id` names this run of the job, so that agents of two runs never
+    meet in one rendezvous. `last_call_s` is how long a rendezvous that
+    has min_nodes waits for more (a node still starting, a replacement pod);
+    every membership change costs it once. `close_s`: how long agents wait
+    for the rendezvous to close when the job ends."""
+
+    rdzv_id: Origin | None
+    refusal: str = ""  # when rdzv_id is None: why, and what to use instead
+    last_call_s: int = 30
+    close_s: int = 60
 
 
 Origin = FromNode | Fixed
@@ -126,6 +145,7 @@ class ContractRow:
     # appends it to every container): the job env must not list it twice.
     controller_sets_unbuffered: bool = False
     backend: str | None = None  # a backend the target forces, whatever the spec says
+    elastic: ElasticRow = ElasticRow(None, "this target cannot run an elastic job")  # each row names its reason
 
     @property
     def ddpkit_controls(self) -> bool:
@@ -158,27 +178,39 @@ CONTRACT: dict[Target, ContractRow] = {
     Target.SLURM: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
-        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=None, hosts=_numbered(1)),
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=None, hosts=_numbered(1),
+        elastic=ElasticRow(FromNode(envnames.SLURM_JOB_ID), last_call_s=30)),
     Target.SLURM_SRUN: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
         world_size=f"srun: {envnames.SLURM_NTASKS}, read by the entrypoint", interface=SPEC_INTERFACE,
-        default_port=None, hosts=_numbered(1)),
+        default_port=None, hosts=_numbered(1),
+        elastic=ElasticRow(None, "slurm.mode: srun starts every process itself and has no torchrun agent to "
+                                 "re-form the job after a node loss; set slurm.mode: torchrun")),
     Target.PYTORCHJOB: ContractRow(
         controller="kubeflow training-operator", node_rank=FromNode(envnames.PET_NODE_RANK),
         master_addr=FromNode(envnames.MASTER_ADDR), master_port=FromNode(envnames.MASTER_PORT),
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=PYTORCHJOB_DEFAULT_PORT,
-        hosts=_pytorchjob_hosts, controller_sets_unbuffered=True),
+        hosts=_pytorchjob_hosts, controller_sets_unbuffered=True,
+        # The name is unique in its namespace while the job exists, and the
+        # store lives in this job's Master pod: no other run can reach it.
+        # 90 s of last call: a replaced pod is scheduled and pulls its image.
+        elastic=ElasticRow(Fixed.JOB_NAME, last_call_s=90, close_s=90)),
     Target.INDEXED_JOB: ContractRow(
         controller="kubernetes job controller", node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
-        hosts=lambda spec: [f"{spec.name}-{i}.{k8s_service_name(spec)}" for i in range(spec.nodes)]),
+        hosts=lambda spec: [f"{spec.name}-{i}.{k8s_service_name(spec)}" for i in range(spec.nodes)],
+        elastic=ElasticRow(None, "ddpkit's Indexed Job fails as a whole on a pod failure and completes only "
+                                 "when every index succeeds (keeping survivors would need successPolicy, "
+                                 "Kubernetes 1.31+, not rendered yet); use k8s.kind: pytorchjob (elasticPolicy)")),
     Target.TRAINJOB: ContractRow(
         controller="kubeflow trainer", node_rank=FromNode(envnames.PET_NODE_RANK),
         master_addr=FromNode(envnames.PET_MASTER_ADDR), master_port=FromNode(envnames.PET_MASTER_PORT),
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
-        hosts=lambda spec: [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(spec.nodes)]),
+        hosts=lambda spec: [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(spec.nodes)],
+        elastic=ElasticRow(None, "Kubeflow Trainer's TrainJob has a fixed numNodes (min:max nodes is on its "
+                                 "roadmap, not in its API); use k8s.kind: pytorchjob (elasticPolicy)")),
     # JobSet (jobset.x-k8s.io): one replicated Job "node" with one Indexed
     # Job; with network.enableDNSHostnames the pod host name is
     # <jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>, the subdomain
@@ -188,23 +220,31 @@ CONTRACT: dict[Target, ContractRow] = {
         node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
-        hosts=lambda spec: [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(spec.nodes)]),
+        hosts=lambda spec: [f"{spec.name}-node-0-{i}.{spec.name}" for i in range(spec.nodes)],
+        elastic=ElasticRow(None, "a JobSet's failure policy restarts or fails the whole set, it never keeps "
+                                 "the survivors; use k8s.kind: pytorchjob (elasticPolicy)")),
     # ssh, compose, local: ddpkit writes each node's rank into that node's
     # command as DDPKIT_NODE_RANK, and node 0's host and the port literally.
     Target.SSH: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
-        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT, hosts=_ssh_hosts),
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT, hosts=_ssh_hosts,
+        # a fresh id per run: the launcher (launch ssh, launch.sh) passes it on every node's env prefix
+        elastic=ElasticRow(FromNode(envnames.DDPKIT_RDZV_ID), last_call_s=30)),
     Target.COMPOSE: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; backend forced to gloo (no GPUs here)",
-        default_port=DEFAULT_PORT, hosts=_numbered(0), backend="gloo"),
+        default_port=DEFAULT_PORT, hosts=_numbered(0), backend="gloo",
+        # every `up` starts a fresh node0 container and so a fresh store
+        elastic=ElasticRow(Fixed.JOB_NAME, last_call_s=30)),
     Target.LOCAL: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
-        hosts=lambda spec: ["127.0.0.1"] * spec.nodes),
+        hosts=lambda spec: ["127.0.0.1"] * spec.nodes,
+        elastic=ElasticRow(None, "launch local runs every node on this machine, where no node can be lost "
+                                 "alone; use launch ssh (or another target) for an elastic job")),
 }
 
 
@@ -229,12 +269,33 @@ def sources(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> So
     """The target's row as launch-line parts. `hosts` (node-rank order)
     overrides the target's default names, e.g. the lines of an SSH hostfile."""
     row = CONTRACT[target]
-    fixed = {Fixed.NODE0_HOST: hosts_for(spec, target, hosts)[0], Fixed.PORT: str(master_port(spec, target))}
+    fixed = {Fixed.NODE0_HOST: hosts_for(spec, target, hosts)[0], Fixed.PORT: str(master_port(spec, target)),
+             Fixed.JOB_NAME: spec.name}
 
     def part(origin: Origin) -> Part:
         return fixed[origin] if isinstance(origin, Fixed) else origin
 
-    return Sources(part(row.node_rank), part(row.master_addr), part(row.master_port))
+    rdzv_id = row.elastic.rdzv_id
+    return Sources(part(row.node_rank), part(row.master_addr), part(row.master_port),
+                   None if rdzv_id is None else part(rdzv_id), target)
+
+
+def elastic_refusal(spec: JobSpec, target: Target) -> str | None:
+    """Why `target` cannot render this elastic job (None: it can, or the
+    job is not elastic). The target raises it as an input error (exit 2)
+    before any file is written."""
+    row = CONTRACT[target].elastic
+    if spec.elastic is None or row.rdzv_id is not None:
+        return None
+    return f"elastic on {target.value}: {row.refusal}"
+
+
+def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
+    """torchrun's c10d --rdzv-conf for an elastic job on `target`: the
+    spec's join timeout, the target's last-call and close timeouts."""
+    row = CONTRACT[target].elastic
+    return {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": row.last_call_s,
+            "close_timeout": row.close_s}
 
 
 def controller_env(spec: JobSpec, target: Target, index: int) -> dict[str, str]:
@@ -270,9 +331,19 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
     env[envnames.DDPKIT_BACKEND] = (row.backend if row else None) or spec.resolved_backend
     env[envnames.DDPKIT_INTERFACE] = spec.network.ifname_value
     env[envnames.DDPKIT_JOB_NAME] = spec.name
+    env.update(elastic_env(spec))
     if not (row and row.controller_sets_unbuffered):
         env.setdefault(envnames.PYTHONUNBUFFERED, "1")
     return env
+
+
+def elastic_env(spec: JobSpec) -> dict[str, str]:
+    """An elastic job's workers meet through a store their own rank 0 opens
+    afresh at every restart. torchrun's default shares one store server,
+    opened by the first rendezvous' rank-0 agent, across all rounds: its
+    keys from the previous world (peers' old addresses) mislead the next
+    one, and it dies with that agent's node."""
+    return {envnames.TORCH_DISABLE_SHARE_RDZV_TCP_STORE: "1"} if spec.elastic else {}
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
@@ -281,30 +352,70 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     return target_env(spec)
 
 
+def nnodes(spec: JobSpec) -> str:
+    """torchrun's --nnodes: N, or MIN:MAX for an elastic job."""
+    return f"{spec.elastic.min_nodes}:{spec.nodes}" if spec.elastic else str(spec.nodes)
+
+
+def _conf_word(conf: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in conf.items())
+
+
+def rendezvous_args(spec: JobSpec, src: Sources) -> list[Arg]:
+    """How the agents meet: static ranks from the target, c10d on node 0,
+    or (spec.elastic) c10d with this run's id, the target's timeouts and
+    restarts; always ending with --max-restarts."""
+    if spec.elastic is not None:
+        target = src.target
+        if src.rdzv_id is None or target is None:
+            # targets refuse such a job first (elastic_refusal); reaching here is a bug
+            raise ValueError(elastic_refusal(spec, target) if target else "elastic: sources() names no target")
+        return [
+            Arg.of("--rdzv-backend=c10d"),
+            Arg.of("--rdzv-endpoint=", src.master_addr, ":", src.master_port),
+            Arg.of("--rdzv-id=", src.rdzv_id),
+            Arg.of("--rdzv-conf=" + _conf_word(rdzv_conf(spec, target))),
+            Arg.of(f"--max-restarts={spec.elastic.max_restarts}"),
+        ]
+    if spec.rendezvous.backend == "static":
+        argv = [
+            Arg.of("--node-rank=", src.node_rank),
+            Arg.of("--master-addr=", src.master_addr),
+            Arg.of("--master-port=", src.master_port),
+        ]
+    else:
+        argv = [
+            Arg.of("--rdzv-backend=c10d"),
+            Arg.of("--rdzv-endpoint=", src.master_addr, ":", src.master_port),
+            Arg.of(f"--rdzv-id={spec.name}"),
+            Arg.of(f"--rdzv-conf=join_timeout={spec.rendezvous.timeout_s}"),
+        ]
+    return argv + [Arg.of("--max-restarts=0")]
+
+
+def elastic_train_args(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
+    """keep_global_batch: tell ddpkit train the world its global batch is
+    sized for (the full job), so it accumulates gradients on fewer nodes."""
+    if doctor or spec.elastic is None or not spec.elastic.keep_global_batch:
+        return []
+    return [Arg.of(KEEP_GLOBAL_BATCH_FLAG), Arg.of(spec.world_size)]
+
+
+KEEP_GLOBAL_BATCH_FLAG = "--keep-global-batch-of"
+
+
 def torchrun_argv(spec: JobSpec, src: Sources, *, doctor: bool = False) -> list[Arg]:
     """The one launch line every per-node target runs."""
     argv = [
         Arg.of(spec.command.python),
         Arg.of("-m"),
         Arg.of("torch.distributed.run"),
-        Arg.of(f"--nnodes={spec.nodes}"),
+        Arg.of(f"--nnodes={nnodes(spec)}"),
         Arg.of(f"--nproc-per-node={spec.nproc_per_node}"),
     ]
-    if spec.rendezvous.backend == "static":
-        argv += [
-            Arg.of("--node-rank=", src.node_rank),
-            Arg.of("--master-addr=", src.master_addr),
-            Arg.of("--master-port=", src.master_port),
-        ]
-    else:
-        argv += [
-            Arg.of("--rdzv-backend=c10d"),
-            Arg.of("--rdzv-endpoint=", src.master_addr, ":", src.master_port),
-            Arg.of(f"--rdzv-id={spec.name}"),
-            Arg.of(f"--rdzv-conf=join_timeout={spec.rendezvous.timeout_s}"),
-        ]
-    argv.append(Arg.of("--max-restarts=0"))
+    argv += rendezvous_args(spec, src)
     argv += [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
+    argv += elastic_train_args(spec, doctor=doctor)
     return argv
 
 

@@ -657,6 +657,27 @@ class ComposeOptions(Strict):
         return value
 
 
+# ---- Elastic membership ----------------------------------------------------------
+
+ELASTIC_MAX_RESTARTS = 100
+
+
+class Elastic(Strict):
+    """Keep training when nodes are lost: torchrun's elastic agent with c10d
+    rendezvous on node 0, `--nnodes=min_nodes:nodes`. After a membership
+    change every agent restarts its workers, which resume from the latest
+    checkpoint with the new world size (docs/ELASTIC.md)."""
+
+    min_nodes: int = Field(ge=1, description="the job continues while at least this many nodes remain")
+    max_restarts: int = Field(
+        default=3, ge=0, le=ELASTIC_MAX_RESTARTS,
+        description="worker-group restarts each agent allows (each membership change costs one)")
+    keep_global_batch: bool = Field(
+        default=False,
+        description="false: the global batch shrinks with the world and the lr follows it (linear scaling); "
+                    "true: gradient accumulation keeps the global batch of the full job")
+
+
 class JobSpec(Strict):
     """One DDP job. world_size = nodes * nproc_per_node."""
 
@@ -684,6 +705,7 @@ class JobSpec(Strict):
     k8s: K8sOptions = Field(default_factory=K8sOptions)
     ssh: SshOptions = Field(default_factory=SshOptions)
     compose: ComposeOptions = Field(default_factory=ComposeOptions)
+    elastic: Elastic | None = Field(default=None, description="absent: a fixed set of nodes (a lost node ends the job)")
 
     @field_validator("name")
     @classmethod
@@ -733,6 +755,16 @@ class JobSpec(Strict):
         return self.nodes * self.nproc_per_node
 
     @model_validator(mode="after")
+    def _elastic(self) -> JobSpec:
+        problems = _elastic_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.elastic is not None and self.rendezvous.backend != "c10d":
+            # elastic implies c10d (only the default is left to change: an explicit static was refused above)
+            self.rendezvous = Rendezvous(backend="c10d", timeout_s=self.rendezvous.timeout_s)
+        return self
+
+    @model_validator(mode="after")
     def _device_layout(self) -> JobSpec:
         problems = _layout_problems(self)
         if problems:
@@ -762,6 +794,27 @@ def _train_flag(args: list[str], flag: str) -> str | None:
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def _elastic_problems(spec: JobSpec) -> list[str]:
+    """elastic must leave a node to lose, and it needs c10d rendezvous: an
+    explicit `rendezvous.backend: static` is refused rather than overridden."""
+    e = spec.elastic
+    if e is None:
+        return []
+    out = []
+    if spec.nodes < 2:
+        out.append("elastic: a 1-node job has no node to lose; set nodes to 2 or more, or remove elastic")
+    elif e.min_nodes > spec.nodes:
+        out.append(f"elastic.min_nodes {e.min_nodes} is more than nodes {spec.nodes}; "
+                   f"set min_nodes between 1 and {spec.nodes} (nodes is the maximum)")
+    if spec.rendezvous.backend == "static" and "backend" in spec.rendezvous.model_fields_set:
+        out.append("elastic needs c10d rendezvous (node ranks are assigned anew at each restart); "
+                   "remove rendezvous.backend: static (elastic implies c10d) or set it to c10d")
+    if e.keep_global_batch and spec.command.module != TRAIN_MODULE:
+        out.append(f"elastic.keep_global_batch adjusts {TRAIN_MODULE}'s gradient accumulation; command runs "
+                   "another program: set keep_global_batch: false and keep the global batch in your program")
+    return out
 
 
 def _layout_problems(spec: JobSpec) -> list[str]:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import envnames
-from ..contract import Target, job_env, sources, torchrun_argv
+from ..contract import Target, elastic_refusal, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args
+from ..specfile import SpecError, add_spec_arguments, spec_from_args
 from . import proctree
 from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, RunText, supervise
 
@@ -124,6 +124,9 @@ def local_spec(args: argparse.Namespace) -> JobSpec:
     """The job as given, made to run here: gloo on the CPU, static
     rendezvous on a free port unless the spec fixes one (a fixed master_port
     wins on every target). The user's --set still wins over these."""
+    refusal = elastic_refusal(spec_from_args(args), Target.LOCAL)  # before the static rendezvous below
+    if refusal:
+        raise SpecError([refusal])
     here = ["backend=gloo", "device=cpu", "rendezvous.backend=static"]
     args = argparse.Namespace(**{**vars(args), "overrides": here + list(args.overrides)})
     spec = spec_from_args(args)

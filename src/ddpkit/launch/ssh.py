@@ -5,7 +5,9 @@ each host then waiting on its open session -> every node told to go with its
 node rank (no second connection or login) -> the shared supervisor: output
 streamed with a `[nodeN host]` prefix and logged per node, the first failure,
 a dropped connection or Ctrl-C stops every node (TERM, then KILL after
-ssh.grace_s), and the summary table on stderr.
+ssh.grace_s), and the summary table on stderr. An elastic job (spec.elastic)
+goes on without a failed node other than node 0 while min_nodes remain; the
+summary names it as excluded (docs/ELASTIC.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TextIO
 from ..contract import Target, master_port
 from ..exitcodes import ExitCode
 from ..spec import JobSpec
-from ..targets.sshnode import NodeCommand, node_command
+from ..targets.sshnode import NodeCommand, new_rdzv_id, node_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
@@ -52,9 +54,10 @@ class Plan:
     master_addr: str
     master_port: int
     doctor: bool
+    rdzv_id: str | None = None  # an elastic job's rendezvous id: one per run of `launch ssh`
 
     def command(self, rank: int) -> NodeCommand:
-        return node_command(self.spec, rank, self.master_addr, doctor=self.doctor)
+        return node_command(self.spec, rank, self.master_addr, doctor=self.doctor, rdzv_id=self.rdzv_id)
 
     def log_path(self, rank: int) -> Path:
         host = safe_name(self.endpoints[rank].alias)
@@ -75,7 +78,7 @@ def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) ->
     endpoints = [endpoint_for(e, settings) for e in entries]
     port = master_port(spec, Target.SSH)
     assert port is not None  # SSH always has a fixed port
-    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, args.doctor)
+    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, args.doctor, new_rdzv_id(spec))
 
 
 def print_dry_run(plan: Plan, out: TextIO) -> None:
@@ -110,7 +113,9 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr)
+    elastic = plan.spec.elastic
+    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
+                            min_nodes=elastic.min_nodes if elastic else None)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))

@@ -84,10 +84,11 @@ class Status(Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     NOT_STARTED = "not started"
+    EXCLUDED = "failed, excluded"  # elastic: the job went on without it
 
 
 STATUS_STYLE = {Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
-                Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow"}
+                Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow", Status.EXCLUDED: "yellow"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class Outcome:
     stop_request: StopRequested | None = None
     interrupted: bool = False
     stopped: set[int] = field(default_factory=set)  # node indexes the supervisor stopped
+    excluded: list[NodeHandle] = field(default_factory=list)  # elastic: failed nodes the job went on without
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
@@ -179,8 +181,10 @@ class Supervisor:
     """One run of N nodes: start, wait, fail fast, stop, summarise."""
 
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
-                 sources: Sequence[EventSource] = (), summary_console: Console | None = None) -> None:
+                 sources: Sequence[EventSource] = (), summary_console: Console | None = None,
+                 min_nodes: int | None = None) -> None:
         self.nodes, self.grace_s = list(nodes), grace_s
+        self.min_nodes = min_nodes  # elastic (spec.elastic.min_nodes): see _excludes; None: fail fast
         self.console = summary_console or console  # where the summary goes
         self.sources = list(sources)
         self.printer = LinePrinter(console)
@@ -200,6 +204,8 @@ class Supervisor:
                 source.stop()
         if outcome.interrupted or outcome.first_failure is not None or outcome.stop_request is not None:
             self._stop_all(outcome)
+        elif outcome.excluded:
+            self._stop_excluded(outcome)
         outcome.elapsed_s = time.monotonic() - began
         return outcome
 
@@ -223,8 +229,26 @@ class Supervisor:
                 return
             running.discard(event.node.index)
             if event.node.exit_code() != 0:
+                if self._excludes(event.node, outcome):
+                    outcome.excluded.append(event.node)
+                    continue
                 outcome.first_failure = event.node
                 return
+
+    def _excludes(self, node: NodeHandle, outcome: Outcome) -> bool:
+        """Elastic policy: the job goes on without a failed node while at
+        least min_nodes others remain, unless it is node 0 (its agent holds
+        the rendezvous store). The node is not started again: a host that
+        failed once is left out of the rest of the run."""
+        if self.min_nodes is None or node.index == 0:
+            return False
+        return len(self.nodes) - len(outcome.excluded) - 1 >= self.min_nodes
+
+    def _stop_excluded(self, outcome: Outcome) -> None:
+        """What an excluded node left behind (a cut-off host's trainer) is
+        stopped once the others finished; a host still unreachable is a problem
+        in the summary."""
+        outcome.problems = [p for p in (n.stop(self.grace_s) for n in outcome.excluded) if p]
 
     def _stop_all(self, outcome: Outcome) -> None:
         """Every node at once, so the whole run takes one grace period."""
@@ -236,6 +260,8 @@ class Supervisor:
     def status(self, node: NodeHandle, outcome: Outcome) -> Status:
         if node is outcome.first_failure:
             return Status.FAILED_FIRST
+        if node in outcome.excluded:
+            return Status.EXCLUDED
         if node.index not in self.started:
             return Status.NOT_STARTED
         if node.index in outcome.stopped:
@@ -265,7 +291,7 @@ class Supervisor:
     def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> Text:
         from rich.text import Text
 
-        if node is not outcome.first_failure:
+        if node is not outcome.first_failure and node not in outcome.excluded:
             return Text("")
         # Text, not markup: log lines hold brackets (our own prefix, for one).
         return Text("\n".join([self.reason(node), *self.printer.tail(node)[-SUMMARY_LINES:]]))
@@ -281,11 +307,19 @@ class Supervisor:
             return f"{text.title}: {outcome.stop_request.reason}; stopped every node"
         failed = outcome.first_failure
         if failed is None:
-            return f"{text.title}: every node finished"
+            return f"{text.title}: every node finished" + self._excluded_text(outcome)
         # Both halves are read by scripts and tests: keep their wording.
         return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {self.reason(failed)}; "
                 f"every other node was stopped\n"
                 f"{text.title}: node{failed.index} exited with code {outcome.code}; stopped the other nodes")
+
+
+    def _excluded_text(self, outcome: Outcome) -> str:
+        if not outcome.excluded:
+            return ""
+        names = ", ".join(f"node {n.index} ({n.host}: {self.reason(n)})" for n in outcome.excluded)
+        return (f" but {names}: excluded after it failed; the job went on with "
+                f"{len(self.nodes) - len(outcome.excluded)} of {len(self.nodes)} nodes")
 
 
 def _code_text(code: int | None) -> str:

@@ -29,9 +29,11 @@ from .. import envnames
 from ..contract import (
     Arg,
     Target,
+    elastic_refusal,
     hosts_for,
     k8s_service_name,
     master_port,
+    rdzv_conf,
     sources,
     target_env,
     torchrun_argv,
@@ -312,6 +314,9 @@ def pod_host_labels(spec: JobSpec) -> list[str]:
 def check_spec(spec: JobSpec) -> None:
     """Input problems only Kubernetes has: raised as SpecError (exit 2)
     before anything is rendered."""
+    refusal = elastic_refusal(spec, KIND_TARGET[kind_of(spec)])
+    if refusal:  # first: nothing below can build this job's launch line
+        raise SpecError([refusal])
     problems = []
     longest = max(pod_host_labels(spec), key=len)
     if len(longest) > DNS_LABEL_MAX:
@@ -375,6 +380,8 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
         "service": k8s_service_name(spec),
         "roles": [(role, n) for role, n in zip(PYTORCH_ROLES, (1, spec.nodes - 1)) if n > 0],
         "restart_policy": restart_policy(spec),
+        "backoff_limit": backoff_limit(spec),
+        "elastic_policy": elastic_policy(spec),
         "replicated_job": JOBSET_RJOB if kind == "jobset" else TRAINJOB_NODE,
         "patch_manager": PATCH_MANAGER,
     }
@@ -385,7 +392,32 @@ def restart_policy(spec: JobSpec) -> str:
     """Never when the job may not retry: a restarted container would wait
     alone in a rendezvous its peers have left. OnFailure lets the operator
     count restarts against backoffLimit."""
-    return "OnFailure" if spec.k8s.backoff_limit > 0 else "Never"
+    return "OnFailure" if spec.k8s.backoff_limit > 0 or spec.elastic else "Never"
+
+
+def backoff_limit(spec: JobSpec) -> int:
+    """Elastic: a failed pod restarts (OnFailure) and rejoins; allow the
+    job at least max_restarts of those before the operator fails it."""
+    if spec.elastic is None:
+        return spec.k8s.backoff_limit
+    return max(spec.k8s.backoff_limit, spec.elastic.max_restarts)
+
+
+def elastic_policy(spec: JobSpec) -> dict[str, Any] | None:
+    """The PyTorchJob's elasticPolicy (kubeflow.org/v1): the same c10d
+    rendezvous, id, timeouts and node range as the torchrun line, so the
+    PET_* variables the operator derives from it agree with the flags.
+    Replicas count pods: the Master is one of them."""
+    e = spec.elastic
+    if e is None:
+        return None
+    port = master_port(spec, Target.PYTORCHJOB)
+    conf = rdzv_conf(spec, Target.PYTORCHJOB)
+    return {
+        "minReplicas": e.min_nodes, "maxReplicas": spec.nodes, "maxRestarts": e.max_restarts,
+        "rdzvBackend": "c10d", "rdzvHost": hosts_for(spec, Target.PYTORCHJOB)[0], "rdzvPort": port,
+        "rdzvId": spec.name, "rdzvConf": [{"key": k, "value": str(v)} for k, v in conf.items()],
+    }
 
 
 # ---- verify: parse the file back and apply the controllers' own rules ----
@@ -451,6 +483,8 @@ def check_pod_security(text: str, docs: list[dict[str, Any]], kind: Kind) -> lis
 def verify_pytorchjob(doc: dict[str, Any], spec: JobSpec, want: Container) -> list[str]:
     """The training-operator's webhook rules, plus agreement with the spec."""
     problems = []
+    if doc["spec"].get("elasticPolicy") != elastic_policy(spec):
+        problems.append("elasticPolicy differs from the spec's elastic section")
     if (doc.get("apiVersion"), doc.get("kind")) != ("kubeflow.org/v1", "PyTorchJob"):
         problems.append("not a kubeflow.org/v1 PyTorchJob")
     replica_specs = doc["spec"].get("pytorchReplicaSpecs") or {}

@@ -19,6 +19,7 @@ from ..contract import (
     SLURM_PORT_SKIPS,
     SLURM_PORT_SPAN,
     Target,
+    elastic_refusal,
     process_argv,
     sources,
     target_env,
@@ -27,6 +28,7 @@ from ..contract import (
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
 from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec, container_image
+from ..specfile import SpecError
 
 NAME = "slurm"
 TEMPLATE = "slurm/job.sbatch.j2"
@@ -84,7 +86,19 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     placement = {"dependency": s.dependency, "constraint": s.constraint, "reservation": s.reservation,
                  "nodelist": s.nodelist, "exclude": s.exclude}
     out += [f"--{key}={value}" for key, value in placement.items() if value is not None]
-    return [*out, *s.extra_sbatch]
+    return [*out, *elastic_directives(spec), *s.extra_sbatch]
+
+
+def elastic_directives(spec: JobSpec) -> list[str]:
+    """An elastic job keeps its allocation when a node fails (sbatch
+    --no-kill): the survivors go on without it."""
+    return ["--no-kill"] if spec.elastic else []
+
+
+def elastic_srun_options(spec: JobSpec) -> list[str]:
+    """Fail fast, or (elastic) let the step outlive a lost node and a task
+    that failed: torchrun's agents on the other nodes re-form the job."""
+    return ["--no-kill", "--kill-on-bad-exit=0"] if spec.elastic else ["--kill-on-bad-exit=1"]
 
 
 def srun_options(spec: JobSpec) -> list[str]:
@@ -96,7 +110,7 @@ def srun_options(spec: JobSpec) -> list[str]:
     cpus = cpus_per_task(spec)
     if cpus is not None:
         out.append(f"--cpus-per-task={cpus}")
-    out += ["--kill-on-bad-exit=1", "--label"]
+    out += [*elastic_srun_options(spec), "--label"]
     c = spec.slurm.container
     if c.runtime == "pyxis":
         out.append(f"--container-image={container_image(spec.image, c.runtime)}")
@@ -175,6 +189,9 @@ def plan(spec: JobSpec, *, doctor: bool = False) -> Plan:
 
 
 def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+    refusal = elastic_refusal(spec, target_for(spec))
+    if refusal:
+        raise SpecError([refusal])
     return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec, doctor=doctor)}, "shell", 0o755)]
 
 

@@ -4,7 +4,8 @@ it in launch.sh, and `ddpkit launch ssh` sends it over paramiko.
 
 One node script serves every node and both launchers: the node rank and the
 master address arrive as DDPKIT_NODE_RANK / DDPKIT_MASTER_ADDR on the `env`
-prefix, so the only per-node text is two shell-quoted words. Every value is
+prefix (an elastic job adds DDPKIT_RDZV_ID, fresh per run), so the only
+per-node text is a few shell-quoted words. Every value is
 quoted by ddpkit.quoting; only the node-side variables of the rank contract
 expand remotely.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 from dataclasses import dataclass
 
 from .. import envnames
@@ -23,6 +25,7 @@ from ..spec import JobSpec
 
 NODE_RANK = envnames.DDPKIT_NODE_RANK
 MASTER_ADDR = envnames.DDPKIT_MASTER_ADDR
+RDZV_ID = envnames.DDPKIT_RDZV_ID
 PGID = envnames.DDPKIT_PGID
 PGID_PREFIX = f"{PGID}="
 
@@ -55,7 +58,7 @@ def docker_argv(spec: JobSpec, env: dict[str, str]) -> list[Arg]:
     if spec.device == "cuda":
         argv += [Arg.of("--gpus"), Arg.of("all")]
     argv += [Arg.of("--network"), Arg.of("host"), Arg.of("--ipc"), Arg.of("host")]
-    for key in [*env, NODE_RANK]:
+    for key in [*env, NODE_RANK, *([RDZV_ID] if spec.elastic else [])]:
         argv += [Arg.of("-e"), Arg.of(key)]  # value comes from the exported environment
     if spec.ssh.workdir:
         argv += [Arg.of("-w"), Arg.of(spec.ssh.workdir)]
@@ -111,12 +114,27 @@ def stop_payload(spec: JobSpec) -> str:
     return bash_c(stop_script(spec), "ddpkit-stop", bash=BASH)
 
 
-def env_prefix(node_rank: int, master_addr: str) -> str:
-    return f"env {NODE_RANK}={int(node_rank)} {MASTER_ADDR}={shell_word(master_addr)}"
+def env_prefix(node_rank: int, master_addr: str, rdzv_id: str | None = None) -> str:
+    prefix = f"env {NODE_RANK}={int(node_rank)} {MASTER_ADDR}={shell_word(master_addr)}"
+    return prefix if rdzv_id is None else f"{prefix} {RDZV_ID}={shell_word(rdzv_id)}"
 
 
-def node_command(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: bool = False) -> NodeCommand:
-    prefix = env_prefix(node_rank, master_addr)
+def new_rdzv_id(spec: JobSpec) -> str | None:
+    """A fresh rendezvous id for one run of an elastic job (None: not
+    elastic): agents of an earlier run that still linger on a host can
+    never join this run's rendezvous."""
+    if spec.elastic is None:
+        return None
+    return f"{spec.name}-{secrets.token_hex(6)}"
+
+
+def node_command(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: bool = False,
+                 rdzv_id: str | None = None) -> NodeCommand:
+    """rdzv_id: the run's id (new_rdzv_id), the same on every node; required
+    for an elastic job."""
+    if spec.elastic is not None and rdzv_id is None:
+        raise ValueError("an elastic job needs the run's rendezvous id on every node (new_rdzv_id)")
+    prefix = env_prefix(node_rank, master_addr, rdzv_id)
     return NodeCommand(
         start=f"{prefix} {start_payload(spec, doctor=doctor)}",
         stop_template=f"{NODE_RANK}={int(node_rank)} {stop_payload(spec)}",

@@ -105,6 +105,7 @@ class Checkpointer:
         self.config, self.ctx, self.distributed = config, ctx, distributed
         self.state, self.metrics, self.log = state, metrics, log
         self.last: Path | None = None
+        self.saved_world: int | None = None  # world size of the checkpoint resumed from (elastic report)
         self.global_batch = config.batch_size * config.grad_accum * ctx.world_size
 
     def _optimizer_state(self) -> dict[str, Any] | None:
@@ -216,6 +217,7 @@ class Checkpointer:
         s.scheduler.load_state_dict(state["scheduler"])
         s.scaler.load_state_dict(state["scaler"])
         old_batch = _global_batch_of(state, world_batch)
+        self.saved_world = int(state["world_size"]) if "world_size" in state else None
         pos = Position.from_saved(state["position"], old_batch)
         rngs = state["rng"]
         if len(rngs) == self.ctx.world_size:

@@ -57,6 +57,7 @@ class TrainConfig(StartupOptions):
     momentum: float = 0.9
     weight_decay: float = 5e-4
     grad_accum: int = 1
+    keep_global_batch_of: int | None = None  # elastic: keep the global batch of a world of this many ranks
     seed: int = 0
     # parallelism and speed
     strategy: str = "ddp"

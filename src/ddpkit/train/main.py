@@ -24,6 +24,7 @@ from .startup import DistContext, add_startup_arguments
 
 if TYPE_CHECKING:
     from .faults import TrainFault
+    from .loop import Trainer
     from .signals import StopRequest
 
 
@@ -74,6 +75,7 @@ def import_trainer(model: str) -> None:
 
 def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None) -> int:
     """Everything after start-up, on one rank. Returns the exit code."""
+    from .elastic import fit_global_batch
     from .loop import Trainer, exit_code
     from .rank_report import ReportOutputs, report
 
@@ -81,7 +83,9 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     report(ctx, env_names=config.rank_report_env,
            outputs=ReportOutputs(json_path=config.rank_report_json, metrics=config.metrics))
     CLOCK.mark("rank_report_done")
-    trainer = Trainer(config, ctx, stop)
+    fit = fit_global_batch(config, ctx.world_size)
+    trainer = Trainer(fit.config, ctx, stop)
+    _report_membership(ctx, trainer, fit.note, keeps_batch=config.keep_global_batch_of is not None)
     summary = trainer.run()
     if ctx.rank == 0:
         print("\n".join(summary.lines()), flush=True)
@@ -93,6 +97,17 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     gc.collect()
     _finish_together()
     return exit_code(summary.status)
+
+
+def _report_membership(ctx: DistContext, trainer: Trainer, batch_note: str, *, keeps_batch: bool) -> None:
+    """Elastic: after the rank report (and the resume, which knows the world
+    size before), rank 0 says what changed since the checkpoint."""
+    from .elastic import Membership, changed_line
+
+    line = changed_line(Membership.from_env(), ctx.world_size, trainer.checkpointer.saved_world, batch_note,
+                        keeps_batch)
+    if line and ctx.rank == 0:
+        print(line, flush=True)
 
 
 def _finish_together() -> None:

