@@ -657,6 +657,19 @@ class ComposeOptions(Strict):
         return value
 
 
+class WatchdogOptions(Strict):
+    """The hang watchdog (docs/WATCHDOG.md): a rank without progress for
+    stall_s (never less than 5 x the slowest step) gets every rank's stacks
+    dumped and the job stopped with exit 13."""
+
+    enabled: bool = True
+    stall_s: float = Field(default=60.0, ge=1, le=86400, description="seconds without progress that count as a stall")
+    first_step_s: float | None = Field(
+        default=None, ge=1, le=86400,
+        description="limit for the first steps and a checkpoint write (default 5 x stall_s)",
+    )
+
+
 class JobSpec(Strict):
     """One DDP job. world_size = nodes * nproc_per_node."""
 
@@ -684,6 +697,7 @@ class JobSpec(Strict):
     k8s: K8sOptions = Field(default_factory=K8sOptions)
     ssh: SshOptions = Field(default_factory=SshOptions)
     compose: ComposeOptions = Field(default_factory=ComposeOptions)
+    watchdog: WatchdogOptions = Field(default_factory=WatchdogOptions)
 
     @field_validator("name")
     @classmethod

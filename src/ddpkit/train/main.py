@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from .startup import DistContext, add_startup_arguments
 if TYPE_CHECKING:
     from .faults import TrainFault
     from .signals import StopRequest
+    from .stall import Watchdog
+    from .watchdog import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,8 +83,13 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     stop = stop or _stop_request()
     report(ctx)
     CLOCK.mark("rank_report_done")
-    trainer = Trainer(config, ctx, stop)
-    summary = trainer.run()
+    dog = _watchdog(ctx, config)
+    try:
+        trainer = Trainer(config, ctx, stop)
+        summary = trainer.run()
+    finally:
+        if dog is not None:
+            dog.stop()
     if ctx.rank == 0:
         print("\n".join(summary.lines()), flush=True)
     # DDP's reducer often sits in a reference cycle; if it outlives the
@@ -92,6 +100,34 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     gc.collect()
     _finish_together()
     return exit_code(summary.status)
+
+
+def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
+    """The hang watchdog's thread (train/stall.py), after the rank report:
+    from here on a rank without progress is found and the job stopped."""
+    from .stall import Identity, Outputs, start
+    from .startup import StartupError
+    from .watchdog import Settings
+
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    if not ctx.distributed:
+        return None  # one process: no peer waits for it, and no store to report to
+    dog = start(Identity(ctx.rank, ctx.world_size, ctx.local_world_size, ctx.node_rank, ctx.host, os.getpid()),
+                ctx.master_addr, ctx.master_port,
+                Outputs(config.log_dir, config.metrics, ctx.backend == "nccl"), settings)
+    if ctx.rank == 0:
+        print(f"ddpkit train: {watchdog_line(settings)}", file=sys.stderr, flush=True)
+    return dog
+
+
+def watchdog_line(settings: Settings) -> str:
+    if not settings.enabled:
+        return "hang watchdog off (watchdog.enabled: false)"
+    return (f"hang watchdog on: a rank without progress for {settings.stall_s:g}s "
+            f"(first steps {settings.first_step_limit:g}s) stops the job with exit {int(ExitCode.STALLED)}")
 
 
 def _finish_together() -> None:
@@ -144,6 +180,7 @@ def run_config(config: TrainConfig) -> int:
     from torch.multiprocessing import ProcessExitedException
 
     from .faults import TrainFault
+    from .stall import nccl_recorder_file
     from .startup import init_distributed, run_spawned, shutdown
 
     expected = _expected_errors()
@@ -153,6 +190,7 @@ def run_config(config: TrainConfig) -> int:
             return ExitCode.OK
         stop = _stop_request()
         import_trainer(config.model)
+        nccl_recorder_file(config.log_dir)  # before the NCCL group exists: it reads the variable then
         ctx = init_distributed(config)
         try:
             try:
