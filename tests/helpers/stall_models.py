@@ -7,7 +7,8 @@ step chosen by environment variables (read at construction; set by the test):
   spins in a Python loop forever (the watchdog's stack dump must show
   `spin_in_forward`).
 - `slow_first_step`: every rank's first forward sleeps STALL_TEST_SLEEP_S
-  (a long first step: compilation, autotuning), which must not count as a stall.
+  (a long first step: compilation, autotuning), and every evaluation batch
+  STALL_TEST_EVAL_SLEEP_S (a long evaluation); neither may count as a stall.
 No BatchNorm: the ranks waiting for a stuck one wait in backward's all-reduce.
 """
 
@@ -48,6 +49,8 @@ class _SlowFirstStep(_Linear):
     def misbehave(self) -> None:
         if self.training and self.calls == 1:
             time.sleep(float(os.environ["STALL_TEST_SLEEP_S"]))
+        elif not self.training:
+            time.sleep(float(os.environ["STALL_TEST_EVAL_SLEEP_S"]))
 
 
 def spin_in_forward() -> None:
