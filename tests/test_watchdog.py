@@ -34,7 +34,7 @@ def run(judge: Judge, rounds: list[tuple[float, list[Beat | None]]]) -> list[obj
 def test_progress_keeps_it_quiet_and_no_progress_past_the_limit_is_a_stall() -> None:
     judge = Judge(2, S)
     # both ranks publish every second; rank 1's beats stop changing at t=1
-    verdicts = [judge.observe([beat(0, t, t), beat(1, t, min(t, 1))], float(t)) for t in range(0, 13)]
+    verdicts = [judge.observe([beat(0, t, t), beat(1, t, min(t, 1))], float(t)) for t in range(13)]
     assert verdicts[:11] == [None] * 11  # 10 s without progress is not yet more than 10 s
     verdict = verdicts[12]
     assert verdict is not None and verdict.limit_s == 10.0 and verdict.idle_s == 11.0
@@ -42,7 +42,7 @@ def test_progress_keeps_it_quiet_and_no_progress_past_the_limit_is_a_stall() -> 
 
 def test_a_frozen_rank_is_named_over_the_ranks_that_wait_for_it() -> None:
     judge = Judge(3, S)
-    for t in range(0, 13):
+    for t in range(13):
         frozen = beat(2, min(t, 1), min(t, 1), node=1)  # SIGSTOP at t=1: no heartbeat, no progress
         verdict = judge.observe([beat(0, t, 3), beat(1, t, 3), frozen], float(t))
     assert verdict is not None
@@ -52,7 +52,7 @@ def test_a_frozen_rank_is_named_over_the_ranks_that_wait_for_it() -> None:
 
 def test_without_a_frozen_rank_the_one_furthest_behind_is_named() -> None:
     judge = Judge(3, S)
-    for t in range(0, 13):
+    for t in range(13):
         verdict = judge.observe([beat(0, t, 3), beat(1, t, 3, phase=Phase.FORWARD), beat(2, t, 3, step=5)], float(t))
     assert verdict is not None and [s.beat.rank for s in verdict.suspects] == [1]
     assert all(s.frozen_s is None for s in verdict.suspects)
@@ -193,7 +193,7 @@ def test_the_store_protocol_two_ranks_one_stalled(tmp_path: Path) -> None:
                            stall.Identity(r, 2, 2, 0, "here", 5000 + r), Settings(stall_s=5.0, first_step_s=5.0),
                            stall.Outputs(tmp_path, tmp_path / "m.jsonl"), exit=_exit) for r in (0, 1)]
     PULSE.phase, PULSE.step = Phase.FORWARD, 4
-    for t in range(0, 8):  # nobody's beats change: the limit (5 s) passes at t=6
+    for t in range(8):  # nobody's beats change: the limit (5 s) passes at t=6
         for dog in dogs[::-1]:
             dog.publish(float(t))
         verdict = dogs[0]._check(float(t))

@@ -118,7 +118,7 @@ def test_sigstop_of_one_worker_stops_the_job_and_names_the_rank(tmp_path: Path) 
     assert left == [], text
     assert "the hang watchdog found stalled rank(s): rank 3 (node 1" in text
     assert re.search(r"node1\s*│\s*\S+\s*│\s*stalled", text), text
-    assert re.search(r"STALL rank 3 node 1 host \S+ pid %d: step \d+, phase \w+, frozen" % frozen, text), text
+    assert re.search(rf"STALL rank 3 node 1 host \S+ pid {frozen}: step \d+, phase \w+, frozen", text), text
     [record] = job.stall_records()
     assert [(s["rank"], s["pid"]) for s in record["stalled"]] == [(3, frozen)]
     assert record["stalled"][0]["frozen_s"] >= 5 and record["no_stack"] == [3]
@@ -151,7 +151,8 @@ def test_python_loop_in_forward_is_shown_in_the_stack_dump(tmp_path: Path) -> No
 
 def test_long_first_step_and_long_evaluation_are_no_stall(tmp_path: Path) -> None:
     # first step 2 x stall_s (under first_step_s = 5 x stall_s); eval 16 batches x 1 s on each rank > stall_s
-    job = Launch(tmp_path, "tests.helpers.stall_models:slow_first_step", "--synthetic-size", "240", "--epochs", "1", "--eval-size", "256",
+    job = Launch(tmp_path, "tests.helpers.stall_models:slow_first_step", "--synthetic-size", "240", "--epochs", "1",
+                 "--eval-size", "256",
                  STALL_TEST_SLEEP_S=str(2 * STALL_S), STALL_TEST_EVAL_SLEEP_S="1")
     try:
         code = job.finish(timeout=300)

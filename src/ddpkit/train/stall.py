@@ -43,7 +43,7 @@ PREFIX = "ddpkit-watchdog/"
 STALL_KEY, RELEASED_KEY = "stall", "released"
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyway
-PYSPY_TIMEOUT_S = 20.0
+PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
 # The report's per-rank line; launch/supervisor.py matches "ddpkit watchdog: STALL rank R node N host H".
 STALL_LINE = "ddpkit watchdog: STALL rank {rank} node {node} host {host} pid {pid}: step {step}, phase {phase}, {where}"
 
