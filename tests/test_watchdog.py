@@ -243,3 +243,10 @@ def test_the_supervisor_reads_the_report_status_stalled_and_exit_13() -> None:
     assert [sup.status(n, outcome) for n in nodes] == [Status.STOPPED, Status.STALLED]  # type: ignore[arg-type]
     assert "stalled rank(s): rank 3 (node 1, h1)" in sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
     assert isinstance(sup.printer, LinePrinter)
+
+
+def test_a_script_job_is_told_that_stall_detection_needs_its_call() -> None:
+    script = JobSpec.model_validate({"name": "j", "command": {"script": "train.py"}})
+    assert "ddpkit.watchdog.progress(step)" in (script.watchdog.script_note(script.command) or "")
+    default = JobSpec.model_validate({"name": "j"})
+    assert default.watchdog.script_note(default.command) is None  # ddpkit train reports by itself

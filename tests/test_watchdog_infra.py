@@ -55,15 +55,18 @@ def test_sigstop_under_launch_ssh(ssh_cluster: tuple[netns.Network, sshd.SshHost
     spec = {"name": "wd-ssh", "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
             "command": {"python": sys.executable, "script": STALL_TRAINER, "args": TRAIN},
             "env": stall_env(mark, 1), "watchdog": {"stall_s": STALL_S},
-            "ssh": {"workdir": str(tmp_path), "log_dir": str(tmp_path / "logs"), "grace_s": 3, "connect_timeout_s": 3}}
+            # connect_timeout_s sizes the pre-flight's budget, which includes `import torch` on each host:
+            # seconds on a loaded 2-core machine, so not the 3 s other tests give an idle sshd.
+            "ssh": {"workdir": str(tmp_path), "log_dir": str(tmp_path / "logs"), "grace_s": 3, "connect_timeout_s": 30}}
     job = tmp_path / "wd-ssh.yaml"
     job.write_text(yaml.safe_dump(spec))
     argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile",
             str(hostfile(tmp_path, net, [net["node1"].addr, net["node2"].addr])), *hosts.launcher_flags()]
     out = net["login"].run(argv, cwd=str(tmp_path), timeout=600)
+    text = out.stdout + out.stderr
+    assert mark.exists(), text[-4000:]  # the rank froze
     stopped_at, pid = mark.read_text().split()
     took = wait_gone(str(tmp_path), float(stopped_at))
-    text = out.stdout + out.stderr
     assert out.returncode == 13, text[-4000:]
     assert took < STALL_S + 30, f"{took:.0f}s from SIGSTOP to the last process gone\n{text[-4000:]}"
     assert job_processes(str(tmp_path)) == []
@@ -94,9 +97,10 @@ def test_sigstop_under_real_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert f"DDPKIT_WATCHDOG_STALL_S={STALL_S}" in script.read_text()  # the rendered target carries the setting
     job = slurm.sbatch(script)
     info = slurm.wait(job, timeout=300)
+    text = (tmp_path / f"wd-slurm-{job}.out").read_text()
+    assert mark.exists(), text[-4000:]  # the rank froze
     stopped_at, pid = mark.read_text().split()
     took = wait_gone(str(tmp_path), float(stopped_at))
-    text = (tmp_path / f"wd-slurm-{job}.out").read_text()
     assert info.state == "FAILED", text[-4000:]
     assert took < STALL_S + 30, f"{took:.0f}s from SIGSTOP to the last process gone\n{text[-4000:]}"
     assert job_processes(str(tmp_path)) == []

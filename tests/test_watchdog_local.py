@@ -163,3 +163,17 @@ def test_long_first_step_and_long_evaluation_are_no_stall(tmp_path: Path) -> Non
     assert f"hang watchdog on: a rank without progress for {STALL_S}s" in text  # it was watching
     assert "eval at step" in text and "ddpkit watchdog:" not in text
     assert job.stall_records() == []
+
+
+def test_a_users_own_script_reports_progress_and_the_stuck_rank_is_found(tmp_path: Path) -> None:
+    script = ROOT / "tests" / "helpers" / "user_loop.py"
+    argv = launch_argv("--nodes", "2", "--nproc-per-node", "2", "--grace", "5", "--set", f"command.script={script}",
+                       "--set", f"watchdog.stall_s={STALL_S}")
+    res = subprocess.run(argv, env=clean_env(STALL_RANK="2", STALL_STEP="30", PYTHONPATH=str(ROOT / "src")), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    text = res.stdout + res.stderr
+    assert res.returncode == ExitCode.STALLED, text
+    assert "stall detection is off unless your script calls ddpkit.watchdog.progress(step)" in text  # the start-up note
+    assert "ddpkit watchdog: on for this script" in text
+    assert re.search(r"STALL rank 2 node 1 host \S+ pid \d+: step 29, phase train, at \S+user_loop\.py:\d+ "
+                     r"in stuck_in_user_code", text), text

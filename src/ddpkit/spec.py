@@ -669,6 +669,14 @@ class WatchdogOptions(Strict):
         description="limit for the first steps and a checkpoint write (default 5 x stall_s)",
     )
 
+    def script_note(self, command: Command) -> str | None:
+        """What a launcher says at start-up when the job runs the user's own
+        script: ddpkit cannot watch a loop that never reports to it."""
+        if not command.script or not self.enabled:
+            return None
+        return ("stall detection is off unless your script calls ddpkit.watchdog.progress(step) "
+                "(docs/WATCHDOG.md); without it a hang lasts until the collective timeout")
+
 
 class JobSpec(Strict):
     """One DDP job. world_size = nodes * nproc_per_node."""
