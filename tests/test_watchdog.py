@@ -23,8 +23,8 @@ S = Settings(stall_s=10.0)
 
 
 def beat(rank: int, seq: int, beats: int, step: int = 5, phase: Phase = Phase.BACKWARD, step_s: float = 0.5,
-         node: int = 0) -> Beat:
-    return Beat(rank, seq, beats, step, phase, step_s, node, 1000 + rank, f"host{node}")
+         node: int = 0, warm: bool = True) -> Beat:
+    return Beat(rank, seq, beats, step, phase, step_s, warm, node, 1000 + rank, f"host{node}")
 
 
 def run(judge: Judge, rounds: list[tuple[float, list[Beat | None]]]) -> list[object]:
@@ -62,10 +62,13 @@ def test_the_limit_follows_the_slowest_step_and_the_first_steps_get_first_step_s
     slow = Judge(1, S)
     assert run(slow, [(0, [beat(0, 0, 0, step_s=4.0)]), (19, [beat(0, 1, 0, step_s=4.0)])]) == [None, None]
     assert slow.limit_s() == FACTOR * 4.0
-    first = Judge(1, S)  # no step time yet: 5 x stall_s
-    assert run(first, [(0, [beat(0, 0, 0, step=0, step_s=0.0)]), (49, [beat(0, 1, 0, step=0, step_s=0.0)])]) \
-        == [None, None]
-    assert first.observe([beat(0, 2, 0, step=0, step_s=0.0)], 51.0) is not None
+    first = Judge(1, S)  # in its first step: 5 x stall_s
+    cold = {"step": 0, "step_s": 0.0, "warm": False}
+    assert run(first, [(0, [beat(0, 0, 0, **cold)]), (49, [beat(0, 1, 0, **cold)])]) == [None, None]
+    assert first.observe([beat(0, 2, 0, **cold)], 51.0) is not None
+    warm = Judge(1, S)  # one step done, no step time measured yet: stall_s
+    assert run(warm, [(0, [beat(0, 0, 1, step=1, step_s=0.0)]), (11, [beat(0, 1, 1, step=1, step_s=0.0)])])[1] \
+        is not None
 
 
 @pytest.mark.parametrize("phase", [Phase.SETUP, Phase.DONE])
@@ -87,8 +90,8 @@ def test_a_rank_not_yet_published_is_waited_for_then_listed() -> None:
 
 
 def test_heartbeat_round_trip_and_monitors() -> None:
-    b = Beat(7, 3, 99, 12, Phase.EVAL, 0.0123, 2, 4242, "gpu-node 7")
-    assert Beat.decode(7, b.encode()) == Beat(7, 3, 99, 12, Phase.EVAL, 0.0123, 2, 4242, "gpu-node 7")
+    b = Beat(7, 3, 99, 12, Phase.EVAL, 0.0123, False, 2, 4242, "gpu-node 7")
+    assert Beat.decode(7, b.encode()) == Beat(7, 3, 99, 12, Phase.EVAL, 0.0123, False, 2, 4242, "gpu-node 7")
     assert monitors(1, 1) == (0,) and monitors(4, 4) == (0, 1) and monitors(16, 8) == (0, 8)
 
 

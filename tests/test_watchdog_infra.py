@@ -1,5 +1,5 @@
 """The hang watchdog under `launch ssh` (sshd on network-namespace hosts)
-and under a real Slurm cluster (the rendered sbatch script, torchrun mode):
+and under a real Slurm cluster (the rendered sbatch script, both modes):
 a worker frozen with SIGSTOP mid-run; the job stops within stall_s + 30 s,
 names the rank, and leaves no process behind."""
 
@@ -84,11 +84,12 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 @pytest.mark.timeout(400)
-def test_sigstop_under_real_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_sigstop_under_real_slurm(slurm: SlurmCluster, tmp_path: Path, mode: str) -> None:
     mark = tmp_path / "stopped-at"
     spec = {"name": "wd-slurm", "nodes": 2, "nproc_per_node": 2, "device": "cpu", "backend": "gloo",
             "command": {"python": str(ROOT / ".venv" / "bin" / "python"), "script": STALL_TRAINER, "args": TRAIN},
-            "env": stall_env(mark, 3), "watchdog": {"stall_s": STALL_S}}
+            "env": stall_env(mark, 3), "watchdog": {"stall_s": STALL_S}, "slurm": {"mode": mode}}
     (tmp_path / "wd-slurm.yaml").write_text(yaml.safe_dump(spec))
     done = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "-f", str(tmp_path / "wd-slurm.yaml"),
                            "-o", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, check=False)

@@ -23,7 +23,8 @@ def freeze_mid_run() -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-if os.environ.get("RANK") == os.environ["STALL_RANK"]:
+# torchrun sets RANK; Slurm's srun mode starts each rank itself, with SLURM_PROCID.
+if os.environ.get("RANK", os.environ.get("SLURM_PROCID")) == os.environ["STALL_RANK"]:
     threading.Thread(target=freeze_mid_run, daemon=True).start()
 sys.argv[0] = "ddpkit-train"
 runpy.run_module("ddpkit.train", run_name="__main__", alter_sys=True)

@@ -43,6 +43,7 @@ PREFIX = "ddpkit-watchdog/"
 STALL_KEY, RELEASED_KEY = "stall", "released"
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyway
+RANKS_PER_CHECK_S = 2048  # the monitor checks once per interval up to this many ranks
 PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
 # The report's per-rank line; launch/supervisor.py matches "ddpkit watchdog: STALL rank R node N host H".
 STALL_LINE = "ddpkit watchdog: STALL rank {rank} node {node} host {host} pid {pid}: step {step}, phase {phase}, {where}"
@@ -96,7 +97,12 @@ class Watchdog:
         self._seq = 0
         self._step_times: deque[float] = deque(maxlen=20)
         self._last_step: tuple[int, float] | None = None
+        self._initial_step = PULSE.step  # a step reported after this one ends the first-step allowance
         self._keys = [_hb(r) for r in range(ident.world)]
+        # A check reads and decodes every heartbeat (about 50 ms of Python at
+        # 8,192 ranks, bench/watchdog.py): past RANKS_PER_CHECK_S ranks the
+        # monitor checks less often, a delay of seconds against a limit of a minute.
+        self.check_every = max(1, ident.world // RANKS_PER_CHECK_S)
         self._all_published = False
         self._thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
 
@@ -125,7 +131,7 @@ class Watchdog:
     def tick(self, now: float) -> None:
         """One round: publish, judge (monitors), act on a stall."""
         self.publish(now)
-        if self.judge is not None:
+        if self.judge is not None and self._seq % self.check_every == 0:
             verdict = self._check(now)
             if verdict is not None:
                 self.store.compare_set(STALL_KEY, "", json.dumps(_verdict_record(verdict, self.ident.rank)))
@@ -136,7 +142,7 @@ class Watchdog:
         now = time.monotonic() if now is None else now
         self._seq += 1
         beat = Beat(self.ident.rank, self._seq, PULSE.beats, PULSE.step, PULSE.phase, self._step_s(now),
-                    self.ident.node, self.ident.pid, self.ident.host)
+                    PULSE.step != self._initial_step, self.ident.node, self.ident.pid, self.ident.host)
         self.store.set(_hb(self.ident.rank), beat.encode().decode())  # the stub takes str; bytes go the same way
 
     def _step_s(self, now: float) -> float:

@@ -135,19 +135,21 @@ class Beat:
     step: int
     phase: Phase
     step_s: float  # the slowest recent step time this rank saw (0: none yet)
+    warm: bool  # this process finished a step since its watchdog started
     node: int
     pid: int
     host: str
 
     def encode(self) -> bytes:
         # A space-separated line, not JSON: the monitor parses N of these per check.
-        return (f"{self.seq} {self.beats} {self.step} {self.phase.value} {self.step_s:.4f} "
+        return (f"{self.seq} {self.beats} {self.step} {self.phase.value} {self.step_s:.4f} {int(self.warm)} "
                 f"{self.node} {self.pid} {self.host}").encode()
 
     @classmethod
     def decode(cls, rank: int, raw: bytes) -> Beat:
-        seq, beats, step, phase, step_s, node, pid, host = raw.decode().split(" ", 7)
-        return cls(rank, int(seq), int(beats), int(step), Phase(phase), float(step_s), int(node), int(pid), host)
+        seq, beats, step, phase, step_s, warm, node, pid, host = raw.decode().split(" ", 8)
+        return cls(rank, int(seq), int(beats), int(step), Phase(phase), float(step_s), warm == "1", int(node),
+                   int(pid), host)
 
 
 @dataclass
@@ -213,9 +215,9 @@ class Judge:
         return max(self.settings.stall_s, FACTOR * slowest)
 
     def _limit_for(self, seen: _Seen, limit: float) -> float:
-        # Until a rank has a step time its first steps may compile, autotune
-        # and warm caches, and one checkpoint write may be long: both get first_step_s.
-        if seen.beat.step_s == 0 or seen.beat.phase is Phase.CHECKPOINT:
+        # A rank's first step may compile, autotune and warm caches, and one
+        # checkpoint write may be long: both get first_step_s.
+        if not seen.beat.warm or seen.beat.phase is Phase.CHECKPOINT:
             return max(limit, self.settings.first_step_limit)
         return limit
 
