@@ -43,6 +43,8 @@ PREFIX = "ddpkit-watchdog/"
 STALL_KEY, RELEASED_KEY = "stall", "released"
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyway
+# Here one multi_get of 8,192 keys took several times longer than 32 of 256 keys each.
+MULTI_GET_KEYS = 256
 RANKS_PER_CHECK_S = 2048  # the monitor checks once per interval up to this many ranks
 PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
 # The report's per-rank line; launch/supervisor.py matches "ddpkit watchdog: STALL rank R node N host H".
@@ -163,7 +165,9 @@ class Watchdog:
         if not self._all_published:
             self._all_published = self.store.check(self._keys)
         if self._all_published:
-            beats: list[Beat | None] = [Beat.decode(r, raw) for r, raw in enumerate(self.store.multi_get(self._keys))]
+            raws = [raw for at in range(0, len(self._keys), MULTI_GET_KEYS)
+                    for raw in self.store.multi_get(self._keys[at:at + MULTI_GET_KEYS])]
+            beats: list[Beat | None] = [Beat.decode(r, raw) for r, raw in enumerate(raws)]
         else:  # a rank still starting: judge the others (one get each, only until all have published)
             beats = [Beat.decode(r, self.store.get(k)) if self.store.check([k]) else None
                      for r, k in enumerate(self._keys)]

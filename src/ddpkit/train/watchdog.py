@@ -179,7 +179,8 @@ class Verdict:
 @dataclass
 class Judge:
     """Decides, from successive snapshots of every rank's heartbeat, whether
-    the job has stalled, and which ranks the others wait for."""
+    the job has stalled (no rank made progress for the limit), and which
+    ranks the others wait for."""
 
     world: int
     settings: Settings
@@ -190,13 +191,16 @@ class Judge:
         for beat in beats:
             if beat is not None:
                 self._update(beat, now)
-        limit = self.limit_s()
-        overdue = [s for s in self.seen.values()
-                   if s.beat.phase not in UNJUDGED and now - s.progress_at > self._limit_for(s, limit)]
-        if not overdue:
+        # The job stalls when NO rank made progress for the limit: ranks that
+        # wait while another works (a rank-0-only log, an uneven evaluation)
+        # are no stall, and a real hang stops every rank within one step.
+        judged = [s for s in self.seen.values() if s.beat.phase not in UNJUDGED]
+        if not judged:
             return None
-        idle = max(now - s.progress_at for s in overdue)
-        return self._verdict(now, idle, max(self._limit_for(s, limit) for s in overdue))
+        base = self.limit_s()
+        limit = max(self._limit_for(s, base) for s in judged)
+        idle = now - max(s.progress_at for s in judged)
+        return self._verdict(now, idle, limit) if idle > limit else None
 
     def _update(self, beat: Beat, now: float) -> None:
         old = self.seen.get(beat.rank)
