@@ -150,8 +150,8 @@ def _server() -> Any:
 
 def bench_scale(ranks: int, stall_s: float, rounds: int) -> dict[str, Any]:
     """Round r = second r of a simulated clock: every rank publishes (one
-    multi_set standing in for N clients' sets), rank `ranks-1` stops making
-    progress at round 3, and one monitor checks."""
+    multi_set standing in for N clients' sets), rank `ranks-1` freezes at
+    round 3 (the others then wait), and one monitor checks."""
     server = _server()
     store = stall.open_store("127.0.0.1", server.port)
     settings = Settings(stall_s=stall_s, first_step_s=stall_s)
@@ -163,8 +163,11 @@ def bench_scale(ranks: int, stall_s: float, rounds: int) -> dict[str, Any]:
     named: list[int] | None = None
     stop_at = 3
     for second in range(rounds):
-        values = [Beat(r, second, second if (r != ranks - 1 or second < stop_at) else stop_at, 10 + second,
-                       Phase.BACKWARD, 0.01, True, r // 8, 1000 + r, f"sim{r // 8}").encode().decode() for r in range(ranks)]
+        # From stop_at on, the last rank is frozen (no heartbeat at all) and
+        # the others wait for it in a collective (heartbeats, no progress).
+        values = [Beat(r, second if r != ranks - 1 else min(second, stop_at), min(second, stop_at),
+                       10 + min(second, stop_at), Phase.BACKWARD, 0.01, True, r // 8, 1000 + r,
+                       f"sim{r // 8}").encode().decode() for r in range(ranks)]
         t = time.perf_counter()
         store.multi_set(keys, values)
         writes.append(time.perf_counter() - t)

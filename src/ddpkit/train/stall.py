@@ -177,9 +177,8 @@ class Watchdog:
     def on_stall(self, record: dict[str, Any]) -> None:
         """Dump, acknowledge, (declarer:) report, then exit STALLED. Never returns."""
         self._stop.set()
-        ack = self._dump(record)
-        self.store.set(_ack(self.ident.rank), json.dumps(asdict(ack)))
-        try:
+        try:  # whatever fails here (the store's host gone), this rank still exits
+            self.store.set(_ack(self.ident.rank), json.dumps(asdict(self._dump())))
             if record["by"] == self.ident.rank:
                 self._report(record)
                 self.store.set(RELEASED_KEY, "1")
@@ -201,7 +200,7 @@ class Watchdog:
             time.sleep(0.2)
         return False
 
-    def _dump(self, record: dict[str, Any]) -> Ack:
+    def _dump(self) -> Ack:
         r = self.ident.rank
         print(f"ddpkit watchdog: rank {r} ({self.ident.host}, pid {self.ident.pid}): the job stalled; "
               f"stacks of all threads follow", file=sys.stderr, flush=True)

@@ -46,7 +46,9 @@ _ORDER = {p: i for i, p in enumerate(Phase)}
 UNJUDGED = frozenset({Phase.SETUP, Phase.DONE})
 FACTOR = 5  # the limit is never below FACTOR x the slowest observed step time
 FIRST_STEP_FACTOR = 5  # default first_step_s = FIRST_STEP_FACTOR x stall_s (compilation, autotuning, caches)
-FROZEN_S = 5.0  # a heartbeat unchanged this long (and >= 5 intervals): the process itself is not running
+# A heartbeat unchanged this long (or stall_s / 2, when that is shorter,
+# but at least 3 intervals): the process itself is not running.
+FROZEN_S = 5.0
 
 
 class Pulse:
@@ -227,7 +229,8 @@ class Judge:
 
     def _frozen_s(self, seen: _Seen, now: float) -> float | None:
         silent = now - seen.alive_at
-        return silent if silent > max(FROZEN_S, 5 * self.settings.interval_s) else None
+        after = max(3 * self.settings.interval_s, min(FROZEN_S, self.settings.stall_s / 2))
+        return silent if silent > after else None
 
     def _verdict(self, now: float, idle: float, limit: float) -> Verdict:
         """Frozen ranks when there are any (their own heartbeat stopped);
