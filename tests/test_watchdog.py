@@ -254,3 +254,12 @@ def test_a_script_job_is_told_that_stall_detection_needs_its_call() -> None:
     assert "ddpkit.watchdog.progress(step)" in (script.watchdog.script_note(script.command) or "")
     default = JobSpec.model_validate({"name": "j"})
     assert default.watchdog.script_note(default.command) is None  # ddpkit train reports by itself
+
+
+def test_a_frozen_ranks_stale_first_step_does_not_stretch_the_limit() -> None:
+    """SIGSTOP can catch a rank whose last heartbeat was from its first step,
+    while its peers, which could only finish steps with it, are warm."""
+    judge = Judge(2, S)
+    for t in range(12):
+        verdict = judge.observe([beat(0, t, 3), beat(1, 0, 0, step=0, step_s=0.0, warm=False)], float(t))
+    assert verdict is not None and [s.beat.rank for s in verdict.suspects] == [1] and verdict.limit_s == 10.0

@@ -199,8 +199,7 @@ class Judge:
         judged = [s for s in self.seen.values() if s.beat.phase not in UNJUDGED]
         if not judged:
             return None
-        base = self.limit_s()
-        limit = max(self._limit_for(s, base) for s in judged)
+        limit = self._limit(judged)
         idle = now - max(s.progress_at for s in judged)
         return self._verdict(now, idle, limit) if idle > limit else None
 
@@ -220,12 +219,15 @@ class Judge:
         slowest = max((s.beat.step_s for s in self.seen.values()), default=0.0)
         return max(self.settings.stall_s, FACTOR * slowest)
 
-    def _limit_for(self, seen: _Seen, limit: float) -> float:
-        # A rank's first step may compile, autotune and warm caches, and one
-        # checkpoint write may be long: both get first_step_s.
-        if not seen.beat.warm or seen.beat.phase is Phase.CHECKPOINT:
-            return max(limit, self.settings.first_step_limit)
-        return limit
+    def _limit(self, judged: list[_Seen]) -> float:
+        """The first step (compilation, autotuning, cold caches) and a
+        checkpoint write get first_step_s. The first step is the job's: once
+        any rank finished one, every rank did (its all-reduce needed them
+        all), whatever a stale heartbeat of a frozen rank still says."""
+        cold = not any(s.beat.warm for s in judged)
+        writing = any(s.beat.phase is Phase.CHECKPOINT for s in judged)
+        base = self.limit_s()
+        return max(base, self.settings.first_step_limit) if cold or writing else base
 
     def _frozen_s(self, seen: _Seen, now: float) -> float | None:
         silent = now - seen.alive_at
