@@ -119,14 +119,14 @@ def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
                 ctx.master_addr, ctx.master_port,
                 Outputs(config.log_dir, config.metrics, ctx.backend == "nccl"), settings)
     if ctx.rank == 0:
-        print(f"ddpkit train: {watchdog_line(settings)}", file=sys.stderr, flush=True)
+        print(f"ddpkit watchdog: {watchdog_line(settings)}", file=sys.stderr, flush=True)
     return dog
 
 
 def watchdog_line(settings: Settings) -> str:
     if not settings.enabled:
-        return "hang watchdog off (watchdog.enabled: false)"
-    return (f"hang watchdog on: a rank without progress for {settings.stall_s:g}s "
+        return "off (watchdog.enabled: false)"
+    return (f"on: a rank without progress for {settings.stall_s:g}s "
             f"(first steps {settings.first_step_limit:g}s) stops the job with exit {int(ExitCode.STALLED)}")
 
 
