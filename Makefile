@@ -90,6 +90,7 @@ bench: install
 	$(PY) -m bench.train_throughput
 	$(PY) -m bench.startup
 	$(PY) -m bench.teardown_local
+	$(PY) -m bench.watchdog
 
 # SSH fan-out and teardown vs pdsh, a serial ssh loop and plain torchrun;
 # needs root for its network namespaces and sshd hosts (about 5 minutes).

@@ -103,3 +103,14 @@ def test_elastic_bench_times_recovery_and_resubmitting(tmp_path: Path) -> None:
     (run,) = data["runs"]
     assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0
     assert 0 <= run["steps_lost"] <= run["killed_at_step"] and data["machine"]["torch"]
+
+
+def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) -> None:
+    run_bench("bench.watchdog", "--ranks", "64", "--stall-s", "4", "--cap", "30", "--calls", "2000",
+              "--out", str(tmp_path), "--name", "w")
+    data = json.loads((tmp_path / "w.json").read_text())
+    assert data["stop"]["ddpkit"]["exit_code"] == 13 and data["stop"]["ddpkit"]["named_rank_3"]
+    assert data["stop"]["torchrun"]["seconds"] > 0
+    assert data["heartbeat"]["loop_ns_per_step"] > 0 and data["heartbeat"]["publish_us"] > 0
+    [scale] = data["scale"]
+    assert scale["ranks"] == 64 and scale["check_ms_median"] > 0 and scale["named"] == [63]

@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "quoting": set(),
     "doctor": {"train", "netif"} | BASE,
     "train": {"contract", "netif"} | BASE,  # the entrypoint reads the contract (port rule)
+    "watchdog": {"train"} | BASE,  # the public API for users' own scripts: ddpkit.train's watchdog
     "netif": BASE,
     "envnames": set(),
     "exitcodes": set(),

@@ -332,6 +332,7 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
     env[envnames.DDPKIT_INTERFACE] = spec.network.ifname_value
     env[envnames.DDPKIT_JOB_NAME] = spec.name
     env.update(elastic_env(spec))
+    env.update(watchdog_env(spec, env[envnames.DDPKIT_BACKEND]))
     if not (row and row.controller_sets_unbuffered):
         env.setdefault(envnames.PYTHONUNBUFFERED, "1")
     return env
@@ -344,6 +345,20 @@ def elastic_env(spec: JobSpec) -> dict[str, str]:
     keys from the previous world (peers' old addresses) mislead the next
     one, and it dies with that agent's node."""
     return {envnames.TORCH_DISABLE_SHARE_RDZV_TCP_STORE: "1"} if spec.elastic else {}
+
+
+def watchdog_env(spec: JobSpec, backend: str) -> dict[str, str]:
+    """The hang watchdog's settings, and with NCCL the flight recorder on
+    (a ring of the last collectives, dumped when one times out); a value the
+    user set in `env:` wins."""
+    wd = spec.watchdog
+    env = {envnames.DDPKIT_WATCHDOG_STALL_S: f"{wd.stall_s:g}" if wd.enabled else "0"}
+    if wd.first_step_s is not None:
+        env[envnames.DDPKIT_WATCHDOG_FIRST_STEP_S] = f"{wd.first_step_s:g}"
+    if backend == "nccl":
+        env[envnames.TORCH_NCCL_TRACE_BUFFER_SIZE] = "2000"
+        env[envnames.TORCH_NCCL_DUMP_ON_TIMEOUT] = "1"
+    return {k: v for k, v in env.items() if k not in spec.env}
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:

@@ -79,3 +79,11 @@ DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
 DDPKIT_PGID: Final = "DDPKIT_PGID"
 DDPKIT_RDZV_ID: Final = "DDPKIT_RDZV_ID"  # an elastic job's rendezvous id on ssh: fresh per run
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
+
+# The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.
+DDPKIT_WATCHDOG_STALL_S: Final = "DDPKIT_WATCHDOG_STALL_S"
+DDPKIT_WATCHDOG_FIRST_STEP_S: Final = "DDPKIT_WATCHDOG_FIRST_STEP_S"
+# torch's NCCL flight recorder: ring-buffer entries, dump on a collective timeout, and the dump file prefix.
+TORCH_NCCL_TRACE_BUFFER_SIZE: Final = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+TORCH_NCCL_DUMP_ON_TIMEOUT: Final = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+TORCH_FR_DUMP_TEMP_FILE: Final = "TORCH_FR_DUMP_TEMP_FILE"

@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     RESUME_MISMATCH = 10  # a rank cannot read the checkpoint rank 0 chose to resume from (directory not shared)
     CHECKPOINT_DIR = 11   # --checkpoint-dir cannot be written on a rank that writes checkpoints
     DATA_MISSING = 12     # --data-dir does not exist (or lacks the dataset) on some node
+    STALLED = 13          # the hang watchdog found a rank without progress: stacks dumped, every rank stopped
     SOFTWARE = 70       # EX_SOFTWARE: an internal error in ddpkit (a template bug)
     PREEMPTED = 75      # EX_TEMPFAIL: checkpointed on a signal; run again with --resume auto
     INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped

@@ -678,6 +678,27 @@ class Elastic(Strict):
                     "true: gradient accumulation keeps the global batch of the full job")
 
 
+class WatchdogOptions(Strict):
+    """The hang watchdog (docs/WATCHDOG.md): a rank without progress for
+    stall_s (never less than 5 x the slowest step) gets every rank's stacks
+    dumped and the job stopped with exit 13."""
+
+    enabled: bool = True
+    stall_s: float = Field(default=60.0, ge=1, le=86400, description="seconds without progress that count as a stall")
+    first_step_s: float | None = Field(
+        default=None, ge=1, le=86400,
+        description="limit for the first steps and a checkpoint write (default 5 x stall_s)",
+    )
+
+    def script_note(self, command: Command) -> str | None:
+        """What a launcher says at start-up when the job runs the user's own
+        script: ddpkit cannot watch a loop that never reports to it."""
+        if not command.script or not self.enabled:
+            return None
+        return ("stall detection is off unless your script calls ddpkit.watchdog.progress(step) "
+                "(docs/WATCHDOG.md); without it a hang lasts until the collective timeout")
+
+
 class JobSpec(Strict):
     """One DDP job. world_size = nodes * nproc_per_node."""
 
@@ -706,6 +727,7 @@ class JobSpec(Strict):
     ssh: SshOptions = Field(default_factory=SshOptions)
     compose: ComposeOptions = Field(default_factory=ComposeOptions)
     elastic: Elastic | None = Field(default=None, description="absent: a fixed set of nodes (a lost node ends the job)")
+    watchdog: WatchdogOptions = Field(default_factory=WatchdogOptions)
 
     @field_validator("name")
     @classmethod

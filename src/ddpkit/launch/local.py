@@ -181,4 +181,7 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     console.print(f"launch local: {spec.nodes} nodes x {spec.nproc_per_node} processes, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
+    note = spec.watchdog.script_note(spec.command)
+    if note:
+        console.print(f"launch local: {note}", markup=False)
     return supervise(nodes, console, grace, RunText("launch local", "interrupted; stopped all nodes"))

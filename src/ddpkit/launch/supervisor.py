@@ -46,6 +46,8 @@ _TORCHRUN_PREFIX = re.compile(r"^\[rank(\d+)\]:")
 # The first line of torchrun's report on a failed worker; the traceback and
 # the ChildFailedError box after it say nothing the worker's own lines do not.
 _TORCHRUN_FAILED = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode")
+# The hang watchdog's report names each stalled rank on one line (train/stall.py STALL_LINE).
+_STALL = re.compile(r"ddpkit watchdog: STALL rank (\d+) node (\d+) host (\S+) pid \d+: (.*)$")
 
 
 class NodeHandle(Protocol):
@@ -85,10 +87,26 @@ class Status(Enum):
     STOPPED = "stopped"
     NOT_STARTED = "not started"
     EXCLUDED = "failed, excluded"  # elastic: the job went on without it
+    STALLED = "stalled"
 
 
 STATUS_STYLE = {Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
-                Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow", Status.EXCLUDED: "yellow"}
+                Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow", Status.EXCLUDED: "yellow",
+                Status.STALLED: "bold red"}
+
+
+@dataclass(frozen=True)
+class StalledRank:
+    """One rank the job's hang watchdog named (from its report line)."""
+
+    rank: int
+    node: int
+    host: str
+    detail: str  # "step 12, phase forward, at model.py:30 in forward"
+
+    @property
+    def line(self) -> str:
+        return f"rank {self.rank} ({self.host}): {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -122,6 +140,7 @@ class LinePrinter:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.tails: dict[int, deque[str]] = {}
+        self.stalled: dict[int, StalledRank] = {}  # by rank: what the watchdog's report said
         self._lock = threading.Lock()
 
     def line(self, node: NodeHandle, text: str) -> None:
@@ -130,9 +149,17 @@ class LinePrinter:
         match = _TORCHRUN_PREFIX.match(text)
         prefix = f"[{node.label} rank{match.group(1)}] " if match else f"[{node.label}] "
         body = text[match.end():] if match else text
+        stall = _STALL.search(body) if "ddpkit watchdog: STALL" in body else None
         with self._lock:
+            if stall:
+                rank = int(stall.group(1))
+                self.stalled[rank] = StalledRank(rank, int(stall.group(2)), stall.group(3), stall.group(4))
             self.tails.setdefault(node.index, deque(maxlen=TAIL_LINES)).append(prefix + body)
             self.console.print(Text.assemble((prefix, STYLES[node.index % len(STYLES)]), body), soft_wrap=True)
+
+    def stalled_ranks(self) -> list[StalledRank]:
+        with self._lock:
+            return sorted(self.stalled.values(), key=lambda s: s.rank)
 
     def tail(self, node: NodeHandle) -> list[str]:
         """The node's last lines; when torchrun reported a failed worker,
@@ -156,11 +183,14 @@ class Outcome:
     excluded: list[NodeHandle] = field(default_factory=list)  # elastic: failed nodes the job went on without
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    stalled: list[StalledRank] = field(default_factory=list)  # named by the job's hang watchdog
 
     @property
     def code(self) -> int:
         if self.interrupted:
             return ExitCode.INTERRUPTED
+        if self.stalled:
+            return ExitCode.STALLED
         if self.stop_request is not None:
             return self.stop_request.code
         if self.first_failure is not None:
@@ -207,6 +237,7 @@ class Supervisor:
         elif outcome.excluded:
             self._stop_excluded(outcome)
         outcome.elapsed_s = time.monotonic() - began
+        outcome.stalled = self.printer.stalled_ranks()
         return outcome
 
     def _start(self) -> None:
@@ -258,6 +289,10 @@ class Supervisor:
             outcome.problems = [p for p in pool.map(lambda n: n.stop(self.grace_s), self.nodes) if p]
 
     def status(self, node: NodeHandle, outcome: Outcome) -> Status:
+        if any(s.node == node.index for s in outcome.stalled):
+            return Status.STALLED
+        if outcome.stalled and node.index in self.started:
+            return Status.STOPPED  # its ranks left because the watchdog stopped the job, not by a fault of theirs
         if node is outcome.first_failure:
             return Status.FAILED_FIRST
         if node in outcome.excluded:
@@ -291,7 +326,10 @@ class Supervisor:
     def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> Text:
         from rich.text import Text
 
-        if node is not outcome.first_failure and node not in outcome.excluded:
+        stalled = [s.line for s in outcome.stalled if s.node == node.index]
+        if stalled:
+            return Text("\n".join(["hang watchdog: stalled", *stalled]))
+        if outcome.stalled or (node is not outcome.first_failure and node not in outcome.excluded):
             return Text("")
         # Text, not markup: log lines hold brackets (our own prefix, for one).
         return Text("\n".join([self.reason(node), *self.printer.tail(node)[-SUMMARY_LINES:]]))
@@ -303,6 +341,10 @@ class Supervisor:
     def closing_line(self, outcome: Outcome, text: RunText) -> str:
         if outcome.interrupted:
             return f"{text.title}: {text.interrupted}"
+        if outcome.stalled:
+            named = "; ".join(f"rank {s.rank} (node {s.node}, {s.host})" for s in outcome.stalled)
+            return (f"{text.title}: the hang watchdog found stalled rank(s): {named}; stacks were dumped "
+                    f"(see the lines above), every node was stopped, exit {int(ExitCode.STALLED)}")
         if outcome.stop_request is not None:
             return f"{text.title}: {outcome.stop_request.reason}; stopped every node"
         failed = outcome.first_failure

@@ -22,6 +22,7 @@ from .faults import CheckpointDirError, ResumeMismatch, agree, hosts_named
 from .progress import Metrics
 from .startup import DistContext
 from .strategy import Parallel
+from .watchdog import Phase, mark
 
 
 @dataclass
@@ -127,8 +128,10 @@ class Checkpointer:
         directory = self.config.checkpoint_dir
         if directory is None:
             return None
+        mark(Phase.CHECKPOINT)  # the hang watchdog gives a checkpoint write its longer limit
         optim_state = self._optimizer_state()
         rngs = self._gathered_rngs()
+        mark(Phase.CHECKPOINT)
         path = None
         if self.ctx.rank == 0:
             s = self.state

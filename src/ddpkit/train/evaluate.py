@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from .progress import Metrics
 from .strategy import Parallel
+from .watchdog import Phase, mark
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ def evaluate(model: nn.Module, loader: DataLoader, input_device: torch.device, o
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=output_device)  # correct, total, loss sum
     for x, y in loader:
+        mark(Phase.EVAL)  # an evaluation is progress, batch by batch, for the hang watchdog
         x = x.to(input_device, non_blocking=True)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..exitcodes import ExitCode
+from . import watchdog
 from .checkpointing import Checkpointer, Position, TrainState, check_checkpoint_dir, seed_all
 from .clock import CLOCK, StartupClock
 from .config import TrainConfig
@@ -257,6 +258,7 @@ class Trainer:
             pos.epoch_step += 1
             pos.step += 1
             pos.samples += plan.global_batch
+            watchdog.progress(pos.step)  # the hang watchdog's pulse (attribute writes; its thread publishes)
             if self._first_step_pending:
                 self._report_startup()
             self._show(progress, run, loss)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .faults import TrainFault
     from .loop import Trainer
     from .signals import StopRequest
+    from .stall import Watchdog
+    from .watchdog import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,9 +87,14 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
            outputs=ReportOutputs(json_path=config.rank_report_json, metrics=config.metrics))
     CLOCK.mark("rank_report_done")
     fit = fit_global_batch(config, ctx.world_size)
-    trainer = Trainer(fit.config, ctx, stop)
-    _report_membership(ctx, trainer, fit.note, keeps_batch=config.keep_global_batch_of is not None)
-    summary = trainer.run()
+    dog = _watchdog(ctx, fit.config)
+    try:
+        trainer = Trainer(fit.config, ctx, stop)
+        _report_membership(ctx, trainer, fit.note, keeps_batch=config.keep_global_batch_of is not None)
+        summary = trainer.run()
+    finally:
+        if dog is not None:
+            dog.stop()
     if ctx.rank == 0:
         print("\n".join(summary.lines()), flush=True)
     # DDP's reducer often sits in a reference cycle; if it outlives the
@@ -108,6 +116,34 @@ def _report_membership(ctx: DistContext, trainer: Trainer, batch_note: str, *, k
                         keeps_batch)
     if line and ctx.rank == 0:
         print(line, flush=True)
+
+
+def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
+    """The hang watchdog's thread (train/stall.py), after the rank report:
+    from here on a rank without progress is found and the job stopped."""
+    from .stall import Identity, Outputs, start
+    from .startup import StartupError
+    from .watchdog import Settings
+
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    if not ctx.distributed:
+        return None  # one process: no peer waits for it, and no store to report to
+    dog = start(Identity(ctx.rank, ctx.world_size, ctx.local_world_size, ctx.node_rank, ctx.host, os.getpid()),
+                ctx.master_addr, ctx.master_port,
+                Outputs(config.log_dir, config.metrics, ctx.backend == "nccl"), settings)
+    if ctx.rank == 0:
+        print(f"ddpkit watchdog: {watchdog_line(settings)}", file=sys.stderr, flush=True)
+    return dog
+
+
+def watchdog_line(settings: Settings) -> str:
+    if not settings.enabled:
+        return "off (watchdog.enabled: false)"
+    return (f"on: a rank without progress for {settings.stall_s:g}s "
+            f"(first steps {settings.first_step_limit:g}s) stops the job with exit {int(ExitCode.STALLED)}")
 
 
 def _finish_together() -> None:
@@ -160,6 +196,7 @@ def run_config(config: TrainConfig) -> int:
     from torch.multiprocessing import ProcessExitedException
 
     from .faults import TrainFault
+    from .stall import nccl_recorder_file
     from .startup import init_distributed, run_spawned, shutdown
 
     expected = _expected_errors()
@@ -169,6 +206,7 @@ def run_config(config: TrainConfig) -> int:
             return ExitCode.OK
         stop = _stop_request()
         import_trainer(config.model)
+        nccl_recorder_file(config.log_dir)  # before the NCCL group exists: it reads the variable then
         ctx = init_distributed(config)
         try:
             try:

@@ -13,6 +13,7 @@ from torch import nn
 
 from .config import TrainConfig
 from .strategy import Parallel
+from .watchdog import Phase, mark
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
@@ -51,6 +52,7 @@ class Stepper:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=par.output_device)
         for micro in range(c.grad_accum):
+            mark(Phase.DATA)  # the hang watchdog's phases: what a stalled rank was doing
             x, y = next(batches)
             x = x.to(par.input_device, non_blocking=True)
             if c.channels_last:
@@ -60,9 +62,12 @@ class Stepper:
             sync = par.no_sync() if micro < c.grad_accum - 1 else contextlib.nullcontext()
             with sync:
                 with self.autocast():
+                    mark(Phase.FORWARD)
                     loss = self.criterion(par.module(x), y) / c.grad_accum
+                mark(Phase.BACKWARD)
                 self._backward(loss)
             total += loss.detach().float()
+        mark(Phase.OPTIMIZER)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()

@@ -1,0 +1,71 @@
+"""Stall detection for your own training script (spec `command.script`).
+
+    from ddpkit import watchdog
+
+    for step, batch in enumerate(loader, 1):
+        ...                          # forward, backward, optimizer step
+        watchdog.progress(step)      # a few attribute writes: no I/O, no collective
+    with watchdog.phase("eval"):     # evaluation/checkpointing: slow, but not stalled
+        ...
+
+The first `progress` call starts this rank's watchdog thread (torchrun's
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT say where the store is; the
+job environment carries the spec's `watchdog:` settings). A script that never
+calls it is not watched. docs/WATCHDOG.md has the details.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from . import envnames
+from .train import stall
+from .train import watchdog as _wd
+
+__all__ = ["phase", "progress", "stop"]
+
+_state: dict[str, stall.Watchdog | None] = {}
+
+
+def progress(step: int) -> None:
+    """Report that `step` finished; the first call starts the watchdog."""
+    _wd.progress(step)
+    if "dog" not in _state:
+        _state["dog"] = _start()
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A block that is progress of another kind: "eval" or "checkpoint"."""
+    with _wd.in_phase(_wd.Phase(name)):
+        yield
+
+
+def stop() -> None:
+    """The script is done training (a finished rank is not a stalled one)."""
+    dog = _state.get("dog")
+    if dog is not None:
+        dog.stop()
+
+
+def _start() -> stall.Watchdog | None:
+    env = os.environ
+    world = int(env.get(envnames.WORLD_SIZE, "1"))
+    if world <= 1 or envnames.MASTER_ADDR not in env:
+        return None  # one process, or not started by a launcher: nothing waits on it
+    rank = int(env.get(envnames.RANK, "0"))
+    local_world = int(env.get(envnames.LOCAL_WORLD_SIZE, str(world)))
+    node = int(env.get(envnames.GROUP_RANK, str(rank // max(local_world, 1))))
+    host = env.get(envnames.DDPKIT_HOSTNAME) or socket.gethostname()
+    ident = stall.Identity(rank, world, local_world, node, host, os.getpid())
+    settings = _wd.Settings.from_env()
+    dog = stall.start(ident, env[envnames.MASTER_ADDR], int(env.get(envnames.MASTER_PORT, "29500")),
+                      stall.Outputs(), settings)
+    if rank == 0 and dog is not None:
+        print(f"ddpkit watchdog: on for this script: a rank without progress for {settings.stall_s:g}s "
+              "stops the job", file=sys.stderr, flush=True)
+    return dog
