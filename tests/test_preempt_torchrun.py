@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from ddpkit import envnames
-from ddpkit.contract import Arg, Target, sources, stop_args, torchrun_argv
+from ddpkit.contract import Target, sources, stop_args, torchrun_argv
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 from ddpkit.spec import JobSpec
 from tests.helpers.runs import ROOT, TINY, metrics, processes_in
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 EXIT_DIR = "DDPKIT_TEST_EXIT_DIR"
 

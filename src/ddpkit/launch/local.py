@@ -109,7 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
                         help="keep each process's output under DIR/node<I>/ (default: a temporary folder)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
-                        help="after a failure or Ctrl-C: SIGTERM, wait this long, then SIGKILL (default 10)")
+                        help="after a node failed: SIGTERM the others, wait this long, then SIGKILL (default 10); "
+                             "after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
+                             "(preemption.checkpoint_s)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
 
@@ -175,4 +177,5 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     console.print(f"launch local: {spec.nodes} nodes x {spec.nproc_per_node} processes, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
-    return supervise(nodes, console, grace, RunText("launch local", "interrupted; stopped all nodes"))
+    return supervise(nodes, console, grace, RunText("launch local", "interrupted; stopped all nodes"),
+                     interrupt_grace_s=spec.grace.launcher_grace_s)
