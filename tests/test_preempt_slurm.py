@@ -140,7 +140,11 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
     first_run = run.records[:run.records.index(next(r for r in run.records if r["kind"] == "stop"))]
     assert [r["step"] for r in first_run if r["kind"] == "checkpoint"] == [stopped]  # no other checkpoint first
     assert "batch shell got SIGUSR2" in text
-    if mode == "torchrun":  # the agent forwarded the signal instead of dying of it
+    # srun hands the signal to every process of the step (its proctrack), workers included; what
+    # torchrun's flag changes is the agent: it forwards SIGUSR2 and waits for the workers instead
+    # of dying of it, which --kill-on-bad-exit would turn into a SIGKILL of every rank.
+    assert "User defined signal 2" not in text, text[-6000:]
+    if mode == "torchrun":
         assert "closing signal SIGUSR2" in text, text[-6000:]
 
     # (b) requeued: a second run of the same job
