@@ -12,8 +12,13 @@ The test then checks the cause, not only the outcome:
 (d) its final parameters are bitwise identical to the uninterrupted run's
     (two ranks: a sum of two floats does not depend on order, so gloo's
     all-reduce is reproducible and any difference is the resume's fault).
-In torchrun mode (c)-(d) can only hold if torchrun forwarded SIGUSR2 to its
-workers (contract.stop_args): with its default signal list the agent dies.
+srun hands the signal to every process of the step, torchrun's workers
+included; in torchrun mode the agent must forward it and wait for them
+(contract.stop_args): with torchrun's default signal list the agent dies of
+it (`task N: User defined signal 2`), and srun's --kill-on-bad-exit then
+kills every rank, mid-checkpoint whenever a checkpoint takes longer than
+this tiny model's. Replaces the two pre-emption tests of test_slurm_real.py,
+which passed on that path without checking why a checkpoint was written.
 """
 
 from __future__ import annotations
