@@ -75,4 +75,7 @@ DDPKIT_INTERFACE: Final = "DDPKIT_INTERFACE"
 DDPKIT_JOB_NAME: Final = "DDPKIT_JOB_NAME"
 DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
 DDPKIT_PGID: Final = "DDPKIT_PGID"
+# Tenths of a second the SSH stop script waits between TERM and KILL, when the
+# stop asks for a checkpoint (an interrupt): the grace chain's launcher grace.
+DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers

@@ -110,7 +110,8 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr)
+    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
+                            interrupt_grace_s=plan.spec.grace.launcher_grace_s)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
