@@ -131,9 +131,11 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
         cluster: SlurmCluster, tmp_path: Path, reference: Run, mode: str) -> None:
     run = submit(cluster, tmp_path / "job", f"pre-{mode}", mode)
     wait_for_step(run, SIGNAL_AFTER)
+    signalled = time.time()
     sent = cluster.run(["scancel", "--batch", "--signal=USR2", str(run.job)])
     assert sent.returncode == 0, sent.stderr
     info = run.finish()
+    done = time.time()
     text = run.output()
 
     # (a) the stop path wrote the checkpoint, at the step it names
@@ -163,6 +165,8 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
     assert run.records.index(resume) > run.records.index(stop)
     assert [r["status"] for r in run.kinds("summary")][-1] == "finished"
     assert run.kinds("summary")[-1]["steps"] == TOTAL
+    print(f"PREEMPT-TIMING slurm {mode}: signal -> stop record {stop['time'] - signalled:.1f} s, "
+          f"-> resumed {resume['time'] - signalled:.1f} s, -> job completed {done - signalled:.1f} s")
 
     # (d) the same parameters as the job nobody interrupted
     reference.finish()

@@ -83,8 +83,10 @@ def test_rendered_line_forwards_sigusr2_to_the_workers(tmp_path: Path) -> None:
     agent = start(tmp_path, argv)
     try:
         wait_for_training(tmp_path, agent)
-        agent.send_signal(signal.SIGUSR2)  # the agent only, as srun or the batch shell deliver it
+        agent.send_signal(signal.SIGUSR2)  # the agent only, as a scheduler that signals the launcher does
+        sent = time.time()
         code = agent.wait(spec.grace.shutdown_s + 60)
+        print(f"PREEMPT-TIMING torchrun SIGUSR2 -> agent exit {time.time() - sent:.1f} s")
     finally:
         left = kill_leftovers(tmp_path)
     log = (tmp_path / "agent.out").read_text()
