@@ -5,10 +5,13 @@ per-rank requests into one decision that every rank takes after the same
 step, so a signal that reached only some ranks, or reached them during
 different steps, still stops every rank together: then rank 0 checkpoints,
 everyone exits with EXIT_PREEMPTED, and under Slurm rank 0 asks for the job
-to be requeued. SIGUSR1 is left alone: NCCL may use it.
+to be requeued. SIGUSR1 is left alone: NCCL may use it. The signals are
+contract.TRAINER_STOP_SIGNALS, the list the renderers tell torchrun's agent
+to forward (contract.stop_args) instead of dying on them.
 
 The agreement is pipelined so that it never waits on the training device:
-the flag lives on the CPU and is all-reduced (MAX) over a CPU-capable group,
+the flag (the signal's number, 0 for none) lives on the CPU and is
+all-reduced (MAX) over a CPU-capable group,
 asynchronously; the check after step n reads the all-reduce started after
 step n-1 (long finished by then) and starts the next one. Every rank sees
 the same value, the flags as of the end of step n-1, so the decision is the
