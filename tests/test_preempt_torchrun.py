@@ -122,3 +122,35 @@ def test_torchruns_default_signals_let_sigusr2_kill_the_agent(tmp_path: Path) ->
     assert len(orphans) == 2, orphans  # both workers, orphaned: only this test's clean-up ends them
     assert not any(r["kind"] == "stop" for r in metrics(tmp_path / "metrics.jsonl"))
     assert list((tmp_path / "exit").glob("rank*.code")) == []
+
+
+def test_launch_local_gives_an_interrupt_time_to_checkpoint_and_a_failure_none(tmp_path: Path) -> None:
+    """`ddpkit launch local --grace 0`: the fail-fast teardown would SIGKILL at
+    once; SIGTERM to the launcher (a scheduler, a CI timeout, Ctrl-C) gets the
+    grace chain's time instead, so both nodes' workers checkpoint and exit 75.
+    A ResNet-18 (CPU, one thread): its stop (two steps and a 45 MB save)
+    takes far longer than the instant SIGKILL of a failure's teardown."""
+    train = ["--model", "resnet18", "--image-size", "32", "--workers", "0", "--progress", "plain",
+             "--data", "synthetic", "--synthetic-size", "4096", "--batch-size", "16", "--epochs", "50",
+             "--no-eval", "--log-every", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+             "--metrics", str(tmp_path / "metrics.jsonl"), "--log-dir", str(tmp_path / "logs")]
+    argv = [sys.executable, "-m", "ddpkit.cli", "launch", "local", "--nodes", "2", "--nproc-per-node", "1",
+            "--grace", "0", "--set", "command.module=ddpkit.train", "--set", "preemption.checkpoint_s=20", "--", *train]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "DDPKIT_", "RANK", "WORLD"))}
+    env |= {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "agent.out", "wb") as out:
+        launcher = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        wait_for_training(tmp_path, launcher)
+        launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait(120)
+    finally:
+        left = kill_leftovers(tmp_path)
+    log = (tmp_path / "agent.out").read_text()
+    assert code == 130 and "interrupted; stopped all nodes" in log, log[-4000:]
+    assert left == [], f"processes left: {left}\n{log[-4000:]}"
+    (stop,) = [r for r in metrics(tmp_path / "metrics.jsonl") if r["kind"] == "stop"]
+    assert stop["signal"] == "SIGTERM"
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == Path(stop["checkpoint"]).name
+    for rank in (0, 1):  # each worker stopped itself at the agreed step, nobody was killed first
+        assert f"checkpointing at step {stop['step']} " in (tmp_path / "logs" / f"rank{rank}.log").read_text()
