@@ -554,7 +554,7 @@ class K8sOptions(Strict):
     host_network: bool = Field(default=False, description="pods use the node's network (not allowed by baseline)")
     pod_annotations: dict[str, str] = Field(default_factory=dict, description="e.g. k8s.v1.cni.cncf.io/networks")
     # The SIGTERM-to-SIGKILL time a preempted pod gets to write a checkpoint:
-    # derived from preemption.checkpoint_s unless set (JobSpec.grace_chain).
+    # derived from preemption.checkpoint_s unless set (JobSpec.grace).
     termination_grace_s: int | None = Field(
         default=None, ge=0, le=3600,
         description="pod terminationGracePeriodSeconds; default: derived from preemption.checkpoint_s",
@@ -669,9 +669,6 @@ class ComposeOptions(Strict):
 # ---- Pre-emption: one grace chain for every target --------------------------
 
 DEFAULT_CHECKPOINT_S = 60
-# The stop signals `ddpkit train` handles (train/signals.py): a scheduler's
-# warning must be one of them.
-PREEMPTION_SIGNALS = ("USR2", "TERM")
 
 
 def chain_margin(seconds: int) -> int:
@@ -724,6 +721,7 @@ class Preemption(Strict):
     ranks agree to stop one step later, plus one save). torchrun's
     --shutdown-timeout and every scheduler's warning are derived from it."""
 
+    # One of the signals `ddpkit train` stops on (contract.TRAINER_STOP_SIGNALS).
     signal: Literal["USR2", "TERM"] = Field(default="USR2", description="Slurm's warning signal (not USR1: NCCL may use it)")
     checkpoint_s: int | None = Field(
         default=None, ge=1, le=3000,
