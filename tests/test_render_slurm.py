@@ -161,8 +161,9 @@ def test_each_task_gets_its_own_node_rank(stand_ins: Path, node: int) -> None:
     argv = task_argv(script_text(spec), stand_ins, node)
     port = slurm_port_for_job(4242)
     assert argv == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
-                    "--master-addr=gpu-a", f"--master-port={port}", "--max-restarts=0", "-m", "ddpkit.train",
-                    "--epochs=1"]
+                    "--master-addr=gpu-a", f"--master-port={port}", "--max-restarts=0",
+                    "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", "--shutdown-timeout=75",
+                    "-m", "ddpkit.train", "--epochs=1"]
 
 
 def test_contract_views_for_slurm() -> None:

@@ -124,36 +124,7 @@ def test_two_jobs_share_the_nodes(cluster: SlurmCluster, tmp_path: Path) -> None
         check_ranks(text, launcher="torchrun")
 
 
-@pytest.mark.parametrize("mode", ["torchrun", "srun"])
-def test_preemption_checkpoints_requeues_and_resumes(cluster: SlurmCluster, tmp_path: Path, mode: str) -> None:
-    ckpt = tmp_path / "ckpt"
-    script = render(tmp_path, job_spec(f"pre-{mode}", mode=mode, args=["--steps=30", f"--ckpt={ckpt}"]))
-    job = cluster.sbatch(script)
-    cluster.wait_state(job, {"RUNNING"})
-    out = script.parent / f"{script.stem}-{job}.out"
-    _wait_for_text(out, "PROBE-STEP 3", 90)  # signal mid-run, not before the first step
-    # what Slurm does before the time limit (--signal=B:USR2@N): USR2 to the batch shell only
-    sent = cluster.run(["scancel", "--signal=USR2", "--batch", str(job)])
-    assert sent.returncode == 0, sent.stderr
-    info = cluster.wait(job, timeout=180)
-    text = out.read_text()
-    assert info.state == "COMPLETED", text
-    assert info.restarts == 1, info
-    assert "batch shell got SIGUSR2" in text
-    checkpoint = int(text.split("PROBE-CHECKPOINT step=")[1].split()[0])
-    assert 3 <= checkpoint < 30
-    assert f"PROBE-requeued Slurm job {job}" in text
-    assert f"PROBE-START step={checkpoint} restart=1" in text  # the second run resumed
-    assert "PROBE-DONE step=30" in text
-    assert f"job {job} run 1 " in text and f"job {job} run 2 " in text
-
-
-def _wait_for_text(path: Path, needle: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and needle in path.read_text()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{needle!r} not in {path}: {path.read_text() if path.exists() else '(missing)'}")
-        time.sleep(0.3)
+# Pre-emption (both modes, the real trainer, the cause checked): tests/test_preempt_slurm.py.
 
 
 # ---- containers: stand-in runtimes on PATH -----------------------------------
@@ -386,33 +357,6 @@ def test_submit_without_follow_returns_at_once(cluster: SlurmCluster, tmp_path: 
     assert done.returncode == 0, done.stderr
     job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
     assert cluster.wait(job_id).state == "COMPLETED"
-
-
-def test_trainer_preempted_requeued_and_resumed(cluster: SlurmCluster, tmp_path: Path) -> None:
-    """The same path with the real `ddpkit train` (tiny model, synthetic data)."""
-    ckpt = tmp_path / "ckpt"
-    spec = job_spec("pre-train", args=[
-        "--model=tests.helpers.tiny:cnn", "--data=synthetic", "--image-size=8", "--synthetic-size=1600",
-        "--batch-size=4", "--epochs=6", "--no-eval", f"--checkpoint-dir={ckpt}", "--resume=auto"])
-    spec["command"] = {"python": PYTHON, "module": "ddpkit.train", "args": spec["command"]["args"]}
-    spec["env"]["PYTHONPATH"] = str(ROOT)  # for tests.helpers.tiny
-    script = render(tmp_path, spec)
-    job = cluster.sbatch(script)
-    out = script.parent / f"{script.stem}-{job}.out"
-    # signal once training runs: a signal before the trainer installs its
-    # handlers kills the workers outright (then the batch shell requeues
-    # without a checkpoint, which is not what this test is about)
-    _wait_for_text(out, "step 20/", 120)
-    assert cluster.run(["scancel", "--signal=USR2", "--batch", str(job)]).returncode == 0
-    info = cluster.wait(job, timeout=240)
-    text = out.read_text()
-    assert info.state == "COMPLETED" and info.restarts == 1, text
-    assert "stop signal received: checkpointing at step" in text
-    assert f"requeued Slurm job {job}" in text
-    stopped = int(text.split("checkpointing at step ")[1].split()[0])
-    assert stopped > 0
-    assert f"at step {stopped} " in text.split(f"job {job} run 2 ")[1]  # "resumed from ... at step N (epoch ..."
-    assert "ddpkit train preempted" in text and "ddpkit train finished" in text
 
 
 # ---- checks against the real cluster before and after sbatch -----------------------

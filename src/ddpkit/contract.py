@@ -429,9 +429,29 @@ def torchrun_argv(spec: JobSpec, src: Sources, *, doctor: bool = False) -> list[
         Arg.of(f"--nproc-per-node={spec.nproc_per_node}"),
     ]
     argv += rendezvous_args(spec, src)
+    argv += stop_args(spec)
     argv += [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
     argv += elastic_train_args(spec, doctor=doctor)
     return argv
+
+
+# torchrun's own default --signals-to-handle, kept: an agent that dies on
+# SIGINT/SIGHUP/SIGQUIT instead of forwarding them leaves its workers behind.
+TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+# The signals `ddpkit train` stops on with a checkpoint (train/signals.py reads this).
+TRAINER_STOP_SIGNALS = ("SIGTERM", "SIGUSR2")
+
+
+def stop_args(spec: JobSpec) -> list[Arg]:
+    """torchrun's half of the grace chain (spec.grace). torchrun overwrites
+    TORCHELASTIC_SIGNALS_TO_HANDLE from --signals-to-handle, so only the flag
+    makes its agent forward the pre-emption signal to the workers (it would
+    die on SIGUSR2 otherwise); --shutdown-timeout is how long the agent then
+    waits for them (their checkpoint) before SIGKILL. The agent itself exits
+    1 afterwards; the workers' exit (75, pre-empted) is in their logs."""
+    wanted = (*TORCHRUN_DEFAULT_SIGNALS, *TRAINER_STOP_SIGNALS, f"SIG{spec.preemption.signal}")
+    signals = ",".join(dict.fromkeys(wanted))
+    return [Arg.of(f"--signals-to-handle={signals}"), Arg.of(f"--shutdown-timeout={spec.grace.shutdown_s}")]
 
 
 def process_argv(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:

@@ -48,6 +48,7 @@ JOB_COMPLETION_INDEX: Final = "JOB_COMPLETION_INDEX"
 
 # Slurm.
 SLURM_JOB_ID: Final = "SLURM_JOB_ID"
+SLURM_RESTART_COUNT: Final = "SLURM_RESTART_COUNT"  # runs of a requeued job before this one
 SLURM_NODEID: Final = "SLURM_NODEID"
 SLURM_PROCID: Final = "SLURM_PROCID"
 SLURM_LOCALID: Final = "SLURM_LOCALID"
@@ -78,6 +79,9 @@ DDPKIT_JOB_NAME: Final = "DDPKIT_JOB_NAME"
 DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
 DDPKIT_PGID: Final = "DDPKIT_PGID"
 DDPKIT_RDZV_ID: Final = "DDPKIT_RDZV_ID"  # an elastic job's rendezvous id on ssh: fresh per run
+# Tenths of a second the SSH stop script waits between TERM and KILL, when the
+# stop asks for a checkpoint (an interrupt): the grace chain's launcher grace.
+DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 
 # The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.

@@ -6,7 +6,9 @@ nothing else, so a value is checked once, here, before any file is written.
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -326,7 +328,11 @@ class SlurmOptions(Strict):
     exclusive: bool = False
     output: str = Field(default="%x-%j.out", description="sbatch --output pattern")
     requeue: bool = Field(default=True, description="requeue on preemption after checkpointing")
-    signal_seconds: int = Field(default=90, ge=10, le=3600, description="seconds of warning before the time limit")
+    signal_seconds: int | None = Field(
+        default=None, ge=10, le=3600,
+        description="seconds of warning before the time limit (--signal=B:SIG@N); default: derived from "
+                    "preemption.checkpoint_s",
+    )
     dependency: str | None = Field(default=None, description="e.g. afterok:1234 or afterany:12:13 (sbatch --dependency)")
     constraint: str | None = Field(default=None, description="node features, e.g. a100&ib (sbatch --constraint)")
     reservation: str | None = None
@@ -547,9 +553,12 @@ class K8sOptions(Strict):
     rdma: RdmaOptions | None = Field(default=None, description="RDMA device resource; adds IPC_LOCK")
     host_network: bool = Field(default=False, description="pods use the node's network (not allowed by baseline)")
     pod_annotations: dict[str, str] = Field(default_factory=dict, description="e.g. k8s.v1.cni.cncf.io/networks")
-    # The SIGTERM-to-SIGKILL time a preempted pod gets to write a checkpoint;
-    # the same default as slurm.signal_seconds, the grace before Slurm's kill.
-    termination_grace_s: int = Field(default=90, ge=0, le=3600, description="pod terminationGracePeriodSeconds")
+    # The SIGTERM-to-SIGKILL time a preempted pod gets to write a checkpoint:
+    # derived from preemption.checkpoint_s unless set (JobSpec.grace).
+    termination_grace_s: int | None = Field(
+        default=None, ge=0, le=3600,
+        description="pod terminationGracePeriodSeconds; default: derived from preemption.checkpoint_s",
+    )
     active_deadline_s: int | None = Field(default=None, ge=1, description="wall-clock limit of the whole job")
     queue: str | None = Field(default=None, description="Kueue LocalQueue: the job is created suspended and admitted whole")
     scheduler: Literal["default", "volcano"] = Field(default="default", description="volcano: gang-schedule all pods")
@@ -699,6 +708,99 @@ class WatchdogOptions(Strict):
                 "(docs/WATCHDOG.md); without it a hang lasts until the collective timeout")
 
 
+# ---- Pre-emption: one grace chain for every target --------------------------
+
+DEFAULT_CHECKPOINT_S = 60
+
+
+def chain_margin(seconds: int) -> int:
+    """The slack one link of the grace chain adds to the link inside it: a
+    quarter of the inner time, at least 2 s (process exit, a requeue call), at
+    most 15 s (a long checkpoint needs no longer exit)."""
+    return max(2, min(15, math.ceil(seconds / 4)))
+
+
+@dataclass(frozen=True)
+class GraceChain:
+    """What a stop that asks for a checkpoint may take, inside out:
+    checkpoint_s < shutdown_s (torchrun's --shutdown-timeout: the forwarded
+    signal to SIGKILL of the workers) < each outer warning (Slurm's
+    --signal=B:SIG@N, Kubernetes' terminationGracePeriodSeconds, the
+    launchers' grace after Ctrl-C or SIGTERM)."""
+
+    checkpoint_s: int
+    shutdown_s: int
+    slurm_signal_s: int
+    k8s_grace_s: int
+    launcher_grace_s: int
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_s: int, slurm: int | None = None, k8s: int | None = None) -> GraceChain:
+        shutdown = checkpoint_s + chain_margin(checkpoint_s)
+        warning = shutdown + chain_margin(shutdown)
+        return cls(checkpoint_s, shutdown, warning if slurm is None else slurm, warning if k8s is None else k8s, warning)
+
+    @property
+    def warnings(self) -> dict[str, int]:
+        return {"slurm.signal_seconds": self.slurm_signal_s, "k8s.termination_grace_s": self.k8s_grace_s,
+                "launcher grace": self.launcher_grace_s}
+
+
+def checkpoint_within(warning_s: int) -> int | None:
+    """The longest checkpoint whose chain fits inside `warning_s` (None: none
+    does): what an old spec that set only a scheduler's warning allows."""
+    fits = [c for c in range(1, warning_s) if GraceChain.from_checkpoint(c).launcher_grace_s <= warning_s]
+    return fits[-1] if fits else None
+
+
+class Preemption(Strict):
+    """How a job stops when its scheduler wants the nodes back: the scheduler
+    warns with `signal` (Slurm: before the time limit or a pre-emption;
+    Kubernetes and the launchers always send SIGTERM), every rank finishes
+    its step, rank 0 writes a checkpoint, and the job exits 75 (requeued
+    under Slurm). `checkpoint_s` is the one number to set: the longest time
+    from the signal to the checkpoint on disk (two training steps, since the
+    ranks agree to stop one step later, plus one save). torchrun's
+    --shutdown-timeout and every scheduler's warning are derived from it."""
+
+    # One of the signals `ddpkit train` stops on (contract.TRAINER_STOP_SIGNALS).
+    signal: Literal["USR2", "TERM"] = Field(default="USR2", description="Slurm's warning signal (not USR1: NCCL may use it)")
+    checkpoint_s: int | None = Field(
+        default=None, ge=1, le=3000,
+        description=f"seconds from the stop signal to a written checkpoint (default {DEFAULT_CHECKPOINT_S}); "
+                    "torchrun's --shutdown-timeout and the schedulers' warnings are derived from it",
+    )
+
+
+def grace_chain(spec: JobSpec) -> GraceChain:
+    """The chain the renderers and launchers use. A scheduler warning set in
+    an older spec (slurm.signal_seconds, k8s.termination_grace_s) without
+    preemption.checkpoint_s sets the checkpoint time that fits inside the
+    smallest of them; with checkpoint_s, each must exceed the shutdown timeout."""
+    s, k = spec.slurm.signal_seconds, spec.k8s.termination_grace_s
+    checkpoint = spec.preemption.checkpoint_s
+    if checkpoint is None:
+        given = [w for w in (s, k) if w is not None]
+        checkpoint = checkpoint_within(min(given)) if given else DEFAULT_CHECKPOINT_S
+        if checkpoint is None:
+            raise ValueError(f"a scheduler warning of {min(given)} s leaves no time for a checkpoint; "
+                             "raise it, or set preemption.checkpoint_s and let ddpkit derive it")
+    return GraceChain.from_checkpoint(checkpoint, s, k)
+
+
+def _chain_problem(spec: JobSpec) -> str | None:
+    """One line naming the first link that breaks the chain, with its fix."""
+    chain = grace_chain(spec)
+    for name, value in chain.warnings.items():
+        if value <= chain.shutdown_s:
+            return (f"{name}={value} must exceed torchrun's --shutdown-timeout of {chain.shutdown_s} s "
+                    f"(preemption.checkpoint_s={chain.checkpoint_s} plus {chain.shutdown_s - chain.checkpoint_s} s) "
+                    f"or the workers are killed before their checkpoint is written; raise it (derived: "
+                    f"{GraceChain.from_checkpoint(chain.checkpoint_s).launcher_grace_s}), lower "
+                    "preemption.checkpoint_s, or remove it to derive it")
+    return None
+
+
 class JobSpec(Strict):
     """One DDP job. world_size = nodes * nproc_per_node."""
 
@@ -728,6 +830,7 @@ class JobSpec(Strict):
     compose: ComposeOptions = Field(default_factory=ComposeOptions)
     elastic: Elastic | None = Field(default=None, description="absent: a fixed set of nodes (a lost node ends the job)")
     watchdog: WatchdogOptions = Field(default_factory=WatchdogOptions)
+    preemption: Preemption = Field(default_factory=Preemption)
 
     @field_validator("name")
     @classmethod
@@ -771,6 +874,18 @@ class JobSpec(Strict):
             except ValueError as exc:
                 raise ValueError(f"image with slurm.container.runtime={runtime}: {exc}") from None
         return self
+
+    @model_validator(mode="after")
+    def _grace_chain(self) -> JobSpec:
+        problem = _chain_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def grace(self) -> GraceChain:
+        """The pre-emption grace chain (GraceChain): what each target waits."""
+        return grace_chain(self)
 
     @property
     def world_size(self) -> int:

@@ -117,7 +117,9 @@ class NodeRun:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_arguments(parser)
     parser.add_argument("--grace", type=int, default=10, metavar="SECONDS",
-                        help="after a failure or Ctrl-C: stop containers with this timeout, then kill (default 10)")
+                        help="after a node failed: stop the other containers with this timeout, then kill "
+                             "(default 10); after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
+                             "(preemption.checkpoint_s)")
     parser.add_argument("--shm-size", default="1g", help="/dev/shm size per container (DataLoader workers use it)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
@@ -233,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     launch = DockerLaunch(client, spec, args.shm_size)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)
-    supervisor = Supervisor([], console, args.grace)
+    supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
             supervisor.nodes = list(launch.create(plan(spec)))

@@ -109,7 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
                         help="keep each process's output under DIR/node<I>/ (default: a temporary folder)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
-                        help="after a failure or Ctrl-C: SIGTERM, wait this long, then SIGKILL (default 10)")
+                        help="after a node failed: SIGTERM the others, wait this long, then SIGKILL (default 10); "
+                             "after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
+                             "(preemption.checkpoint_s)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
 
@@ -184,4 +186,5 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     note = spec.watchdog.script_note(spec.command)
     if note:
         console.print(f"launch local: {note}", markup=False)
-    return supervise(nodes, console, grace, RunText("launch local", "interrupted; stopped all nodes"))
+    return supervise(nodes, console, grace, RunText("launch local", "interrupted; stopped all nodes"),
+                     interrupt_grace_s=spec.grace.launcher_grace_s)

@@ -117,11 +117,11 @@ class NodeRun:
         """TERM the node's process group, KILL after the grace period (the
         stop script's, ssh.grace_s), then wait for its output to end. Uses a
         fresh connection when this one has dropped. Returns a problem, if any."""
-        problem = self._stop_group()
+        problem = self._stop_group(grace_s)
         self.join(grace_s + self.settings.timeout_s)
         return problem
 
-    def _stop_group(self) -> str | None:
+    def _stop_group(self, grace_s: float) -> str | None:
         if not self._went:
             return None
         self.started.wait(self.settings.timeout_s)
@@ -137,7 +137,8 @@ class NodeRun:
             except ConnectError as exc:
                 return f"{self.label}: cannot reconnect to stop it: {exc}"
         try:
-            _, stdout, _ = client.exec_command(self.command.stop(self.pgid), timeout=self.settings.timeout_s + 60)
+            _, stdout, _ = client.exec_command(self.command.stop(self.pgid, grace_s),
+                                               timeout=self.settings.timeout_s + grace_s + 60)
             stdout.channel.recv_exit_status()
         except (OSError, paramiko.SSHException) as exc:
             return f"{self.label}: stop failed: {exc}"

@@ -115,7 +115,8 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     elastic = plan.spec.elastic
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
-                            min_nodes=elastic.min_nodes if elastic else None)
+                            min_nodes=elastic.min_nodes if elastic else None,
+                            interrupt_grace_s=plan.spec.grace.launcher_grace_s)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))

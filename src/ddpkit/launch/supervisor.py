@@ -4,7 +4,8 @@ A launcher builds one `NodeHandle` per node (a torchrun agent, a container,
 an SSH session) and hands them to `supervise`. Everything else is here and
 only here: starting the nodes, the prefixed line printer, the loop that
 waits for events, fail-fast (the first node that fails stops every other
-node, each given `grace_s` to exit), Ctrl-C / SIGTERM (every node stopped),
+node, each given `grace_s` to exit), Ctrl-C / SIGTERM (every node stopped,
+given `interrupt_grace_s`: the grace chain's time to checkpoint, spec.grace),
 the end-of-run summary table and the exit code.
 
 The loop reads `Event`s from one queue. Nodes post `NodeExited`; anything
@@ -212,8 +213,11 @@ class Supervisor:
 
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
                  sources: Sequence[EventSource] = (), summary_console: Console | None = None,
-                 min_nodes: int | None = None) -> None:
+                 min_nodes: int | None = None, interrupt_grace_s: float | None = None) -> None:
+        # grace_s: after a node failed (fail fast); interrupt_grace_s: after
+        # Ctrl-C or SIGTERM, which ask the job to checkpoint (spec.grace).
         self.nodes, self.grace_s = list(nodes), grace_s
+        self.interrupt_grace_s = grace_s if interrupt_grace_s is None else interrupt_grace_s
         self.min_nodes = min_nodes  # elastic (spec.elastic.min_nodes): see _excludes; None: fail fast
         self.console = summary_console or console  # where the summary goes
         self.sources = list(sources)
@@ -286,7 +290,8 @@ class Supervisor:
         # A node that ended is stopped too: what it left behind may still run.
         outcome.stopped = {n.index for n in self.nodes if n.exit_code() is None}
         with ThreadPoolExecutor(max_workers=min(64, max(1, len(self.nodes)))) as pool:
-            outcome.problems = [p for p in pool.map(lambda n: n.stop(self.grace_s), self.nodes) if p]
+            grace = self.interrupt_grace_s if outcome.interrupted else self.grace_s
+            outcome.problems = [p for p in pool.map(lambda n: n.stop(grace), self.nodes) if p]
 
     def status(self, node: NodeHandle, outcome: Outcome) -> Status:
         if any(s.node == node.index for s in outcome.stalled):
@@ -371,9 +376,9 @@ def _code_text(code: int | None) -> str:
 
 
 def supervise(nodes: Sequence[NodeHandle], console: Console, grace_s: float, text: RunText,
-              sources: Sequence[EventSource] = ()) -> int:
+              sources: Sequence[EventSource] = (), interrupt_grace_s: float | None = None) -> int:
     """Run the nodes to the end, print the summary, return the exit code."""
-    supervisor = Supervisor(nodes, console, grace_s, sources)
+    supervisor = Supervisor(nodes, console, grace_s, sources, interrupt_grace_s=interrupt_grace_s)
     outcome = supervisor.run()
     supervisor.summary(outcome, text)
     return outcome.code

@@ -230,7 +230,7 @@ def pod_fields(spec: JobSpec) -> dict[str, Any]:
     """The pod-spec fields every kind but TrainJob renders as they are."""
     # fsGroup: the kubelet makes PVC and emptyDir volumes group-writable by
     # this group, so the non-root container can write its checkpoints.
-    out: dict[str, Any] = {"terminationGracePeriodSeconds": spec.k8s.termination_grace_s,
+    out: dict[str, Any] = {"terminationGracePeriodSeconds": spec.grace.k8s_grace_s,
                            "securityContext": {"fsGroup": spec.k8s.run_as_user}}
     if spec.k8s.scheduler == VOLCANO:
         out["schedulerName"] = VOLCANO
@@ -642,8 +642,8 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     for pod in pod_specs(docs, kind):
         if pod.get("volumes") != pod_volumes(spec):
             problems.append("pod volumes differ from k8s.volumes")
-        if pod.get("terminationGracePeriodSeconds") != spec.k8s.termination_grace_s:
-            problems.append("terminationGracePeriodSeconds differs from k8s.termination_grace_s")
+        if pod.get("terminationGracePeriodSeconds") != spec.grace.k8s_grace_s:
+            problems.append("terminationGracePeriodSeconds differs from the grace chain (k8s.termination_grace_s)")
     for doc in docs:
         meta = doc.get("metadata", {})
         if not DNS1035.match(meta.get("name", "")) or len(meta["name"]) > DNS_LABEL_MAX:

@@ -32,11 +32,6 @@ from ..specfile import SpecError
 
 NAME = "slurm"
 TEMPLATE = "slurm/job.sbatch.j2"
-# Signal Slurm sends the batch shell before the time limit. Not USR1: NCCL
-# may use it (submitit avoids it for the same reason).
-PREEMPT_SIGNAL = "USR2"
-# torchrun's agent forwards these to its workers instead of dying on them.
-TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 
 
 def filename(spec: JobSpec) -> str:
@@ -82,7 +77,7 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     out.append(f"--output={s.output}")
     if s.requeue:
         # A requeued run appends to the same file, so the log shows every run.
-        out += [f"--signal=B:{PREEMPT_SIGNAL}@{s.signal_seconds}", "--requeue", "--open-mode=append"]
+        out += [f"--signal=B:{spec.preemption.signal}@{spec.grace.slurm_signal_s}", "--requeue", "--open-mode=append"]
     placement = {"dependency": s.dependency, "constraint": s.constraint, "reservation": s.reservation,
                  "nodelist": s.nodelist, "exclude": s.exclude}
     out += [f"--{key}={value}" for key, value in placement.items() if value is not None]
@@ -147,15 +142,11 @@ def task_argv(spec: JobSpec, *, doctor: bool = False) -> str:
 
 
 def exports(spec: JobSpec) -> dict[str, str]:
-    """`export NAME=value` lines: the job env, plus what the launch needs.
-    PYTHONUNBUFFERED (from the job env) is exported first, as it always was."""
+    """`export NAME=value` lines: the job env. PYTHONUNBUFFERED (from the
+    job env) is exported first, as it always was."""
     env = target_env(spec, target_for(spec))
-    out = {envnames.PYTHONUNBUFFERED: env[envnames.PYTHONUNBUFFERED]}
-    if spec.slurm.mode == "torchrun":
-        out[envnames.TORCHELASTIC_SIGNALS_TO_HANDLE] = TORCHRUN_SIGNALS
-        # Time the workers get to checkpoint after the signal before SIGKILL.
-        out[envnames.TORCH_ELASTIC_SHUTDOWN_TIMEOUT] = str(spec.slurm.signal_seconds)
-    return out | env
+    # torchrun's signals and shutdown timeout are flags on its line (contract.stop_args).
+    return {envnames.PYTHONUNBUFFERED: env[envnames.PYTHONUNBUFFERED]} | env
 
 
 @dataclass(frozen=True)

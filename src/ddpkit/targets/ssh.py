@@ -7,6 +7,8 @@ two launchers run identical remote commands and differ only in who fans out.
 
 from __future__ import annotations
 
+import math
+
 from ..quoting import first_shell_word
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
@@ -21,6 +23,7 @@ def variables(spec: JobSpec, *, doctor: bool = False) -> dict[str, object]:
         "spec": spec,
         "hosts": list(spec.ssh.hosts),
         "connect_timeout": max(1, round(spec.ssh.connect_timeout_s)),
+        "interrupt_ticks": math.ceil(spec.grace.launcher_grace_s * 10),
         "alive_interval": max(1, round(spec.ssh.alive_interval_s)),
         "start_payload": start_payload(spec, doctor=doctor, watch_stdin=False),
         "stop_payload": stop_payload(spec),

@@ -37,8 +37,10 @@ class NodeCommand:
     start: str
     stop_template: str
 
-    def stop(self, pgid: int) -> str:
-        return f"env {PGID}={int(pgid)} {self.stop_template}"
+    def stop(self, pgid: int, grace_s: float | None = None) -> str:
+        """The stop command; `grace_s` replaces ssh.grace_s (an interrupt's longer grace)."""
+        ticks = "" if grace_s is None else f" {envnames.DDPKIT_STOP_TICKS}={math.ceil(grace_s * 10)}"
+        return f"env {PGID}={int(pgid)}{ticks} {self.stop_template}"
 
 
 def node_env(spec: JobSpec) -> dict[str, str]:

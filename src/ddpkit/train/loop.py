@@ -133,6 +133,7 @@ class Trainer:
         self.pos, self.resumed_from, saved_batch = self.checkpointer.resume(self.plan.global_batch)
         if self.resumed_from is not None:
             self._replan(saved_batch)
+            self.metrics.write("resume", step=self.pos.step, epoch=self.pos.epoch, checkpoint=str(self.resumed_from))
         self._first_step_pending = True
 
     def _steps_left_in_epoch(self) -> int:
@@ -303,7 +304,8 @@ class Trainer:
     def _preempt(self) -> RunStatus:
         self.log.warning("stop signal received: checkpointing at step %d and exiting with %d",
                          self.pos.step, ExitCode.PREEMPTED)
-        self.save()
+        path = self.save()
+        self.metrics.write("stop", **self.agreement.stop_record(self.pos.step, str(path) if path else None))
         if self.rank == 0:
             note = requeue_if_slurm()
             if note:

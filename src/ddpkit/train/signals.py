@@ -5,10 +5,13 @@ per-rank requests into one decision that every rank takes after the same
 step, so a signal that reached only some ranks, or reached them during
 different steps, still stops every rank together: then rank 0 checkpoints,
 everyone exits with EXIT_PREEMPTED, and under Slurm rank 0 asks for the job
-to be requeued. SIGUSR1 is left alone: NCCL may use it.
+to be requeued. SIGUSR1 is left alone: NCCL may use it. The signals are
+contract.TRAINER_STOP_SIGNALS, the list the renderers tell torchrun's agent
+to forward (contract.stop_args) instead of dying on them.
 
 The agreement is pipelined so that it never waits on the training device:
-the flag lives on the CPU and is all-reduced (MAX) over a CPU-capable group,
+the flag (the signal's number, 0 for none) lives on the CPU and is
+all-reduced (MAX) over a CPU-capable group,
 asynchronously; the check after step n reads the all-reduce started after
 step n-1 (long finished by then) and starts the next one. Every rank sees
 the same value, the flags as of the end of step n-1, so the decision is the
@@ -28,10 +31,12 @@ import torch
 import torch.distributed as dist
 
 from .. import envnames
+from ..contract import TRAINER_STOP_SIGNALS
 from ..exitcodes import ExitCode
 
 EXIT_PREEMPTED = ExitCode.PREEMPTED  # stopped on request after a checkpoint; run again with --resume auto
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+# The renderers tell torchrun to forward exactly these (contract.stop_args).
+STOP_SIGNALS = tuple(signal.Signals[name] for name in TRAINER_STOP_SIGNALS)
 CPU_BACKENDS = ("gloo", "mpi")  # default-group backends that all-reduce CPU tensors
 
 
@@ -77,6 +82,14 @@ class StopAgreement:
         self.request, self.distributed, self.group = request, distributed, group
         self._flag = torch.zeros(1, dtype=torch.int32)  # CPU: reading it never syncs a device
         self._pending: dist.Work | None = None
+        self.signum: int | None = None  # the agreed stop signal, once check() said stop
+
+    def stop_record(self, step: int, checkpoint: str | None) -> dict[str, object]:
+        """The metrics file's `stop` record: written only on this path, so a
+        checkpoint that a signal caused can be told from a periodic one."""
+        name = signal.Signals(self.signum).name if self.signum else None
+        return {"signal": name, "step": step, "checkpoint": checkpoint,
+                "slurm_restart_count": int(os.environ.get(envnames.SLURM_RESTART_COUNT, "0") or 0)}
 
     @classmethod
     def for_run(cls, request: StopRequest, distributed: bool) -> StopAgreement:
@@ -88,10 +101,13 @@ class StopAgreement:
     def check(self) -> bool:
         """True on every rank, after the same step, once any rank got a stop signal."""
         if not self.distributed:
+            self.signum = self.request.signum
             return self.request.requested
         if self._take_pending():
             return True
-        self._flag.fill_(1 if self.request.requested else 0)
+        # The signal's number, not just 1: every rank then knows which signal
+        # stopped the job (the highest, if ranks got different ones).
+        self._flag.fill_(self.request.signum or 0)
         self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return False
 
@@ -102,7 +118,8 @@ class StopAgreement:
             return False
         self._pending.wait()
         self._pending = None
-        return bool(self._flag.item())
+        self.signum = int(self._flag.item()) or None
+        return self.signum is not None
 
     def finish(self) -> None:
         """Wait for the all-reduce still in flight, if any. Its answer comes
