@@ -256,6 +256,23 @@ def test_a_script_job_is_told_that_stall_detection_needs_its_call() -> None:
     assert default.watchdog.script_note(default.command) is None  # ddpkit train reports by itself
 
 
+@pytest.mark.parametrize("target", ["slurm", "k8s", "ssh", "compose"])
+def test_rendering_a_script_job_says_stall_detection_needs_its_call(
+        target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rendered target has no ddpkit launcher to print the note at start-up,
+    so `ddpkit render` says it when the files are written; the doctor and
+    ddpkit's own trainer get no note."""
+    from ddpkit.cli import main
+
+    base = ["render", target, "--nodes", "2", "-o", str(tmp_path)]
+    assert main([*base, "--set", "command.script=train.py"]) == 0
+    assert "ddpkit render: stall detection is off unless your script calls ddpkit.watchdog.progress(step)" \
+        in capsys.readouterr().err
+    assert main([*base, "--set", "command.script=train.py", "--doctor"]) == 0
+    assert main(base) == 0
+    assert "stall detection" not in capsys.readouterr().err
+
+
 def test_a_frozen_ranks_stale_first_step_does_not_stretch_the_limit() -> None:
     """SIGSTOP can catch a rank whose last heartbeat was from its first step,
     while its peers, which could only finish steps with it, are warm."""

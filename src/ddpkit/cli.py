@@ -35,6 +35,9 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 def _cmd_render(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     rendered = render(spec, args.target, doctor=args.doctor, template_dir=args.templates)
+    note = None if args.doctor else spec.watchdog.script_note(spec.command)
+    if note:
+        print(f"ddpkit render: {note}", file=sys.stderr)
     if args.output is None:
         for name, text in rendered.files.items():
             if len(rendered.files) > 1:

@@ -235,6 +235,9 @@ def run(args: argparse.Namespace) -> int:
     launch = DockerLaunch(client, spec, args.shm_size)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)
+    note = spec.watchdog.script_note(spec.command)
+    if note:
+        console.print(f"launch docker: {note}", markup=False)
     supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too

@@ -201,4 +201,7 @@ def run(args: argparse.Namespace) -> int:
     state = job_state(job_id)
     logs = state.stdout if state and state.stdout else str(script.parent / spec.slurm.output)
     print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
+    note = None if args.doctor else spec.watchdog.script_note(spec.command)
+    if note:
+        print(f"ddpkit: {note}", file=sys.stderr, flush=True)
     return follow(job_id, spec) if args.follow else ExitCode.OK

@@ -110,6 +110,9 @@ def launch(plan: Plan, settings: SshSettings) -> int:
         return ExitCode.PREFLIGHT
     print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
+    note = None if plan.doctor else plan.spec.watchdog.script_note(plan.spec.command)
+    if note:
+        print(f"launch ssh: {note}", file=sys.stderr, flush=True)
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
