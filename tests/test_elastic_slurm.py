@@ -1,24 +1,32 @@
 """An elastic job on a real Slurm cluster (tests/infra/slurm_cluster.py:
 slurmctld and three slurmds in network namespaces), torchrun mode, 3 nodes,
-min_nodes 2. Right after the first checkpoint of the 3-node world
-(tests/helpers/elastic_gate.py), node3 is lost: its slurmd, its job step's
-slurmstepd and its trainer are SIGKILLed. The two others re-form the job and
-train on from the checkpoint with world size 2; the batch script relaunches
-the step on the nodes still up, and the job ends COMPLETED."""
+min_nodes 2, at a known step: right after the first checkpoint of the
+3-node world (tests/helpers/elastic_gate.py).
+
+- node1's trainer dies (its torchrun agent and workers SIGKILLed; the host
+  and its slurmd stay). Its agent held the rendezvous, so the others cannot
+  re-form the job and the job step ends with an error; the batch script
+  relaunches the step on the allocation's nodes that are up, and the new
+  workers resume from the checkpoint. Run first: the next test takes node3
+  down for good.
+- node3 is lost: its slurmd, its job step's slurmstepd and its trainer are
+  SIGKILLed. The two others re-form the job and train on from the
+  checkpoint with world size 2, and the job ends COMPLETED."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers.elastic_gate import agents_and_workers, held_step, release
 from tests.infra import slurm_cluster
 from tests.infra.slurm_cluster import SlurmCluster
 
@@ -56,15 +64,37 @@ def render(tmp: Path, gate: Path) -> Path:
     return tmp / "elastic.sbatch"
 
 
-def wait_for_gate(gate: Path, timeout: float = 300) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        marks = [p.name for p in gate.iterdir() if ".tmp-" not in p.name and p.name != "go"]
-        for step in {int(m.split(".")[0]) for m in marks}:
-            if sum(m.startswith(f"{step}.rank") for m in marks) == 3:
-                return step
-        time.sleep(0.2)
-    raise AssertionError(f"no 3-node world at the gate: {sorted(p.name for p in gate.iterdir())}")
+@pytest.mark.timeout(900)
+def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmCluster, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    job = cluster.sbatch(render(tmp_path, gate))
+    assert cluster.net is not None
+    try:
+        step = held_step(gate, 3, lambda: None, timeout=300)
+        trainer = agents_and_workers(cluster.net["node1"].pids())
+        assert trainer, "no torchrun agent on node1"
+        kill_all(trainer)
+        release(gate, 3)
+        info = cluster.wait(job, timeout=600)
+    finally:
+        cluster.run(["scancel", str(job)])
+    text = (tmp_path / f"elastic-{job}.out").read_text()
+    assert info.state == "COMPLETED", text[-6000:]
+    assert re.search(r"ddpkit: elastic: job step ended with status [1-9]\d*; relaunch 1 on 3 node\(s\): "
+                     r"node1,node2,node3", text), text[-6000:]
+    relaunched = text[text.index("relaunch 1 on 3 node(s)"):]
+    # the relaunched step resumed from the checkpoint with the same world, and finished
+    assert f"ckpt-{step:08d}.pt at step {step}" in relaunched, relaunched[-6000:]
+    assert "ddpkit train finished" in relaunched and "world size 3" in relaunched, relaunched[-6000:]
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.timeout(900)
@@ -75,13 +105,9 @@ def test_a_lost_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp
     job = cluster.sbatch(script)
     assert cluster.net is not None
     try:
-        step = wait_for_gate(gate)
-        for pid in cluster.net["node3"].pids():  # the node is gone: slurmd, slurmstepd, the trainer
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        (gate / "go").write_text("")
+        step = held_step(gate, 3, lambda: None, timeout=300)
+        kill_all(cluster.net["node3"].pids())  # the node is gone: slurmd, slurmstepd, the trainer
+        release(gate, 3)
         info = cluster.wait(job, timeout=600)
     finally:
         cluster.run(["scancel", str(job)])

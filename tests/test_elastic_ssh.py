@@ -1,11 +1,19 @@
 """An elastic job under `ddpkit launch ssh` on real hosts (network namespaces
 with sshd, tests/infra), 3 nodes, min_nodes 2. At a known step (right after
 the first checkpoint of the 3-node world, tests/helpers/elastic_gate.py)
-node 2 is lost: its link cut (no reset: the others meet silence) or its
-trainer SIGKILLed. The job must finish on the two others, resumed from that
-checkpoint with world size 2, the summary naming node 2 as excluded, and end
-with exactly the parameters of an uninterrupted 2-node run started from the
-same checkpoint."""
+node 2 is lost.
+
+- Left out (max_node_failures 1): its link cut (no reset: the others meet
+  silence) or its trainer SIGKILLed. The job must finish on the two others,
+  resumed from that checkpoint with world size 2, the summary naming node 2
+  as excluded, and end with exactly the parameters of an uninterrupted
+  2-node run started from the same checkpoint.
+- Back in time (max_node_failures 2): the host goes down (every process in
+  it killed, sshd too) and comes back (sshd started again) once the two
+  others train on with world size 2. ddpkit restarts node 2's agent, which
+  joins at the next rendezvous: the job ends with world size 3 and exactly
+  the parameters of an uninterrupted 3-node run from the 2-node checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +23,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from ddpkit.launch import proctree
+from tests.helpers.elastic_gate import agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 from tests.infra import netns, sshd
 
@@ -50,15 +57,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield net, hosts
 
 
-def write_job(folder: Path, ckpt: Path, gate: Path) -> Path:
+def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held_worlds: str) -> Path:
     spec = {
         "name": "elastic", "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
         "rendezvous": {"timeout_s": 120},
-        "elastic": {"min_nodes": 2, "max_restarts": 2},
+        "elastic": {"min_nodes": 2, "max_restarts": 2, "max_node_failures": max_node_failures},
         "command": {"python": sys.executable, "module": "tests.helpers.elastic_gate",
                     "args": [*TRAIN, "--checkpoint-dir", str(ckpt)]},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
-                "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": "3"},
+                "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": held_worlds},
         "ssh": {"workdir": str(folder), "log_dir": str(folder / "logs"), "grace_s": 3, "connect_timeout_s": 3,
                 "alive_interval_s": 1, "alive_count": 3},
     }
@@ -67,29 +74,37 @@ def write_job(folder: Path, ckpt: Path, gate: Path) -> Path:
     return job
 
 
-def wait_for_gate(gate: Path, proc: subprocess.Popen[str], out: Path, timeout: float = 400) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        marks = [p.name for p in gate.iterdir() if ".tmp-" not in p.name and p.name != "go"]
-        for step in {int(m.split(".")[0]) for m in marks}:
-            if sum(m.startswith(f"{step}.rank") for m in marks) == 3:
-                return step
-        assert proc.poll() is None, "the launcher ended before the ranks reached the gate\n" + out.read_text()[-4000:]
-        time.sleep(0.2)
-    raise AssertionError("no 3-node world at the gate\n" + out.read_text()[-4000:])
+def ended(proc: subprocess.Popen[str], out: Path) -> str | None:
+    return None if proc.poll() is None else out.read_text()[-4000:]
 
 
-def trainers_on(host: netns.Host) -> list[int]:
-    """The torchrun agent on `host` and every process under it."""
-    found = []
-    for pid in host.pids():
+def launch(net: netns.Network, hosts: sshd.SshHosts, folder: Path, job: Path) -> subprocess.Popen[str]:
+    hf = folder / "hostfile"
+    hf.write_text("".join(f"{net[n].addr}\n" for n in NODES))
+    argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
+    with (folder / "launcher.out").open("w") as o, (folder / "launcher.err").open("w") as e:
+        return net["login"].popen(argv, cwd=str(folder), stdout=o, stderr=e)
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"torch.distributed.run" in cmdline.split(b"\0"):  # the agent itself, not the node script naming it
-            found += [pid, *proctree.descendants(pid)]
-    return found
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def same_as_uninterrupted(folder: Path, ckpt: Path, held: Path, step: int, nodes: int) -> None:
+    """An uninterrupted `nodes`-node run from the held checkpoint at `step`
+    ends at the job's parameters, bit for bit."""
+    for path in held.iterdir():
+        if path.name.startswith("ckpt-") and path.name != f"ckpt-{step:08d}.pt":
+            path.unlink()
+    (held / "latest").write_text(f"ckpt-{step:08d}.pt\n")
+    ref = folder / "ref"
+    ref.mkdir()
+    run_ok(torchrun(ref, nodes, 1, [*TRAIN, "--checkpoint-dir", str(held)], tag="ref"), timeout=300)
+    assert_bitwise_equal(final_model(ckpt), final_model(held))
 
 
 def job_processes(host: netns.Host, folder: Path) -> list[int]:
@@ -108,35 +123,23 @@ def test_the_job_finishes_on_the_two_that_remain(cluster: Cluster, tmp_path: Pat
     net, hosts = cluster
     ckpt, gate, held = tmp_path / "ckpt", tmp_path / "gate", tmp_path / "held"
     gate.mkdir()
-    job = write_job(tmp_path, ckpt, gate)
-    hf = tmp_path / "hostfile"
-    hf.write_text("".join(f"{net[n].addr}\n" for n in NODES))
+    job = write_job(tmp_path, ckpt, gate, max_node_failures=1, held_worlds="3")
     lost = net[NODES[LOST]]
     out, err = tmp_path / "launcher.out", tmp_path / "launcher.err"
-    argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
-    with out.open("w") as o, err.open("w") as e:
-        proc = net["login"].popen(argv, cwd=str(tmp_path), stdout=o, stderr=e)
+    proc = launch(net, hosts, tmp_path, job)
     try:
-        step = wait_for_gate(gate, proc, out)
+        step = held_step(gate, 3, lambda: ended(proc, out))
         shutil.copytree(ckpt, held)  # the checkpoint the survivors must resume from
         if loss == "link-cut":
             net.set_link(lost, up=False)
         else:
-            for pid in trainers_on(lost):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        (gate / "go").write_text("")
+            kill_all(agents_and_workers(lost.pids()))
+        release(gate, 3)
         proc.wait(timeout=600)
     finally:
         proc.kill()
         net.set_link(lost, up=True)
-        for pid in job_processes(lost, tmp_path):  # a cut-off host: nothing could reach it
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(job_processes(lost, tmp_path))  # a cut-off host: nothing could reach it
     output, summary = out.read_text(), " ".join(err.read_text().split())
     assert proc.returncode == 0, summary[-3000:] + output[-4000:]
     reason = "host stopped answering" if loss == "link-cut" else "exit status 137"
@@ -151,12 +154,44 @@ def test_the_job_finishes_on_the_two_that_remain(cluster: Cluster, tmp_path: Pat
     for name in NODES[:LOST]:
         assert job_processes(net[name], tmp_path) == [], f"job processes left on {name}"
 
-    # an uninterrupted 2-node run from the held checkpoint ends at the same parameters, bit for bit
-    for path in held.iterdir():
-        if path.name.startswith("ckpt-") and path.name != f"ckpt-{step:08d}.pt":
-            path.unlink()
-    (held / "latest").write_text(f"ckpt-{step:08d}.pt\n")
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    run_ok(torchrun(ref, 2, 1, [*TRAIN, "--checkpoint-dir", str(held)], tag="ref"), timeout=300)
-    assert_bitwise_equal(final_model(ckpt), final_model(held))
+    same_as_uninterrupted(tmp_path, ckpt, held, step, nodes=2)
+
+
+def test_a_lost_node_that_comes_back_rejoins_at_the_next_restart(cluster: Cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    ckpt, gate, held = tmp_path / "ckpt", tmp_path / "gate", tmp_path / "held"
+    gate.mkdir()
+    # held twice: the full world (to lose node 2) and the two others (to bring it back while they train)
+    job = write_job(tmp_path, ckpt, gate, max_node_failures=2, held_worlds="3,2")
+    lost = net[NODES[LOST]]
+    out, err = tmp_path / "launcher.out", tmp_path / "launcher.err"
+    proc = launch(net, hosts, tmp_path, job)
+    try:
+        first = held_step(gate, 3, lambda: ended(proc, out))
+        kill_all(lost.pids())  # the host goes down: sshd, the agent, its workers
+        release(gate, 3)
+        step = held_step(gate, 2, lambda: ended(proc, out))  # the two others trained on and checkpointed
+        shutil.copytree(ckpt, held)  # what the 3-node world must resume from
+        hosts.restart(lost)  # the host is back; the 2-node world stays held until node 2 joins
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
+        release(gate, 2)
+        if hosts.procs[LOST].poll() is not None:
+            hosts.restart(lost)
+        kill_all(job_processes(lost, tmp_path))
+    output, summary = out.read_text(), " ".join(err.read_text().split())
+    assert proc.returncode == 0, summary[-3000:] + output[-4000:]
+    assert f"node{LOST} │ 0 │ ok, rejoined │ {lost.addr} │ rejoined after:" in summary, summary
+    assert re.search(rf"every node finished; node {LOST} \({re.escape(lost.addr)}\) rejoined after it failed "
+                     r"\((connection closed|host stopped answering)", summary), summary
+    assert "excluded" not in summary, summary
+    assert f"ddpkit: node {LOST} ({lost.addr}) answers again after it failed" in output, output[-4000:]
+    # 3 -> 2 from the first checkpoint, then 2 -> 3 from the two others' checkpoint
+    assert f"ckpt-{first:08d}.pt at step {first}" in output, output[-4000:]
+    assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in output, output[-4000:]
+    assert f"ckpt-{step:08d}.pt at step {step}" in output, output[-4000:]
+    assert "world size 2 -> 3 (the checkpoint was written by 2 ranks)" in output, output[-4000:]
+    for name in NODES:
+        assert job_processes(net[name], tmp_path) == [], f"job processes left on {name}"
+    same_as_uninterrupted(tmp_path, ckpt, held, step, nodes=3)

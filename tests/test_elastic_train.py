@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from ddpkit.launch.local import free_port
 from ddpkit.spec import JobSpec
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.elastic import Membership, changed_line, fit_global_batch
+from tests.helpers.elastic_gate import held_step, release
 from tests.helpers.runs import (
     TINY,
     Job,
@@ -107,20 +107,10 @@ def elastic_agents(tmp: Path, args: list[str], gate: Path) -> Job:
     return Job(procs, logs)
 
 
-def wait_for_gate(gate: Path, job: Job, timeout: float = 300) -> int:
-    """The step every rank of the full world is held at."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        marks = [p.name for p in gate.iterdir() if ".tmp-" not in p.name and p.name != "go"]
-        steps = {int(m.split(".")[0]) for m in marks}
-        for step in steps:
-            if len([m for m in marks if m.startswith(f"{step}.rank")]) == NODES:
-                return step
-        if all(p.poll() is not None for p in job.procs):
-            raise AssertionError("the job ended before its ranks reached the gate\n" + job.output()[-4000:])
-        time.sleep(0.1)
-    job.kill()
-    raise AssertionError(f"no full world at the gate within {timeout}s\n" + job.output()[-4000:])
+def ended(job: Job) -> str | None:
+    if all(p.poll() is not None for p in job.procs):
+        return job.output()[-4000:]
+    return None
 
 
 def kill_node(job: Job, node: int) -> None:
@@ -143,11 +133,11 @@ def test_a_lost_node_leaves_two_that_finish_from_the_checkpoint(tmp_path: Path, 
     args = [*COMMON, *extra, "--checkpoint-dir", str(ckpt), "--metrics", str(tmp_path / "m.jsonl")]
     job = elastic_agents(tmp_path, args, gate)
     try:
-        step = wait_for_gate(gate, job)
+        step = held_step(gate, NODES, lambda: ended(job), timeout=300)
         held = tmp_path / "held"  # the checkpoint the survivors must resume from, as it is now
         shutil.copytree(ckpt, held)
         kill_node(job, 2)
-        (gate / "go").write_text("")
+        release(gate, NODES)
         codes = [job.procs[n].wait(300) for n in (0, 1)]
     finally:
         job.kill()

@@ -1,41 +1,87 @@
 """`python -m tests.helpers.elastic_gate <ddpkit train flags>`: ddpkit train
-that holds every rank right after the first checkpoint its full-size world
-writes, so a test can take a node away at a known step.
+that holds every rank right after the first checkpoint a world of a chosen
+size writes, so a test can take a node away (or bring one back) at a known
+step.
 
-$ELASTIC_TEST_GATE_DIR/<step>.rank<R> is written (atomically) by each held
-rank, holding its world size; the ranks go on once the test creates
-$ELASTIC_TEST_GATE_DIR/go. Only a world of $ELASTIC_TEST_GATE_WORLD ranks is
-held (a first rendezvous that formed smaller is let through), and only
-until `go` exists: the workers started after the node loss run freely."""
+$ELASTIC_TEST_GATE_WORLD lists the world sizes to hold, e.g. "3" or "3,2".
+Each held rank writes $ELASTIC_TEST_GATE_DIR/w<world>.<step>.rank<R>
+(atomically); the ranks of that world go on once the test calls
+`release(gate, world)`. A world is held once (only until it is released): the
+workers started after that run freely, and a world not listed is never held.
+A held worker may also be ended where it waits (a node lost, or the agents
+restarting for a node that joined)."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train import checkpointing
-from ddpkit.train.__main__ import main
-
 GATE_DIR, GATE_WORLD = "ELASTIC_TEST_GATE_DIR", "ELASTIC_TEST_GATE_WORLD"
-_real_save = checkpointing.Checkpointer.save
 
 
-def _held_save(self: checkpointing.Checkpointer, pos: Any) -> Any:
+def _go(gate: Path, world: int) -> Path:
+    return gate / f"go.w{world}"
+
+
+def release(gate: Path, world: int) -> None:
+    _go(gate, world).write_text("")
+
+
+def held_step(gate: Path, world: int, failed: Callable[[], str | None], timeout: float = 400) -> int:
+    """The step at which every rank of a `world`-rank job is held. `failed()`
+    says why waiting is pointless (the job ended), or None."""
+    deadline = time.monotonic() + timeout
+    prefix = f"w{world}."
+    while time.monotonic() < deadline:
+        marks = [p.name[len(prefix):] for p in gate.iterdir() if p.name.startswith(prefix) and ".tmp-" not in p.name]
+        for step in {int(m.split(".")[0]) for m in marks}:
+            if sum(m.startswith(f"{step}.rank") for m in marks) == world:
+                return step
+        why = failed()
+        assert why is None, f"the job ended before its {world} ranks reached the gate\n{why}"
+        time.sleep(0.2)
+    raise AssertionError(f"no {world}-rank world at the gate within {timeout:g}s: {sorted(os.listdir(gate))}\n"
+                         f"{failed() or ''}")
+
+
+def agents_and_workers(pids: list[int]) -> list[int]:
+    """Of `pids` (a host's processes), each torchrun agent and every process
+    under it: what a node loses when its trainer dies but the host stays."""
+    from ddpkit.launch import proctree
+
+    found = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"torch.distributed.run" in cmdline.split(b"\0"):  # the agent itself, not a script naming it
+            found += [pid, *proctree.descendants(pid)]
+    return found
+
+
+def _held_save(self: Any, pos: Any) -> Any:
     path = _real_save(self, pos)  # every rank returns after the barrier: the file is complete
-    gate = Path(os.environ[GATE_DIR])
-    if self.ctx.world_size == int(os.environ[GATE_WORLD]) and not (gate / "go").exists():
-        mark = gate / f"{pos.step}.rank{self.ctx.rank}"
+    gate, world = Path(os.environ[GATE_DIR]), self.ctx.world_size
+    held = {int(w) for w in os.environ[GATE_WORLD].split(",")}
+    if world in held and not _go(gate, world).exists():
+        mark = gate / f"w{world}.{pos.step}.rank{self.ctx.rank}"
         tmp = mark.with_name(mark.name + f".tmp-{os.getpid()}")
-        tmp.write_text(str(self.ctx.world_size))
+        tmp.write_text(str(world))
         os.replace(tmp, mark)
-        while not (gate / "go").exists():
+        while not _go(gate, world).exists():
             time.sleep(0.05)
     return path
 
 
 if __name__ == "__main__":
+    from ddpkit.train import checkpointing
+    from ddpkit.train.__main__ import main
+
+    _real_save = checkpointing.Checkpointer.save
     checkpointing.Checkpointer.save = _held_save  # type: ignore[method-assign]
     sys.exit(main())

@@ -100,15 +100,26 @@ class SshHosts:
     def _start(self, host: Host, authorized: Path) -> subprocess.Popen[str]:
         folder = self.folder / host.name
         folder.mkdir(parents=True, exist_ok=True)
-        keygen(self.host_key(host))
+        if not self.host_key(host).exists():  # a restarted host keeps its key (known_hosts has it)
+            keygen(self.host_key(host))
         config = folder / "sshd_config"
         config.write_text(_SSHD_CONFIG.format(host_key=self.host_key(host), folder=folder, authorized=authorized))
-        log = (folder / "sshd.log").open("w")
+        log = (folder / "sshd.log").open("a")
         argv = [str(SSHD), "-D", "-e", "-f", str(config)]
         if self.system_bashrc is not None:
             argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                     'mount --bind "$0" /etc/bash.bashrc && exec "$@"', str(self.system_bashrc), *argv]
         return host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def restart(self, host: Host) -> None:
+        """sshd on `host` again, after a test took the host down (killed
+        every process in it): the host comes back."""
+        at = self.hosts.index(host)
+        if self.procs[at].poll() is None:
+            self.procs[at].kill()
+        self.procs[at].wait()
+        self.procs[at] = self._start(host, self.folder / "authorized_keys")
+        self.wait_listening()
 
     def known_hosts_line(self, host: Host, key: Path | None = None) -> str:
         public = (key or self.host_key(host)).with_suffix(".pub").read_text().split()

@@ -9,6 +9,7 @@ text is the one line a person needs.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import sys
@@ -22,6 +23,10 @@ from .hostfile import HostEntry, parse_host
 from .hostkeys import Action, Checking, HostKeyPolicy, KeyState, changed_fix, policy_from, unknown_fix
 
 DEFAULT_CONFIG = Path("~/.ssh/config")
+# paramiko's transport thread logs a failed handshake (a host that resets the
+# connection while it boots) as a traceback, which Python's last-resort
+# handler prints; connect() already turns the failure into a ConnectError.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class ConnectError(Exception):

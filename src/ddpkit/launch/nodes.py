@@ -36,6 +36,7 @@ class NodeRun:
     stream: paramiko.ChannelFile
     settings: SshSettings
     log_path: Path
+    attempt: int = 0  # elastic: how many times this node was started before (its log is appended to)
     pgid: int | None = None
     status: int | None = None
     started: threading.Event = field(default_factory=threading.Event)
@@ -77,7 +78,7 @@ class NodeRun:
 
     def _pump(self, exited: Callable[[], None]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("w", encoding="utf-8") as log:
+        with self.log_path.open("a" if self.attempt else "w", encoding="utf-8") as log:
             try:
                 for raw in self.stream:
                     self._line(raw.decode("utf-8", "replace").rstrip("\r\n"), log)

@@ -6,16 +6,19 @@ node rank (no second connection or login) -> the shared supervisor: output
 streamed with a `[nodeN host]` prefix and logged per node, the first failure,
 a dropped connection or Ctrl-C stops every node (TERM, then KILL after
 ssh.grace_s), and the summary table on stderr. An elastic job (spec.elastic)
-goes on without a failed node other than node 0 while min_nodes remain; the
-summary names it as excluded (docs/ELASTIC.md).
+goes on without a failed node other than node 0 while min_nodes remain; its
+host is probed until it answers again, and the node's agent restarted to
+join at the next rendezvous, until it failed elastic.max_node_failures times;
+the summary names it as rejoined or excluded (docs/ELASTIC.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -26,8 +29,10 @@ from ..targets.sshnode import NodeCommand, new_rdzv_id, node_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
-from .preflight import HostFacts, close_all, preflight, problem_table
-from .supervisor import RunText, Supervisor
+from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
+from .supervisor import NodeHandle, RunText, Supervisor
+
+PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +103,49 @@ def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list
     return runs
 
 
+@dataclass
+class Revive:
+    """The supervisor's Reviver for launch ssh: stop what a failed node left
+    on its host (reconnecting, as teardown does), then run the preflight
+    again until the host passes it. The new session waits at GO, as every
+    node did at the start; the supervisor sends it."""
+
+    plan: Plan
+    settings: SshSettings
+    runs: list[NodeRun] = field(default_factory=list)  # every run it made: the launcher closes them
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
+        old = self._run(node.index)
+        cleared = False
+        while not cancelled.is_set():
+            cleared = cleared or old.stop(self.plan.spec.ssh.grace_s) is None
+            run = self._try_start(old) if cleared else None
+            if run is not None:
+                if not cancelled.is_set():
+                    return run
+                run.close()
+            cancelled.wait(PROBE_S)
+        return None
+
+    def _run(self, index: int) -> NodeRun:
+        with self._lock:
+            return [r for r in self.runs if r.rank == index][-1]
+
+    def _try_start(self, old: NodeRun) -> NodeRun | None:
+        spec, start = self.plan.spec, self.plan.command(old.rank).start
+        facts = gather(HostFacts(old.rank, old.endpoint), spec, self.settings, start)
+        judge_host(facts, spec, self.plan.master_port)
+        if facts.problems or facts.client is None or facts.channel is None or facts.stream is None:
+            close_all([facts])
+            return None
+        run = NodeRun(old.rank, old.endpoint, self.plan.command(old.rank), facts.client, facts.channel,
+                      facts.stream, self.settings, old.log_path, attempt=old.attempt + 1)
+        with self._lock:
+            self.runs.append(run)
+        return run
+
+
 def launch(plan: Plan, settings: SshSettings) -> int:
     from rich.console import Console
 
@@ -117,15 +165,18 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     elastic = plan.spec.elastic
+    revive = Revive(plan, settings, list(runs))
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
                             min_nodes=elastic.min_nodes if elastic else None,
-                            interrupt_grace_s=plan.spec.grace.launcher_grace_s)
+                            interrupt_grace_s=plan.spec.grace.launcher_grace_s,
+                            reviver=revive if elastic else None,
+                            max_node_failures=elastic.max_node_failures if elastic else 1)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
         return outcome.code
     finally:
-        for run in runs:  # stops its keepalive, then closes its session and connection
+        for run in revive.runs:  # stops its keepalive, then closes its session and connection
             run.close()
         close_all(facts)  # hosts interrupted before they got a run: still waiting for the verdict
 

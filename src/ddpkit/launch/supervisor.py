@@ -10,8 +10,10 @@ the end-of-run summary table and the exit code.
 
 The loop reads `Event`s from one queue. Nodes post `NodeExited`; anything
 else that may end a run (a hang watchdog, say) is an `EventSource` that
-posts `StopRequested` with its reason and exit code. docs/ARCHITECTURE.md
-has the checklist for adding a launcher or a source.
+posts `StopRequested` with its reason and exit code. An elastic run
+(min_nodes) goes on without a failed node; with a `Reviver` (launch ssh) the
+node is brought back once its host answers, which posts `NodeReturned`.
+docs/ARCHITECTURE.md has the checklist for adding a launcher or a source.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import queue
 import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -88,12 +90,13 @@ class Status(Enum):
     STOPPED = "stopped"
     NOT_STARTED = "not started"
     EXCLUDED = "failed, excluded"  # elastic: the job went on without it
+    REJOINED = "ok, rejoined"  # elastic: it failed, its host answered again, it joined and finished
     STALLED = "stalled"
 
 
 STATUS_STYLE = {Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
                 Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow", Status.EXCLUDED: "yellow",
-                Status.STALLED: "bold red"}
+                Status.STALLED: "bold red", Status.REJOINED: "green"}
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,15 @@ class StopRequested:
     code: ExitCode
 
 
-Event = NodeExited | StopRequested
+@dataclass(frozen=True)
+class NodeReturned:
+    """Posted for a Reviver: a failed node's host answers again; `node` is
+    a new handle for the same node index, not started yet."""
+
+    node: NodeHandle
+
+
+Event = NodeExited | StopRequested | NodeReturned
 
 
 class EventSource(Protocol):
@@ -132,6 +143,15 @@ class EventSource(Protocol):
     def start(self, post: Callable[[Event], None]) -> None: ...
 
     def stop(self) -> None: ...
+
+
+class Reviver(Protocol):
+    """Brings a failed node of an elastic run back (launch ssh)."""
+
+    def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
+        """Blocking, on its own thread: clear what `node` left on its host,
+        then wait until the host answers again. A new handle for the same
+        node, not started; None once `cancelled` is set."""
 
 
 class LinePrinter:
@@ -182,6 +202,7 @@ class Outcome:
     interrupted: bool = False
     stopped: set[int] = field(default_factory=set)  # node indexes the supervisor stopped
     excluded: list[NodeHandle] = field(default_factory=list)  # elastic: failed nodes the job went on without
+    rejoined: dict[int, list[str]] = field(default_factory=dict)  # node index -> why it failed, each time it came back
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     stalled: list[StalledRank] = field(default_factory=list)  # named by the job's hang watchdog
@@ -213,12 +234,18 @@ class Supervisor:
 
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
                  sources: Sequence[EventSource] = (), summary_console: Console | None = None,
-                 min_nodes: int | None = None, interrupt_grace_s: float | None = None) -> None:
+                 min_nodes: int | None = None, interrupt_grace_s: float | None = None,
+                 reviver: Reviver | None = None, max_node_failures: int = 1) -> None:
         # grace_s: after a node failed (fail fast); interrupt_grace_s: after
         # Ctrl-C or SIGTERM, which ask the job to checkpoint (spec.grace).
         self.nodes, self.grace_s = list(nodes), grace_s
         self.interrupt_grace_s = grace_s if interrupt_grace_s is None else interrupt_grace_s
         self.min_nodes = min_nodes  # elastic (spec.elastic.min_nodes): see _excludes; None: fail fast
+        # elastic: a failed node is revived until it failed max_node_failures times (spec.elastic)
+        self.reviver, self.max_node_failures = reviver, max_node_failures
+        self.failures: Counter[int] = Counter()
+        self.away: dict[int, NodeHandle] = {}  # failed nodes being revived, by index
+        self._cancel = threading.Event()  # the run ended: stop reviving
         self.console = summary_console or console  # where the summary goes
         self.sources = list(sources)
         self.printer = LinePrinter(console)
@@ -234,8 +261,10 @@ class Supervisor:
         except KeyboardInterrupt:
             outcome.interrupted = True
         finally:
+            self._cancel.set()
             for source in self.sources:
                 source.stop()
+        outcome.excluded += self.away.values()  # their hosts did not come back in time
         if outcome.interrupted or outcome.first_failure is not None or outcome.stop_request is not None:
             self._stop_all(outcome)
         elif outcome.excluded:
@@ -262,10 +291,14 @@ class Supervisor:
             if isinstance(event, StopRequested):
                 outcome.stop_request = event
                 return
+            if isinstance(event, NodeReturned):
+                self._rejoin(event.node, outcome)
+                running.add(event.node.index)
+                continue
             running.discard(event.node.index)
             if event.node.exit_code() != 0:
                 if self._excludes(event.node, outcome):
-                    outcome.excluded.append(event.node)
+                    self._leave_out(event.node, outcome)
                     continue
                 outcome.first_failure = event.node
                 return
@@ -273,11 +306,35 @@ class Supervisor:
     def _excludes(self, node: NodeHandle, outcome: Outcome) -> bool:
         """Elastic policy: the job goes on without a failed node while at
         least min_nodes others remain, unless it is node 0 (its agent holds
-        the rendezvous store). The node is not started again: a host that
-        failed once is left out of the rest of the run."""
+        the rendezvous store)."""
         if self.min_nodes is None or node.index == 0:
             return False
-        return len(self.nodes) - len(outcome.excluded) - 1 >= self.min_nodes
+        return len(self.nodes) - len(outcome.excluded) - len(self.away) - 1 >= self.min_nodes
+
+    def _leave_out(self, node: NodeHandle, outcome: Outcome) -> None:
+        """Revived while it has failed fewer than max_node_failures times and
+        a reviver can; otherwise excluded from the rest of the run."""
+        self.failures[node.index] += 1
+        if self.reviver is None or self.failures[node.index] >= self.max_node_failures:
+            outcome.excluded.append(node)
+            return
+        self.away[node.index] = node
+        threading.Thread(target=self._revive, args=(node,), name=f"revive {node.label}", daemon=True).start()
+
+    def _revive(self, node: NodeHandle) -> None:
+        assert self.reviver is not None
+        new = self.reviver.revive(node, self._cancel)
+        if new is not None:
+            self.events.put(NodeReturned(new))
+
+    def _rejoin(self, new: NodeHandle, outcome: Outcome) -> None:
+        old = self.away.pop(new.index)
+        why = self.reason(old)
+        outcome.rejoined.setdefault(new.index, []).append(why)
+        self.nodes = [new if n.index == new.index else n for n in self.nodes]
+        self.printer.line(new, f"ddpkit: node {new.index} ({new.host}) answers again after it failed ({why}): "
+                               "its agent is restarted and joins the job at the next rendezvous")
+        new.start(self.printer, functools.partial(self.events.put, NodeExited(new)))
 
     def _stop_excluded(self, outcome: Outcome) -> None:
         """What an excluded node left behind (a cut-off host's trainer) is
@@ -306,7 +363,9 @@ class Supervisor:
             return Status.NOT_STARTED
         if node.index in outcome.stopped:
             return Status.STOPPED
-        return Status.OK if node.exit_code() == 0 else Status.FAILED
+        if node.exit_code() != 0:
+            return Status.FAILED
+        return Status.REJOINED if node.index in outcome.rejoined else Status.OK
 
     def summary(self, outcome: Outcome, text: RunText) -> None:
         """The end-of-run table, then one line on how the run ended."""
@@ -334,6 +393,8 @@ class Supervisor:
         stalled = [s.line for s in outcome.stalled if s.node == node.index]
         if stalled:
             return Text("\n".join(["hang watchdog: stalled", *stalled]))
+        if not outcome.stalled and node.index in outcome.rejoined and node not in outcome.excluded:
+            return Text("\n".join(f"rejoined after: {why}" for why in outcome.rejoined[node.index]))
         if outcome.stalled or (node is not outcome.first_failure and node not in outcome.excluded):
             return Text("")
         # Text, not markup: log lines hold brackets (our own prefix, for one).
@@ -354,12 +415,19 @@ class Supervisor:
             return f"{text.title}: {outcome.stop_request.reason}; stopped every node"
         failed = outcome.first_failure
         if failed is None:
-            return f"{text.title}: every node finished" + self._excluded_text(outcome)
+            return f"{text.title}: every node finished" + self._rejoined_text(outcome) + self._excluded_text(outcome)
         # Both halves are read by scripts and tests: keep their wording.
         return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {self.reason(failed)}; "
                 f"every other node was stopped\n"
                 f"{text.title}: node{failed.index} exited with code {outcome.code}; stopped the other nodes")
 
+
+    def _rejoined_text(self, outcome: Outcome) -> str:
+        back = [n for n in self.nodes if n.index in outcome.rejoined and n not in outcome.excluded]
+        if not back:
+            return ""
+        return "; " + ", ".join(f"node {n.index} ({n.host}) rejoined after it failed "
+                                f"({'; '.join(outcome.rejoined[n.index])})" for n in back)
 
     def _excluded_text(self, outcome: Outcome) -> str:
         if not outcome.excluded:
