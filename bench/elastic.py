@@ -1,18 +1,26 @@
-"""Elastic recovery vs resubmitting by hand (issue 15's benchmark).
+"""Elastic recovery vs resubmitting by hand (issue 15's benchmark), per target.
 
-Three torchrun elastic agents on this machine act as three nodes (c10d on
-node 0, --nnodes=2:3, the rendezvous timeouts ddpkit renders for SSH, and
-the job environment ddpkit renders for an elastic job). Mid-run, at a
-random step, node 2's agent and workers are SIGKILLed. Measured from the
-metrics file (one line per step, wall-clock times) and the logs:
+A 3-node elastic job (min_nodes 2, one process per node, CPU/gloo). Mid-run,
+at a random step after the first checkpoint, the last node's torchrun agent
+and workers are SIGKILLed. Measured from the metrics file (one line per
+step, wall-clock times) and the logs:
 
 - loss -> resumed: from the kill to the first step the two survivors train;
 - steps lost: steps trained since the checkpoint the survivors resumed from;
-- by hand: a fresh 2-node job started from that same checkpoint, from its
-  launch to its first step (what resubmitting costs once someone noticed; no
-  queue here, and no time for noticing).
+- by hand: a fresh static 2-node job from that same checkpoint on the same
+  target, from its launch (Slurm: its sbatch, so the queue is in it) to its
+  first step: what resubmitting costs once someone noticed, without the
+  noticing.
 
-    python -m bench.elastic [--repeats 3] [--out bench/results]
+Targets:
+- local: three torchrun elastic agents on this machine, with the rendezvous
+  timeouts and job environment ddpkit renders for SSH;
+- ssh: `ddpkit launch ssh` on three network-namespace hosts with sshd
+  (tests/infra, root);
+- slurm: the rendered sbatch script (torchrun mode) on a real slurmctld and
+  three slurmds (tests/infra, root).
+
+    python -m bench.elastic [--targets local,ssh,slurm] [--repeats 3] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -29,9 +37,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+import yaml
 from bench.common import ROOT, machine, spread
 
 from ddpkit.contract import CONTRACT, Target, elastic_env
@@ -41,10 +53,15 @@ from ddpkit.spec import JobSpec
 NODES, MIN_NODES = 3, 2
 ROW = CONTRACT[Target.SSH].elastic  # the SSH launcher's rendezvous timeouts
 SPEC = JobSpec.model_validate({"name": "bench", "nodes": NODES, "elastic": {"min_nodes": MIN_NODES}})
+TARGETS = ("local", "ssh", "slurm")
+DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
+HOSTS = ["node1", "node2", "node3"]
+RESUMED = re.compile(r"resumed from \S+ at step (\d+)")  # rank 0's line (train/checkpointing.py)
 
 
 @dataclass(frozen=True)
 class Recovery:
+    target: str
     loss_to_resumed_s: float
     steps_lost: int
     resumed_from_step: int
@@ -129,58 +146,256 @@ def by_hand(work: Path, held: Path, args: argparse.Namespace) -> float:
             kill_tree(p)
 
 
-def one_run(args: argparse.Namespace) -> Recovery:
+@dataclass(frozen=True)
+class Loss:
+    killed_at: int  # the last step trained before the node was gone
+    lost_at: float  # wall clock once the kill was done
+    first_after: float  # wall clock of the survivors' first step
+    resumed: int  # the step of the checkpoint they resumed from
+
+
+def lose_a_node(metrics: Path, kill: Callable[[], None], logs: Callable[[], str], every: int) -> Loss:
+    """Kill at a random step after the first checkpoint; wait for the
+    survivors' first step. Steps are told apart by their wall-clock time, not
+    by when their line is read: the old world trains on while the kill is
+    being done (finding the processes takes longer than a step here)."""
+    kill_after = random.randint(every + 1, 3 * every)
+    wait_until(lambda: any(s >= kill_after for s, _ in steps(metrics)), 600, "no step to kill at")
+    kill()
+    lost_at = time.time()
+    wait_until(lambda: any(t > lost_at for _, t in steps(metrics)), 600, "the survivors never trained again")
+    records = steps(metrics)
+    killed_at = max(s for s, t in records if t <= lost_at)
+    first_after = min(t for _, t in records if t > lost_at)
+    # The log line comes through srun or the SSH session: it may reach its
+    # file after the metrics line that followed it.
+    wait_until(lambda: RESUMED.search(logs()), 60, "no 'resumed from' line in the survivors' log")
+    resumed = max(int(m) for m in RESUMED.findall(logs()))
+    return Loss(killed_at, lost_at, first_after, resumed)
+
+
+def hold(ckpt: Path, step: int, work: Path) -> Path:
+    """A checkpoint folder holding only `step`'s checkpoint: what a job started by hand resumes from."""
+    held = work / "held"
+    held.mkdir()
+    shutil.copy2(ckpt / f"ckpt-{step:08d}.pt", held)
+    (held / "latest").write_text(f"ckpt-{step:08d}.pt\n")
+    return held
+
+
+def recovery(target: str, loss: Loss, by_hand_s: float) -> Recovery:
+    return Recovery(target, round(loss.first_after - loss.lost_at, 2), loss.killed_at - loss.resumed, loss.resumed,
+                    loss.killed_at, round(by_hand_s, 2))
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def local_run(args: argparse.Namespace) -> Recovery:
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-elastic-") as tmp:
         work = Path(tmp)
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
         procs = start_agents(work, train_args(ckpt, metrics, args))
         try:
-            kill_after = random.randint(args.checkpoint_every + 1, 3 * args.checkpoint_every)
-            wait_until(lambda: any(s >= kill_after for s, _ in steps(metrics)), 600, "no step to kill at")
-            killed_at = max(s for s, _ in steps(metrics))
-            lost_at = time.time()
-            kill_tree(procs[2])
-            seen = len(steps(metrics))
-            wait_until(lambda: len(steps(metrics)) > seen and steps(metrics)[-1][1] > lost_at, 600,
-                       "the survivors never trained again")
-            first_after = next(t for _, t in steps(metrics)[seen:] if t > lost_at)
-            logs = "\n".join((work / f"node{n}.out").read_text(errors="replace") for n in range(2))
-            resumed = max(int(m) for m in re.findall(r"resumed from \S+ at step (\d+)", logs))
-            held = work / "held"
-            held.mkdir()
-            shutil.copy2(ckpt / f"ckpt-{resumed:08d}.pt", held)
-            (held / "latest").write_text(f"ckpt-{resumed:08d}.pt\n")
+            loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), lambda: "\n".join(
+                (work / f"node{n}.out").read_text(errors="replace") for n in range(2)), args.checkpoint_every)
+            held = hold(ckpt, loss.resumed, work)
         finally:
             for p in procs:
                 kill_tree(p)
-        return Recovery(round(first_after - lost_at, 2), killed_at - resumed, resumed, killed_at,
-                        round(by_hand(work, held, args), 2))
+        return recovery("local", loss, by_hand(work, held, args))
+
+
+# ---- launch ssh on namespace hosts, and a real Slurm cluster ----------------------
+
+def job_spec(work: Path, ckpt: Path, metrics: Path, args: argparse.Namespace, nodes: int,
+             **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "bench", "nodes": nodes, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
+        "rendezvous": {"timeout_s": 300},
+        "command": {"python": sys.executable, "module": "ddpkit.train", "args": train_args(ckpt, metrics, args)},
+        "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"},
+        **extra,
+    }
+    if nodes == NODES:
+        spec["elastic"] = {"min_nodes": MIN_NODES, "max_restarts": 3, "max_node_failures": 1}
+    (work / "bench.yaml").write_text(yaml.safe_dump(spec))
+    return spec
+
+
+@contextmanager
+def ssh_hosts() -> Iterator[tuple[Any, Any]]:
+    from tests.infra import netns, sshd
+
+    folder = Path(tempfile.mkdtemp(prefix="ddpkit-bench-elastic-hosts-"))
+    try:
+        with netns.Network(["login", *HOSTS], prefix=f"dkb{os.getpid() % 10000}") as net:
+            net.wait_reachable()
+            with sshd.SshHosts(net.hosts[1:], net.hosts[0], folder) as hosts:
+                yield net, hosts
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def launch_ssh(net: Any, hosts: Any, work: Path, nodes: int, tag: str) -> subprocess.Popen[str]:
+    hostfile = work / f"hostfile.{tag}"
+    hostfile.write_text("".join(f"{net[n].addr}\n" for n in HOSTS[:nodes]))
+    argv = [DDPKIT, "launch", "ssh", "-f", str(work / "bench.yaml"), "--hostfile", str(hostfile),
+            *hosts.launcher_flags()]
+    with (work / f"launcher.{tag}.out").open("w") as out:
+        proc: subprocess.Popen[str] = net["login"].popen(argv, cwd=str(work), stdout=out, stderr=subprocess.STDOUT)
+    return proc
+
+
+def end_launcher(proc: subprocess.Popen[str]) -> None:
+    """Ctrl-C's path: the launcher stops every node (within the grace chain) and exits."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
+    from tests.helpers.elastic_gate import agents_and_workers
+
+    with tempfile.TemporaryDirectory(prefix="ddpkit-bench-elastic-ssh-") as tmp:
+        work = Path(tmp)
+        ckpt, metrics = work / "ckpt", work / "m.jsonl"
+        ssh = {"ssh": {"workdir": str(work), "log_dir": str(work / "logs"), "grace_s": 3, "connect_timeout_s": 3,
+                       "alive_interval_s": 1, "alive_count": 3}}
+        job_spec(work, ckpt, metrics, args, NODES, **ssh)
+        proc = launch_ssh(net, hosts, work, NODES, "elastic")
+        try:
+            loss = lose_a_node(metrics, lambda: kill_pids(agents_and_workers(net[HOSTS[-1]].pids())),
+                               lambda: (work / "launcher.elastic.out").read_text(errors="replace"),
+                               args.checkpoint_every)
+            held = hold(ckpt, loss.resumed, work)
+        finally:
+            end_launcher(proc)
+        by_hand_metrics = work / "by-hand.jsonl"
+        job_spec(work, held, by_hand_metrics, args, MIN_NODES, **ssh)
+        started = time.time()
+        proc = launch_ssh(net, hosts, work, MIN_NODES, "by-hand")
+        try:
+            wait_until(lambda: steps(by_hand_metrics), 300, "the job launched by hand never trained a step")
+        finally:
+            end_launcher(proc)
+        return recovery("ssh", loss, steps(by_hand_metrics)[0][1] - started)
+
+
+@contextmanager
+def slurm_cluster() -> Iterator[Any]:
+    from tests.infra.slurm_cluster import SlurmCluster
+
+    folder = Path(tempfile.mkdtemp(prefix="ddpkit-bench-elastic-slurm-"))
+    try:
+        with SlurmCluster(folder, nodes=NODES) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sbatch(cluster: Any, work: Path) -> int:
+    done = subprocess.run([DDPKIT, "render", "slurm", "-f", str(work / "bench.yaml"), "-o", str(work)],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"ddpkit render slurm failed: {done.stderr}")
+    return int(cluster.sbatch(work / "bench.sbatch"))
+
+
+def cancel(cluster: Any, job: int) -> None:
+    cluster.run(["scancel", str(job)])
+    cluster.wait(job, timeout=120)
+
+
+def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
+    from tests.helpers.elastic_gate import agents_and_workers
+
+    work = Path(tempfile.mkdtemp(prefix="ddpkit-bench-elastic-slurm-job-"))
+    try:
+        ckpt, metrics = work / "ckpt", work / "m.jsonl"
+        job_spec(work, ckpt, metrics, args, NODES, slurm={"requeue": False})
+        job = sbatch(cluster, work)
+        try:
+            loss = lose_a_node(metrics, lambda: kill_pids(agents_and_workers(cluster.net[HOSTS[-1]].pids())),
+                               lambda: (work / f"bench-{job}.out").read_text(errors="replace"),
+                               args.checkpoint_every)
+            held = hold(ckpt, loss.resumed, work)
+        finally:
+            cancel(cluster, job)
+        by_hand_metrics = work / "by-hand.jsonl"
+        job_spec(work, held, by_hand_metrics, args, MIN_NODES, slurm={"requeue": False})
+        started = time.time()
+        job = sbatch(cluster, work)
+        try:
+            wait_until(lambda: steps(by_hand_metrics), 300, "the job submitted by hand never trained a step")
+        finally:
+            cancel(cluster, job)
+        return recovery("slurm", loss, steps(by_hand_metrics)[0][1] - started)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def runs_on(target: str, args: argparse.Namespace) -> list[Recovery]:
+    if target == "local":
+        return [local_run(args) for _ in range(args.repeats)]
+    if target == "ssh":
+        with ssh_hosts() as (net, hosts):
+            return [ssh_run(args, net, hosts) for _ in range(args.repeats)]
+    with slurm_cluster() as cluster:
+        return [slurm_run(args, cluster) for _ in range(args.repeats)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--targets", default="local", help=f"comma-separated, of {', '.join(TARGETS)} "
+                        "(ssh and slurm build hosts in network namespaces: root)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=6000, help="synthetic samples (sets the run's length)")
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    runs = [one_run(args) for _ in range(args.repeats)]
+    targets = args.targets.split(",")
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown:
+        parser.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
+    runs = [r for target in targets for r in runs_on(target, args)]
     result = {
         "machine": machine(),
         "setup": {"nodes": NODES, "min_nodes": MIN_NODES, "nproc_per_node": 1, "last_call_timeout_s": ROW.last_call_s,
-                  "heartbeat_expiry_s": 15, "checkpoint_every": args.checkpoint_every},
+                  "heartbeat_expiry_s": 15, "checkpoint_every": args.checkpoint_every, "targets": targets},
         "runs": [asdict(r) for r in runs],
-        "loss_to_resumed_s": spread(r.loss_to_resumed_s for r in runs),
-        "steps_lost": spread(r.steps_lost for r in runs),
-        "by_hand_launch_to_first_step_s": spread(r.by_hand_launch_to_first_step_s for r in runs),
+        "by_target": {t: by_target([r for r in runs if r.target == t]) for t in targets},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "elastic.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'run':>4} {'loss->resumed s':>16} {'steps lost':>11} {'by hand: launch->first step s':>30}")
+    print(f"{'target':<7} {'run':>3} {'loss->resumed s':>16} {'steps lost':>11} {'by hand: launch->first step s':>30} "
+          f"{'ratio':>6}")
     for i, r in enumerate(runs):
-        print(f"{i:>4} {r.loss_to_resumed_s:>16.1f} {r.steps_lost:>11} {r.by_hand_launch_to_first_step_s:>30.1f}")
+        ratio = r.loss_to_resumed_s / r.by_hand_launch_to_first_step_s
+        print(f"{r.target:<7} {i:>3} {r.loss_to_resumed_s:>16.1f} {r.steps_lost:>11} "
+              f"{r.by_hand_launch_to_first_step_s:>30.1f} {ratio:>6.2f}")
+    print("ratio: elastic recovery time / a fresh job's launch-to-first-step on the same target (the by-hand path "
+          "also needs someone to notice and resubmit)")
     print(f"wrote {args.out / 'elastic.json'}")
     return 0
+
+
+def by_target(runs: list[Recovery]) -> dict[str, Any]:
+    return {
+        "loss_to_resumed_s": spread(r.loss_to_resumed_s for r in runs),
+        "steps_lost": spread(r.steps_lost for r in runs),
+        "by_hand_launch_to_first_step_s": spread(r.by_hand_launch_to_first_step_s for r in runs),
+        "ratio": spread(r.loss_to_resumed_s / r.by_hand_launch_to_first_step_s for r in runs),
+    }
 
 
 if __name__ == "__main__":

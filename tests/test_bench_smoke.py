@@ -6,6 +6,7 @@ is there and positive."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +78,6 @@ def test_teardown_local_times_both_launchers(tmp_path: Path) -> None:
 @pytest.mark.root
 def test_launch_bench_times_start_and_teardown_on_real_hosts(tmp_path: Path) -> None:
     """bench/launch.py on two namespace hosts, one method, no torch runs."""
-    import os
     import shutil
 
     from tests.infra import netns, sshd
@@ -103,6 +103,24 @@ def test_elastic_bench_times_recovery_and_resubmitting(tmp_path: Path) -> None:
     (run,) = data["runs"]
     assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0
     assert 0 <= run["steps_lost"] <= run["killed_at_step"] and data["machine"]["torch"]
+
+
+@pytest.mark.root
+def test_elastic_bench_on_launch_ssh_and_real_slurm(tmp_path: Path) -> None:
+    """bench/elastic.py's real targets: namespace hosts with sshd, and slurmctld with three slurmds."""
+    from tests.infra import netns, slurm_cluster, sshd
+
+    reason = netns.available() or sshd.available() or slurm_cluster.available()
+    if reason or os.geteuid() != 0:
+        pytest.skip(reason or "needs root")
+    run_bench("bench.elastic", "--targets", "ssh,slurm", "--repeats", "1", "--samples", "1600",
+              "--checkpoint-every", "4", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "elastic.json").read_text())
+    assert [r["target"] for r in data["runs"]] == ["ssh", "slurm"]
+    for run in data["runs"]:
+        assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0, run
+        assert 0 <= run["steps_lost"] <= run["killed_at_step"], run
+    assert set(data["by_target"]) == {"ssh", "slurm"} and data["by_target"]["slurm"]["ratio"]["mean"] > 0
 
 
 def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) -> None:

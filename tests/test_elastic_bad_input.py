@@ -114,9 +114,3 @@ def test_train_refuses_a_bad_keep_global_batch(value: str) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "--keep-global-batch-of" in done.stderr and "Traceback" not in done.stderr
-
-
-def test_launch_local_refuses_an_elastic_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["launch", "local", "-f", str(write(tmp_path))]) == 2
-    found = problems(capsys.readouterr().err)
-    assert len(found) == 1 and "elastic on local: launch local runs every node on this machine" in found[0], found

@@ -56,13 +56,14 @@ REFUSED = [t for t in Target if t not in ELASTIC_TARGETS]
 
 
 def test_which_targets_run_elastic() -> None:
-    assert set(ELASTIC_TARGETS) == {Target.SLURM, Target.PYTORCHJOB, Target.SSH, Target.COMPOSE}
+    assert set(ELASTIC_TARGETS) == {Target.SLURM, Target.PYTORCHJOB, Target.SSH, Target.COMPOSE, Target.LOCAL}
     assert all(CONTRACT[t].elastic.refusal for t in REFUSED)
 
 
 # The rendezvous id each node resolves: the Slurm job id, the job's name on
-# Kubernetes and compose, the run's id that the SSH launchers pass.
-RDZV_IDS = {Target.SLURM: "4242", Target.PYTORCHJOB: "el", Target.COMPOSE: "el", Target.SSH: "el-run1"}
+# Kubernetes and compose, the run's id that the SSH launchers and launch local pass.
+RDZV_IDS = {Target.SLURM: "4242", Target.PYTORCHJOB: "el", Target.COMPOSE: "el", Target.SSH: "el-run1",
+            Target.LOCAL: "el-run1"}
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)

@@ -186,7 +186,7 @@ def test_a_lost_node_that_comes_back_rejoins_at_the_next_restart(cluster: Cluste
     assert re.search(rf"every node finished; node {LOST} \({re.escape(lost.addr)}\) rejoined after it failed "
                      r"\((connection closed|host stopped answering)", summary), summary
     assert "excluded" not in summary, summary
-    assert f"ddpkit: node {LOST} ({lost.addr}) answers again after it failed" in output, output[-4000:]
+    assert f"ddpkit: node {LOST} ({lost.addr}) is back after it failed" in output, output[-4000:]
     # 3 -> 2 from the first checkpoint, then 2 -> 3 from the two others' checkpoint
     assert f"ckpt-{first:08d}.pt at step {first}" in output, output[-4000:]
     assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in output, output[-4000:]

@@ -243,8 +243,8 @@ CONTRACT: dict[Target, ContractRow] = {
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
         hosts=lambda spec: ["127.0.0.1"] * spec.nodes,
-        elastic=ElasticRow(None, "launch local runs every node on this machine, where no node can be lost "
-                                 "alone; use launch ssh (or another target) for an elastic job")),
+        # a fresh id per run, in each agent's environment (launch local)
+        elastic=ElasticRow(FromNode(envnames.DDPKIT_RDZV_ID), last_call_s=30)),
 }
 
 

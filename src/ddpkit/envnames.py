@@ -78,7 +78,7 @@ DDPKIT_INTERFACE: Final = "DDPKIT_INTERFACE"
 DDPKIT_JOB_NAME: Final = "DDPKIT_JOB_NAME"
 DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
 DDPKIT_PGID: Final = "DDPKIT_PGID"
-DDPKIT_RDZV_ID: Final = "DDPKIT_RDZV_ID"  # an elastic job's rendezvous id on ssh: fresh per run
+DDPKIT_RDZV_ID: Final = "DDPKIT_RDZV_ID"  # an elastic job's rendezvous id on ssh and local: fresh per run
 # Tenths of a second the SSH stop script waits between TERM and KILL, when the
 # stop asks for a checkpoint (an interrupt): the grace chain's launcher grace.
 DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"

@@ -6,6 +6,12 @@ Each agent gets the launch line every per-node target runs
 streamed live with one `[nodeI rankR]` prefix (see supervisor). Fail fast: the first agent that exits
 non-zero stops the others (each agent leads its own process group, so its
 workers go too), and the run ends with a summary naming it.
+
+An elastic job (spec.elastic) runs its agents with c10d rendezvous on
+127.0.0.1 and a fresh id: a failed node other than node 0 is left out while
+min_nodes remain, and started again at once (this machine is always there)
+to join at the next rendezvous, until it failed elastic.max_node_failures
+times (docs/ELASTIC.md).
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import envnames
-from ..contract import Target, elastic_refusal, job_env, sources, torchrun_argv
+from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
-from ..specfile import SpecError, add_spec_arguments, spec_from_args
+from ..specfile import add_spec_arguments, spec_from_args
+from ..targets.sshnode import new_rdzv_id
 from . import proctree
-from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, RunText, supervise
+from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, RunText, Supervisor
 
 
 @dataclass
@@ -126,10 +133,9 @@ def local_spec(args: argparse.Namespace) -> JobSpec:
     """The job as given, made to run here: gloo on the CPU, static
     rendezvous on a free port unless the spec fixes one (a fixed master_port
     wins on every target). The user's --set still wins over these."""
-    refusal = elastic_refusal(spec_from_args(args), Target.LOCAL)  # before the static rendezvous below
-    if refusal:
-        raise SpecError([refusal])
-    here = ["backend=gloo", "device=cpu", "rendezvous.backend=static"]
+    here = ["backend=gloo", "device=cpu"]
+    if spec_from_args(args).elastic is None:  # an elastic job keeps c10d (it refuses a static rendezvous)
+        here.append("rendezvous.backend=static")
     args = argparse.Namespace(**{**vars(args), "overrides": here + list(args.overrides)})
     spec = spec_from_args(args)
     if spec.master_port is None:
@@ -154,14 +160,41 @@ def with_tee(argv: list[str], log_dir: Path) -> list[str]:
 def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
     base = {**os.environ, **job_env(spec), envnames.PYTHONUNBUFFERED: "1"}
+    rdzv_id = new_rdzv_id(spec)
+    if rdzv_id is not None:
+        base[envnames.DDPKIT_RDZV_ID] = rdzv_id
     host = socket.gethostname()
     nodes = []
     for i in range(spec.nodes):
         # DDPKIT_HOSTNAME: N nodes share one machine, so each names itself
         # for the rank report's one-host-one-node check.
         env = {**base, envnames.DDPKIT_NODE_RANK: str(i), envnames.DDPKIT_HOSTNAME: f"{host}-node{i}"}
-        nodes.append(Node(i, with_tee([a.resolve(env) for a in argv], log_root / f"node{i}"), env, f"{host}-node{i}"))
+        words = [a.resolve(env) for a in argv]
+        if rdzv_id is not None:
+            words = [_store_on_node0(w, i) for w in words]
+        nodes.append(Node(i, with_tee(words, log_root / f"node{i}"), env, f"{host}-node{i}"))
     return nodes
+
+
+def _store_on_node0(word: str, node: int) -> str:
+    """Every agent here sees its own host in the rendezvous endpoint
+    (127.0.0.1), so each would try to host the c10d store and whichever
+    starts first wins. Node 0 must hold it (the others may be lost), so
+    say who does."""
+    return f"{word},is_host={int(node == 0)}" if word.startswith("--rdzv-conf=") else word
+
+
+@dataclass
+class Restart:
+    """launch local's Reviver: a failed node's agent, stopped with what it
+    left behind, is started again at once with the same command."""
+
+    grace: float
+
+    def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
+        assert isinstance(node, Node)
+        node.stop(self.grace)
+        return None if cancelled.is_set() else Node(node.index, node.argv, node.env, node.host)
 
 
 def stop(nodes: list[Node], grace: float) -> None:
@@ -186,5 +219,11 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     note = spec.watchdog.script_note(spec.command)
     if note:
         console.print(f"launch local: {note}", markup=False)
-    return supervise(nodes, console, grace, RunText("launch local", "interrupted; stopped all nodes"),
-                     interrupt_grace_s=spec.grace.launcher_grace_s)
+    elastic = spec.elastic
+    supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
+                            min_nodes=elastic.min_nodes if elastic else None,
+                            reviver=Restart(grace) if elastic else None,
+                            max_node_failures=elastic.max_node_failures if elastic else 1)
+    outcome = supervisor.run()
+    supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
+    return outcome.code

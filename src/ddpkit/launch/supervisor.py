@@ -332,7 +332,7 @@ class Supervisor:
         why = self.reason(old)
         outcome.rejoined.setdefault(new.index, []).append(why)
         self.nodes = [new if n.index == new.index else n for n in self.nodes]
-        self.printer.line(new, f"ddpkit: node {new.index} ({new.host}) answers again after it failed ({why}): "
+        self.printer.line(new, f"ddpkit: node {new.index} ({new.host}) is back after it failed ({why}): "
                                "its agent is restarted and joins the job at the next rendezvous")
         new.start(self.printer, functools.partial(self.events.put, NodeExited(new)))
 

@@ -1,0 +1,123 @@
+"""An elastic job under `ddpkit launch local`: three torchrun agents on this
+machine, min_nodes 2. Right after the first checkpoint of the 3-node world
+(tests/helpers/elastic_gate.py), node 2's agent and workers are SIGKILLed.
+
+- max_node_failures 1: node 2 is excluded; the two others finish with world
+  size 2 and the summary says `failed, excluded`.
+- max_node_failures 2: the launcher starts node 2's agent again at once, it
+  joins at the next rendezvous, the job finishes with world size 3 and the
+  summary says `ok, rejoined`.
+
+Either way the job ends with exactly the parameters of an uninterrupted run,
+with the final world size, from the checkpoint the last rendezvous resumed
+from (every checkpoint is kept: --keep 100)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddpkit.launch import proctree
+from tests.helpers.elastic_gate import agents_and_workers, held_step, release
+from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
+
+pytestmark = pytest.mark.slow
+
+DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
+TRAIN = [*TINY, "--synthetic-size", "96", "--batch-size", "4", "--epochs", "2", "--no-eval", "--device", "cpu",
+         "--backend", "gloo", "--lr", "0.05", "--base-batch", "8", "--seed", "0", "--checkpoint-every", "4",
+         "--keep", "100", "--resume", "auto", "--dist-timeout", "60"]
+LOST = 2
+
+
+def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int) -> Path:
+    spec = {
+        "name": "elastic-local", "nodes": 3, "nproc_per_node": 1,
+        "rendezvous": {"timeout_s": 120},
+        "elastic": {"min_nodes": 2, "max_restarts": 2, "max_node_failures": max_node_failures},
+        "command": {"module": "tests.helpers.elastic_gate", "args": [*TRAIN, "--checkpoint-dir", str(ckpt)]},
+        "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
+                "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": "3"},
+    }
+    job = folder / "job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    return job
+
+
+def node_agent(launcher: int, node: int) -> list[int]:
+    """Node `node`'s torchrun agent under the launcher, and its workers."""
+    for pid in proctree.descendants(launcher):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"DDPKIT_NODE_RANK={node}".encode() in environ:
+            found = agents_and_workers([pid])
+            if found:
+                return found
+    return []
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("max_node_failures", [1, 2], ids=["excluded", "rejoins"])
+def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, max_node_failures: int) -> None:
+    ckpt, gate = tmp_path / "ckpt", tmp_path / "gate"
+    gate.mkdir()
+    job = write_job(tmp_path, ckpt, gate, max_node_failures)
+    out = tmp_path / "launcher.out"
+    with out.open("w") as o:
+        proc = subprocess.Popen([DDPKIT, "launch", "local", "-f", str(job)], stdout=o, stderr=subprocess.STDOUT,
+                                cwd=tmp_path)
+    try:
+        step = held_step(gate, 3, lambda: None if proc.poll() is None else out.read_text()[-4000:], timeout=300)
+        lost = node_agent(proc.pid, LOST)
+        assert lost, "no agent for node 2"
+        kill_all(lost)
+        release(gate, 3)
+        proc.wait(timeout=600)
+    finally:
+        release(gate, 3)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+    output = " ".join(out.read_text().split())
+    assert proc.returncode == 0, output[-6000:]
+    assert f"ckpt-{step:08d}.pt at step {step}" in output, output[-4000:]
+    if max_node_failures == 1:
+        world = 2
+        assert f"node{LOST} │ 137 │ failed, excluded" in output, output[-3000:]
+        assert "excluded after it failed; the job went on with 2 of 3 nodes" in output, output[-3000:]
+        assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in output, output[-4000:]
+    else:
+        world = 3
+        assert f"node{LOST} │ 0 │ ok, rejoined" in output, output[-3000:]
+        assert f"every node finished; node {LOST} " in output and "rejoined after it failed (exit status 137)" \
+            in output, output[-3000:]
+        assert f"ddpkit: node {LOST} " in output and "is back after it failed" in output, output[-4000:]
+    assert "ddpkit train finished: " in output and f"world size {world}, global batch" in output, output[-3000:]
+
+    # an uninterrupted run with the final world, from the checkpoint the last rendezvous resumed from
+    resumed = int(re.findall(r"resumed from \S+ckpt-(\d+)\.pt at step", output)[-1])
+    held = tmp_path / "held"
+    held.mkdir()
+    shutil.copy2(ckpt / f"ckpt-{resumed:08d}.pt", held)
+    (held / "latest").write_text(f"ckpt-{resumed:08d}.pt\n")
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    run_ok(torchrun(ref, world, 1, [*TRAIN, "--checkpoint-dir", str(held)], tag="ref"), timeout=300)
+    assert_bitwise_equal(final_model(ckpt), final_model(held))
