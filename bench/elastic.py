@@ -188,14 +188,6 @@ def recovery(target: str, loss: Loss, by_hand_s: float) -> Recovery:
                     loss.killed_at, round(by_hand_s, 2))
 
 
-def kill_pids(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def local_run(args: argparse.Namespace) -> Recovery:
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-elastic-") as tmp:
         work = Path(tmp)
@@ -226,6 +218,13 @@ def job_spec(work: Path, ckpt: Path, metrics: Path, args: argparse.Namespace, no
         spec["elastic"] = {"min_nodes": MIN_NODES, "max_restarts": 3, "max_node_failures": 1}
     (work / "bench.yaml").write_text(yaml.safe_dump(spec))
     return spec
+
+
+def kill_trainer(host: Any) -> None:
+    """The node's torchrun agent and workers die; the host (sshd, slurmd) stays."""
+    from tests.helpers.elastic_gate import agents_and_workers
+
+    proctree.signal_all(agents_and_workers(host.pids()), signal.SIGKILL)
 
 
 @contextmanager
@@ -264,8 +263,6 @@ def end_launcher(proc: subprocess.Popen[str]) -> None:
 
 
 def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
-    from tests.helpers.elastic_gate import agents_and_workers
-
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-elastic-ssh-") as tmp:
         work = Path(tmp)
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
@@ -274,7 +271,7 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
         job_spec(work, ckpt, metrics, args, NODES, **ssh)
         proc = launch_ssh(net, hosts, work, NODES, "elastic")
         try:
-            loss = lose_a_node(metrics, lambda: kill_pids(agents_and_workers(net[HOSTS[-1]].pids())),
+            loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]),
                                lambda: (work / "launcher.elastic.out").read_text(errors="replace"),
                                args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
@@ -317,15 +314,13 @@ def cancel(cluster: Any, job: int) -> None:
 
 
 def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
-    from tests.helpers.elastic_gate import agents_and_workers
-
     work = Path(tempfile.mkdtemp(prefix="ddpkit-bench-elastic-slurm-job-"))
     try:
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
         job_spec(work, ckpt, metrics, args, NODES, slurm={"requeue": False})
         job = sbatch(cluster, work)
         try:
-            loss = lose_a_node(metrics, lambda: kill_pids(agents_and_workers(cluster.net[HOSTS[-1]].pids())),
+            loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]),
                                lambda: (work / f"bench-{job}.out").read_text(errors="replace"),
                                args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)

@@ -66,13 +66,6 @@ def node_agent(launcher: int, node: int) -> list[int]:
     return []
 
 
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
 
 @pytest.mark.parametrize("max_node_failures", [1, 2], ids=["excluded", "rejoins"])
 def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, max_node_failures: int) -> None:
@@ -87,7 +80,7 @@ def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, max_node_failu
         step = held_step(gate, 3, lambda: None if proc.poll() is None else out.read_text()[-4000:], timeout=300)
         lost = node_agent(proc.pid, LOST)
         assert lost, "no agent for node 2"
-        kill_all(lost)
+        proctree.signal_all(lost, signal.SIGKILL)
         release(gate, 3)
         proc.wait(timeout=600)
     finally:

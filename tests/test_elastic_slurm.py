@@ -20,15 +20,16 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from ddpkit.launch import proctree
 from tests.helpers.elastic_gate import agents_and_workers, held_step, release
-from tests.infra import slurm_cluster
-from tests.infra.slurm_cluster import SlurmCluster
+from tests.infra import netns, slurm_cluster
+from tests.infra.slurm_cluster import JobInfo, SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -64,22 +65,38 @@ def render(tmp: Path, gate: Path) -> Path:
     return tmp / "elastic.sbatch"
 
 
-@pytest.mark.timeout(900)
-def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmCluster, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
+def run_with_a_loss(cluster: SlurmCluster, tmp: Path, lose: Callable[[netns.Network], None],
+                    ) -> tuple[int, str, JobInfo]:
+    """Submit the job, call `lose` once the 3-node world is held at its
+    first checkpoint, let it go on; the step it was held at, the job's
+    output and its final state."""
+    gate = tmp / "gate"
     gate.mkdir()
-    job = cluster.sbatch(render(tmp_path, gate))
+    job = cluster.sbatch(render(tmp, gate))
     assert cluster.net is not None
     try:
         step = held_step(gate, 3, lambda: None, timeout=300)
-        trainer = agents_and_workers(cluster.net["node1"].pids())
-        assert trainer, "no torchrun agent on node1"
-        kill_all(trainer)
+        lose(cluster.net)
         release(gate, 3)
         info = cluster.wait(job, timeout=600)
     finally:
         cluster.run(["scancel", str(job)])
-    text = (tmp_path / f"elastic-{job}.out").read_text()
+    return step, (tmp / f"elastic-{job}.out").read_text(), info
+
+
+def kill_node1_trainer(net: netns.Network) -> None:
+    trainer = agents_and_workers(net["node1"].pids())
+    assert trainer, "no torchrun agent on node1"
+    proctree.signal_all(trainer, signal.SIGKILL)
+
+
+def take_node3_down(net: netns.Network) -> None:
+    proctree.signal_all(net["node3"].pids(), signal.SIGKILL)  # slurmd, slurmstepd, the trainer
+
+
+@pytest.mark.timeout(900)
+def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmCluster, tmp_path: Path) -> None:
+    step, text, info = run_with_a_loss(cluster, tmp_path, kill_node1_trainer)
     assert info.state == "COMPLETED", text[-6000:]
     assert re.search(r"ddpkit: elastic: job step ended with status [1-9]\d*; relaunch 1 on 3 node\(s\): "
                      r"node1,node2,node3", text), text[-6000:]
@@ -89,29 +106,9 @@ def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmClus
     assert "ddpkit train finished" in relaunched and "world size 3" in relaunched, relaunched[-6000:]
 
 
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.mark.timeout(900)
 def test_a_lost_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    script = render(tmp_path, gate)
-    job = cluster.sbatch(script)
-    assert cluster.net is not None
-    try:
-        step = held_step(gate, 3, lambda: None, timeout=300)
-        kill_all(cluster.net["node3"].pids())  # the node is gone: slurmd, slurmstepd, the trainer
-        release(gate, 3)
-        info = cluster.wait(job, timeout=600)
-    finally:
-        cluster.run(["scancel", str(job)])
-    text = (tmp_path / f"elastic-{job}.out").read_text()
+    step, text, info = run_with_a_loss(cluster, tmp_path, take_node3_down)
     assert info.state == "COMPLETED", text[-6000:]
     assert f"ckpt-{step:08d}.pt at step {step}" in text, text[-6000:]
     assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in text, text[-6000:]

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddpkit.launch import proctree
 from tests.helpers.elastic_gate import agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 from tests.infra import netns, sshd
@@ -86,13 +87,6 @@ def launch(net: netns.Network, hosts: sshd.SshHosts, folder: Path, job: Path) ->
         return net["login"].popen(argv, cwd=str(folder), stdout=o, stderr=e)
 
 
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
 
 def same_as_uninterrupted(folder: Path, ckpt: Path, held: Path, step: int, nodes: int) -> None:
     """An uninterrupted `nodes`-node run from the held checkpoint at `step`
@@ -133,13 +127,13 @@ def test_the_job_finishes_on_the_two_that_remain(cluster: Cluster, tmp_path: Pat
         if loss == "link-cut":
             net.set_link(lost, up=False)
         else:
-            kill_all(agents_and_workers(lost.pids()))
+            proctree.signal_all(agents_and_workers(lost.pids()), signal.SIGKILL)
         release(gate, 3)
         proc.wait(timeout=600)
     finally:
         proc.kill()
         net.set_link(lost, up=True)
-        kill_all(job_processes(lost, tmp_path))  # a cut-off host: nothing could reach it
+        proctree.signal_all(job_processes(lost, tmp_path), signal.SIGKILL)  # a cut-off host: nothing could reach it
     output, summary = out.read_text(), " ".join(err.read_text().split())
     assert proc.returncode == 0, summary[-3000:] + output[-4000:]
     reason = "host stopped answering" if loss == "link-cut" else "exit status 137"
@@ -168,7 +162,7 @@ def test_a_lost_node_that_comes_back_rejoins_at_the_next_restart(cluster: Cluste
     proc = launch(net, hosts, tmp_path, job)
     try:
         first = held_step(gate, 3, lambda: ended(proc, out))
-        kill_all(lost.pids())  # the host goes down: sshd, the agent, its workers
+        proctree.signal_all(lost.pids(), signal.SIGKILL)  # the host goes down: sshd, the agent, its workers
         release(gate, 3)
         step = held_step(gate, 2, lambda: ended(proc, out))  # the two others trained on and checkpointed
         shutil.copytree(ckpt, held)  # what the 3-node world must resume from
@@ -179,7 +173,7 @@ def test_a_lost_node_that_comes_back_rejoins_at_the_next_restart(cluster: Cluste
         release(gate, 2)
         if hosts.procs[LOST].poll() is not None:
             hosts.restart(lost)
-        kill_all(job_processes(lost, tmp_path))
+        proctree.signal_all(job_processes(lost, tmp_path), signal.SIGKILL)
     output, summary = out.read_text(), " ".join(err.read_text().split())
     assert proc.returncode == 0, summary[-3000:] + output[-4000:]
     assert f"node{LOST} │ 0 │ ok, rejoined │ {lost.addr} │ rejoined after:" in summary, summary

@@ -116,7 +116,8 @@ class Revive:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
-        old = self._run(node.index)
+        old = node
+        assert isinstance(old, NodeRun)
         cleared = False
         while not cancelled.is_set():
             cleared = cleared or old.stop(self.plan.spec.ssh.grace_s) is None
@@ -128,9 +129,9 @@ class Revive:
             cancelled.wait(PROBE_S)
         return None
 
-    def _run(self, index: int) -> NodeRun:
+    def made(self) -> list[NodeRun]:
         with self._lock:
-            return [r for r in self.runs if r.rank == index][-1]
+            return list(self.runs)
 
     def _try_start(self, old: NodeRun) -> NodeRun | None:
         spec, start = self.plan.spec, self.plan.command(old.rank).start
@@ -176,7 +177,7 @@ def launch(plan: Plan, settings: SshSettings) -> int:
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
         return outcome.code
     finally:
-        for run in revive.runs:  # stops its keepalive, then closes its session and connection
+        for run in revive.made():  # stops its keepalive, then closes its session and connection
             run.close()
         close_all(facts)  # hosts interrupted before they got a run: still waiting for the verdict
 
