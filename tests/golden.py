@@ -1,11 +1,14 @@
 """The checked-in example outputs under slurm/ and k8s/: which example
-renders to which file. `make golden` writes them; tests compare them whole."""
+renders to which file. `make golden` writes them; tests compare them whole.
+A kind that refuses an example (an elastic job on a kind without elastic,
+docs/ELASTIC.md) has no file; its refusal is tested in test_elastic_*."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from ddpkit.contract import Target, elastic_refusal
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 from ddpkit.targets import render
@@ -28,7 +31,8 @@ def expected() -> dict[Path, str]:
         out[Path("slurm") / f"{stem}.sbatch"] = _single(load_spec(example), "slurm")
         for kind in K8S_KINDS:
             spec = load_spec(example, overrides=[f"k8s.kind={kind}"])
-            out[Path("k8s") / f"{stem}.{kind}.yaml"] = _single(spec, "k8s")
+            if elastic_refusal(spec, Target(kind)) is None:
+                out[Path("k8s") / f"{stem}.{kind}.yaml"] = _single(spec, "k8s")
     return out
 
 
