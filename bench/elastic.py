@@ -110,6 +110,8 @@ def steps(metrics: Path) -> list[tuple[int, float]]:
 
 
 def wait_until(predicate: object, timeout: float, what: str) -> None:
+    """Polls; raises TimeoutError(what) after `timeout` s (kept under the tests' 600 s limit, so a
+    bench smoke test fails with the reason rather than a timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():  # type: ignore[operator]
@@ -160,10 +162,10 @@ def lose_a_node(metrics: Path, kill: Callable[[], None], logs: Callable[[], str]
     by when their line is read: the old world trains on while the kill is
     being done (finding the processes takes longer than a step here)."""
     kill_after = random.randint(every + 1, 3 * every)
-    wait_until(lambda: any(s >= kill_after for s, _ in steps(metrics)), 600, "no step to kill at")
+    wait_until(lambda: any(s >= kill_after for s, _ in steps(metrics)), 300, "no step to kill at")
     kill()
     lost_at = time.time()
-    wait_until(lambda: any(t > lost_at for _, t in steps(metrics)), 600, "the survivors never trained again")
+    wait_until(lambda: any(t > lost_at for _, t in steps(metrics)), 300, "the survivors never trained again")
     records = steps(metrics)
     killed_at = max(s for s, t in records if t <= lost_at)
     first_after = min(t for _, t in records if t > lost_at)
