@@ -156,7 +156,7 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
 
     # (b) requeued: a second run of the same job
     assert info.restarts == 1, info
-    assert f"requeued Slurm job {run.job}" in text
+    assert f"requeueing Slurm job {run.job} (scontrol requeue)" in text, text[-6000:]
     assert f"job {run.job} run 1 " in text and f"job {run.job} run 2 " in text
 
     # (c) the second run resumed at exactly the stopped step, after the stop

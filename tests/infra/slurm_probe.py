@@ -40,7 +40,7 @@ def steps(ctx: DistContext, total: int, ckpt: Path) -> int:
             if ctx.rank == 0:
                 ckpt.write_text(str(step))
                 say(f"PROBE-CHECKPOINT step={step}")
-                say(f"PROBE-{requeue_if_slurm()}")
+                requeue_if_slurm(lambda line: say(f"PROBE-{line}"))
             return EXIT_PREEMPTED
     agreement.finish()
     if ctx.rank == 0:

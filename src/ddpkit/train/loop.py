@@ -307,7 +307,5 @@ class Trainer:
         path = self.save()
         self.metrics.write("stop", **self.agreement.stop_record(self.pos.step, str(path) if path else None))
         if self.rank == 0:
-            note = requeue_if_slurm()
-            if note:
-                self.log.warning(note)
+            requeue_if_slurm(lambda line: self.log.warning("%s", line))
         return RunStatus.PREEMPTED

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
+from collections.abc import Callable
 from types import FrameType
 
 import torch
@@ -129,13 +129,14 @@ class StopAgreement:
         self._take_pending()
 
 
-def requeue_if_slurm() -> str | None:
-    """Under Slurm, put the job back in the queue; returns what was done, for the log."""
+def requeue_if_slurm(say: Callable[[str], None]) -> None:
+    """Under Slurm, put the job back in the queue, and say so first: the
+    requeue ends this run at once, so a line written after it may never
+    reach the job's output."""
     job = os.environ.get(envnames.SLURM_JOB_ID)
     if not job:
-        return None
+        return
+    say(f"requeueing Slurm job {job} (scontrol requeue); this run ends here")
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        print(f"ddpkit train: scontrol requeue {job} failed: {done.stderr.strip()}", file=sys.stderr)
-        return f"requeue of Slurm job {job} failed"
-    return f"requeued Slurm job {job}"
+        say(f"scontrol requeue {job} failed: {done.stderr.strip()}")
