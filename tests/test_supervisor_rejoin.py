@@ -191,3 +191,21 @@ def test_a_failure_that_leaves_fewer_than_min_nodes_counting_those_away_ends_the
     sup, outcome = run(nodes, hosts, drive)
     assert outcome.first_failure is nodes[1] and outcome.code == 1
     assert nodes[0].stopped and sup.status(nodes[0], outcome) == Status.STOPPED
+
+
+def test_a_rejoined_node_that_fails_first_is_summarised_by_its_failure() -> None:
+    nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
+    made: list[ScriptedNode] = []
+
+    def drive() -> None:
+        nodes[2].finish(137)
+        made.append(hosts.answer(2))
+        nodes[1].finish(137)  # away: 2 remain
+        assert hosts.asked.get(timeout=WAIT_S) == 1
+        made[0].finish(1)  # 1 would remain: it ends the run
+
+    sup, outcome = run(nodes, hosts, drive, max_node_failures=3)
+    [back] = made
+    assert outcome.first_failure is back and outcome.code == 1
+    assert sup.status(back, outcome) == Status.FAILED_FIRST
+    assert str(sup._failure_cell(back, outcome)).startswith("exit status 1")

@@ -11,8 +11,9 @@ the end-of-run summary table and the exit code.
 The loop reads `Event`s from one queue. Nodes post `NodeExited`; anything
 else that may end a run (a hang watchdog, say) is an `EventSource` that
 posts `StopRequested` with its reason and exit code. An elastic run
-(min_nodes) goes on without a failed node; with a `Reviver` (launch ssh) the
-node is brought back once its host answers, which posts `NodeReturned`.
+(min_nodes) goes on without a failed node; with a `Reviver` (launch ssh,
+launch local) the node is brought back once its host answers, which posts
+`NodeReturned`.
 docs/ARCHITECTURE.md has the checklist for adding a launcher or a source.
 """
 
@@ -146,7 +147,7 @@ class EventSource(Protocol):
 
 
 class Reviver(Protocol):
-    """Brings a failed node of an elastic run back (launch ssh)."""
+    """Brings a failed node of an elastic run back (launch ssh, launch local)."""
 
     def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
         """Blocking, on its own thread: clear what `node` left on its host,
@@ -393,7 +394,8 @@ class Supervisor:
         stalled = [s.line for s in outcome.stalled if s.node == node.index]
         if stalled:
             return Text("\n".join(["hang watchdog: stalled", *stalled]))
-        if not outcome.stalled and node.index in outcome.rejoined and node not in outcome.excluded:
+        if (not outcome.stalled and node.index in outcome.rejoined and node not in outcome.excluded
+                and node is not outcome.first_failure):
             return Text("\n".join(f"rejoined after: {why}" for why in outcome.rejoined[node.index]))
         if outcome.stalled or (node is not outcome.first_failure and node not in outcome.excluded):
             return Text("")
