@@ -1,14 +1,11 @@
 """The checked-in example outputs under slurm/ and k8s/: which example
-renders to which file. `make golden` writes them; tests compare them whole.
-A kind that refuses an example (an elastic job on a kind without elastic,
-docs/ELASTIC.md) has no file; its refusal is tested in test_elastic_*."""
+renders to which file. `make golden` writes them; tests compare them whole."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from ddpkit.contract import Target, elastic_refusal
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 from ddpkit.targets import render
@@ -31,8 +28,7 @@ def expected() -> dict[Path, str]:
         out[Path("slurm") / f"{stem}.sbatch"] = _single(load_spec(example), "slurm")
         for kind in K8S_KINDS:
             spec = load_spec(example, overrides=[f"k8s.kind={kind}"])
-            if elastic_refusal(spec, Target(kind)) is None:
-                out[Path("k8s") / f"{stem}.{kind}.yaml"] = _single(spec, "k8s")
+            out[Path("k8s") / f"{stem}.{kind}.yaml"] = _single(spec, "k8s")
     return out
 
 
