@@ -94,13 +94,15 @@ def print_dry_run(plan: Plan, out: TextIO) -> None:
         out.write(plan.command(rank).start + "\n")
 
 
+def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) -> NodeRun:
+    """The node's run on the session its passed preflight left waiting at GO."""
+    assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
+    return NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
+                   settings, plan.log_path(f.node), attempt=attempt)
+
+
 def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[NodeRun]:
-    runs = []
-    for f in facts:
-        assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
-        runs.append(NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
-                            settings, plan.log_path(f.node)))
-    return runs
+    return [node_run(plan, f, settings) for f in facts]
 
 
 @dataclass
@@ -134,14 +136,13 @@ class Revive:
             return list(self.runs)
 
     def _try_start(self, old: NodeRun) -> NodeRun | None:
-        spec, start = self.plan.spec, self.plan.command(old.rank).start
-        facts = gather(HostFacts(old.rank, old.endpoint), spec, self.settings, start)
+        spec = self.plan.spec
+        facts = gather(HostFacts(old.rank, old.endpoint), spec, self.settings, self.plan.command(old.rank).start)
         judge_host(facts, spec, self.plan.master_port)
-        if facts.problems or facts.client is None or facts.channel is None or facts.stream is None:
+        if facts.problems:
             close_all([facts])
             return None
-        run = NodeRun(old.rank, old.endpoint, self.plan.command(old.rank), facts.client, facts.channel,
-                      facts.stream, self.settings, old.log_path, attempt=old.attempt + 1)
+        run = node_run(self.plan, facts, self.settings, attempt=old.attempt + 1)
         with self._lock:
             self.runs.append(run)
         return run
