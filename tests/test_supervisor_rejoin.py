@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from ddpkit.launch.supervisor import LinePrinter, NodeHandle, Outcome, RunText, Status, Supervisor
+from ddpkit.launch.supervisor import LinePrinter, Membership, NodeHandle, Outcome, RunText, Status, Supervisor
 
 WAIT_S = 10.0
 
@@ -83,8 +83,8 @@ def run(nodes: list[ScriptedNode], hosts: Hosts, drive: Callable[[], None],
         max_node_failures: int = 2) -> tuple[Supervisor, Outcome]:
     """The supervisor in this (the main) thread, as launchers run it (it
     installs signal handlers); `drive` plays the nodes from another thread."""
-    sup = Supervisor(nodes, Console(file=io.StringIO(), width=200), 1.0, min_nodes=2, reviver=hosts,
-                     max_node_failures=max_node_failures)
+    sup = Supervisor(nodes, Console(file=io.StringIO(), width=200), 1.0,
+                     membership=Membership(min_nodes=2, max_node_failures=max_node_failures, reviver=hosts))
     errors: list[BaseException] = []
 
     def driver() -> None:

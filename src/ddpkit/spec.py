@@ -687,7 +687,7 @@ class Elastic(Strict):
                     "true: gradient accumulation keeps the global batch of the full job")
     max_node_failures: int = Field(
         default=2, ge=1, le=100,
-        description="launch ssh: a node that failed this many times is left out for the rest of the run; "
+        description="launch ssh and launch local: a node that failed this many times is left out for the rest of the run; "
                     "before that, ddpkit restarts its agent once its host answers again and it joins at the "
                     "next rendezvous (1: left out at its first failure, as launch.sh does)")
 

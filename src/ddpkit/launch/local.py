@@ -35,7 +35,7 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from . import proctree
-from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, RunText, Supervisor
+from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, Membership, NodeHandle, RunText, Supervisor
 
 
 @dataclass
@@ -219,11 +219,8 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     note = spec.watchdog.script_note(spec.command)
     if note:
         console.print(f"launch local: {note}", markup=False)
-    elastic = spec.elastic
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
-                            min_nodes=elastic.min_nodes if elastic else None,
-                            reviver=Restart(grace) if elastic else None,
-                            max_node_failures=elastic.max_node_failures if elastic else 1)
+                            membership=Membership.of(spec.elastic, Restart(grace)))
     outcome = supervisor.run()
     supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     return outcome.code

@@ -30,7 +30,7 @@ from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
-from .supervisor import NodeHandle, RunText, Supervisor
+from .supervisor import Membership, NodeHandle, RunText, Supervisor
 
 PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
 
@@ -166,13 +166,10 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    elastic = plan.spec.elastic
-    revive = Revive(plan, settings, list(runs))
+    revive = Revive(plan, settings, list(runs))  # for an elastic job; its runs are closed below either way
+    membership = Membership.of(plan.spec.elastic, revive)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
-                            min_nodes=elastic.min_nodes if elastic else None,
-                            interrupt_grace_s=plan.spec.grace.launcher_grace_s,
-                            reviver=revive if elastic else None,
-                            max_node_failures=elastic.max_node_failures if elastic else 1)
+                            interrupt_grace_s=plan.spec.grace.launcher_grace_s, membership=membership)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))

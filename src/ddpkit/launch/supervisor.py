@@ -10,9 +10,9 @@ the end-of-run summary table and the exit code.
 
 The loop reads `Event`s from one queue. Nodes post `NodeExited`; anything
 else that may end a run (a hang watchdog, say) is an `EventSource` that
-posts `StopRequested` with its reason and exit code. An elastic run
-(min_nodes) goes on without a failed node; with a `Reviver` (launch ssh,
-launch local) the node is brought back once its host answers, which posts
+posts `StopRequested` with its reason and exit code. An elastic run (a
+`Membership`: launch ssh, launch local) goes on without a failed node, and
+its `Reviver` brings the node back once its host answers, which posts
 `NodeReturned`.
 docs/ARCHITECTURE.md has the checklist for adding a launcher or a source.
 """
@@ -37,6 +37,8 @@ from .interrupt import interrupts_raise
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
+
+    from ..spec import Elastic
 
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
@@ -155,6 +157,22 @@ class Reviver(Protocol):
         node, not started; None once `cancelled` is set."""
 
 
+@dataclass(frozen=True)
+class Membership:
+    """An elastic run's rules (spec.elastic): the job goes on without a failed
+    node while min_nodes others remain, and `reviver` brings it back until it
+    failed max_node_failures times."""
+
+    min_nodes: int
+    max_node_failures: int
+    reviver: Reviver
+
+    @classmethod
+    def of(cls, elastic: Elastic | None, reviver: Reviver) -> Membership | None:
+        """None for a static job: its first failed node stops the run."""
+        return None if elastic is None else cls(elastic.min_nodes, elastic.max_node_failures, reviver)
+
+
 class LinePrinter:
     """Every node's output, one line at a time, each with one prefix
     `[<label>]` or `[<label> rank<R>]`, and the last lines of each node."""
@@ -235,15 +253,12 @@ class Supervisor:
 
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
                  sources: Sequence[EventSource] = (), summary_console: Console | None = None,
-                 min_nodes: int | None = None, interrupt_grace_s: float | None = None,
-                 reviver: Reviver | None = None, max_node_failures: int = 1) -> None:
+                 interrupt_grace_s: float | None = None, membership: Membership | None = None) -> None:
         # grace_s: after a node failed (fail fast); interrupt_grace_s: after
         # Ctrl-C or SIGTERM, which ask the job to checkpoint (spec.grace).
         self.nodes, self.grace_s = list(nodes), grace_s
         self.interrupt_grace_s = grace_s if interrupt_grace_s is None else interrupt_grace_s
-        self.min_nodes = min_nodes  # elastic (spec.elastic.min_nodes): see _excludes; None: fail fast
-        # elastic: a failed node is revived until it failed max_node_failures times (spec.elastic)
-        self.reviver, self.max_node_failures = reviver, max_node_failures
+        self.membership = membership  # elastic: see _excludes and _leave_out; None: fail fast
         self.failures: Counter[int] = Counter()
         self.away: dict[int, NodeHandle] = {}  # failed nodes being revived, by index
         self._cancel = threading.Event()  # the run ended: stop reviving
@@ -308,23 +323,24 @@ class Supervisor:
         """Elastic policy: the job goes on without a failed node while at
         least min_nodes others remain, unless it is node 0 (its agent holds
         the rendezvous store)."""
-        if self.min_nodes is None or node.index == 0:
+        if self.membership is None or node.index == 0:
             return False
-        return len(self.nodes) - len(outcome.excluded) - len(self.away) - 1 >= self.min_nodes
+        return len(self.nodes) - len(outcome.excluded) - len(self.away) - 1 >= self.membership.min_nodes
 
     def _leave_out(self, node: NodeHandle, outcome: Outcome) -> None:
-        """Revived while it has failed fewer than max_node_failures times and
-        a reviver can; otherwise excluded from the rest of the run."""
+        """Revived while it has failed fewer than max_node_failures times;
+        otherwise excluded from the rest of the run."""
+        assert self.membership is not None  # _excludes said yes
         self.failures[node.index] += 1
-        if self.reviver is None or self.failures[node.index] >= self.max_node_failures:
+        if self.failures[node.index] >= self.membership.max_node_failures:
             outcome.excluded.append(node)
             return
         self.away[node.index] = node
         threading.Thread(target=self._revive, args=(node,), name=f"revive {node.label}", daemon=True).start()
 
     def _revive(self, node: NodeHandle) -> None:
-        assert self.reviver is not None
-        new = self.reviver.revive(node, self._cancel)
+        assert self.membership is not None
+        new = self.membership.reviver.revive(node, self._cancel)
         if new is not None:
             self.events.put(NodeReturned(new))
 
