@@ -14,10 +14,10 @@ RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
 .PHONY: lint wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench bench-launch clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e '.[test]' -c constraints.txt
 	touch $@
 
 install: $(VENV)/.installed

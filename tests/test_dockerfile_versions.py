@@ -1,6 +1,7 @@
 """The CUDA image installs the torch ddpkit is tested with: the version record
-(the ARG block at the top of docker/Dockerfile) agrees with the torch in this
-venv, and the image's base and index carry the same CUDA."""
+(the ARG block at the top of docker/Dockerfile) names the versions that
+constraints.txt pins for `make install` and that this venv holds, and the
+image's base and index carry the same CUDA."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 import torch
 import torchvision
 
-DOCKERFILE = Path(__file__).resolve().parents[1] / "docker" / "Dockerfile"
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILE = REPO / "docker" / "Dockerfile"
 ARG = re.compile(r"^ARG (\w+)=(\S*)$")
+PIN = re.compile(r"^(torch|torchvision)==(\S+)$")
 
 
 def record() -> dict[str, str]:
@@ -36,8 +39,15 @@ def test_the_record_names_every_version() -> None:
                              "TORCH_INDEX_URL", "BASE_IMAGE"}
 
 
+def pins() -> dict[str, str]:
+    """What constraints.txt pins for `make install`: {"torch": "2.14.1", ...}."""
+    lines = (REPO / "constraints.txt").read_text().splitlines()
+    return {m[1]: m[2] for m in map(PIN.match, lines) if m}
+
+
 def test_the_image_torch_is_the_tested_torch() -> None:
     rec = record()
+    assert pins() == {"torch": rec["TORCH_VERSION"], "torchvision": rec["TORCHVISION_VERSION"]}
     assert major_minor(rec["TORCH_VERSION"]) == major_minor(torch.__version__)
     assert major_minor(rec["TORCHVISION_VERSION"]) == major_minor(torchvision.__version__)
 
