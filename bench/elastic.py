@@ -2,8 +2,9 @@
 
 A 3-node elastic job (min_nodes 2, one process per node, CPU/gloo). Mid-run,
 at a random step after the first checkpoint, the last node's torchrun agent
-and workers are SIGKILLed. Measured from the metrics file (one line per
-step, wall-clock times) and the logs:
+and workers are SIGKILLed. Measured from the metrics file (rank 0's
+records, in the order they happened: one per step with its wall-clock
+time, and the `resume` record of each run that started from a checkpoint):
 
 - loss -> resumed: from the kill to the first step the two survivors train;
 - steps lost: steps trained since the checkpoint the survivors resumed from;
@@ -29,7 +30,6 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -56,7 +56,6 @@ SPEC = JobSpec.model_validate({"name": "bench", "nodes": NODES, "elastic": {"min
 TARGETS = ("local", "ssh", "slurm")
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 HOSTS = ["node1", "node2", "node3"]
-RESUMED = re.compile(r"resumed from \S+ at step (\d+)")  # rank 0's line (train/checkpointing.py)
 
 
 @dataclass(frozen=True)
@@ -102,11 +101,23 @@ def start_agents(work: Path, args: list[str]) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
-def steps(metrics: Path) -> list[tuple[int, float]]:
+@dataclass(frozen=True)
+class Record:
+    kind: str  # "train" (a step) or "resume" (a run started from the checkpoint at `step`)
+    step: int
+    time: float
+
+
+def records(metrics: Path) -> list[Record]:
     if not metrics.exists():
         return []
     lines = metrics.read_text().split("\n")[:-1]  # complete lines only
-    return [(r["step"], r["time"]) for r in map(json.loads, lines) if r.get("kind") == "train"]
+    return [Record(r["kind"], r["step"], r["time"]) for r in map(json.loads, lines)
+            if r.get("kind") in ("train", "resume")]
+
+
+def steps(metrics: Path) -> list[tuple[int, float]]:
+    return [(r.step, r.time) for r in records(metrics) if r.kind == "train"]
 
 
 def wait_until(predicate: object, timeout: float, what: str) -> None:
@@ -156,24 +167,33 @@ class Loss:
     resumed: int  # the step of the checkpoint they resumed from
 
 
-def lose_a_node(metrics: Path, kill: Callable[[], None], logs: Callable[[], str], every: int) -> Loss:
+def lose_a_node(metrics: Path, kill: Callable[[], None], every: int) -> Loss:
     """Kill at a random step after the first checkpoint; wait for the
-    survivors' first step. Steps are told apart by their wall-clock time, not
-    by when their line is read: the old world trains on while the kill is
-    being done (finding the processes takes longer than a step here)."""
+    survivors' first step."""
     kill_after = random.randint(every + 1, 3 * every)
     wait_until(lambda: any(s >= kill_after for s, _ in steps(metrics)), 300, "no step to kill at")
     kill()
     lost_at = time.time()
-    wait_until(lambda: any(t > lost_at for _, t in steps(metrics)), 300, "the survivors never trained again")
-    records = steps(metrics)
-    killed_at = max(s for s, t in records if t <= lost_at)
-    first_after = min(t for _, t in records if t > lost_at)
-    # The log line comes through srun or the SSH session: it may reach its
-    # file after the metrics line that followed it.
-    wait_until(lambda: RESUMED.search(logs()), 60, "no 'resumed from' line in the survivors' log")
-    resumed = max(int(m) for m in RESUMED.findall(logs()))
-    return Loss(killed_at, lost_at, first_after, resumed)
+    wait_until(lambda: after_loss(records(metrics), lost_at), 300, "the survivors never trained again")
+    loss = after_loss(records(metrics), lost_at)  # the same: the file is only appended to
+    assert loss is not None
+    return loss
+
+
+def after_loss(written: list[Record], lost_at: float) -> Loss | None:
+    """The survivors' run is told apart by its `resume` record, the first one
+    written after the kill (their workers start only once the loss is seen),
+    not by step times: the old world trains on while the kill is being done
+    (finding the processes takes longer than a step here), and a step it had
+    in flight is written after the kill. None until the survivors trained."""
+    for i, rec in enumerate(written):
+        if rec.kind == "resume" and rec.time > lost_at:
+            first = next((r for r in written[i + 1:] if r.kind == "train"), None)
+            if first is None:
+                return None
+            killed_at = max(r.step for r in written[:i] if r.kind == "train")
+            return Loss(killed_at, lost_at, first.time, rec.step)
+    return None
 
 
 def hold(ckpt: Path, step: int, work: Path) -> Path:
@@ -196,8 +216,7 @@ def local_run(args: argparse.Namespace) -> Recovery:
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
         procs = start_agents(work, train_args(ckpt, metrics, args))
         try:
-            loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), lambda: "\n".join(
-                (work / f"node{n}.out").read_text(errors="replace") for n in range(2)), args.checkpoint_every)
+            loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             for p in procs:
@@ -273,9 +292,7 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
         job_spec(work, ckpt, metrics, args, NODES, **ssh)
         proc = launch_ssh(net, hosts, work, NODES, "elastic")
         try:
-            loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]),
-                               lambda: (work / "launcher.elastic.out").read_text(errors="replace"),
-                               args.checkpoint_every)
+            loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             end_launcher(proc)
@@ -322,9 +339,7 @@ def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
         job_spec(work, ckpt, metrics, args, NODES, slurm={"requeue": False})
         job = sbatch(cluster, work)
         try:
-            loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]),
-                               lambda: (work / f"bench-{job}.out").read_text(errors="replace"),
-                               args.checkpoint_every)
+            loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             cancel(cluster, job)
