@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from bench.common import ROOT, machine, spread
@@ -56,6 +56,7 @@ SPEC = JobSpec.model_validate({"name": "bench", "nodes": NODES, "elastic": {"min
 TARGETS = ("local", "ssh", "slurm")
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 HOSTS = ["node1", "node2", "node3"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -120,13 +121,15 @@ def steps(metrics: Path) -> list[tuple[int, float]]:
     return [(r.step, r.time) for r in records(metrics) if r.kind == "train"]
 
 
-def wait_until(predicate: object, timeout: float, what: str) -> None:
-    """Polls; raises TimeoutError(what) after `timeout` s (kept under the tests' 600 s limit, so a
+def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    """Polls until `predicate` returns something truthy, and returns that; raises
+    TimeoutError(what) after `timeout` s (kept under the tests' 600 s limit, so a
     bench smoke test fails with the reason rather than a timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.05)
     raise TimeoutError(what)
 
@@ -152,8 +155,7 @@ def by_hand(work: Path, held: Path, args: argparse.Namespace) -> float:
         with open(work / f"byhand{node}.out", "wb") as out:
             procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env(node), cwd=work))
     try:
-        wait_until(lambda: steps(metrics), 300, "the job started by hand never trained a step")
-        return steps(metrics)[0][1] - started
+        return wait_until(lambda: steps(metrics), 300, "the job started by hand never trained a step")[0][1] - started
     finally:
         for p in procs:
             kill_tree(p)
@@ -174,9 +176,8 @@ def lose_a_node(metrics: Path, kill: Callable[[], None], every: int) -> Loss:
     wait_until(lambda: any(s >= kill_after for s, _ in steps(metrics)), 300, "no step to kill at")
     kill()
     lost_at = time.time()
-    wait_until(lambda: after_loss(records(metrics), lost_at), 300, "the survivors never trained again")
-    loss = after_loss(records(metrics), lost_at)  # the same: the file is only appended to
-    assert loss is not None
+    loss = wait_until(lambda: after_loss(records(metrics), lost_at), 300, "the survivors never trained again")
+    assert loss is not None  # wait_until returns only a truthy value
     return loss
 
 
@@ -301,10 +302,10 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
         started = time.time()
         proc = launch_ssh(net, hosts, work, MIN_NODES, "by-hand")
         try:
-            wait_until(lambda: steps(by_hand_metrics), 300, "the job launched by hand never trained a step")
+            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job launched by hand never trained a step")
         finally:
             end_launcher(proc)
-        return recovery("ssh", loss, steps(by_hand_metrics)[0][1] - started)
+        return recovery("ssh", loss, trained[0][1] - started)
 
 
 @contextmanager
@@ -348,10 +349,10 @@ def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
         started = time.time()
         job = sbatch(cluster, work)
         try:
-            wait_until(lambda: steps(by_hand_metrics), 300, "the job submitted by hand never trained a step")
+            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job submitted by hand never trained a step")
         finally:
             cancel(cluster, job)
-        return recovery("slurm", loss, steps(by_hand_metrics)[0][1] - started)
+        return recovery("slurm", loss, trained[0][1] - started)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
