@@ -265,6 +265,23 @@ def test_rendered_launcher_gives_every_node_one_fresh_id_per_run(tmp_path: Path)
     assert not any(RDZV_ID in c for c in static)
 
 
+def test_rendered_launcher_never_reads_a_half_written_exit_status(tmp_path: Path) -> None:
+    """Three nodes that succeed at once, 300 times: a node's status file read
+    between its creation and its write looked like a failure ("failed first
+    with exit status 0"; CI, stop 23). Before the write-then-rename, about 1
+    run in 75 failed here, so 300 runs catch it all but surely."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ssh").write_text(FAKE_SSH)
+    (tmp_path / "bin" / "ssh").chmod(0o755)
+    (tmp_path / "rec").mkdir()
+    script = tmp_path / "launch.sh"
+    script.write_text(render(make(elastic=None), "ssh").files["launch.sh"])
+    loop = f'for i in $(seq 300); do bash {shlex.quote(str(script))} > /dev/null || exit 1; done'
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "RECORD_DIR": str(tmp_path / "rec")}
+    done = subprocess.run(["bash", "-c", loop], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 
 
 # The node's exit status, by node rank (read from the remote command's env prefix).
