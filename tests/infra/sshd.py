@@ -3,10 +3,22 @@
 Everything lives in the test's own folder: host keys, one client key, a
 private known_hosts and ssh_config. The real ~/.ssh is never read or written
 (the launcher gets --known-hosts/--ssh-config/-i; `ssh` gets -F).
+
+The hosts' rc files are the test's too. Each sshd runs in a mount namespace
+of its own where the login user's ~/.bashrc, ~/.profile, ~/.bash_profile and
+~/.bash_login (those that exist) are bind-mounted over by one file of the
+test's: it sets the test runner's PATH and nothing else. The machine's own rc
+files are not part of a test host: on the CI machine root's ~/.bashrc runs
+`pyenv init`, whose rehash takes a lock file; a test that kills a host's
+processes can kill a shell holding it, and from then on every ssh session
+waits 60 s for the stale lock (CI, stop 23: 22 ssh tests failed at once).
 """
 
 from __future__ import annotations
 
+import os
+import pwd
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,6 +28,8 @@ from pathlib import Path
 from tests.infra.netns import Host
 
 SSHD = Path("/usr/sbin/sshd")
+LOGIN_USER = "root"  # what ssh_config's `User` says
+HOME_RC_FILES = (".bashrc", ".profile", ".bash_profile", ".bash_login")
 
 _SSHD_CONFIG = """\
 Port 22
@@ -42,6 +56,13 @@ def available() -> str | None:
         if shutil.which(tool) is None:
             return f"needs {tool} ({package})"
     return None
+
+
+def _with_mounts(mounts: list[tuple[Path, Path]], argv: list[str]) -> list[str]:
+    """`argv` in a private mount namespace where each (source, target) is
+    bind-mounted: the targets change for it alone."""
+    binds = "".join(f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))} && " for src, dst in mounts)
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", f'{binds}exec "$@"', "sshd", *argv]
 
 
 def keygen(path: Path) -> Path:
@@ -106,10 +127,18 @@ class SshHosts:
         config.write_text(_SSHD_CONFIG.format(host_key=self.host_key(host), folder=folder, authorized=authorized))
         log = (folder / "sshd.log").open("a")
         argv = [str(SSHD), "-D", "-e", "-f", str(config)]
+        mounts = self._home_rc_mounts()
         if self.system_bashrc is not None:
-            argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-                    'mount --bind "$0" /etc/bash.bashrc && exec "$@"', str(self.system_bashrc), *argv]
-        return host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            mounts = [*mounts, (self.system_bashrc, Path("/etc/bash.bashrc"))]
+        return host.popen(_with_mounts(mounts, argv), stdout=log, stderr=subprocess.STDOUT)
+
+    def _home_rc_mounts(self) -> list[tuple[Path, Path]]:
+        """The test's rc file over each of the login user's that exists."""
+        home_rc = self.folder / "home_rc"
+        if not home_rc.exists():
+            home_rc.write_text(f"export PATH={shlex.quote(os.environ['PATH'])}\n")
+        home = Path(pwd.getpwnam(LOGIN_USER).pw_dir)
+        return [(home_rc, home / name) for name in HOME_RC_FILES if (home / name).is_file()]
 
     def restart(self, host: Host) -> None:
         """sshd on `host` again, after a test took the host down (killed
