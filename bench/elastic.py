@@ -134,6 +134,19 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
     raise TimeoutError(what)
 
 
+@contextmanager
+def telling(work: Path) -> Iterator[None]:
+    """A timeout inside carries the last lines of every `*.out` in `work` (the
+    launcher's, the nodes', Slurm's): the folder is gone by the time anyone
+    reads the failure, and "no step to kill at" alone says nothing of why."""
+    try:
+        yield
+    except TimeoutError as exc:
+        tails = "".join(f"\n--- {p.name}, last lines:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                        for p in sorted(work.glob("*.out")))
+        raise TimeoutError(f"{exc}{tails}") from None
+
+
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     for pid in [*proctree.descendants(proc.pid), proc.pid]:
         try:
@@ -155,7 +168,9 @@ def by_hand(work: Path, held: Path, args: argparse.Namespace) -> float:
         with open(work / f"byhand{node}.out", "wb") as out:
             procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env(node), cwd=work))
     try:
-        return wait_until(lambda: steps(metrics), 300, "the job started by hand never trained a step")[0][1] - started
+        with telling(work):
+            first = wait_until(lambda: steps(metrics), 300, "the job started by hand never trained a step")
+        return first[0][1] - started
     finally:
         for p in procs:
             kill_tree(p)
@@ -217,7 +232,8 @@ def local_run(args: argparse.Namespace) -> Recovery:
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
         procs = start_agents(work, train_args(ckpt, metrics, args))
         try:
-            loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), args.checkpoint_every)
+            with telling(work):
+                loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             for p in procs:
@@ -293,7 +309,8 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
         job_spec(work, ckpt, metrics, args, NODES, **ssh)
         proc = launch_ssh(net, hosts, work, NODES, "elastic")
         try:
-            loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]), args.checkpoint_every)
+            with telling(work):
+                loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             end_launcher(proc)
@@ -302,7 +319,9 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
         started = time.time()
         proc = launch_ssh(net, hosts, work, MIN_NODES, "by-hand")
         try:
-            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job launched by hand never trained a step")
+            with telling(work):
+                trained = wait_until(lambda: steps(by_hand_metrics), 300,
+                                     "the job launched by hand never trained a step")
         finally:
             end_launcher(proc)
         return recovery("ssh", loss, trained[0][1] - started)
@@ -340,7 +359,8 @@ def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
         job_spec(work, ckpt, metrics, args, NODES, slurm={"requeue": False})
         job = sbatch(cluster, work)
         try:
-            loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]), args.checkpoint_every)
+            with telling(work):
+                loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             cancel(cluster, job)
@@ -349,7 +369,9 @@ def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
         started = time.time()
         job = sbatch(cluster, work)
         try:
-            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job submitted by hand never trained a step")
+            with telling(work):
+                trained = wait_until(lambda: steps(by_hand_metrics), 300,
+                                     "the job submitted by hand never trained a step")
         finally:
             cancel(cluster, job)
         return recovery("slurm", loss, trained[0][1] - started)
