@@ -38,7 +38,9 @@ def steps(ctx: DistContext, total: int, ckpt: Path) -> int:
             say(f"PROBE-STEP {step}")
         if agreement.check():
             if ctx.rank == 0:
-                ckpt.write_text(str(step))
+                part = ckpt.with_name(ckpt.name + ".part")  # whole or absent for the requeued run
+                part.write_text(str(step))
+                part.replace(ckpt)
                 say(f"PROBE-CHECKPOINT step={step}")
                 requeue_if_slurm(lambda line: say(f"PROBE-{line}"))
             return EXIT_PREEMPTED
