@@ -135,16 +135,20 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
 
 
 @contextmanager
-def telling(work: Path) -> Iterator[None]:
-    """A timeout inside carries the last lines of every `*.out` in `work` (the
-    launcher's, the nodes', Slurm's): the folder is gone by the time anyone
-    reads the failure, and "no step to kill at" alone says nothing of why."""
-    try:
-        yield
-    except TimeoutError as exc:
-        tails = "".join(f"\n--- {p.name}, last lines:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
-                        for p in sorted(work.glob("*.out")))
-        raise TimeoutError(f"{exc}{tails}") from None
+def work_folder(prefix: str) -> Iterator[Path]:
+    """One run's temporary folder. A timeout inside carries the last lines of
+    every `*.out` in it (the launcher's, the nodes', Slurm's): the folder is
+    gone by the time anyone reads the failure, and "no step to kill at" alone
+    says nothing of why."""
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
+        try:
+            yield work
+        except TimeoutError as exc:
+            tails = "".join(f"\n--- {p.name}, last lines:\n"
+                            + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                            for p in sorted(work.glob("*.out")))
+            raise TimeoutError(f"{exc}{tails}") from None
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -168,9 +172,7 @@ def by_hand(work: Path, held: Path, args: argparse.Namespace) -> float:
         with open(work / f"byhand{node}.out", "wb") as out:
             procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env(node), cwd=work))
     try:
-        with telling(work):
-            first = wait_until(lambda: steps(metrics), 300, "the job started by hand never trained a step")
-        return first[0][1] - started
+        return wait_until(lambda: steps(metrics), 300, "the job started by hand never trained a step")[0][1] - started
     finally:
         for p in procs:
             kill_tree(p)
@@ -227,13 +229,11 @@ def recovery(target: str, loss: Loss, by_hand_s: float) -> Recovery:
 
 
 def local_run(args: argparse.Namespace) -> Recovery:
-    with tempfile.TemporaryDirectory(prefix="ddpkit-bench-elastic-") as tmp:
-        work = Path(tmp)
+    with work_folder("ddpkit-bench-elastic-") as work:
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
         procs = start_agents(work, train_args(ckpt, metrics, args))
         try:
-            with telling(work):
-                loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), args.checkpoint_every)
+            loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             for p in procs:
@@ -301,16 +301,14 @@ def end_launcher(proc: subprocess.Popen[str]) -> None:
 
 
 def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
-    with tempfile.TemporaryDirectory(prefix="ddpkit-bench-elastic-ssh-") as tmp:
-        work = Path(tmp)
+    with work_folder("ddpkit-bench-elastic-ssh-") as work:
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
         ssh = {"ssh": {"workdir": str(work), "log_dir": str(work / "logs"), "grace_s": 3, "connect_timeout_s": 3,
                        "alive_interval_s": 1, "alive_count": 3}}
         job_spec(work, ckpt, metrics, args, NODES, **ssh)
         proc = launch_ssh(net, hosts, work, NODES, "elastic")
         try:
-            with telling(work):
-                loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]), args.checkpoint_every)
+            loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             end_launcher(proc)
@@ -319,9 +317,7 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
         started = time.time()
         proc = launch_ssh(net, hosts, work, MIN_NODES, "by-hand")
         try:
-            with telling(work):
-                trained = wait_until(lambda: steps(by_hand_metrics), 300,
-                                     "the job launched by hand never trained a step")
+            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job launched by hand never trained a step")
         finally:
             end_launcher(proc)
         return recovery("ssh", loss, trained[0][1] - started)
@@ -353,14 +349,12 @@ def cancel(cluster: Any, job: int) -> None:
 
 
 def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
-    work = Path(tempfile.mkdtemp(prefix="ddpkit-bench-elastic-slurm-job-"))
-    try:
+    with work_folder("ddpkit-bench-elastic-slurm-job-") as work:
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
         job_spec(work, ckpt, metrics, args, NODES, slurm={"requeue": False})
         job = sbatch(cluster, work)
         try:
-            with telling(work):
-                loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]), args.checkpoint_every)
+            loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
         finally:
             cancel(cluster, job)
@@ -369,14 +363,10 @@ def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
         started = time.time()
         job = sbatch(cluster, work)
         try:
-            with telling(work):
-                trained = wait_until(lambda: steps(by_hand_metrics), 300,
-                                     "the job submitted by hand never trained a step")
+            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job submitted by hand never trained a step")
         finally:
             cancel(cluster, job)
         return recovery("slurm", loss, trained[0][1] - started)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def runs_on(target: str, args: argparse.Namespace) -> list[Recovery]:
