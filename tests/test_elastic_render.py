@@ -235,7 +235,9 @@ printf '%s' "$last" > "$RECORD_DIR/$(date +%s%N).$$"
 """
 
 
-def run_launcher(tmp_path: Path, spec: JobSpec, tag: str) -> list[str]:
+def stand_in_launcher(tmp_path: Path, spec: JobSpec, tag: str) -> tuple[Path, dict[str, str]]:
+    """The rendered launch.sh, and the environment that gives it the stand-in
+    ssh, which records each remote command in a folder of its own for `tag`."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     (bindir / "ssh").write_text(FAKE_SSH)
@@ -244,10 +246,14 @@ def run_launcher(tmp_path: Path, spec: JobSpec, tag: str) -> list[str]:
     record.mkdir()
     script = tmp_path / "launch.sh"
     script.write_text(render(spec, "ssh").files["launch.sh"])
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "RECORD_DIR": str(record)}
+    return script, {"PATH": f"{bindir}:/usr/bin:/bin", "RECORD_DIR": str(record)}
+
+
+def run_launcher(tmp_path: Path, spec: JobSpec, tag: str) -> list[str]:
+    script, env = stand_in_launcher(tmp_path, spec, tag)
     done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    return [p.read_text() for p in sorted(record.iterdir())]
+    return [p.read_text() for p in sorted(Path(env["RECORD_DIR"]).iterdir())]
 
 
 def test_rendered_launcher_gives_every_node_one_fresh_id_per_run(tmp_path: Path) -> None:
@@ -270,14 +276,8 @@ def test_rendered_launcher_never_reads_a_half_written_exit_status(tmp_path: Path
     between its creation and its write looked like a failure ("failed first
     with exit status 0"; CI, stop 23). Before the write-then-rename, about 1
     run in 75 failed here, so 300 runs catch it all but surely."""
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "ssh").write_text(FAKE_SSH)
-    (tmp_path / "bin" / "ssh").chmod(0o755)
-    (tmp_path / "rec").mkdir()
-    script = tmp_path / "launch.sh"
-    script.write_text(render(make(elastic=None), "ssh").files["launch.sh"])
+    script, env = stand_in_launcher(tmp_path, make(elastic=None), "static")
     loop = f'for i in $(seq 300); do bash {shlex.quote(str(script))} > /dev/null || exit 1; done'
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "RECORD_DIR": str(tmp_path / "rec")}
     done = subprocess.run(["bash", "-c", loop], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 
