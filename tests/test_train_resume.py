@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import random
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import TINY, assert_bitwise_equal, final_model, metrics, run_ok, torchrun, wait_for_step
+from ddpkit.launch import proctree
+from tests.helpers.runs import TINY, Job, assert_bitwise_equal, final_model, metrics, run_ok, torchrun, wait_for_step
 
 pytestmark = pytest.mark.slow
 
-EPOCHS, STEPS_PER_EPOCH = 3, 12  # 192 samples / 2 ranks / batch 8
+EPOCHS, STEPS_PER_EPOCH = 3, 24  # 192 samples / 2 ranks / batch 4
 TOTAL = EPOCHS * STEPS_PER_EPOCH
 
 
 def job_args(tmp: Path, tag: str) -> list[str]:
-    return [*TINY, "--synthetic-size", "192", "--eval-size", "50", "--batch-size", "8", "--epochs", str(EPOCHS),
+    return [*TINY, "--synthetic-size", "192", "--eval-size", "50", "--batch-size", "4", "--epochs", str(EPOCHS),
             "--warmup-epochs", "1", "--lr", "0.4", "--checkpoint-dir", str(tmp / f"ckpt-{tag}"),
             "--checkpoint-every", "3", "--keep", "2", "--metrics", str(tmp / f"{tag}.jsonl"), "--log-every", "1",
             "--log-dir", str(tmp / f"logs-{tag}")]
@@ -54,9 +57,20 @@ def test_sigkill_at_random_step_then_resume_is_bitwise_identical(tmp_path: Path,
 
 def test_sigterm_mid_epoch_checkpoints_then_resume_is_bitwise_identical(tmp_path: Path, reference: dict) -> None:
     job = torchrun(tmp_path, 2, 1, job_args(tmp_path, "t"), tag="termed")
-    wait_for_step(tmp_path / "t.jsonl", STEPS_PER_EPOCH + 4, job)  # inside the second epoch
-    for p in job.procs:  # what a scheduler does: signal the launcher on every node
-        p.send_signal(signal.SIGTERM)
+    wait_for_step(tmp_path / "t.jsonl", STEPS_PER_EPOCH + 2, job)  # inside the second epoch
+    # A step takes milliseconds and torchrun's agent forwards a signal only when
+    # the OS schedules it, so on a busy machine the workers ran 8 steps past the
+    # signal, to the epoch's end (a landing CI run). Pausing the workers while
+    # the agents forward it pins the stop to within a few steps of this point.
+    workers = worker_pids(job)
+    proctree.signal_all(workers, signal.SIGSTOP)
+    try:
+        wait_until(workers, is_stopped, "stopped")  # else a SIGTERM could still be taken before the stop
+        for p in job.procs:  # what a scheduler does: signal the launcher on every node
+            p.send_signal(signal.SIGTERM)
+        wait_until(workers, pending(signal.SIGTERM), "SIGTERM forwarded by its agent")
+    finally:
+        proctree.signal_all(workers, signal.SIGCONT)
     job.wait(120)
     records = metrics(tmp_path / "t.jsonl")
     summary = [r for r in records if r["kind"] == "summary"]
@@ -69,3 +83,34 @@ def test_sigterm_mid_epoch_checkpoints_then_resume_is_bitwise_identical(tmp_path
         assert f"checkpointing at step {stopped} " in (tmp_path / "logs-t" / f"rank{rank}.log").read_text()
     run_ok(torchrun(tmp_path, 2, 1, [*job_args(tmp_path, "t"), "--resume", "auto"], tag="resumed"))
     assert_bitwise_equal(reference, final_model(tmp_path / "ckpt-t"))
+
+
+def worker_pids(job: Job) -> list[int]:
+    """The training processes the agents started (one per node here)."""
+    pids = [pid for agent in job.procs for pid in proctree.descendants(agent.pid)
+            if b"ddpkit.train" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(pids) == 2, f"workers {pids}\n{job.output()[-3000:]}"
+    return pids
+
+
+def wait_until(pids: list[int], holds: Callable[[dict[str, str]], bool], what: str, timeout: float = 60) -> None:
+    """Until `holds` is true of every process's /proc status."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(holds(_status(pid)) for pid in pids):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"workers {pids} not {what} within {timeout}s")
+
+
+def is_stopped(status: dict[str, str]) -> bool:
+    return status["State"].startswith("T")
+
+
+def pending(sig: signal.Signals) -> Callable[[dict[str, str]], bool]:
+    return lambda status: bool(int(status["ShdPnd"], 16) & 1 << (sig - 1))
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
