@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: lint wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test demo bench bench-launch clean
+.PHONY: lint wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-fast demo bench bench-launch clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,8 +75,21 @@ lint: install
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
+# The whole suite, spread over $(TEST_WORKERS) pytest-xdist workers: on the
+# 2-core CI machine most tests wait (on torchrun, sshd, slurmd, dockerd) rather
+# than compute, so more workers than cores overlap those waits. A module that
+# shares a cluster between its tests, and every Docker test, runs on one worker
+# (tests/conftest.py names the groups). Ends with the slowest tests and the
+# time per module.
+TEST_WORKERS ?= 4
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: install lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
+
+# The edit loop: every test that needs neither root nor a cluster nor a
+# torch process (markers root and slow), in a few minutes; CI runs everything.
+test-fast: install
+	$(PY) -m pytest $(XDIST) -m "not root and not slow" --durations=15 $(PYTEST_ARGS)
 
 # One spec on every target (local, ssh, launch.sh, Slurm x2, compose, launch
 # docker, four Kubernetes kinds emulated), every rank report compared

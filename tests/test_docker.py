@@ -17,6 +17,10 @@ import pytest
 from tests.infra import rank_table
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
 
+# Their launches share the job name cpu-smoke (examples/cpu-smoke.yaml), whose
+# containers each test checks are gone: one xdist worker runs them in turn.
+pytestmark = pytest.mark.xdist_group("cpu-smoke-containers")
+
 VENV_BIN = Path(sys.executable).parent
 TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=32", "--batch-size=8",
         "--epochs=1", "--workers=0", "--no-eval"]

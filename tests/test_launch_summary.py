@@ -23,6 +23,10 @@ from tests.infra import netns, sshd
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
 from tests.test_launch_ssh import cluster, hostfile, job_processes, write_job  # noqa: F401  (fixture)
 
+# Their launches share the job name cpu-smoke (examples/cpu-smoke.yaml), whose
+# containers each test checks are gone: one xdist worker runs them in turn.
+pytestmark = pytest.mark.xdist_group("cpu-smoke-containers")
+
 COLUMNS = ["node", "exit code", "status", "host", "first failure"]
 
 

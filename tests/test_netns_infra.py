@@ -11,7 +11,7 @@ import pytest
 
 from tests.infra import netns, sshd
 
-pytestmark = pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
+pytestmark = [pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())), pytest.mark.root]
 
 
 def test_hosts_are_distinct_and_reach_each_other() -> None:

@@ -27,7 +27,7 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python")
 PROBE = str(ROOT / "tests" / "infra" / "slurm_probe.py")
 
 _reason = slurm_cluster.available()
-pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pytest.mark.timeout(300), pytest.mark.root]
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,17 @@ otherwise, as root with Debian's docker.io installed, starts its own dockerd
 its PID at the end of the session. The image is built once per session by
 docker/build.sh, the same path `make image-cpu` takes: a stand-in base from
 mmdebstrap when the base cannot be pulled, wheels from docker/wheelhouse.
+
+Under pytest-xdist the workers share that one daemon and image: the first
+worker to need it starts the daemon and builds the image while holding a
+file lock, and records the run it did it for (RUN_VAR, set once by the
+controller); the others find the record and use both. The controller stops
+the daemon when every worker is done (stop_if_started_by, from conftest).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,10 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path("/tmp/ddpkit-test-dockerd")
 IMAGE = "ddpkit:cpu-test"
+RUN_VAR = "DDPKIT_TEST_RUN"  # one value per pytest run, the same in every xdist worker
+RECORD = STATE / "run.json"  # {"run": ..., "host": ..., "pid": ..., "image": ...}: what this run set up
 
 
 @dataclass
@@ -118,18 +128,15 @@ def remove_leftover_jobs(docker: Docker) -> None:
             subprocess.run(["docker", *remove, *ids], env=docker.env, capture_output=True, check=True)
 
 
-_SESSION: Docker | None = None
-
-
-@pytest.fixture(scope="session")
-def docker_daemon() -> Iterator[Docker]:
-    """A running daemon (started here if need be) with the CPU image built.
-    Cached in a module global: test modules import this fixture by name."""
-    global _SESSION
-    reason = _why_not()
-    if reason:
-        pytest.skip(reason)
-    if _SESSION is None:
+def _set_up_for(run: str) -> Docker:
+    """The daemon and image of `run`: set up by the first caller (under the
+    lock), read back from RECORD by every later one, in any worker."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(STATE / "setup.lock")):
+        if RECORD.exists():
+            record = json.loads(RECORD.read_text())
+            if record["run"] == run and _answers(record["host"]):
+                return Docker(record["host"], record["pid"], record["image"])
         daemon = start_daemon()
         try:
             remove_leftover_jobs(daemon)
@@ -137,8 +144,29 @@ def docker_daemon() -> Iterator[Docker]:
         except BaseException:
             stop_daemon(daemon)
             raise
-        _SESSION = daemon
-    yield _SESSION
-    if _SESSION is not None:
-        stop_daemon(_SESSION)
-        _SESSION = None
+        RECORD.write_text(json.dumps({"run": run, "host": daemon.host, "pid": daemon.pid, "image": daemon.image}))
+        return daemon
+
+
+def stop_if_started_by(run: str) -> None:
+    """Stop the daemon `run` started, once nothing of that run uses it
+    (conftest calls this in the main pytest process at the very end, after
+    every xdist worker has finished)."""
+    if not RECORD.exists():
+        return
+    record = json.loads(RECORD.read_text())
+    if record["run"] == run:
+        stop_daemon(Docker(record["host"], record["pid"], record["image"]))
+        RECORD.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def docker_daemon() -> Iterator[Docker]:
+    """A running daemon (started here if need be) with the CPU image built,
+    shared by every test module and xdist worker of this run (RUN_VAR names
+    it: conftest sets it before any worker starts). Test modules import this
+    fixture by name."""
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    yield _set_up_for(os.environ[RUN_VAR])
