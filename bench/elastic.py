@@ -88,11 +88,11 @@ def env(node: int) -> dict[str, str]:
             "DDPKIT_HOSTNAME": f"benchhost-node{node}", **elastic_env(SPEC)}
 
 
-def start_agents(work: Path, args: list[str]) -> list[subprocess.Popen[bytes]]:
+def start_agents(work: Path, args: list[str], last_call_s: int) -> list[subprocess.Popen[bytes]]:
     port = free_port()
     procs = []
     for node in range(NODES):
-        conf = (f"is_host={int(node == 0)},join_timeout=300,last_call_timeout={ROW.last_call_s},"
+        conf = (f"is_host={int(node == 0)},join_timeout=300,last_call_timeout={last_call_s},"
                 f"close_timeout={ROW.close_s}")
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={MIN_NODES}:{NODES}",
                 "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
@@ -231,7 +231,7 @@ def recovery(target: str, loss: Loss, by_hand_s: float) -> Recovery:
 def local_run(args: argparse.Namespace) -> Recovery:
     with work_folder("ddpkit-bench-elastic-") as work:
         ckpt, metrics = work / "ckpt", work / "m.jsonl"
-        procs = start_agents(work, train_args(ckpt, metrics, args))
+        procs = start_agents(work, train_args(ckpt, metrics, args), args.last_call_s)
         try:
             loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), args.checkpoint_every)
             held = hold(ckpt, loss.resumed, work)
@@ -253,7 +253,8 @@ def job_spec(work: Path, ckpt: Path, metrics: Path, args: argparse.Namespace, no
         **extra,
     }
     if nodes == NODES:
-        spec["elastic"] = {"min_nodes": MIN_NODES, "max_restarts": 3, "max_node_failures": 1}
+        spec["elastic"] = {"min_nodes": MIN_NODES, "max_restarts": 3, "max_node_failures": 1,
+                           "last_call_s": args.last_call_s}
     (work / "bench.yaml").write_text(yaml.safe_dump(spec))
     return spec
 
@@ -386,6 +387,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=6000, help="synthetic samples (sets the run's length)")
     parser.add_argument("--checkpoint-every", type=int, default=20)
+    parser.add_argument("--last-call-s", type=int, default=ROW.last_call_s,
+                        help="elastic.last_call_s: how long a rendezvous with min_nodes waits for more "
+                             f"(default {ROW.last_call_s}, the targets' own)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     targets = args.targets.split(",")
@@ -395,7 +399,7 @@ def main() -> int:
     runs = [r for target in targets for r in runs_on(target, args)]
     result = {
         "machine": machine(),
-        "setup": {"nodes": NODES, "min_nodes": MIN_NODES, "nproc_per_node": 1, "last_call_timeout_s": ROW.last_call_s,
+        "setup": {"nodes": NODES, "min_nodes": MIN_NODES, "nproc_per_node": 1, "last_call_timeout_s": args.last_call_s,
                   "heartbeat_expiry_s": 15, "checkpoint_every": args.checkpoint_every, "targets": targets},
         "runs": [asdict(r) for r in runs],
         "by_target": {t: by_target([r for r in runs if r.target == t]) for t in targets},

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.elastic_gate import LAST_CALL_S
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -98,7 +100,8 @@ def test_launch_bench_times_start_and_teardown_on_real_hosts(tmp_path: Path) -> 
 
 def test_elastic_bench_times_recovery_and_resubmitting(tmp_path: Path) -> None:
     """bench/elastic.py: three elastic agents here, one killed mid-run."""
-    run_bench("bench.elastic", "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4", "--out", str(tmp_path))
+    run_bench("bench.elastic", "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4",
+              "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
     data = json.loads((tmp_path / "elastic.json").read_text())
     (run,) = data["runs"]
     assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0
@@ -114,7 +117,7 @@ def test_elastic_bench_on_launch_ssh_and_real_slurm(tmp_path: Path) -> None:
     if reason or os.geteuid() != 0:
         pytest.skip(reason or "needs root")
     run_bench("bench.elastic", "--targets", "ssh,slurm", "--repeats", "1", "--samples", "1600",
-              "--checkpoint-every", "4", "--out", str(tmp_path))
+              "--checkpoint-every", "4", "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
     data = json.loads((tmp_path / "elastic.json").read_text())
     assert [r["target"] for r in data["runs"]] == ["ssh", "slurm"]
     for run in data["runs"]:

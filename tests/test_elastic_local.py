@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from ddpkit.launch import proctree
-from tests.helpers.elastic_gate import agents_and_workers, held_step, release
+from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,8 @@ def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int) -> P
     spec = {
         "name": "elastic-local", "nodes": 3, "nproc_per_node": 1,
         "rendezvous": {"timeout_s": 120},
-        "elastic": {"min_nodes": 2, "max_restarts": 2, "max_node_failures": max_node_failures},
+        "elastic": {"min_nodes": 2, "max_restarts": 2, "max_node_failures": max_node_failures,
+                    "last_call_s": LAST_CALL_S},
         "command": {"module": "tests.helpers.elastic_gate", "args": [*TRAIN, "--checkpoint-dir", str(ckpt)]},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
                 "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": "3"},

@@ -89,6 +89,21 @@ def test_launch_line(target: Target) -> None:
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
+def test_last_call_is_the_specs_when_set(target: Target) -> None:
+    spec = make(elastic={**ELASTIC, "last_call_s": 7})
+    env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
+    conf = dict(kv.split("=") for kv in flags([a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))])
+                ["rdzv-conf"].split(","))
+    assert conf["last_call_timeout"] == "7" and int(conf["close_timeout"]) == CONTRACT[target].elastic.close_s
+    assert rdzv_conf(make(), target)["last_call_timeout"] == CONTRACT[target].elastic.last_call_s
+
+
+def test_last_call_below_one_second_is_refused() -> None:
+    with pytest.raises(ValueError, match="last_call_s"):
+        make(elastic={**ELASTIC, "last_call_s": 0})
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
 def test_workers_get_a_fresh_store_per_restart(target: Target) -> None:
     # torchrun's shared store keeps the previous world's keys (tests/test_elastic_train.py fails without it)
     assert target_env(make(), target)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from ddpkit.launch import proctree
-from tests.helpers.elastic_gate import agents_and_workers, held_step, release
+from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.infra import netns, slurm_cluster
 from tests.infra.slurm_cluster import JobInfo, SlurmCluster
 
@@ -50,7 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 def render(tmp: Path, gate: Path) -> Path:
     spec = {
         "name": "elastic", "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
-        "rendezvous": {"timeout_s": 120}, "elastic": {"min_nodes": 2, "max_restarts": 2},
+        "rendezvous": {"timeout_s": 120}, "elastic": {"min_nodes": 2, "max_restarts": 2, "last_call_s": LAST_CALL_S},
         "command": {"python": PYTHON, "module": "tests.helpers.elastic_gate",
                     "args": [*TRAIN, "--checkpoint-dir", str(tmp / "ckpt")]},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",

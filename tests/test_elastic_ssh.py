@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from ddpkit.launch import proctree
-from tests.helpers.elastic_gate import agents_and_workers, held_step, release
+from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 from tests.infra import netns, sshd
 
@@ -41,10 +41,11 @@ DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 NODES = ["node1", "node2", "node3"]
 LOST = 2  # the node taken away; node 0 holds the rendezvous store and must stay
 # --dist-timeout: a collective with a host whose link is cut (no reset) ends
-# only when it times out; the survivors restart then.
+# only when it times out; the survivors restart then. 30 s is far above a
+# step or a checkpoint of this tiny job, busy machine included.
 TRAIN = [*TINY, "--synthetic-size", "96", "--batch-size", "4", "--epochs", "2", "--no-eval", "--device", "cpu",
          "--backend", "gloo", "--lr", "0.05", "--base-batch", "8", "--seed", "0", "--checkpoint-every", "4",
-         "--keep", "100", "--resume", "auto", "--dist-timeout", "60"]
+         "--keep", "100", "--resume", "auto", "--dist-timeout", "30"]
 
 Cluster = tuple[netns.Network, sshd.SshHosts]
 
@@ -62,7 +63,8 @@ def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held
     spec = {
         "name": "elastic", "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
         "rendezvous": {"timeout_s": 120},
-        "elastic": {"min_nodes": 2, "max_restarts": 2, "max_node_failures": max_node_failures},
+        "elastic": {"min_nodes": 2, "max_restarts": 2, "max_node_failures": max_node_failures,
+                    "last_call_s": LAST_CALL_S},
         "command": {"python": sys.executable, "module": "tests.helpers.elastic_gate",
                     "args": [*TRAIN, "--checkpoint-dir", str(ckpt)]},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",

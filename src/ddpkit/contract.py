@@ -292,10 +292,11 @@ def elastic_refusal(spec: JobSpec, target: Target) -> str | None:
 
 def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
     """torchrun's c10d --rdzv-conf for an elastic job on `target`: the
-    spec's join timeout, the target's last-call and close timeouts."""
+    spec's join timeout, its last call (the target's when unset) and the
+    target's close timeout."""
     row = CONTRACT[target].elastic
-    return {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": row.last_call_s,
-            "close_timeout": row.close_s}
+    last_call = spec.elastic.last_call_s if spec.elastic is not None and spec.elastic.last_call_s else row.last_call_s
+    return {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": last_call, "close_timeout": row.close_s}
 
 
 def controller_env(spec: JobSpec, target: Target, index: int) -> dict[str, str]:

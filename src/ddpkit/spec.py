@@ -685,6 +685,10 @@ class Elastic(Strict):
         default=False,
         description="false: the global batch shrinks with the world and the lr follows it (linear scaling); "
                     "true: gradient accumulation keeps the global batch of the full job")
+    last_call_s: int | None = Field(
+        default=None, ge=1, le=3600,
+        description="seconds a rendezvous that already has min_nodes waits for more nodes before it closes "
+                    "(default: the target's, 30, or 90 on PyTorchJob); every membership change pays it once")
     max_node_failures: int = Field(
         default=2, ge=1, le=100,
         description="launch ssh and launch local: a node that failed this many times is left out for the rest of the run; "

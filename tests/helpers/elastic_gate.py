@@ -21,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 GATE_DIR, GATE_WORLD = "ELASTIC_TEST_GATE_DIR", "ELASTIC_TEST_GATE_WORLD"
+# elastic.last_call_s for the tests' jobs: every membership change waits it
+# out once (30 s by default). 15 s stays well above the spread of three
+# agents' start-up here, also with the suite's other workers busy; a node
+# later than the last call would cost a restart the tests do not allow.
+LAST_CALL_S = 15
 
 
 def _go(gate: Path, world: int) -> Path:
