@@ -76,13 +76,13 @@ lint: install
 	$(VENV)/bin/mypy
 
 # The whole suite, spread over $(TEST_WORKERS) pytest-xdist workers: on the
-# 2-core CI machine most tests wait (on torchrun, sshd, slurmd, dockerd) rather
-# than compute, so more workers than cores overlap those waits. A module that
-# shares a cluster between its tests, and every Docker test, runs on one worker
-# (tests/conftest.py names the groups). Ends with the slowest tests and the
-# time per module.
-TEST_WORKERS ?= 4
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
+# 2-core CI machine many tests wait (on torchrun, sshd, slurmd, dockerd)
+# rather than compute, so a worker more than the cores overlaps those waits.
+# A module runs on one worker (--dist loadfile: its clusters are built once),
+# longest first (tests/conftest.py orders them; xdist's own reorder by test
+# count is off). Ends with the slowest tests and the time per module.
+TEST_WORKERS ?= 3
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install lint
 	$(PY) -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
 

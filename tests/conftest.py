@@ -6,10 +6,12 @@ to pytest's --durations table, so a CI log shows where the time went."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,34 +42,43 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         docker_daemon.stop_if_started_by(os.environ.pop(docker_daemon.RUN_VAR))
 
 
-def _uses_module_fixture(item: pytest.Item) -> bool:
-    """A test that uses a module-scoped fixture of this suite (a Slurm cluster,
-    sshd hosts, a reference run): built once, shared by the module's tests."""
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
-        if defs and defs[-1].scope == "module" and getattr(defs[-1].func, "__module__", "").startswith("tests"):
-            return True
-    return False
+CACHE_KEY = "ddpkit/seconds-per-module"
 
 
-@pytest.hookimpl(tryfirst=True)
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+# Seconds per module in one serial run on the 2-core CI machine (from the
+# junit XML of `make test`); what a fresh clone orders by. A run here keeps
+# its own figures in pytest's cache, which win.
+CHECKED_IN = Path(__file__).with_name("module_seconds.json")
+
+
+def _expected_cost(items: list[pytest.Item], known: dict[str, float]) -> float:
+    """What a module is expected to take: its time in the last run here, or
+    in the checked-in table; a module in neither (a new one) goes first by
+    the count of its tests that start processes or infrastructure."""
+    module = _module(items[0])
+    if module in known:
+        return known[module]
+    return 1e4 + sum(1 for i in items if i.get_closest_marker("root") or i.get_closest_marker("slow"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for `--dist loadgroup` (a group runs on one xdist worker, in
-    order), before xdist reads them: a module with a module-scoped fixture
-    of this suite is a group of its own, so that its cluster is built once
-    and not once per worker (and the target matrix compares, in its last
-    test, what its other tests kept). Modules that name a group themselves
-    (`pytest.mark.xdist_group`) keep it. Everything else is spread test by
-    test. Then `gpu` tests are skipped where there is no GPU."""
+    """Modules longest first, so that `--dist loadfile` (a module runs on one
+    xdist worker, in order: its module-scoped clusters are built once and
+    the target matrix's last test sees what its others kept) starts the long
+    modules at once and ends on short ones, instead of starting a 5-minute
+    module when the others are done. Then `gpu` tests are skipped where
+    there is no GPU."""
+    cache = getattr(config, "cache", None)
+    known: dict[str, float] = json.loads(CHECKED_IN.read_text()) | (cache.get(CACHE_KEY, {}) if cache else {})
     by_module: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
-        by_module[item.nodeid.split("::", 1)[0]].append(item)
-    for module, module_items in by_module.items():
-        if any(item.get_closest_marker("xdist_group") for item in module_items):
-            continue
-        if any(_uses_module_fixture(item) for item in module_items):
-            for item in module_items:
-                item.add_marker(pytest.mark.xdist_group(module))
+        by_module[_module(item)].append(item)
+    ordered = sorted(by_module.values(), key=lambda module_items: -_expected_cost(module_items, known))
+    items[:] = [item for module_items in ordered for item in module_items]
     _skip_gpu_tests_without_a_gpu(items)
 
 
@@ -110,6 +121,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _MODULE_SECONDS:
         return
+    cache = getattr(terminalreporter.config, "cache", None)
+    if cache is not None and not _is_xdist_worker(terminalreporter.config):
+        cache.set(CACHE_KEY, {**cache.get(CACHE_KEY, {}), **_MODULE_SECONDS})
     terminalreporter.section("time per test module (setup + call + teardown)")
     total = sum(_MODULE_SECONDS.values())
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):

@@ -10,16 +10,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.infra import docker_daemon as daemon_infra
 from tests.infra import rank_table
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
 
-# Their launches share the job name cpu-smoke (examples/cpu-smoke.yaml), whose
-# containers each test checks are gone: one xdist worker runs them in turn.
-pytestmark = pytest.mark.xdist_group("cpu-smoke-containers")
+# examples/cpu-smoke.yaml under a name of this module's own: each test checks
+# that no container or network of its job is left, while other modules (the
+# target matrix's `make compose-test`, launch_summary) run cpu-smoke jobs on
+# the same daemon from other xdist workers.
+JOB = "docker-launch-test"
 
 VENV_BIN = Path(sys.executable).parent
 TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=32", "--batch-size=8",
@@ -79,22 +83,34 @@ def test_launch_docker_refuses_bad_input_before_touching_docker() -> None:
 def _launch(docker: Docker, nodes: int, *train: str) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "ddpkit.cli", "launch", "docker", "-f", "examples/cpu-smoke.yaml",
             "--nodes", str(nodes), "--nproc-per-node", "1", "--image", str(docker.image), "--grace", "2",
+            "--set", f"name={JOB}",
             "--set", "command.args=" + json.dumps(list(train))]
     return subprocess.Popen(argv, cwd=REPO, env=docker.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
 
 def _leftovers(docker: Docker) -> str:
-    ps = subprocess.run(["docker", "ps", "-a", "-q", "--filter", "label=io.ddpkit.job=cpu-smoke"],
+    ps = subprocess.run(["docker", "ps", "-a", "-q", "--filter", f"label=io.ddpkit.job={JOB}"],
                         env=docker.env, capture_output=True, text=True, check=True).stdout
-    nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", "label=io.ddpkit.job=cpu-smoke"],
+    nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", f"label=io.ddpkit.job={JOB}"],
                           env=docker.env, capture_output=True, text=True, check=True).stdout
     return ps + nets
 
 
+@pytest.fixture(autouse=True)
+def _no_job_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each container test (its own check that nothing is left has run
+    by then): remove whatever a failed test left of its job, so that a killed
+    launcher's 1000-epoch containers do not train on through the rest of the
+    run on the shared daemon."""
+    yield
+    if "docker_daemon" in request.fixturenames:
+        daemon_infra.remove_leftover_jobs(request.getfixturevalue("docker_daemon"), job=JOB)
+
+
 def _wait_running(docker: Docker, count: int) -> None:
     for _ in range(240):
-        ps = subprocess.run(["docker", "ps", "-q", "--filter", "label=io.ddpkit.job=cpu-smoke"],
+        ps = subprocess.run(["docker", "ps", "-q", "--filter", f"label=io.ddpkit.job={JOB}"],
                             env=docker.env, capture_output=True, text=True).stdout.split()
         if len(ps) == count:
             return
@@ -127,7 +143,7 @@ def test_launch_docker_fails_fast_when_one_container_dies(docker_daemon: Docker)
     try:
         _wait_running(docker_daemon, 2)
         time.sleep(5)
-        name = subprocess.run(["docker", "ps", "-q", "--filter", "label=io.ddpkit.job=cpu-smoke",
+        name = subprocess.run(["docker", "ps", "-q", "--filter", f"label=io.ddpkit.job={JOB}",
                                "--filter", "name=node1"], env=docker_daemon.env, capture_output=True,
                               text=True, check=True).stdout.split()
         assert len(name) == 1

@@ -23,9 +23,9 @@ from tests.infra import netns, sshd
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
 from tests.test_launch_ssh import cluster, hostfile, job_processes, write_job  # noqa: F401  (fixture)
 
-# Their launches share the job name cpu-smoke (examples/cpu-smoke.yaml), whose
-# containers each test checks are gone: one xdist worker runs them in turn.
-pytestmark = pytest.mark.xdist_group("cpu-smoke-containers")
+# cpu-smoke under a name of its own: the test checks that no container of
+# its job is left while other xdist workers run cpu-smoke jobs on the daemon.
+DOCKER_JOB = "summary-docker-test"
 
 COLUMNS = ["node", "exit code", "status", "host", "first failure"]
 
@@ -109,11 +109,12 @@ def test_launch_docker_summary(docker_daemon: Docker) -> None:  # noqa: F811
     marker = f"SUMMARY-{uuid.uuid4().hex[:8]}"
     argv = [sys.executable, "-m", "ddpkit.cli", "launch", "docker", "-f", "examples/cpu-smoke.yaml",
             "--nodes", "2", "--nproc-per-node", "1", "--image", str(docker_daemon.image), "--grace", "2",
-            "--set", "command.module=timeit", "--set", "command.args=" + json.dumps(job_args(marker))]
+            "--set", f"name={DOCKER_JOB}", "--set", "command.module=timeit",
+            "--set", "command.args=" + json.dumps(job_args(marker))]
     out = subprocess.run(argv, cwd=REPO, env=docker_daemon.env, capture_output=True, text=True, timeout=500)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     check_summary(out.stdout, out.returncode, marker, "node1")
-    left = subprocess.run(["docker", "ps", "-a", "-q", "--filter", "label=io.ddpkit.job=cpu-smoke"],
+    left = subprocess.run(["docker", "ps", "-a", "-q", "--filter", f"label=io.ddpkit.job={DOCKER_JOB}"],
                           env=docker_daemon.env, capture_output=True, text=True, check=True).stdout
     assert left == ""
 

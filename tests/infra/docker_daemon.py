@@ -116,11 +116,12 @@ def build_image(docker: Docker) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def remove_leftover_jobs(docker: Docker) -> None:
-    """Containers and networks of ddpkit jobs an earlier, interrupted session
-    left in the data root (it outlives the daemon to keep the image cache):
-    the tests check that a launch leaves nothing behind, so start from none."""
-    label = "label=io.ddpkit.job"
+def remove_leftover_jobs(docker: Docker, job: str | None = None) -> None:
+    """Containers and networks of ddpkit jobs (of every job, or of `job`) an
+    earlier, interrupted session or a failed test left in the data root (it
+    outlives the daemon to keep the image cache): the tests check that a
+    launch leaves nothing behind, so start from none."""
+    label = "label=io.ddpkit.job" + (f"={job}" if job else "")
     for kind, remove in (("ps", ["rm", "-f"]), ("network ls", ["network", "rm"])):
         ids = subprocess.run(["docker", *kind.split(), *(["-a"] if kind == "ps" else []), "-q", "--filter", label],
                              env=docker.env, capture_output=True, text=True, check=True).stdout.split()
