@@ -42,24 +42,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         docker_daemon.stop_if_started_by(os.environ.pop(docker_daemon.RUN_VAR))
 
 
-CACHE_KEY = "ddpkit/seconds-per-module"
-
-
-def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 # Seconds per module in one serial run on the 2-core CI machine (from the
-# junit XML of `make test`); what a fresh clone orders by. A run here keeps
-# its own figures in pytest's cache, which win.
-CHECKED_IN = Path(__file__).with_name("module_seconds.json")
+# junit XML of `make test`); what the modules are ordered by. Not learnt
+# from runs here: a `make test-fast` run would record its modules' few fast
+# tests as their whole cost and send the long ones last.
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
 
 
 def _expected_cost(items: list[pytest.Item], known: dict[str, float]) -> float:
-    """What a module is expected to take: its time in the last run here, or
-    in the checked-in table; a module in neither (a new one) goes first by
-    the count of its tests that start processes or infrastructure."""
-    module = _module(items[0])
+    """What a module is expected to take: its time in the table; a module
+    not in it (a new one) goes first, by the count of its tests that start
+    processes or infrastructure."""
+    module = _module(items[0].nodeid)
     if module in known:
         return known[module]
     return 1e4 + sum(1 for i in items if i.get_closest_marker("root") or i.get_closest_marker("slow"))
@@ -72,11 +70,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     modules at once and ends on short ones, instead of starting a 5-minute
     module when the others are done. Then `gpu` tests are skipped where
     there is no GPU."""
-    cache = getattr(config, "cache", None)
-    known: dict[str, float] = json.loads(CHECKED_IN.read_text()) | (cache.get(CACHE_KEY, {}) if cache else {})
+    known: dict[str, float] = json.loads(MODULE_SECONDS.read_text())
     by_module: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
-        by_module[_module(item)].append(item)
+        by_module[_module(item.nodeid)].append(item)
     ordered = sorted(by_module.values(), key=lambda module_items: -_expected_cost(module_items, known))
     items[:] = [item for module_items in ordered for item in module_items]
     _skip_gpu_tests_without_a_gpu(items)
@@ -113,7 +110,7 @@ _MODULE_TESTS: defaultdict[str, set[str]] = defaultdict(set)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Called in the controller for every phase of every test, its own or an
     xdist worker's, so the totals cover the whole run."""
-    module = report.nodeid.split("::", 1)[0]
+    module = _module(report.nodeid)
     _MODULE_SECONDS[module] += report.duration
     _MODULE_TESTS[module].add(report.nodeid)
 
@@ -121,9 +118,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _MODULE_SECONDS:
         return
-    cache = getattr(terminalreporter.config, "cache", None)
-    if cache is not None and not _is_xdist_worker(terminalreporter.config):
-        cache.set(CACHE_KEY, {**cache.get(CACHE_KEY, {}), **_MODULE_SECONDS})
     terminalreporter.section("time per test module (setup + call + teardown)")
     total = sum(_MODULE_SECONDS.values())
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import docker_daemon as daemon_infra
 from tests.infra import rank_table
-from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
+from tests.infra.docker_daemon import REPO, Docker, docker_daemon, remove_leftover_jobs  # noqa: F401  (fixture)
 
 # examples/cpu-smoke.yaml under a name of this module's own: each test checks
 # that no container or network of its job is left, while other modules (the
@@ -105,7 +104,7 @@ def _no_job_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
     run on the shared daemon."""
     yield
     if "docker_daemon" in request.fixturenames:
-        daemon_infra.remove_leftover_jobs(request.getfixturevalue("docker_daemon"), job=JOB)
+        remove_leftover_jobs(request.getfixturevalue("docker_daemon"), job=JOB)
 
 
 def _wait_running(docker: Docker, count: int) -> None:
