@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cli import build_parser
+from ddpkit.exitcodes import ExitCode
 from ddpkit.launch import proctree
-from ddpkit.launch.local import build_nodes, local_spec
+from ddpkit.launch.local import AGENT_LOG, build_nodes, local_spec
+from tests.helpers.runs import TINY
 from tests.test_startup import ROOT, report_lines
 
 REPORT_ONLY = str(ROOT / "tests" / "helpers" / "report_only.py")
@@ -99,6 +101,30 @@ def test_fail_fast_stops_the_other_nodes(tmp_path: Path) -> None:
     assert re.search(r"node0\s*│\s*\S+\s*│\s*stopped", res.stdout)
     pids = [int(p) for p in re.findall(r"\[node0 rank\d\] STARTED node=0 local=\d pid=(\d+)", res.stdout)]
     assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+@pytest.mark.slow
+def test_a_worker_fault_ends_the_launch_with_its_code_and_one_cause_line(tmp_path: Path) -> None:
+    """Issue 29 item 3: the data folder is missing; every worker prints
+    ddpkit's line and exits 12; torchrun's agents exit 1. The launcher exits
+    12, ends with the cause once, and keeps torchrun's traceback boxes out of
+    the console; they stay in the node's agent log."""
+    missing = tmp_path / "no-such-data"
+    res = subprocess.run(launch_argv("--nodes", "2", "--nproc-per-node", "1", "--grace", "3",
+                                     "--log-dir", str(tmp_path / "logs"), "--",
+                                     *TINY, "--data", "imagefolder", "--data-dir", str(missing), "--max-steps", "1",
+                                     "--batch-size", "4", "--no-eval"),
+                         env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == ExitCode.DATA_MISSING, out[-4000:]
+    cause = [ln for ln in out.splitlines() if ln.startswith("ddpkit train: ")]
+    assert len(cause) == 1 and f"--data-dir {missing} is missing on host" in cause[0], out[-4000:]
+    assert sum(f"--data-dir {missing} is missing" in ln for ln in out.splitlines()) == 1, out[-4000:]
+    assert out.rstrip("\n").splitlines()[-1] == cause[0], out[-2000:]
+    assert "exit status 12; every other node was stopped" in out and "exited with code 12;" in out, out[-3000:]
+    assert "Traceback" not in out and "ChildFailedError" not in out, out[-4000:]
+    logs = [(tmp_path / "logs" / f"node{i}" / AGENT_LOG).read_text() for i in (0, 1)]
+    assert any("Traceback (most recent call last):" in log and "ChildFailedError" in log for log in logs), logs
 
 
 def _sigint_ignored_on_entry() -> None:

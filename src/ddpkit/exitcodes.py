@@ -26,3 +26,11 @@ class ExitCode(IntEnum):
     PREEMPTED = 75      # EX_TEMPFAIL: checkpointed on a signal; run again with --resume auto
     INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped
 
+
+
+# The codes a ddpkit.train worker exits with that a launcher passes on as its
+# own (torchrun's agent exits 1 whatever its worker's code was; launch/supervisor
+# reads the worker's code from the agent's report). Another program's code has
+# no meaning in this table, so its failure stays FAILED.
+WORKER_CODES = frozenset({ExitCode.BAD_INPUT, ExitCode.STARTUP, ExitCode.RESUME_MISMATCH, ExitCode.CHECKPOINT_DIR,
+                          ExitCode.DATA_MISSING, ExitCode.STALLED, ExitCode.PREEMPTED})

@@ -37,6 +37,8 @@ from ..targets.sshnode import new_rdzv_id
 from . import proctree
 from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, Membership, NodeHandle, RunText, Supervisor
 
+AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed
+
 
 @dataclass
 class Node:
@@ -46,6 +48,7 @@ class Node:
     argv: list[str]
     env: dict[str, str]
     host: str = ""
+    log: Path | None = None  # the agent's own output, all of it (torchrun's traceback the console leaves out)
     proc: subprocess.Popen[bytes] | None = None
     pump: threading.Thread | None = None
 
@@ -62,8 +65,19 @@ class Node:
 
     def _pump(self, printer: LinePrinter) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            printer.line(self, raw.decode("utf-8", "replace").rstrip("\n"))
+        log = None
+        if self.log is not None:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            log = self.log.open("ab")
+        try:
+            for raw in iter(self.proc.stdout.readline, b""):
+                if log is not None:
+                    log.write(raw)
+                    log.flush()
+                printer.line(self, raw.decode("utf-8", "replace").rstrip("\n"))
+        finally:
+            if log is not None:
+                log.close()
         self.proc.stdout.close()
 
     def _wait(self, exited: Callable[[], None]) -> None:
@@ -172,7 +186,8 @@ def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
         words = [a.resolve(env) for a in argv]
         if rdzv_id is not None:
             words = [_store_on_node0(w, i) for w in words]
-        nodes.append(Node(i, with_tee(words, log_root / f"node{i}"), env, f"{host}-node{i}"))
+        nodes.append(Node(i, with_tee(words, log_root / f"node{i}"), env, f"{host}-node{i}",
+                          log=log_root / f"node{i}" / AGENT_LOG))
     return nodes
 
 
@@ -194,7 +209,7 @@ class Restart:
     def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
         assert isinstance(node, Node)
         node.stop(self.grace)
-        return None if cancelled.is_set() else Node(node.index, node.argv, node.env, node.host)
+        return None if cancelled.is_set() else Node(node.index, node.argv, node.env, node.host, log=node.log)
 
 
 def stop(nodes: list[Node], grace: float) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from ..exitcodes import ExitCode
+from ..exitcodes import WORKER_CODES, ExitCode
 from .interrupt import interrupts_raise
 
 if TYPE_CHECKING:
@@ -49,9 +49,16 @@ POLL_S = 0.2  # the loop wakes this often so that Ctrl-C gets through
 # see TORCHRUN_PREFIX_FLAG): the global rank, parsed back into ddpkit's prefix.
 TORCHRUN_PREFIX_FLAG = "--log-line-prefix-template=[rank${rank}]:"
 _TORCHRUN_PREFIX = re.compile(r"^\[rank(\d+)\]:")
-# The first line of torchrun's report on a failed worker; the traceback and
-# the ChildFailedError box after it say nothing the worker's own lines do not.
-_TORCHRUN_FAILED = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode")
+# The first line of torchrun's report on a failed worker, with the worker's
+# exit code (the agent itself exits 1); the traceback and the ChildFailedError
+# box after it say nothing the worker's own lines do not: they go to the node's
+# log, not the console.
+_TORCHRUN_FAILED = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode: (-?\d+)\)")
+_TRACEBACK = "Traceback (most recent call last):"
+_BOX_RULE = re.compile(r"^={20,}\s*$")  # the ChildFailedError box opens and closes with one
+# A ddpkit.train worker's one-line cause (train/main.py, train/netcheck.py):
+# every rank prints the same agreed line; the console shows it once, last.
+CAUSE_PREFIX = "ddpkit train: "
 # The hang watchdog's report names each stalled rank on one line (train/stall.py STALL_LINE).
 _STALL = re.compile(r"ddpkit watchdog: STALL rank (\d+) node (\d+) host (\S+) pid \d+: (.*)$")
 
@@ -181,6 +188,9 @@ class LinePrinter:
         self.console = console
         self.tails: dict[int, deque[str]] = {}
         self.stalled: dict[int, StalledRank] = {}  # by rank: what the watchdog's report said
+        self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (torchrun's report)
+        self.causes: dict[str, int] = {}  # each worker cause line (CAUSE_PREFIX), once, with its first node
+        self._in_box: dict[int, int] = {}  # node index -> box rules seen, while torchrun's traceback is held back
         self._lock = threading.Lock()
 
     def line(self, node: NodeHandle, text: str) -> None:
@@ -194,8 +204,41 @@ class LinePrinter:
             if stall:
                 rank = int(stall.group(1))
                 self.stalled[rank] = StalledRank(rank, int(stall.group(2)), stall.group(3), stall.group(4))
+            if match and body.startswith(CAUSE_PREFIX):
+                self.causes.setdefault(body, node.index)  # shown once, at the end (Supervisor.summary)
+                return
+            if not match and self._torchrun_report(node.index, body):
+                return
             self.tails.setdefault(node.index, deque(maxlen=TAIL_LINES)).append(prefix + body)
             self.console.print(Text.assemble((prefix, STYLES[node.index % len(STYLES)]), body), soft_wrap=True)
+
+    def _torchrun_report(self, index: int, body: str) -> bool:
+        """Notes the worker's code from torchrun's report on a failed worker;
+        True for a line of the traceback and ChildFailedError box that follow it."""
+        failed = _TORCHRUN_FAILED.search(body)
+        if failed:
+            self.worker_codes.setdefault(index, int(failed.group(1)))
+            return False
+        if index not in self._in_box:
+            if index in self.worker_codes and body.strip() == _TRACEBACK:
+                self._in_box[index] = 0
+                return True
+            return False
+        if _BOX_RULE.match(body):
+            self._in_box[index] += 1
+            if self._in_box[index] == 2:
+                del self._in_box[index]  # the box's closing rule: what follows is shown again
+        return True
+
+    def worker_code(self, index: int) -> int | None:
+        with self._lock:
+            return self.worker_codes.get(index)
+
+    def cause_lines(self, first: int | None) -> list[str]:
+        """Every worker cause line once, the first failed node's last."""
+        with self._lock:
+            causes = list(self.causes.items())
+        return [c for c, n in causes if n != first] + [c for c, n in causes if n == first]
 
     def stalled_ranks(self) -> list[StalledRank]:
         with self._lock:
@@ -225,6 +268,14 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     stalled: list[StalledRank] = field(default_factory=list)  # named by the job's hang watchdog
+    worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
+
+    def node_code(self, node: NodeHandle) -> int | None:
+        """The node's exit code; for a torchrun agent's 1, its failed worker's
+        own code when that is one of ddpkit's (exitcodes.WORKER_CODES)."""
+        code = node.exit_code()
+        worker = self.worker_codes.get(node.index)
+        return worker if code == ExitCode.FAILED and worker in WORKER_CODES else code
 
     @property
     def code(self) -> int:
@@ -235,7 +286,7 @@ class Outcome:
         if self.stop_request is not None:
             return self.stop_request.code
         if self.first_failure is not None:
-            code = self.first_failure.exit_code()
+            code = self.node_code(self.first_failure)
             return code if code is not None and code > 0 else ExitCode.FAILED
         return ExitCode.OK
 
@@ -287,6 +338,7 @@ class Supervisor:
             self._stop_excluded(outcome)
         outcome.elapsed_s = time.monotonic() - began
         outcome.stalled = self.printer.stalled_ranks()
+        outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
         return outcome
 
     def _start(self) -> None:
@@ -380,7 +432,7 @@ class Supervisor:
             return Status.NOT_STARTED
         if node.index in outcome.stopped:
             return Status.STOPPED
-        if node.exit_code() != 0:
+        if outcome.node_code(node) != 0:
             return Status.FAILED
         return Status.REJOINED if node.index in outcome.rejoined else Status.OK
 
@@ -396,13 +448,17 @@ class Supervisor:
             table.add_column(column, overflow="fold")
         for node in self.nodes:
             status = self.status(node, outcome)
-            table.add_row(Text(f"node{node.index}"), Text(_code_text(node.exit_code())),
+            table.add_row(Text(f"node{node.index}"), Text(_code_text(outcome.node_code(node))),
                           Text(status.value, style=STATUS_STYLE[status]), Text(node.host),
                           self._failure_cell(node, outcome))
         self.console.print(table)
         for problem in outcome.problems:
             self.console.print(Text(f"teardown problem: {problem}"))
         self.console.print(Text(self.closing_line(outcome, text), style="bold red" if outcome.code else "green"))
+        # The workers' own cause, once, last (every rank printed it; the stream held it back).
+        first = None if outcome.first_failure is None else outcome.first_failure.index
+        for cause in self.printer.cause_lines(first):
+            self.console.print(Text(cause, style="bold red" if outcome.code else ""), soft_wrap=True)
 
     def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> Text:
         from rich.text import Text
@@ -416,10 +472,10 @@ class Supervisor:
         if outcome.stalled or (node is not outcome.first_failure and node not in outcome.excluded):
             return Text("")
         # Text, not markup: log lines hold brackets (our own prefix, for one).
-        return Text("\n".join([self.reason(node), *self.printer.tail(node)[-SUMMARY_LINES:]]))
+        return Text("\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]]))
 
-    def reason(self, node: NodeHandle) -> str:
-        code = node.exit_code()
+    def reason(self, node: NodeHandle, outcome: Outcome | None = None) -> str:
+        code = node.exit_code() if outcome is None else outcome.node_code(node)
         return node.lost_reason() if code == LOST else f"exit status {code}"
 
     def closing_line(self, outcome: Outcome, text: RunText) -> str:
@@ -435,7 +491,7 @@ class Supervisor:
         if failed is None:
             return f"{text.title}: every node finished" + self._rejoined_text(outcome) + self._excluded_text(outcome)
         # Both halves are read by scripts and tests: keep their wording.
-        return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {self.reason(failed)}; "
+        return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {self.reason(failed, outcome)}; "
                 f"every other node was stopped\n"
                 f"{text.title}: node{failed.index} exited with code {outcome.code}; stopped the other nodes")
 
@@ -450,7 +506,7 @@ class Supervisor:
     def _excluded_text(self, outcome: Outcome) -> str:
         if not outcome.excluded:
             return ""
-        names = ", ".join(f"node {n.index} ({n.host}: {self.reason(n)})" for n in outcome.excluded)
+        names = ", ".join(f"node {n.index} ({n.host}: {self.reason(n, outcome)})" for n in outcome.excluded)
         return (f" but {names}: excluded after it failed; the job went on with "
                 f"{len(self.nodes) - len(outcome.excluded)} of {len(self.nodes)} nodes")
 

@@ -1,0 +1,106 @@
+"""The supervisor passes on a ddpkit worker's own exit code and keeps
+torchrun's traceback out of the console (issue 29 item 3), on scripted nodes:
+torchrun's agent exits 1 whatever its worker's code; its report line carries
+the worker's code, and the traceback and ChildFailedError box after it go to
+the node's log only. Every rank's cause line is shown once, last."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+from rich.console import Console
+
+from ddpkit.exitcodes import ExitCode
+from ddpkit.launch.supervisor import RunText, Supervisor
+from tests.test_supervisor_rejoin import WAIT_S, ScriptedNode
+
+CAUSE = ("ddpkit train: --data imagefolder --data-dir /x is missing on host h0 (rank 0), host h1 (rank 1): "
+         "/x: no such directory; put the dataset at the same path on every node")
+
+
+def torchrun_report(code: int, rank: int) -> list[str]:
+    """What torchrun's agent prints when its worker exits `code` (torch 2.x)."""
+    return [
+        f"E1125 02:20:43.433000 19590 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        f"(exitcode: {code}) local_rank: 0 (pid: 20011) of binary: /usr/bin/python",
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        "    raise ChildFailedError(",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=" * 60,
+        "ddpkit.train FAILED",
+        "-" * 60,
+        "Root Cause (first observed failure):",
+        f"  rank      : {rank} (local_rank: 0)",
+        f"  exitcode  : {code} (pid: 20011)",
+        "=" * 60,
+    ]
+
+
+def run_job(worker_code: int, agent_code: int = 1, after: str | None = None) -> tuple[str, int]:
+    """Two nodes: node 1's worker prints the cause line and exits
+    `worker_code`, its agent reports it and exits `agent_code`; node 0 is
+    stopped. The console's text and the run's exit code."""
+    nodes = [ScriptedNode(0), ScriptedNode(1)]
+    out = io.StringIO()
+    sup = Supervisor(nodes, Console(file=out, width=400), 1.0)
+
+    def drive() -> None:
+        assert all(n.started.wait(WAIT_S) for n in nodes)
+        for node in nodes:
+            sup.printer.line(node, f"[rank{node.index}]:{CAUSE}")
+        sup.printer.line(nodes[1], "[rank1]:the worker's last line")
+        for line in torchrun_report(worker_code, 1):
+            sup.printer.line(nodes[1], line)
+        if after is not None:
+            sup.printer.line(nodes[1], after)
+        nodes[1].finish(agent_code)
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    outcome = sup.run()
+    thread.join(WAIT_S)
+    sup.summary(outcome, RunText("launch local", "interrupted"))
+    return out.getvalue(), outcome.code
+
+
+def test_the_run_exits_with_the_workers_ddpkit_code_and_shows_the_cause_once_last() -> None:
+    text, code = run_job(int(ExitCode.DATA_MISSING))
+    assert code == ExitCode.DATA_MISSING
+    assert "node 1 (h1) failed first: exit status 12; every other node was stopped" in text, text
+    assert "node1 exited with code 12; stopped the other nodes" in text, text
+    assert text.count(CAUSE) == 1, text
+    assert text.rstrip("\n").splitlines()[-1] == CAUSE, text
+    assert "Traceback" not in text and "ChildFailedError" not in text and "Root Cause" not in text, text
+    assert "failed (exitcode: 12)" in text  # torchrun's one line naming the worker's code stays
+    assert "[node1 rank1] the worker's last line" in text
+
+
+def test_a_line_after_the_box_is_shown_again() -> None:
+    text, _ = run_job(int(ExitCode.DATA_MISSING), after="agent: after the box")
+    assert "[node1] agent: after the box" in text, text
+
+
+def test_another_programs_code_stays_failed() -> None:
+    """3 means "a host cannot run the job" in ddpkit's table; a user script's 3 does not."""
+    text, code = run_job(3)
+    assert code == ExitCode.FAILED, text
+    assert "exit status 1;" in text
+    assert "Traceback" not in text
+
+
+def test_an_agent_killed_by_a_signal_keeps_its_own_code() -> None:
+    _, code = run_job(int(ExitCode.DATA_MISSING), agent_code=137)
+    assert code == 137
+
+
+def test_an_agent_traceback_without_a_failed_worker_is_shown() -> None:
+    """torchrun's own error (a rendezvous timeout, say) is the cause: shown."""
+    nodes = [ScriptedNode(0)]
+    out = io.StringIO()
+    sup = Supervisor(nodes, Console(file=out, width=400), 1.0)
+    for line in ("Traceback (most recent call last):", "RendezvousTimeoutError: timed out"):
+        sup.printer.line(nodes[0], line)
+    assert "Traceback (most recent call last):" in out.getvalue()
+    assert "RendezvousTimeoutError" in out.getvalue()
