@@ -23,7 +23,9 @@ BASE = {"envnames", "exitcodes"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
             "netif"} | BASE,
-    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec"} | BASE,
+    # launch -> train: only train.argcheck, the trainer's own parser checking a job's
+    # command line before anything starts (no torch).
+    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train"} | BASE,
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec"} | BASE,
@@ -160,3 +162,10 @@ def test_edges_see_relative_and_lazy_imports() -> None:
     found = {(e.source, e.target) for e in edges()}
     assert ("cli", "specfile") in found
     assert any(source.startswith("launch.") and target == "specfile" for source, target in found)
+
+
+def test_launch_reaches_train_only_for_the_argument_check() -> None:
+    # launch -> train is allowed for one module: the trainer's parser checking a
+    # job's command line before anything starts (docs/ARCHITECTURE.md).
+    into_train = {(e.source, e.target) for e in edges() if top(e.source) == "launch" and top(e.target) == "train"}
+    assert into_train and {t for _, t in into_train} == {"train.argcheck"}, into_train

@@ -15,6 +15,7 @@ from .render import RenderError
 from .spec import JobSpec
 from .specfile import SpecError, add_spec_arguments, spec_from_args
 from .targets import TARGETS, render
+from .train.argcheck import TrainArgsError, check_command, unrecognized
 
 # (command words, module, help): the module provides add_arguments(parser)
 # and run(args) -> int. Command modules import torch inside run(), never at
@@ -34,6 +35,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 
 def _cmd_render(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    check_command(spec.command.module, spec.command.args, doctor=args.doctor)
     rendered = render(spec, args.target, doctor=args.doctor, template_dir=args.templates)
     note = None if args.doctor else spec.watchdog.script_note(spec.command)
     if note:
@@ -61,9 +63,9 @@ def _add_builtin(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, help="write files into this folder instead of stdout")
     p.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
     p.add_argument("--templates", type=Path, help="folder with your own copy of the templates")
-    p.set_defaults(handler=_cmd_render)
+    p.set_defaults(handler=_cmd_render, command_parser=p)
     p = sub.add_parser("schema", help="print the JSON Schema of the job spec")
-    p.set_defaults(handler=_cmd_schema)
+    p.set_defaults(handler=_cmd_schema, command_parser=p)
 
 
 def _lazy_handler(module_name: str) -> Callable[[argparse.Namespace], int]:
@@ -84,7 +86,7 @@ def _add_module_commands(sub: argparse._SubParsersAction) -> None:
             parent = groups[word]
         p = parent.add_parser(words[-1], help=help_text, description=help_text)
         importlib.import_module(module_name).add_arguments(p)
-        p.set_defaults(handler=_lazy_handler(module_name))
+        p.set_defaults(handler=_lazy_handler(module_name), command_parser=p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,9 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # One line from the command's own parser (with the closest option),
+        # not the top-level usage.
+        own = getattr(args, "command_parser", parser)
+        print(f"{own.prog}: error: {unrecognized(own, extras)}; see {own.prog} --help", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     try:
         return args.handler(args)
+    except TrainArgsError as exc:
+        print(f"ddpkit: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     except SpecError as exc:
         print("ddpkit: invalid job spec (nothing was written or started):", file=sys.stderr)
         for problem in exc.problems:

@@ -23,6 +23,7 @@ from ..contract import Target, controller_env, hosts_for, job_env, sources, torc
 from ..exitcodes import ExitCode
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
+from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
 from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor
 
@@ -220,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     spec = docker_spec(args)
+    check_command(spec.command.module, spec.command.args)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:
         client = docker.client.DockerClient.from_env()

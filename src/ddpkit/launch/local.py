@@ -34,6 +34,7 @@ from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
+from ..train.argcheck import check_command
 from . import proctree
 from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, Membership, NodeHandle, RunText, Supervisor
 
@@ -220,6 +221,7 @@ def stop(nodes: list[Node], grace: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = local_spec(args)
+    check_command(spec.command.module, spec.command.args)
     with tempfile.TemporaryDirectory(prefix="ddpkit-local-") as tmp:
         return launch(spec, args.log_dir or Path(tmp), args.grace)
 

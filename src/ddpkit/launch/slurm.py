@@ -19,6 +19,7 @@ from pathlib import Path
 from ..exitcodes import ExitCode
 from ..spec import JobSpec
 from ..targets import render
+from ..train.argcheck import check_command
 from . import slurm_checks
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -188,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
     from ..specfile import spec_from_args
 
     spec = spec_from_args(args)
+    check_command(spec.command.module, spec.command.args, doctor=args.doctor)
     if not args.no_check and (refused := check_cluster(spec)):
         return refused
     rendered = render(spec, "slurm", doctor=args.doctor)

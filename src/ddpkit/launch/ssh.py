@@ -26,6 +26,7 @@ from ..contract import Target, master_port
 from ..exitcodes import ExitCode
 from ..spec import JobSpec
 from ..targets.sshnode import NodeCommand, new_rdzv_id, node_command
+from ..train.argcheck import check_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
@@ -184,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from ..specfile import spec_from_args
 
     spec = spec_from_args(args)
+    check_command(spec.command.module, spec.command.args, doctor=args.doctor)
     settings = settings_from(args, spec)
     plan = make_plan(spec, args, settings)
     if args.dry_run:

@@ -1,15 +1,20 @@
 """`python -m ddpkit.train` is `ddpkit train`: the program torchrun starts."""
 
-import argparse
 import sys
 
-from .main import add_arguments, run
+from ..exitcodes import ExitCode
+from .argcheck import train_parser, unrecognized
+from .main import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddpkit train", description="the DDP training entrypoint")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    parser = train_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # One line per rank, not the usage once per rank (issue 29).
+        print(f"ddpkit train: error: {unrecognized(parser, extras)}; see ddpkit train --help", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..exitcodes import ExitCode
 from .clock import CLOCK
 from .config import TrainConfig
-from .options import add_training_arguments, problems
+from .options import DefaultsFormatter, add_training_arguments, problems
 from .startup import DistContext, add_startup_arguments
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = DefaultsFormatter  # --help shows each flag's default
     add_startup_arguments(parser)
     add_training_arguments(parser)
 
