@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .exitcodes import ExitCode
-from .render import RenderError
+from .render import RenderError, TemplatesError
 from .spec import JobSpec
-from .specfile import SpecError, add_spec_arguments, spec_from_args
+from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args
 from .targets import TARGETS, render
 from .train.argcheck import TrainArgsError, check_command, unrecognized
 
@@ -108,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     try:
         return args.handler(args)
-    except TrainArgsError as exc:
+    except (TrainArgsError, TemplatesError) as exc:
         print(f"ddpkit: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except SpecFileError as exc:
+        print(f"ddpkit: {exc.problems[0]} (nothing was written or started)", file=sys.stderr)
         return ExitCode.BAD_INPUT
     except SpecError as exc:
         print("ddpkit: invalid job spec (nothing was written or started):", file=sys.stderr)

@@ -66,6 +66,10 @@ class RenderError(Exception):
     """A rendered file failed its post-render check: a bug in a template."""
 
 
+class TemplatesError(ValueError):
+    """`--templates DIR` cannot serve a template: bad input, one line (exit 2)."""
+
+
 def default_template_dir() -> Path:
     """Templates ship inside the wheel as ddpkit/templates; in a source
     checkout they live at the repository root."""
@@ -155,11 +159,21 @@ def check_yaml(name: str, text: str) -> None:
 
 def render_files(outputs: list[OutputFile], template_dir: Path | None = None) -> Rendered:
     """Render every output and check it (bash -n, YAML parse) before returning it."""
+    if template_dir is not None and not template_dir.is_dir():
+        what = "not a folder" if template_dir.exists() else "no such folder"
+        raise TemplatesError(f"--templates {template_dir}: {what}; pass a folder holding your copy of the "
+                             f"templates (copy {default_template_dir()}), or leave --templates out")
     env = environment(template_dir or default_template_dir())
     rendered = Rendered()
     for out in outputs:
         try:
             text = env.get_template(out.template).render(**out.variables)
+        except jinja2.TemplateNotFound as exc:
+            if template_dir is None:
+                raise  # the package's own templates: an internal error
+            name = exc.name if isinstance(exc.name, str) else out.template  # an include names its own
+            raise TemplatesError(f"--templates {template_dir}: has no {name}; copy it from "
+                                 f"{default_template_dir() / name}, or leave --templates out") from None
         except jinja2.UndefinedError as exc:
             raise RenderError(f"{out.template}: {exc}") from exc
         if out.kind == "shell":

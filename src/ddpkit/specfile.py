@@ -25,6 +25,23 @@ class SpecError(Exception):
         self.problems = problems
 
 
+class SpecFileError(SpecError):
+    """The job spec's file cannot be read at all: one problem, one line."""
+
+    def __init__(self, problem: str):
+        super().__init__([problem])
+
+
+def _folder_hint(path: Path) -> str:
+    try:
+        yamls = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    except OSError:
+        yamls = []
+    if yamls:
+        return f"pass one of its YAML files ({', '.join(yamls[:3])}{', ...' if len(yamls) > 3 else ''})"
+    return "pass the job's YAML file (see examples/)"
+
+
 @dataclass(frozen=True)
 class Override:
     path: tuple[str, ...]
@@ -131,7 +148,14 @@ def load_spec(
         try:
             data = load_yaml(path)
         except FileNotFoundError:
-            raise SpecError([f"-f {path}: no such file; pass the path of a job YAML (see examples/)"]) from None
+            raise SpecFileError(f"-f {path}: no such file; pass the path of a job YAML (see examples/)") from None
+        except IsADirectoryError:
+            raise SpecFileError(f"-f {path}: that is a folder; {_folder_hint(path)}") from None
+        except PermissionError as exc:
+            raise SpecFileError(f"-f {path}: cannot read it ({exc.strerror}); make it readable, "
+                                "or pass a copy you can read") from None
+        except UnicodeDecodeError:
+            raise SpecFileError(f"-f {path}: not a text file; pass the job's YAML file (see examples/)") from None
         except (yaml.YAMLError, ValueError) as exc:
             raise SpecError([f"-f {path}: not a YAML job mapping: {exc}"]) from None
     data.setdefault("name", "ddp-job")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -172,9 +173,13 @@ def check_cluster(spec: JobSpec) -> int:
     """0, or the exit code after printing why the cluster can never run the job."""
     try:
         cluster = slurm_checks.read_cluster()
+    except FileNotFoundError:
+        print(slurm_checks.missing_tool("scontrol"), file=sys.stderr)
+        return ExitCode.PREFLIGHT
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"ddpkit: cannot read the cluster's partitions ({exc}); is this a Slurm login node? "
-              "Pass --no-check to submit anyway", file=sys.stderr)
+        line = slurm_checks.unavailable("scontrol", str(exc))
+        print(line or f"ddpkit: cannot read the cluster's partitions (scontrol: {slurm_checks.slurm_words(str(exc))});"
+                      " is this a Slurm login node? Pass --no-check to submit anyway", file=sys.stderr)
         return ExitCode.PREFLIGHT
     found = slurm_checks.problems(spec, cluster)
     if not found:
@@ -185,19 +190,37 @@ def check_cluster(spec: JobSpec) -> int:
     return ExitCode.BAD_INPUT
 
 
+def _check_hint(args: argparse.Namespace) -> str:
+    return ", or submit without --no-check to have it checked first" if args.no_check else ""
+
+
 def run(args: argparse.Namespace) -> int:
     from ..specfile import spec_from_args
 
     spec = spec_from_args(args)
     check_command(spec.command.module, spec.command.args, doctor=args.doctor)
+    for tool in ("sbatch",) if args.no_check else ("scontrol", "sbatch"):
+        if shutil.which(tool) is None:
+            print(slurm_checks.missing_tool(tool), file=sys.stderr)
+            return ExitCode.PREFLIGHT
     if not args.no_check and (refused := check_cluster(spec)):
         return refused
     rendered = render(spec, "slurm", doctor=args.doctor)
-    [script] = rendered.write(args.dir.resolve())
+    folder = args.dir.resolve()
+    new = [name for name in rendered.files if not (folder / name).exists()]
+    [script] = rendered.write(folder)
     rc, job_id, err = submit(script)
     if rc != 0:
-        sys.stderr.write(err)  # sbatch's own words, as they are
-        return rc
+        for name in new:  # nothing left behind by a job that was not submitted
+            (folder / name).unlink(missing_ok=True)
+        line = slurm_checks.unavailable("sbatch", err)
+        if line:
+            print(line, file=sys.stderr)
+            return ExitCode.PREFLIGHT
+        sys.stderr.write(err)  # sbatch's own words on the job, as they are
+        print(f"ddpkit: sbatch refused the job (nothing was submitted); fix what it names{_check_hint(args)}",
+              file=sys.stderr)
+        return ExitCode.BAD_INPUT
     if err:
         sys.stderr.write(err)
     state = job_state(job_id)

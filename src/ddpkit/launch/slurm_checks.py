@@ -110,6 +110,52 @@ class Cluster:
         return [n for n in self.nodes if partition.name in n.partitions]
 
 
+# Slurm's own words when this host has Slurm's client but no cluster to talk
+# to: no slurm.conf and no DNS SRV record for slurmctld, or slurmctld down or
+# out of reach. Then every sbatch/scontrol fails, whatever the job.
+_NOT_CONFIGURED = ("Could not establish a configuration source", "_establish_config_source",
+                   "Unable to process configuration file", "resolve_ctls_from_dns_srv")
+_UNREACHABLE = ("Unable to contact slurm controller", "Unable to establish controller machine",
+                "Socket timed out on send/recv", "Zero Bytes were transmitted or received")
+
+
+def slurm_words(stderr: str) -> str:
+    """The one sentence of a Slurm tool's stderr that says why: its `fatal:`
+    line, else its last `error:` line, else its last line, without the
+    `tool: fatal: ` prefix."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    fatal = [ln for ln in lines if ": fatal: " in ln]
+    errors = [ln for ln in lines if ": error: " in ln]
+    line = (fatal or errors or lines)[-1]
+    for mark in (": fatal: ", ": error: "):
+        if mark in line:
+            return line.split(mark, 1)[1]
+    return line
+
+
+def missing_tool(tool: str) -> str:
+    """One line when a Slurm command is not on PATH."""
+    return (f"ddpkit: {tool} is not on PATH: this host has no Slurm client (nothing was written or submitted); "
+            "run ddpkit submit slurm on a login node of the cluster, or `ddpkit render slurm -o DIR` and sbatch "
+            "the script there")
+
+
+def unavailable(tool: str, stderr: str) -> str | None:
+    """One line when a Slurm tool's stderr says this host cannot use any
+    cluster (not configured, controller out of reach); None when it is about
+    the job itself."""
+    words = slurm_words(stderr)
+    if any(m in stderr for m in _NOT_CONFIGURED):
+        return (f"ddpkit: Slurm is installed on this host but not configured ({tool}: {words}); nothing was "
+                "submitted: run on a login node of the cluster, or set SLURM_CONF to the cluster's slurm.conf")
+    if any(m in stderr for m in _UNREACHABLE):
+        return (f"ddpkit: {tool} cannot reach the Slurm controller ({tool}: {words}); nothing was submitted: "
+                "check that slurmctld is up and reachable from this host (scontrol ping), then submit again")
+    return None
+
+
 def _scontrol(argv: list[str]) -> str:
     out = subprocess.run(["scontrol", *argv], capture_output=True, text=True, check=False, timeout=30)
     if out.returncode != 0:
