@@ -104,3 +104,33 @@ def test_an_agent_traceback_without_a_failed_worker_is_shown() -> None:
         sup.printer.line(nodes[0], line)
     assert "Traceback (most recent call last):" in out.getvalue()
     assert "RendezvousTimeoutError" in out.getvalue()
+
+
+def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> None:
+    """Elastic: node 2's worker exits 12 (its agent 1); its host answers, it
+    rejoins and finishes: the summary names 12, and the old code does not
+    make the new run of the node a failure."""
+    from ddpkit.launch.supervisor import Membership, Status
+    from tests.test_supervisor_rejoin import Hosts
+
+    nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
+    sup = Supervisor(nodes, Console(file=io.StringIO(), width=400), 1.0,
+                     membership=Membership(min_nodes=2, max_node_failures=2, reviver=hosts))
+    made: list[ScriptedNode] = []
+
+    def drive() -> None:
+        assert all(n.started.wait(WAIT_S) for n in nodes)
+        for line in torchrun_report(int(ExitCode.DATA_MISSING), 2):
+            sup.printer.line(nodes[2], line)
+        nodes[2].finish(1)
+        made.append(hosts.answer(2))
+        for node in (nodes[0], nodes[1], made[0]):
+            node.finish(0)
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    outcome = sup.run()
+    thread.join(WAIT_S)
+    assert outcome.code == 0
+    assert [sup.status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
+    assert outcome.rejoined == {2: ["exit status 12"]}

@@ -234,6 +234,12 @@ class LinePrinter:
         with self._lock:
             return self.worker_codes.get(index)
 
+    def forget(self, index: int) -> None:
+        """A node that comes back (elastic) starts without its last failure's code."""
+        with self._lock:
+            self.worker_codes.pop(index, None)
+            self._in_box.pop(index, None)
+
     def cause_lines(self, first: int | None) -> list[str]:
         """Every worker cause line once, the first failed node's last."""
         with self._lock:
@@ -271,11 +277,7 @@ class Outcome:
     worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
 
     def node_code(self, node: NodeHandle) -> int | None:
-        """The node's exit code; for a torchrun agent's 1, its failed worker's
-        own code when that is one of ddpkit's (exitcodes.WORKER_CODES)."""
-        code = node.exit_code()
-        worker = self.worker_codes.get(node.index)
-        return worker if code == ExitCode.FAILED and worker in WORKER_CODES else code
+        return node_code(node, self.worker_codes.get(node.index))
 
     @property
     def code(self) -> int:
@@ -399,6 +401,7 @@ class Supervisor:
     def _rejoin(self, new: NodeHandle, outcome: Outcome) -> None:
         old = self.away.pop(new.index)
         why = self.reason(old)
+        self.printer.forget(new.index)
         outcome.rejoined.setdefault(new.index, []).append(why)
         self.nodes = [new if n.index == new.index else n for n in self.nodes]
         self.printer.line(new, f"ddpkit: node {new.index} ({new.host}) is back after it failed ({why}): "
@@ -475,7 +478,7 @@ class Supervisor:
         return Text("\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]]))
 
     def reason(self, node: NodeHandle, outcome: Outcome | None = None) -> str:
-        code = node.exit_code() if outcome is None else outcome.node_code(node)
+        code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
         return node.lost_reason() if code == LOST else f"exit status {code}"
 
     def closing_line(self, outcome: Outcome, text: RunText) -> str:
@@ -509,6 +512,13 @@ class Supervisor:
         names = ", ".join(f"node {n.index} ({n.host}: {self.reason(n, outcome)})" for n in outcome.excluded)
         return (f" but {names}: excluded after it failed; the job went on with "
                 f"{len(self.nodes) - len(outcome.excluded)} of {len(self.nodes)} nodes")
+
+
+def node_code(node: NodeHandle, worker: int | None) -> int | None:
+    """The node's exit code; for a torchrun agent's 1, its failed worker's
+    own code when that is one of ddpkit's (exitcodes.WORKER_CODES)."""
+    code = node.exit_code()
+    return worker if code == ExitCode.FAILED and worker in WORKER_CODES else code
 
 
 def _code_text(code: int | None) -> str:
