@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import threading
+from pathlib import Path
 
 from rich.console import Console
 
@@ -134,3 +135,31 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
     assert outcome.code == 0
     assert [sup.status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
     assert outcome.rejoined == {2: ["exit status 12"]}
+
+
+class _Container:
+    """What NodeRun reads of a container: its output, in arbitrary chunks."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def logs(self, stream: bool, follow: bool) -> list[bytes]:
+        return self.chunks
+
+
+def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Path) -> None:
+    """The containers are removed at the end: with --log-dir the node's whole
+    output, torchrun's traceback included, stays in DIR/node<I>.log."""
+    from ddpkit.launch.docker import NodePlan, NodeRun
+    from ddpkit.launch.supervisor import LinePrinter
+
+    text = "\n".join([f"[rank1]:{CAUSE}", *torchrun_report(12, 1)]) + "\n"
+    raw = text.encode()
+    node = NodeRun(NodePlan(1, "node1", [], {}), _Container([raw[:50], raw[50:333], raw[333:]]),
+                   log=tmp_path / "logs" / "node1.log")
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=400))
+    node._pump(printer)
+    assert (tmp_path / "logs" / "node1.log").read_bytes() == raw
+    assert "Traceback" not in out.getvalue() and "ChildFailedError" not in out.getvalue()
+    assert printer.worker_code(1) == 12 and printer.cause_lines(1) == [CAUSE]

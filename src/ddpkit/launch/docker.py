@@ -5,7 +5,9 @@ Target.COMPOSE sources): container i is reachable as `node<i>` on a
 user-defined network made for this run, gets DDPKIT_NODE_RANK=i, and node0
 hosts the rendezvous. Output is streamed live with a `[nodeI]` prefix (see supervisor). Fail
 fast: the first container that exits non-zero stops the others; every
-container and the network are removed at the end, after Ctrl-C too.
+container and the network are removed at the end, after Ctrl-C too, so a
+node's whole output (torchrun's traceback, which the console leaves out,
+included) is kept only with --log-dir: DIR/node<I>.log.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import envnames
@@ -53,6 +56,7 @@ class NodeRun:
     container: Container | None = None
     status: int | None = None
     pump: threading.Thread | None = field(default=None, repr=False)
+    log: Path | None = None  # the container's whole output, kept after it is removed
 
     @property
     def index(self) -> int:
@@ -75,14 +79,25 @@ class NodeRun:
 
     def _pump(self, printer: LinePrinter) -> None:
         assert self.container is not None
+        log = None
+        if self.log is not None:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            log = self.log.open("ab")
         pending = b""
-        for chunk in self.container.logs(stream=True, follow=True):
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                printer.line(self, raw.decode("utf-8", "replace").rstrip("\r"))
-        if pending:
-            printer.line(self, pending.decode("utf-8", "replace"))
+        try:
+            for chunk in self.container.logs(stream=True, follow=True):
+                if log is not None:
+                    log.write(chunk)
+                    log.flush()
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    printer.line(self, raw.decode("utf-8", "replace").rstrip("\r"))
+            if pending:
+                printer.line(self, pending.decode("utf-8", "replace"))
+        finally:
+            if log is not None:
+                log.close()
 
     def _wait(self, exited: Callable[[], None]) -> None:
         import docker.errors
@@ -122,6 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 10); after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
                              "(preemption.checkpoint_s)")
     parser.add_argument("--shm-size", default="1g", help="/dev/shm size per container (DataLoader workers use it)")
+    parser.add_argument("--log-dir", type=Path, metavar="DIR",
+                        help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the end)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
 
@@ -173,8 +190,8 @@ def _ensure_image(client: DockerClient, image: str) -> str | None:
 class DockerLaunch:
     """One run: its network, its containers, and their teardown."""
 
-    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str) -> None:
-        self.client, self.spec, self.shm_size = client, spec, shm_size
+    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str, log_dir: Path | None = None) -> None:
+        self.client, self.spec, self.shm_size, self.log_dir = client, spec, shm_size, log_dir
         self.run_id = uuid.uuid4().hex[:8]
         self.labels = {LABEL_JOB: spec.name, LABEL_RUN: self.run_id}
         self.network_name = f"ddpkit-{spec.name}-{self.run_id}"
@@ -185,7 +202,8 @@ class DockerLaunch:
         """The network and one created (not started) container per node."""
         self.network = self.client.networks.create(self.network_name, driver="bridge", labels=self.labels)
         for p in plans:
-            self.runs.append(NodeRun(p, self._create(p)))
+            log = None if self.log_dir is None else self.log_dir / f"node{p.index}.log"
+            self.runs.append(NodeRun(p, self._create(p), log=log))
         return self.runs
 
     def _create(self, p: NodePlan) -> Container:
@@ -234,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"ddpkit launch docker: {problem}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    launch = DockerLaunch(client, spec, args.shm_size)
+    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)
     note = spec.watchdog.script_note(spec.command)
