@@ -153,7 +153,8 @@ def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Pa
     from ddpkit.launch.docker import NodePlan, NodeRun
     from ddpkit.launch.supervisor import LinePrinter
 
-    text = "\n".join([f"[rank1]:{CAUSE}", *torchrun_report(12, 1)]) + "\n"
+    # no rank prefix: launch docker and launch ssh run torchrun without --log-line-prefix-template
+    text = "\n".join([CAUSE, CAUSE, *torchrun_report(12, 1)]) + "\n"
     raw = text.encode()
     node = NodeRun(NodePlan(1, "node1", [], {}), _Container([raw[:50], raw[50:333], raw[333:]]),
                    log=tmp_path / "logs" / "node1.log")

@@ -204,7 +204,7 @@ class LinePrinter:
             if stall:
                 rank = int(stall.group(1))
                 self.stalled[rank] = StalledRank(rank, int(stall.group(2)), stall.group(3), stall.group(4))
-            if match and body.startswith(CAUSE_PREFIX):
+            if body.startswith(CAUSE_PREFIX):  # a worker's (torchrun's agent never says it), prefixed or not
                 self.causes.setdefault(body, node.index)  # shown once, at the end (Supervisor.summary)
                 return
             if not match and self._torchrun_report(node.index, body):
