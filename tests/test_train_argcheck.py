@@ -161,3 +161,14 @@ def test_other_commands_name_themselves_on_an_unknown_flag(capsys: pytest.Captur
     code, _, err = run_cli(["render", "slurm", "--nodez", "2"], capsys)
     assert code == ExitCode.BAD_INPUT
     assert err == "ddpkit render: error: unrecognized argument --nodez (did you mean --nodes?); see ddpkit render --help\n"
+
+
+def test_ddpkit_train_refuses_node_side_options_in_one_line(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """What only the node can tell (a --resume file) is the trainer's own
+    refusal: one line too, which a launcher shows once, last."""
+    missing = tmp_path / "nope.pt"
+    code, out, err = run_cli(["train", "--resume", str(missing), "--data", "cifar10"], capsys)
+    assert (code, out) == (ExitCode.BAD_INPUT, "")
+    assert err == (f"ddpkit train: invalid options (nothing was started): --data cifar10 needs --data-dir DIR; "
+                   f"--resume {missing}: no such file (use auto, or a checkpoint file)\n")

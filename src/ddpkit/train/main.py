@@ -189,7 +189,8 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 def run(args: argparse.Namespace) -> int:
     found = problems(args)
     if found:
-        return _bad("invalid options (nothing was started):\n  - " + "\n  - ".join(found))
+        # One line: every rank prints it, and a launcher shows a worker's line once, last.
+        return _bad("invalid options (nothing was started): " + "; ".join(found))
     return run_config(TrainConfig.from_args(args))
 
 
