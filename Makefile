@@ -52,21 +52,26 @@ golden: install
 # The image (docker/Dockerfile): `make image` is the CUDA + NCCL default,
 # `make image-cpu` the gloo/CPU variant; both print the tag last.
 # `make wheelhouse` downloads every wheel the CPU image needs (torch as in .venv)
-# so that OFFLINE=1 builds reach no index.
-wheelhouse: install
+# so that OFFLINE=1 builds reach no index. It is done once per set of
+# dependencies (the .complete stamp): a second `make compose-test` asks no index.
+WHEELHOUSE := docker/wheelhouse/.complete
+$(WHEELHOUSE): $(VENV)/.installed pyproject.toml constraints.txt
 	$(PY) -m pip download --only-binary=:all: -d docker/wheelhouse hatchling \
 	  $$($(PY) -c 'import torch, torchvision; print("torch==" + torch.__version__.partition("+")[0], "torchvision==" + torchvision.__version__.partition("+")[0])') \
 	  $$($(PY) -c 'import tomllib; print(" ".join(d for d in tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"] if not d.startswith("torch")))')
+	touch $@
+
+wheelhouse: $(WHEELHOUSE)
 
 image:
 	bash docker/build.sh cuda $(IMAGE)
 
-image-cpu: install wheelhouse
+image-cpu: install $(WHEELHOUSE)
 	OFFLINE=1 bash docker/build.sh cpu $(IMAGE)
 
 # Build the CPU image, run the rendered compose file (NODES=2 default) doing a
 # gloo DDP `ddpkit train`; exits with node0's code.
-compose-test: install wheelhouse
+compose-test: install $(WHEELHOUSE)
 	OFFLINE=1 NODES=$(NODES) OUT=$(OUT) bash docker/compose-test.sh
 
 # ruff (style, imports, bug patterns) over the whole tree; mypy over src/ddpkit

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ VENV_BIN = Path(sys.executable).parent
 TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=32", "--batch-size=8",
         "--epochs=1", "--workers=0", "--no-eval"]
 # The same, running long enough to be stopped from outside mid-run.
-LONG = [*TINY[:-3], "--epochs=1000", "--workers=0", "--no-eval"]
+LONG = [*TINY[:-3], "--epochs=1000", "--workers=0", "--no-eval", "--log-every=1"]
 
 
 def _tool(name: str) -> str:
@@ -117,6 +118,21 @@ def _wait_running(docker: Docker, count: int) -> None:
     raise AssertionError(f"{count} containers never ran")
 
 
+def _wait_training(docker: Docker, node: str, timeout: float = 300) -> None:
+    """Until `node` printed a progress line: its process group formed and a
+    step is done, so the others now meet a dead peer inside a collective."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=io.ddpkit.job={JOB}", "--filter",
+                              f"name={node}"], env=docker.env, capture_output=True, text=True).stdout.split()
+        if ids:
+            logs = subprocess.run(["docker", "logs", ids[0]], env=docker.env, capture_output=True, text=True)
+            if re.search(r"step \d+/\d+ epoch", logs.stdout + logs.stderr):
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"{node} printed no progress line within {timeout:g}s")
+
+
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -141,7 +157,7 @@ def test_launch_docker_fails_fast_when_one_container_dies(docker_daemon: Docker)
     proc = _launch(docker_daemon, 2, *LONG)
     try:
         _wait_running(docker_daemon, 2)
-        time.sleep(5)
+        _wait_training(docker_daemon, "node0")
         name = subprocess.run(["docker", "ps", "-q", "--filter", f"label=io.ddpkit.job={JOB}",
                                "--filter", "name=node1"], env=docker_daemon.env, capture_output=True,
                               text=True, check=True).stdout.split()

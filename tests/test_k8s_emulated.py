@@ -32,7 +32,6 @@ from ddpkit.targets import kubernetes, render
 from tests.emulators import controller_env
 from tests.expansion import kubelet_container_env, kubelet_expand
 from tests.infra import docker_daemon as daemon_infra
-from tests.infra import rank_table
 from tests.infra.docker_daemon import REPO, Docker
 
 # The fixture, by its name, so that pytest finds it in this module.
@@ -173,21 +172,6 @@ def rendered(spec: JobSpec) -> str:
     files = render(spec, "k8s").files
     assert len(files) == 1
     return next(iter(files.values()))
-
-
-@pytest.mark.root
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
-def test_every_pod_reports_its_rank(docker_daemon: Docker, kind: str) -> None:
-    spec = job(kind, 3)
-    pods_ = pods(spec, rendered(spec))
-    assert not any("$(" in a for p in pods_ for a in p.argv), "an unexpanded $(VAR) reached a pod"
-    codes, logs = run_pods(docker_daemon, pods_)
-    assert codes == [0, 0, 0], "\n".join(logs)
-    assert rank_table.problems(logs[0], 3, 1) == [], logs[0]
-    hosts = {r.node_rank: r.host for r in rank_table.rows(logs[0])}
-    assert hosts == {i: p.hostname for i, p in enumerate(pods_)}, "pod i must carry node rank i"
 
 
 @pytest.mark.root

@@ -43,7 +43,7 @@ from ddpkit.specfile import load_spec
 from ddpkit.targets import render
 from tests.helpers.rank_records import Difference, Promise, differences, records, table
 from tests.infra import docker_daemon as daemon_infra
-from tests.infra import netns, slurm_cluster, sshd
+from tests.infra import netns, rank_table, slurm_cluster, sshd
 from tests.infra.docker_daemon import REPO, Docker
 from tests.infra.slurm_cluster import SlurmCluster
 
@@ -302,10 +302,16 @@ def test_kubernetes_emulated(docker_daemon: Docker, tmp_path: Path, kind: str) -
     assert docker_daemon.image is not None
     spec = load_spec(write_spec(tmp_path, image=docker_daemon.image, **IN_IMAGE, **{"k8s.kind": kind}))
     (text,) = render(spec, "k8s").files.values()
+    emulated = pods(spec, text)
+    assert not any("$(" in a for p in emulated for a in p.argv), "an unexpanded $(VAR) reached a pod"
     started = time.monotonic()
-    codes, logs = run_pods(docker_daemon, pods(spec, text))
+    codes, logs = run_pods(docker_daemon, emulated)
     assert codes == [0] * NODES, "\n".join(logs)[-6000:]
     check(f"k8s {kind}", logs[0], started)
+    assert rank_table.problems(logs[0], NODES * NPROC, NPROC) == [], logs[0][-6000:]  # the table users read
+    # The controller's index, not only distinct pods: pod i runs node rank i.
+    node_hosts = {int(r["node_rank"]): r["host"] for r in RESULTS[f"k8s {kind}"]}
+    assert node_hosts == {i: p.hostname for i, p in enumerate(emulated)}, "pod i must carry node rank i"
 
 
 # ---- make compose-test: the user's one-command check of the compose file ----
