@@ -210,7 +210,10 @@ class DockerLaunch:
         name = f"{self.network_name}-node{p.index}"
         endpoint = self.client.api.create_endpoint_config(aliases=[p.hostname])
         config = self.client.api.create_networking_config({self.network_name: endpoint})
-        host_config = self.client.api.create_host_config(shm_size=self.shm_size,
+        # init: docker's tini is PID 1 and passes the stop signal on. torchrun
+        # as PID 1 ignores SIGTERM until it has installed its handler, so a
+        # Ctrl-C during start-up waited out the whole grace before SIGKILL.
+        host_config = self.client.api.create_host_config(shm_size=self.shm_size, init=True,
                                                          device_requests=_gpu_requests(self.spec))
         created = self.client.api.create_container(
             self.spec.image, command=p.command, environment=p.environment, hostname=p.hostname,
