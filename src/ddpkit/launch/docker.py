@@ -28,7 +28,7 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
-from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor
+from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument
 
 if TYPE_CHECKING:
     from docker.client import DockerClient
@@ -139,6 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shm-size", default="1g", help="/dev/shm size per container (DataLoader workers use it)")
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
                         help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the end)")
+    add_dedup_argument(parser)
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
 
@@ -258,7 +259,8 @@ def run(args: argparse.Namespace) -> int:
     note = spec.watchdog.script_note(spec.command)
     if note:
         console.print(f"launch docker: {note}", markup=False)
-    supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s)
+    supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s,
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
             supervisor.nodes = list(launch.create(plan(spec)))
