@@ -183,7 +183,10 @@ def with_tee(argv: list[str], log_dir: Path) -> list[str]:
 
 def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
-    base = {**os.environ, **job_env(spec), envnames.PYTHONUNBUFFERED: "1"}
+    env = job_env(spec)
+    if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
+        env.pop(envnames.OMP_NUM_THREADS, None)
+    base = {**os.environ, **env, envnames.PYTHONUNBUFFERED: "1"}
     rdzv_id = new_rdzv_id(spec)
     if rdzv_id is not None:
         base[envnames.DDPKIT_RDZV_ID] = rdzv_id
