@@ -13,10 +13,11 @@ included) is kept only with --log-dir: DIR/node<I>.log.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -234,6 +235,14 @@ class DockerLaunch:
                 pass
 
 
+def daemon_unreachable(env: Mapping[str, str]) -> str:
+    """The one line for a Docker daemon that does not answer (docker/daemon-check.sh says the same)."""
+    host = env.get("DOCKER_HOST")
+    tried = f"DOCKER_HOST={host}" if host else "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
+    return (f"cannot reach the Docker daemon at {tried}; start it (sudo systemctl start docker, or sudo dockerd &) "
+            "or set DOCKER_HOST to a running daemon; nothing was started")
+
+
 def run(args: argparse.Namespace) -> int:
     import docker.client
     import docker.errors
@@ -245,10 +254,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         client = docker.client.DockerClient.from_env()
         client.ping()
-    except docker.errors.DockerException as exc:
-        print(f"ddpkit launch docker: cannot reach the Docker daemon ({exc}); start dockerd or set DOCKER_HOST",
-              file=sys.stderr)
-        return ExitCode.BAD_INPUT
+    except docker.errors.DockerException:
+        print(f"ddpkit launch docker: {daemon_unreachable(os.environ)}", file=sys.stderr)
+        return ExitCode.PREFLIGHT
     problem = _ensure_image(client, spec.image)
     if problem:
         print(f"ddpkit launch docker: {problem}", file=sys.stderr)
