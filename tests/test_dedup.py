@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 
@@ -176,3 +177,20 @@ def test_without_dedup_every_copy_prints_at_once() -> None:
     for r in range(2):
         printer.line(FakeNode(0), f"[rank{r}]:{WARN}")
     assert out.getvalue() == f"[node0 rank0] {WARN}\n[node0 rank1] {WARN}\n"
+
+
+def test_launch_docker_node_log_keeps_every_copy_the_console_merges(tmp_path: Path) -> None:
+    """launch docker runs torchrun without the rank prefix: a node's two local
+    ranks' identical lines are one console line with their count; the node's
+    log (--log-dir) has both, as the container printed them."""
+    from ddpkit.launch.docker import NodePlan, NodeRun
+    from tests.test_supervisor_worker_code import _Container
+
+    raw = f"{WARN}\n{WARN}\nrank 1 alone\n".encode()
+    node1 = NodeRun(NodePlan(1, "node1", [], {}), _Container([raw[:10], raw[10:]]), log=tmp_path / "node1.log")
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=400), Dedup(ranks=4, window_s=60.0))
+    node1._pump(printer)
+    printer.close()
+    assert (tmp_path / "node1.log").read_bytes() == raw
+    assert out.getvalue() == f"[node1, 2 copies] {WARN}\n[node1] rank 1 alone\n"
