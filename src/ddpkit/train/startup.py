@@ -212,11 +212,11 @@ def init_distributed(args: Options) -> DistContext:
 def _spawned_child(index: int, args: Options, fn: Callable[[DistContext], object],
                    nprocs: int, init_file: str, prepare: Callable[[], object] | None,
                    failed: Callable[[int, BaseException], None] | None = None) -> None:
-    if prepare is not None:
-        prepare()
     info = LaunchInfo("spawn", rank=index, local_rank=index, world_size=nprocs, local_world_size=nprocs,
                       node_rank=0, master_addr="127.0.0.1", master_port=None, init_method=f"file://{init_file}")
     try:
+        if prepare is not None:
+            prepare()
         ctx = _init(info, args)
     except Exception as exc:
         if failed is not None:
@@ -234,8 +234,8 @@ def run_spawned(args: Options, fn: Callable[[DistContext], object],
     """--spawn N: N processes on this machine, joined through a file store
     (no port to race for). Each runs prepare() (if given) before it joins the
     group, then fn(ctx); `failed(rank, exc)`, if given, sees an error from
-    joining (the pre-join checks' StartupError) and may exit the child with
-    its code. All must be picklable (module-level functions or objects)."""
+    prepare() or from joining (the pre-join checks' StartupError) and may
+    exit the child with its code. All must be picklable (module-level functions or objects)."""
     import logging
 
     import torch.multiprocessing as mp
