@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: lint wheelhouse image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-fast demo bench bench-launch clean
+.PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-fast demo bench bench-launch clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,15 +63,19 @@ $(WHEELHOUSE): $(VENV)/.installed pyproject.toml constraints.txt
 
 wheelhouse: $(WHEELHOUSE)
 
+# Before anything slow: one line and exit 3 when the Docker daemon does not answer.
+docker-daemon:
+	@bash docker/daemon-check.sh make
+
 image:
 	bash docker/build.sh cuda $(IMAGE)
 
-image-cpu: install $(WHEELHOUSE)
+image-cpu: docker-daemon install $(WHEELHOUSE)
 	OFFLINE=1 bash docker/build.sh cpu $(IMAGE)
 
 # Build the CPU image, run the rendered compose file (NODES=2 default) doing a
 # gloo DDP `ddpkit train`; exits with node0's code.
-compose-test: install $(WHEELHOUSE)
+compose-test: docker-daemon install $(WHEELHOUSE)
 	OFFLINE=1 NODES=$(NODES) OUT=$(OUT) bash docker/compose-test.sh
 
 # ruff (style, imports, bug patterns) over the whole tree; mypy over src/ddpkit

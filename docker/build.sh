@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=${1:?usage: build.sh cuda|cpu [TAG]}
 docker=${DOCKER:-docker}
+DOCKER=$docker bash docker/daemon-check.sh build.sh || exit  # one line, exit 3, before any pull or stand-in build
 args=()
 case "$variant" in
   cuda) tag=${2:-ddpkit:cuda} ;;

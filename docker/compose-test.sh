@@ -12,6 +12,7 @@ nproc=${NPROC:-2}
 out=${OUT:-out}/compose-test
 py=${PYTHON:-.venv/bin/python}
 tag=${IMAGE:-ddpkit:cpu}
+bash docker/daemon-check.sh compose-test || exit  # one line, exit 3, before the build
 if docker compose version >/dev/null 2>&1; then compose=(docker compose)
 elif [ -x .venv/bin/docker-compose ]; then compose=(.venv/bin/docker-compose)
 else compose=(docker-compose); fi

@@ -128,3 +128,49 @@ def test_check_views_finds_broken_contracts() -> None:
     assert check_views([views[0], views[1], replace(views[2], master_addr="elsewhere")])
     moved = [replace(v, master_addr="node2") for v in views]
     assert any("not node 0" in p for p in check_views(moved))
+
+
+# ---- OMP_NUM_THREADS: set by ddpkit so torchrun never prints its banner (issue 26 item 2)
+
+
+def _omp_spec(**fields: object) -> JobSpec:
+    return JobSpec.model_validate({"name": "omp", "nodes": 2, "nproc_per_node": 2, **fields})
+
+
+@pytest.mark.parametrize("target", [t for t in Target if t is not Target.SLURM_SRUN])
+def test_omp_num_threads_is_one_per_process_as_torchrun_would_set_it(target: Target) -> None:
+    from ddpkit import envnames
+    from ddpkit.contract import target_env
+
+    assert target_env(_omp_spec(), target)[envnames.OMP_NUM_THREADS] == "1"
+
+
+def test_omp_num_threads_is_the_cpus_per_process_where_the_spec_knows_them() -> None:
+    from ddpkit import envnames
+    from ddpkit.contract import target_env
+
+    omp = envnames.OMP_NUM_THREADS
+    assert target_env(_omp_spec(slurm={"cpus_per_process": 6}), Target.SLURM)[omp] == "6"
+    assert target_env(_omp_spec(slurm={"cpus_per_process": 6, "mode": "srun"}), Target.SLURM_SRUN)[omp] == "6"
+    assert target_env(_omp_spec(k8s={"cpu": "8"}), Target.PYTORCHJOB)[omp] == "4"  # a pod's 8 CPUs, 2 processes
+    assert target_env(_omp_spec(k8s={"cpu": "3"}), Target.JOBSET)[omp] == "1"  # rounded down
+    assert target_env(_omp_spec(k8s={"cpu": "500m"}), Target.INDEXED_JOB)[omp] == "1"  # never below 1
+    assert target_env(_omp_spec(compose={"cpus_per_node": 6}), Target.COMPOSE)[omp] == "3"
+
+
+def test_omp_num_threads_is_left_alone_where_torchrun_never_set_it_or_the_user_did() -> None:
+    from ddpkit import envnames
+    from ddpkit.contract import target_env
+
+    omp = envnames.OMP_NUM_THREADS
+    assert omp not in target_env(_omp_spec(nproc_per_node=1), Target.SLURM)  # torchrun sets it only for N > 1
+    assert omp not in target_env(_omp_spec(slurm={"mode": "srun"}), Target.SLURM_SRUN)  # no torchrun there
+    assert target_env(_omp_spec(env={"OMP_NUM_THREADS": "12"}), Target.SLURM)[omp] == "12"
+
+
+@pytest.mark.parametrize("target", ["slurm", "k8s", "ssh", "compose"])
+def test_every_rendered_target_sets_omp_num_threads(target: str) -> None:
+    from ddpkit.targets import render
+
+    rendered = render(_omp_spec(image="ddpkit:cpu", device="cpu", backend="gloo"), target)
+    assert any("OMP_NUM_THREADS" in text for text in rendered.files.values()), list(rendered.files)

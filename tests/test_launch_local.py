@@ -178,3 +178,13 @@ def test_ddpkit_env_under_real_torchrun_agents() -> None:
         assert (got["launcher"], got["rank"], got["node_rank"], got["world_size"]) == ("torchrun", node, node, 2)
         assert (got["master_addr"], got["interface"], got["backend"]) == ("127.0.0.1", "lo", "gloo")
         assert got["host"].endswith(f"-node{node}")
+
+
+def test_omp_num_threads_comes_from_the_job_unless_this_shell_sets_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun prints its OMP_NUM_THREADS banner on every node when the variable
+    is unset; the job environment sets it, and a value in this shell still wins."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spec = local_spec(parse("--nodes", "2", "--nproc-per-node", "2"))
+    assert {n.env["OMP_NUM_THREADS"] for n in build_nodes(spec, Path("/logs"))} == {"1"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert {n.env["OMP_NUM_THREADS"] for n in build_nodes(spec, Path("/logs"))} == {"3"}

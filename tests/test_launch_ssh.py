@@ -315,7 +315,8 @@ def test_rc_files_run_once_per_node_and_their_environment_reaches_the_job(tmp_pa
             job.write_text(job.read_text().replace(sys.executable, str(fake)))
             hf = tmp_path / "hostfile"
             hf.write_text(f"{net['rc1'].addr}\n{net['rc2'].addr}\n")
-            out = launch(net, hosts, tmp_path, job, hf, timeout=120)
+            # --no-dedup: each node's copy of the same line on the console (by default shown once, both nodes named)
+            out = launch(net, hosts, tmp_path, job, hf, "--no-dedup", timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("job sees FROM_RC=exported-by-rc") == 2, out.stdout
     assert len(count.read_text().split()) == 2, f"rc files ran {len(count.read_text().split())} times for 2 nodes"

@@ -57,3 +57,30 @@ def test_ddpkit_train_spawn_2_runs_to_completion(tmp_path: Path) -> None:
     assert "ddpkit train finished: 4 steps, 1 epochs, world size 2, global batch 16" in done.stdout
     [summary] = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "summary"]
     assert summary["status"] == "finished" and summary["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_a_start_up_fault_under_spawn_is_one_line_and_its_exit_code(tmp_path: Path) -> None:
+    """issue 30 item 6: the pre-join check's line, not wrapped in two
+    tracebacks from torch.multiprocessing; exit 4 as without --spawn."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
+                 "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        env.pop(name, None)
+    done = subprocess.run([console_command(), "train", "--spawn", "2", "--device", "cpu", "--backend", "gloo",
+                           "--interface", "doesnotexist0", *TINY, "--synthetic-size", "64", "--max-steps", "1"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 4, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # both ranks fail with it: shown once, and nothing else
+    assert lines[0].startswith("ddpkit train: --interface='doesnotexist0': no interface doesnotexist0 on host "), lines
+    assert "use --interface auto or one of this host's interfaces: lo=127.0.0.1" in lines[0]
+
+
+def test_spawn_causes_are_each_shown_once_in_rank_order(tmp_path: Path) -> None:
+    from ddpkit.train.main import spawn_causes
+
+    for rank, line in ((10, "b"), (2, "a"), (0, "b"), (1, "a")):
+        (tmp_path / f"rank{rank}").write_text(line)
+    assert spawn_causes(tmp_path) == ["b", "a"]
+    assert spawn_causes(tmp_path / "nothing") == []

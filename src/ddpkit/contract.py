@@ -334,9 +334,45 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
     env[envnames.DDPKIT_JOB_NAME] = spec.name
     env.update(elastic_env(spec))
     env.update(watchdog_env(spec, env[envnames.DDPKIT_BACKEND]))
+    env.update(omp_env(spec, target))
     if not (row and row.controller_sets_unbuffered):
         env.setdefault(envnames.PYTHONUNBUFFERED, "1")
     return env
+
+
+def cpus_per_process(spec: JobSpec, target: Target | None) -> int | None:
+    """The CPUs one training process gets, where the spec says: Slurm's
+    cpus_per_process, a Kubernetes pod's cpu or compose's cpus_per_node
+    shared by the node's processes (at least 1); None where it does not."""
+    if target in (Target.SLURM, Target.SLURM_SRUN):
+        return spec.slurm.cpus_per_process
+    per_node: float | None = None
+    if target in (Target.PYTORCHJOB, Target.INDEXED_JOB, Target.TRAINJOB, Target.JOBSET) and spec.k8s.cpu:
+        cpu = spec.k8s.cpu.strip()
+        try:
+            per_node = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        except ValueError:
+            return None
+    elif target is Target.COMPOSE:
+        per_node = spec.compose.cpus_per_node
+    return None if per_node is None else max(1, int(per_node // spec.nproc_per_node))
+
+
+def omp_env(spec: JobSpec, target: Target | None) -> dict[str, str]:
+    """OMP_NUM_THREADS for every process, unless the user's `env:` sets it:
+    the CPUs per process where the spec knows them, else 1 where torchrun
+    runs more than one process per node (what torchrun itself would set,
+    printing its "Setting OMP_NUM_THREADS ... to be 1 in default" banner on
+    every node). A job with one process per node, or srun mode, and no CPU
+    count keeps OpenMP's own default (every core), as before."""
+    if envnames.OMP_NUM_THREADS in spec.env:
+        return {}
+    cpus = cpus_per_process(spec, target)
+    if cpus is not None:
+        return {envnames.OMP_NUM_THREADS: str(cpus)}
+    if spec.nproc_per_node > 1 and target is not Target.SLURM_SRUN:
+        return {envnames.OMP_NUM_THREADS: "1"}
+    return {}
 
 
 def elastic_env(spec: JobSpec) -> dict[str, str]:

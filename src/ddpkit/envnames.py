@@ -69,6 +69,7 @@ OMPI_COMM_WORLD_NODE_RANK: Final = "OMPI_COMM_WORLD_NODE_RANK"
 
 # Python: logs must reach the launcher line by line, not in 8 KiB blocks.
 PYTHONUNBUFFERED: Final = "PYTHONUNBUFFERED"
+OMP_NUM_THREADS: Final = "OMP_NUM_THREADS"
 
 # ddpkit's own, set by its renderers and launchers.
 DDPKIT_NODE_RANK: Final = "DDPKIT_NODE_RANK"

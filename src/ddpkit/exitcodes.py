@@ -15,7 +15,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1          # the job (or a doctor check) ran and failed
     BAD_INPUT = 2       # the job spec, a flag or a hostfile is wrong; nothing was started
-    PREFLIGHT = 3       # a host or the cluster cannot run the job; nothing was started
+    PREFLIGHT = 3       # a host or the cluster cannot run the job (no Docker daemon, too); nothing was started
     STARTUP = 4         # the job started but could not form its process group (network, rendezvous, versions)
     # ddpkit train's own faults: each names the host, the path and the fix (README: When things go wrong)
     RESUME_MISMATCH = 10  # a rank cannot read the checkpoint rank 0 chose to resume from (directory not shared)

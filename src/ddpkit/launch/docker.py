@@ -13,10 +13,11 @@ included) is kept only with --log-dir: DIR/node<I>.log.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +29,7 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
-from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor
+from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument
 
 if TYPE_CHECKING:
     from docker.client import DockerClient
@@ -139,6 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shm-size", default="1g", help="/dev/shm size per container (DataLoader workers use it)")
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
                         help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the end)")
+    add_dedup_argument(parser)
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
 
@@ -236,6 +238,14 @@ class DockerLaunch:
                 pass
 
 
+def daemon_unreachable(env: Mapping[str, str]) -> str:
+    """The one line for a Docker daemon that does not answer (docker/daemon-check.sh says the same)."""
+    host = env.get("DOCKER_HOST")
+    tried = f"DOCKER_HOST={host}" if host else "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
+    return (f"cannot reach the Docker daemon at {tried}; start it (sudo systemctl start docker, or sudo dockerd &) "
+            "or set DOCKER_HOST to a running daemon; nothing was started")
+
+
 def run(args: argparse.Namespace) -> int:
     import docker.client
     import docker.errors
@@ -247,10 +257,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         client = docker.client.DockerClient.from_env()
         client.ping()
-    except docker.errors.DockerException as exc:
-        print(f"ddpkit launch docker: cannot reach the Docker daemon ({exc}); start dockerd or set DOCKER_HOST",
-              file=sys.stderr)
-        return ExitCode.BAD_INPUT
+    except docker.errors.DockerException:
+        print(f"ddpkit launch docker: {daemon_unreachable(os.environ)}", file=sys.stderr)
+        return ExitCode.PREFLIGHT
     problem = _ensure_image(client, spec.image)
     if problem:
         print(f"ddpkit launch docker: {problem}", file=sys.stderr)
@@ -261,7 +270,8 @@ def run(args: argparse.Namespace) -> int:
     note = spec.watchdog.script_note(spec.command)
     if note:
         console.print(f"launch docker: {note}", markup=False)
-    supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s)
+    supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s,
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
             supervisor.nodes = list(launch.create(plan(spec)))

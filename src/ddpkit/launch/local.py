@@ -36,7 +36,15 @@ from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..train.argcheck import check_command
 from . import proctree
-from .supervisor import TORCHRUN_PREFIX_FLAG, LinePrinter, Membership, NodeHandle, RunText, Supervisor
+from .supervisor import (
+    TORCHRUN_PREFIX_FLAG,
+    LinePrinter,
+    Membership,
+    NodeHandle,
+    RunText,
+    Supervisor,
+    add_dedup_argument,
+)
 
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed
 
@@ -134,6 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after a node failed: SIGTERM the others, wait this long, then SIGKILL (default 10); "
                              "after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
                              "(preemption.checkpoint_s)")
+    add_dedup_argument(parser)
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
 
@@ -174,7 +183,10 @@ def with_tee(argv: list[str], log_dir: Path) -> list[str]:
 
 def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
-    base = {**os.environ, **job_env(spec), envnames.PYTHONUNBUFFERED: "1"}
+    env = job_env(spec)
+    if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
+        env.pop(envnames.OMP_NUM_THREADS, None)
+    base = {**os.environ, **env, envnames.PYTHONUNBUFFERED: "1"}
     rdzv_id = new_rdzv_id(spec)
     if rdzv_id is not None:
         base[envnames.DDPKIT_RDZV_ID] = rdzv_id
@@ -223,10 +235,10 @@ def run(args: argparse.Namespace) -> int:
     spec = local_spec(args)
     check_command(spec.command.module, spec.command.args)
     with tempfile.TemporaryDirectory(prefix="ddpkit-local-") as tmp:
-        return launch(spec, args.log_dir or Path(tmp), args.grace)
+        return launch(spec, args.log_dir or Path(tmp), args.grace, dedup=args.dedup)
 
 
-def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
+def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True) -> int:
     from rich.console import Console
 
     nodes = build_nodes(spec, log_root)
@@ -237,7 +249,8 @@ def launch(spec: JobSpec, log_root: Path, grace: float) -> int:
     if note:
         console.print(f"launch local: {note}", markup=False)
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
-                            membership=Membership.of(spec.elastic, Restart(grace)))
+                            membership=Membership.of(spec.elastic, Restart(grace)),
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=dedup)
     outcome = supervisor.run()
     supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     return outcome.code

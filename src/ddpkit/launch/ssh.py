@@ -31,7 +31,7 @@ from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
-from .supervisor import Membership, NodeHandle, RunText, Supervisor
+from .supervisor import Membership, NodeHandle, RunText, Supervisor, add_dedup_argument
 
 PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
 
@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssh-config", type=Path, help="ssh_config file (default ~/.ssh/config)")
     parser.add_argument("-i", "--identity", type=Path, help="private key to try first")
     parser.add_argument("--master-addr", help="address the nodes reach node 0 by (default: first host's HostName)")
+    add_dedup_argument(parser)
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Revive:
         return run
 
 
-def launch(plan: Plan, settings: SshSettings) -> int:
+def launch(plan: Plan, settings: SshSettings, dedup: bool = True) -> int:
     from rich.console import Console
 
     t0 = time.monotonic()
@@ -170,7 +171,8 @@ def launch(plan: Plan, settings: SshSettings) -> int:
     revive = Revive(plan, settings, list(runs))  # for an elastic job; its runs are closed below either way
     membership = Membership.of(plan.spec.elastic, revive)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
-                            interrupt_grace_s=plan.spec.grace.launcher_grace_s, membership=membership)
+                            interrupt_grace_s=plan.spec.grace.launcher_grace_s, membership=membership,
+                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
@@ -191,4 +193,4 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(plan, sys.stdout)
         return ExitCode.OK
-    return launch(plan, settings)
+    return launch(plan, settings, dedup=args.dedup)

@@ -19,6 +19,7 @@ docs/ARCHITECTURE.md has the checklist for adding a launcher or a source.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import queue
 import re
@@ -32,6 +33,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from ..exitcodes import WORKER_CODES, ExitCode
+from .dedup import Dedup, Released, Source
 from .interrupt import interrupts_raise
 
 if TYPE_CHECKING:
@@ -182,20 +184,26 @@ class Membership:
 
 class LinePrinter:
     """Every node's output, one line at a time, each with one prefix
-    `[<label>]` or `[<label> rank<R>]`, and the last lines of each node."""
+    `[<label>]` or `[<label> rank<R>]`, and the last lines of each node.
+    With a `Dedup` (the launchers' default; --no-dedup: none) a line several
+    ranks print at about the same time is shown once with the ranks named
+    (launch/dedup.py); a thread releases held lines when their time is up,
+    and `close()` releases the rest."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, dedup: Dedup | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
+        self.dedup, self.clock = dedup, clock
+        self._flusher: threading.Thread | None = None
         self.tails: dict[int, deque[str]] = {}
         self.stalled: dict[int, StalledRank] = {}  # by rank: what the watchdog's report said
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (torchrun's report)
         self.causes: dict[str, int] = {}  # each worker cause line (CAUSE_PREFIX), once, with its first node
         self._in_box: dict[int, int] = {}  # node index -> box rules seen, while torchrun's traceback is held back
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
 
     def line(self, node: NodeHandle, text: str) -> None:
-        from rich.text import Text
-
         match = _TORCHRUN_PREFIX.match(text)
         prefix = f"[{node.label} rank{match.group(1)}] " if match else f"[{node.label}] "
         body = text[match.end():] if match else text
@@ -210,7 +218,41 @@ class LinePrinter:
             if not match and self._torchrun_report(node.index, body):
                 return
             self.tails.setdefault(node.index, deque(maxlen=TAIL_LINES)).append(prefix + body)
-            self.console.print(Text.assemble((prefix, STYLES[node.index % len(STYLES)]), body), soft_wrap=True)
+            style = STYLES[node.index % len(STYLES)]
+            if self.dedup is None:
+                self._print(Released(prefix, style, body))
+                return
+            of = int(match.group(1)) if match else None
+            for out in self.dedup.add(Source(node.index, of, prefix, style), body, self.clock()):
+                self._print(out)
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, name="line dedup", daemon=True)
+                self._flusher.start()
+            self._wake.notify()
+
+    def _print(self, out: Released) -> None:
+        from rich.text import Text
+
+        self.console.print(Text.assemble((out.prefix, out.style), out.body), soft_wrap=True)
+
+    def _flush_loop(self) -> None:
+        """Releases held lines when their time is up, until close()."""
+        with self._lock:
+            while self.dedup is not None:
+                due = self.dedup.next_due()
+                self._wake.wait(None if due is None else max(due - self.clock(), 0.01))
+                if self.dedup is not None:
+                    for out in self.dedup.due(self.clock()):
+                        self._print(out)
+
+    def close(self) -> None:
+        """Prints every held line, in order; later lines print at once."""
+        with self._lock:
+            if self.dedup is not None:
+                for out in self.dedup.drain():
+                    self._print(out)
+                self.dedup = None
+                self._wake.notify_all()
 
     def _torchrun_report(self, index: int, body: str) -> bool:
         """Notes the worker's code from torchrun's report on a failed worker;
@@ -306,7 +348,9 @@ class Supervisor:
 
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
                  sources: Sequence[EventSource] = (), summary_console: Console | None = None,
-                 interrupt_grace_s: float | None = None, membership: Membership | None = None) -> None:
+                 interrupt_grace_s: float | None = None, membership: Membership | None = None,
+                 ranks: int | None = None, dedup: bool = True) -> None:
+        # ranks: the job's world size (dedup's "all N ranks"); dedup False: --no-dedup.
         # grace_s: after a node failed (fail fast); interrupt_grace_s: after
         # Ctrl-C or SIGTERM, which ask the job to checkpoint (spec.grace).
         self.nodes, self.grace_s = list(nodes), grace_s
@@ -317,7 +361,7 @@ class Supervisor:
         self._cancel = threading.Event()  # the run ended: stop reviving
         self.console = summary_console or console  # where the summary goes
         self.sources = list(sources)
-        self.printer = LinePrinter(console)
+        self.printer = LinePrinter(console, Dedup(ranks) if dedup else None)
         self.events: queue.Queue[Event] = queue.Queue()
         self.started: set[int] = set()
 
@@ -339,6 +383,7 @@ class Supervisor:
         elif outcome.excluded:
             self._stop_excluded(outcome)
         outcome.elapsed_s = time.monotonic() - began
+        self.printer.close()  # every node has ended: what is held is printed, before the summary
         outcome.stalled = self.printer.stalled_ranks()
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
         return outcome
@@ -444,6 +489,7 @@ class Supervisor:
         from rich.table import Table
         from rich.text import Text
 
+        self.printer.close()  # (a run interrupted before it began has lines held too)
         table = Table(title=f"{text.title}: {len(self.nodes)} nodes, {outcome.elapsed_s:.1f}s",
                       title_justify="left")
         # "node | exit code | status" first: scripts (and tests) match that run of cells.
@@ -527,10 +573,20 @@ def _code_text(code: int | None) -> str:
     return "lost" if code == LOST else str(code)
 
 
+def add_dedup_argument(parser: argparse.ArgumentParser) -> None:
+    """--no-dedup, on every launcher the supervisor runs."""
+    parser.add_argument("--no-dedup", dest="dedup", action="store_false",
+                        help="print every rank's copy of a line; by default a line several ranks print at about "
+                             "the same time is shown once, e.g. '[ranks 1-5] ...' or '[all 6 ranks] ...' "
+                             "(the node logs keep every copy)")
+
+
 def supervise(nodes: Sequence[NodeHandle], console: Console, grace_s: float, text: RunText,
-              sources: Sequence[EventSource] = (), interrupt_grace_s: float | None = None) -> int:
+              sources: Sequence[EventSource] = (), interrupt_grace_s: float | None = None,
+              ranks: int | None = None, dedup: bool = True) -> int:
     """Run the nodes to the end, print the summary, return the exit code."""
-    supervisor = Supervisor(nodes, console, grace_s, sources, interrupt_grace_s=interrupt_grace_s)
+    supervisor = Supervisor(nodes, console, grace_s, sources, interrupt_grace_s=interrupt_grace_s,
+                            ranks=ranks, dedup=dedup)
     outcome = supervisor.run()
     supervisor.summary(outcome, text)
     return outcome.code

@@ -15,6 +15,8 @@ import functools
 import gc
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..exitcodes import ExitCode
@@ -156,10 +158,13 @@ def _finish_together() -> None:
 
 class _SpawnEntry:
     """Picklable fn(ctx) for run_spawned: carries the frozen config (never the
-    CLI's Namespace, whose handler is a local function that cannot pickle)."""
+    CLI's Namespace, whose handler is a local function that cannot pickle).
+    A child that fails with a fault of ddpkit's writes its one line to
+    `causes`/rank<R> and exits with the fault's code; the parent prints each
+    distinct line once (`spawn_causes`), as a launcher does for its workers."""
 
-    def __init__(self, config: TrainConfig) -> None:
-        self.config = config
+    def __init__(self, config: TrainConfig, causes: str) -> None:
+        self.config, self.causes = config, causes
 
     def __call__(self, ctx: DistContext) -> None:
         from .faults import TrainFault
@@ -167,11 +172,32 @@ class _SpawnEntry:
         try:
             code = train(ctx, self.config)
         except TrainFault as exc:  # a one-line message and its exit code, not a child's traceback
-            code = _fault(exc)
+            code = self._cause(ctx.rank, str(exc), exc.code)
         except _expected_errors() as exc:
-            code = _expected(exc)
+            code = self._cause(ctx.rank, str(exc), int(getattr(exc, "exit_code", ExitCode.BAD_INPUT)))
         if code:
             sys.exit(code)
+
+    def failed(self, rank: int, exc: BaseException) -> None:
+        """Before the group formed (the pre-join checks): exits with the
+        error's code when it is one of ddpkit's, else returns (a traceback)."""
+        from .faults import TrainFault
+
+        if isinstance(exc, TrainFault):
+            sys.exit(self._cause(rank, str(exc), exc.code))
+        if isinstance(exc, _expected_errors()):
+            sys.exit(self._cause(rank, str(exc), int(getattr(exc, "exit_code", ExitCode.BAD_INPUT))))
+
+    def _cause(self, rank: int, message: str, code: int) -> int:
+        (Path(self.causes) / f"rank{rank}").write_text(message, encoding="utf-8")
+        return int(code)
+
+
+def spawn_causes(folder: Path) -> list[str]:
+    """Each --spawn child's cause line once, in rank order (all ranks on one
+    machine usually fail with the same line)."""
+    found = sorted(folder.glob("rank*"), key=lambda p: int(p.name[4:]))
+    return list(dict.fromkeys(p.read_text(encoding="utf-8") for p in found))
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -204,7 +230,15 @@ def run_config(config: TrainConfig) -> int:
     expected = _expected_errors()
     try:
         if config.spawn:
-            run_spawned(config, _SpawnEntry(config), prepare=functools.partial(import_trainer, config.model))
+            with tempfile.TemporaryDirectory(prefix="ddpkit-spawn-causes-") as causes:
+                entry = _SpawnEntry(config, causes)
+                try:
+                    run_spawned(config, entry, prepare=functools.partial(import_trainer, config.model),
+                                failed=entry.failed)
+                except ProcessExitedException:
+                    for line in spawn_causes(Path(causes)):
+                        _bad(line)
+                    raise
             return ExitCode.OK
         stop = _stop_request()
         import_trainer(config.model)

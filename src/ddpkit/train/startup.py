@@ -210,12 +210,18 @@ def init_distributed(args: Options) -> DistContext:
 
 
 def _spawned_child(index: int, args: Options, fn: Callable[[DistContext], object],
-                   nprocs: int, init_file: str, prepare: Callable[[], object] | None) -> None:
-    if prepare is not None:
-        prepare()
+                   nprocs: int, init_file: str, prepare: Callable[[], object] | None,
+                   failed: Callable[[int, BaseException], None] | None = None) -> None:
     info = LaunchInfo("spawn", rank=index, local_rank=index, world_size=nprocs, local_world_size=nprocs,
                       node_rank=0, master_addr="127.0.0.1", master_port=None, init_method=f"file://{init_file}")
-    ctx = _init(info, args)
+    try:
+        if prepare is not None:
+            prepare()
+        ctx = _init(info, args)
+    except Exception as exc:
+        if failed is not None:
+            failed(index, exc)  # exits with the fault's code when it knows the error (a StartupError: 4)
+        raise
     try:
         fn(ctx)
     finally:
@@ -223,17 +229,31 @@ def _spawned_child(index: int, args: Options, fn: Callable[[DistContext], object
 
 
 def run_spawned(args: Options, fn: Callable[[DistContext], object],
-                prepare: Callable[[], object] | None = None) -> None:
+                prepare: Callable[[], object] | None = None,
+                failed: Callable[[int, BaseException], None] | None = None) -> None:
     """--spawn N: N processes on this machine, joined through a file store
     (no port to race for). Each runs prepare() (if given) before it joins the
-    group, then fn(ctx). Both must be picklable (module-level functions)."""
+    group, then fn(ctx); `failed(rank, exc)`, if given, sees an error from
+    prepare() or from joining (the pre-join checks' StartupError) and may
+    exit the child with its code. All must be picklable (module-level functions or objects)."""
+    import logging
+
     import torch.multiprocessing as mp
 
     if args.spawn is None or args.spawn < 1:
         raise StartupError(f"--spawn {args.spawn}: give the number of processes, 1 or more")
-    with tempfile.TemporaryDirectory(prefix="ddpkit-spawn-") as tmp:
-        init_file = str(Path(tmp) / "rendezvous")
-        mp.spawn(_spawned_child, args=(args, fn, args.spawn, init_file, prepare), nprocs=args.spawn, join=True)
+    # torch's "Terminating process N via signal SIGTERM" when one child failed
+    # and the others are stopped: the failed child's own line says why.
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ddpkit-spawn-") as tmp:
+            init_file = str(Path(tmp) / "rendezvous")
+            mp.spawn(_spawned_child, args=(args, fn, args.spawn, init_file, prepare, failed), nprocs=args.spawn,
+                     join=True)
+    finally:
+        spawn_log.setLevel(level)
 
 
 def shutdown(ctx: DistContext | None = None) -> None:
