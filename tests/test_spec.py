@@ -75,3 +75,56 @@ def test_schema_is_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert "nproc_per_node" in schema["properties"]
+
+
+# ---- k8s.volumes in Kubernetes' own spelling (issue 29: the README's example was refused) ----
+
+def _volume_spec(volume: dict[str, object]) -> dict[str, object]:
+    return {"name": "v", "image": "x:1", "nodes": 2, "k8s": {"volumes": [volume]}}
+
+
+@pytest.mark.parametrize(("kubernetes", "ours"), [
+    ({"name": "data", "persistentVolumeClaim": {"claimName": "cifar10"}, "mountPath": "/data", "readOnly": True},
+     {"name": "data", "persistent_volume_claim": "cifar10", "mount_path": "/data", "read_only": True}),
+    ({"name": "h", "hostPath": {"path": "/scratch"}, "mountPath": "/s", "subPath": "a/b"},
+     {"name": "h", "host_path": "/scratch", "mount_path": "/s", "sub_path": "a/b"}),
+    ({"name": "c", "configMap": {"name": "cfg"}, "mountPath": "/etc/cfg"},
+     {"name": "c", "config_map": "cfg", "mount_path": "/etc/cfg"}),
+    ({"name": "s", "secret": {"secretName": "creds"}, "mountPath": "/creds"},
+     {"name": "s", "secret": "creds", "mount_path": "/creds"}),
+    ({"name": "e", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}, "mountPath": "/tmpfs"},
+     {"name": "e", "empty_dir": {"medium": "Memory", "size_limit": "1Gi"}, "mount_path": "/tmpfs"}),
+])
+def test_kubernetes_spelling_of_a_volume_is_the_same_volume(kubernetes: dict[str, object],
+                                                            ours: dict[str, object]) -> None:
+    from ddpkit.specfile import build_spec
+    from ddpkit.targets import render
+
+    a, b = build_spec(_volume_spec(kubernetes)), build_spec(_volume_spec(ours))
+    assert a.k8s.volumes == b.k8s.volumes
+    assert render(a, "k8s").files == render(b, "k8s").files
+
+
+@pytest.mark.parametrize(("volume", "problem"), [
+    ({"name": "d", "mountPath": "/d", "mount_path": "/d", "host_path": "/x"}, "both mountPath and mount_path are set"),
+    ({"name": "d", "mountPath": "/d", "hostPath": {"path": "/x", "type": "Directory"}},
+     "hostPath: only {path: ...} is understood here"),
+])
+def test_a_volume_spelt_both_ways_or_with_an_unknown_inner_key_is_one_line(volume: dict[str, object],
+                                                                          problem: str) -> None:
+    from ddpkit.specfile import build_spec
+
+    with pytest.raises(SpecError) as err:
+        build_spec(_volume_spec(volume))
+    assert any(problem in p and p.startswith("k8s.volumes.0") for p in err.value.problems), err.value.problems
+
+
+def test_unknown_field_in_a_list_item_names_the_valid_fields() -> None:
+    """The list of valid fields was empty for a field of a list's item."""
+    from ddpkit.specfile import build_spec
+
+    with pytest.raises(SpecError) as err:
+        build_spec(_volume_spec({"name": "d", "mount_path": "/d", "host_path": "/x", "bogus": 1}))
+    (problem,) = err.value.problems
+    assert problem.startswith("k8s.volumes.0.bogus: unknown field; valid fields here: ")
+    assert "mount_path" in problem and "persistent_volume_claim" in problem

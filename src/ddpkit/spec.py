@@ -464,6 +464,34 @@ class EmptyDirSource(Strict):
         return value
 
 
+# Kubernetes' volume and volumeMount keys -> (this spec's key, the one key of
+# the Kubernetes source object that holds its value, or None: taken as it is).
+_K8S_VOLUME_KEYS: dict[str, tuple[str, str | None]] = {
+    "mountPath": ("mount_path", None), "readOnly": ("read_only", None), "subPath": ("sub_path", None),
+    "persistentVolumeClaim": ("persistent_volume_claim", "claimName"), "hostPath": ("host_path", "path"),
+    "configMap": ("config_map", "name"), "secret": ("secret", "secretName"), "emptyDir": ("empty_dir", None),
+}
+
+
+def kubernetes_volume_spelling(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with Kubernetes' keys turned into this spec's (K8sVolume)."""
+    out = {k: v for k, v in data.items() if k not in _K8S_VOLUME_KEYS}
+    for key, (ours, inner) in _K8S_VOLUME_KEYS.items():
+        if key not in data:
+            continue
+        if ours != key and ours in data:  # `secret` is spelt alike: only its value's form differs
+            raise ValueError(f"both {key} and {ours} are set; keep one")
+        value = data[key]
+        if inner is not None and isinstance(value, dict):
+            if set(value) - {inner}:
+                raise ValueError(f"{key}: only {{{inner}: ...}} is understood here (got {sorted(value)})")
+            value = value.get(inner)
+        if key == "emptyDir" and isinstance(value, dict) and "sizeLimit" in value:
+            value = {**{k: v for k, v in value.items() if k != "sizeLimit"}, "size_limit": value["sizeLimit"]}
+        out[ours] = value
+    return out
+
+
 class K8sVolume(Strict):
     """One pod volume and its mount in the training container; exactly one
     source field is set. The same volume is rendered in every kind."""
@@ -478,6 +506,14 @@ class K8sVolume(Strict):
     config_map: str | None = Field(default=None, description="ConfigMap name")
     secret: str | None = Field(default=None, description="Secret name")
     empty_dir: EmptyDirSource | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_spelling(cls, data: Any) -> Any:
+        """The pod spec's own spelling (`persistentVolumeClaim: {claimName: x}`,
+        `mountPath`, `readOnly`, ...), as a Kubernetes user writes it, means
+        the same volume: translated here, one spelling per key."""
+        return kubernetes_volume_spelling(data) if isinstance(data, dict) else data
 
     @field_validator("name")
     @classmethod

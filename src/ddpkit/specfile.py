@@ -67,6 +67,8 @@ def _annotation_at(model: type[BaseModel], path: tuple[str, ...]) -> Any:
             annotation = field.annotation
         elif typing.get_origin(annotation) is dict:
             annotation = typing.get_args(annotation)[1]
+        elif typing.get_origin(annotation) in (list, tuple) and part.isdigit():
+            annotation = typing.get_args(annotation)[0]  # an item of a list of sections (k8s.volumes.0)
         else:
             return None
     return annotation
