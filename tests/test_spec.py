@@ -128,3 +128,26 @@ def test_unknown_field_in_a_list_item_names_the_valid_fields() -> None:
     (problem,) = err.value.problems
     assert problem.startswith("k8s.volumes.0.bogus: unknown field; valid fields here: ")
     assert "mount_path" in problem and "persistent_volume_claim" in problem
+
+
+# ---- values as a user writes them in YAML (issue 29 item 6) ----
+
+def test_numbers_in_env_become_their_text_and_slurm_mem_0_means_all_memory(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: e\nimage: x:1\nnodes: 2\nenv: {OMP_NUM_THREADS: 4, RATIO: 0.5}\nslurm: {mem: 0}\n")
+    spec = load_spec(job)
+    assert spec.env == {"OMP_NUM_THREADS": "4", "RATIO": "0.5"} and spec.slurm.mem == "0"
+    assert main(["render", "slurm", "-f", str(job), "-o", str(tmp_path / "out")]) == 0
+    script = (tmp_path / "out" / "e.sbatch").read_text()
+    assert "#SBATCH --mem=0\n" in script and "OMP_NUM_THREADS=4\n" in script
+
+
+@pytest.mark.parametrize("value", ["yes", "off", "true", "null", "~"])
+def test_a_yaml_boolean_or_null_in_env_is_refused_with_quote_it(tmp_path: Path, value: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: e\nimage: x:1\nnodes: 2\nenv: {{DEBUG: {value}}}\n")
+    assert main(["render", "slurm", "-f", str(job), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "env: DEBUG: YAML read this as" in err and 'quote the text you meant, e.g. DEBUG: "1"' in err
+    assert not (tmp_path / "out").exists()

@@ -369,6 +369,12 @@ class SlurmOptions(Strict):
             raise ValueError(f"{value!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS")
         return value
 
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem_number(cls, value: Any) -> Any:
+        # YAML reads `mem: 0` (Slurm: all of the node's memory) and `mem: 64000` (MB) as numbers
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("mem")
     @classmethod
     def _mem(cls, value: str | None) -> str | None:
@@ -893,6 +899,22 @@ class JobSpec(Strict):
         if not value or any(c.isspace() for c in value) or value.startswith("-") or not value.isascii():
             raise ValueError(f"{value!r} is not an image reference like registry/repo:tag")
         return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_numbers(cls, value: Any) -> Any:
+        """`OMP_NUM_THREADS: 4` is what a user writes: a number becomes its
+        text. YAML's true/false/yes/no/on/off and null are not: which text
+        was meant is unknowable, so they are refused with the fix."""
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, val in value.items():
+            if isinstance(val, bool) or val is None:
+                raise ValueError(f"{key}: YAML read this as {val!r}, not text (yes/no/on/off/true/false/null); "
+                                 f"quote the text you meant, e.g. {key}: \"1\"")
+            out[key] = str(val) if isinstance(val, int | float) else val
+        return out
 
     @field_validator("env")
     @classmethod
