@@ -77,6 +77,23 @@ def test_a_start_up_fault_under_spawn_is_one_line_and_its_exit_code(tmp_path: Pa
     assert "use --interface auto or one of this host's interfaces: lo=127.0.0.1" in lines[0]
 
 
+@pytest.mark.slow
+def test_a_fault_every_child_hits_is_one_line_from_the_parent(tmp_path: Path) -> None:
+    """Past the parent's own checks: both children fail on the model; each
+    writes its cause, the parent shows it once with its code, no traceback."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    done = subprocess.run([console_command(), "train", "--spawn", "2", "--device", "cpu", "--backend", "gloo",
+                           *TINY, "--model", "no.such.module:factory", "--synthetic-size", "64", "--max-steps", "1"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    causes = [line for line in done.stderr.splitlines() if line.startswith("ddpkit train:")]
+    assert causes == ["ddpkit train: --model no.such.module:factory: cannot import factory from no.such.module "
+                      "(No module named 'no')"], done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def test_spawn_causes_are_each_shown_once_in_rank_order(tmp_path: Path) -> None:
     from ddpkit.train.main import spawn_causes
 

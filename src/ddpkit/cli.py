@@ -15,7 +15,7 @@ from .render import RenderError, TemplatesError
 from .spec import JobSpec
 from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args
 from .targets import TARGETS, render
-from .train.argcheck import TrainArgsError, check_command, unrecognized
+from .train.argcheck import TrainArgsError, check_command, unknown_options_line
 
 # (command words, module, help): the module provides add_arguments(parser)
 # and run(args) -> int. Command modules import torch inside run(), never at
@@ -100,11 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
+    # The command's own parser, for its one-line error only: handlers get plain
+    # values (doctor --spawn pickles them for its children).
+    own = vars(args).pop("command_parser", parser)
     if extras:
-        # One line from the command's own parser (with the closest option),
-        # not the top-level usage.
-        own = getattr(args, "command_parser", parser)
-        print(f"{own.prog}: error: {unrecognized(own, extras)}; see {own.prog} --help", file=sys.stderr)
+        print(unknown_options_line(own, extras), file=sys.stderr)  # not the top-level usage
         return ExitCode.BAD_INPUT
     try:
         return args.handler(args)

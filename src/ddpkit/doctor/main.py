@@ -217,10 +217,8 @@ def _run_spawned(args: argparse.Namespace) -> int:
 
     from torch.multiprocessing import ProcessExitedException
 
-    # The children get args by pickle; the CLI's dispatch closure and its
-    # parser (kept for one-line errors) cannot travel.
-    args = argparse.Namespace(**{k: v for k, v in vars(args).items()
-                                 if not callable(v) and not isinstance(v, argparse.ArgumentParser)})
+    # The children get args by pickle; the CLI's dispatch closure cannot travel.
+    args = argparse.Namespace(**{k: v for k, v in vars(args).items() if not callable(v)})
     # Before any child starts: a wrong interface name would end in gloo's traceback in every child.
     place = Place(0, args.spawn, "spawn", network.Master("127.0.0.1", None, False), hostname())
     checks = interface_checks(args, place)

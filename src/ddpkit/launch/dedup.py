@@ -48,7 +48,7 @@ class Source:
 
     @property
     def key(self) -> tuple[int, int | None]:
-        return (self.node, self.rank) if self.rank is not None else (self.node, None)
+        return (self.node, self.rank)
 
 
 @dataclass(frozen=True)

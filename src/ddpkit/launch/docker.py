@@ -29,7 +29,7 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
-from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument
+from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument, node_log
 
 if TYPE_CHECKING:
     from docker.client import DockerClient
@@ -80,25 +80,16 @@ class NodeRun:
 
     def _pump(self, printer: LinePrinter) -> None:
         assert self.container is not None
-        log = None
-        if self.log is not None:
-            self.log.parent.mkdir(parents=True, exist_ok=True)
-            log = self.log.open("ab")
         pending = b""
-        try:
+        with node_log(self.log) as keep:
             for chunk in self.container.logs(stream=True, follow=True):
-                if log is not None:
-                    log.write(chunk)
-                    log.flush()
+                keep(chunk)
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for raw in lines:
                     printer.line(self, raw.decode("utf-8", "replace").rstrip("\r"))
-            if pending:
-                printer.line(self, pending.decode("utf-8", "replace"))
-        finally:
-            if log is not None:
-                log.close()
+        if pending:
+            printer.line(self, pending.decode("utf-8", "replace"))
 
     def _wait(self, exited: Callable[[], None]) -> None:
         import docker.errors

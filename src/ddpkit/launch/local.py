@@ -44,6 +44,7 @@ from .supervisor import (
     RunText,
     Supervisor,
     add_dedup_argument,
+    node_log,
 )
 
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed
@@ -74,19 +75,10 @@ class Node:
 
     def _pump(self, printer: LinePrinter) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        log = None
-        if self.log is not None:
-            self.log.parent.mkdir(parents=True, exist_ok=True)
-            log = self.log.open("ab")
-        try:
+        with node_log(self.log) as keep:
             for raw in iter(self.proc.stdout.readline, b""):
-                if log is not None:
-                    log.write(raw)
-                    log.flush()
+                keep(raw)
                 printer.line(self, raw.decode("utf-8", "replace").rstrip("\n"))
-        finally:
-            if log is not None:
-                log.close()
         self.proc.stdout.close()
 
     def _wait(self, exited: Callable[[], None]) -> None:

@@ -26,8 +26,9 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
@@ -37,6 +38,8 @@ from .dedup import Dedup, Released, Source
 from .interrupt import interrupts_raise
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
     from rich.text import Text
 
@@ -571,6 +574,23 @@ def _code_text(code: int | None) -> str:
     if code is None:
         return "-"
     return "lost" if code == LOST else str(code)
+
+
+@contextmanager
+def node_log(path: Path | None) -> Iterator[Callable[[bytes], None]]:
+    """A writer that appends a node's raw output to `path` as it comes, all of
+    it (the console leaves torchrun's traceback out); flushed per write, so a
+    killed launcher leaves the file whole up to there. No path: a no-op."""
+    if path is None:
+        yield lambda _chunk: None
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as log:
+        def keep(chunk: bytes) -> None:
+            log.write(chunk)
+            log.flush()
+
+        yield keep
 
 
 def add_dedup_argument(parser: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@
 import sys
 
 from ..exitcodes import ExitCode
-from .argcheck import train_parser, unrecognized
+from .argcheck import train_parser, unknown_options_line
 from .main import run
 
 
@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         # One line per rank, not the usage once per rank (issue 29).
-        print(f"ddpkit train: error: {unrecognized(parser, extras)}; see ddpkit train --help", file=sys.stderr)
+        print(unknown_options_line(parser, extras), file=sys.stderr)
         return ExitCode.BAD_INPUT
     return run(args)
 

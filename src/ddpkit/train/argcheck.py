@@ -71,6 +71,12 @@ def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}"
 
 
+def unknown_options_line(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """What a command says of options it does not know: one line, naming
+    the closest known one (not argparse's usage, printed once per rank)."""
+    return f"{parser.prog}: error: {unrecognized(parser, extras)}; see {parser.prog} --help"
+
+
 def _known_name(parser: argparse.ArgumentParser, name: str) -> bool:
     """As argparse matches it: exactly, or a prefix of exactly one long option."""
     names = option_strings(parser)

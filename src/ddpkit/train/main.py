@@ -193,6 +193,17 @@ class _SpawnEntry:
         return int(code)
 
 
+def _check_spawn_interface(config: TrainConfig) -> None:
+    """--spawn: every child is on this machine, so its interface settings are
+    checked once, here, before any child starts; children reading the host's
+    interfaces moments apart (a bridge came or went) would word one fault twice."""
+    from .netcheck import NetCheckError, interface_problems
+
+    found = interface_problems(config.interface, os.environ, spans_hosts=False)
+    if found:
+        raise NetCheckError(found[0])
+
+
 def spawn_causes(folder: Path) -> list[str]:
     """Each --spawn child's cause line once, in rank order (all ranks on one
     machine usually fail with the same line)."""
@@ -230,6 +241,7 @@ def run_config(config: TrainConfig) -> int:
     expected = _expected_errors()
     try:
         if config.spawn:
+            _check_spawn_interface(config)
             with tempfile.TemporaryDirectory(prefix="ddpkit-spawn-causes-") as causes:
                 entry = _SpawnEntry(config, causes)
                 try:
