@@ -105,7 +105,8 @@ test-fast: install
 # (docs/TARGETS.md). Needs root (namespaces, sshd, Slurm, dockerd).
 .PHONY: test-targets
 test-targets: install
-	$(PY) -m pytest tests/test_targets_matrix.py $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/test_targets_matrix.py tests/test_targets_matrix_docker.py \
+		tests/test_targets_matrix_k8s.py $(PYTEST_ARGS)
 
 # CPU benchmarks (results in bench/results/, see docs/PERFORMANCE.md).
 bench: install

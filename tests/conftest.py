@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import matrix
 from tests.infra import docker_daemon
 
 GPU_SKIP_REASON = "needs a CUDA GPU (none here)"
@@ -39,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not _is_xdist_worker(config) and docker_daemon.RUN_VAR in os.environ:
+        matrix.remove_folder()
         docker_daemon.stop_if_started_by(os.environ.pop(docker_daemon.RUN_VAR))
 
 
@@ -65,8 +67,7 @@ def _expected_cost(items: list[pytest.Item], known: dict[str, float]) -> float:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Modules longest first, so that `--dist loadfile` (a module runs on one
-    xdist worker, in order: its module-scoped clusters are built once and
-    the target matrix's last test sees what its others kept) starts the long
+    xdist worker, in order: its module-scoped clusters are built once) starts the long
     modules at once and ends on short ones, instead of starting a 5-minute
     module when the others are done. Then `gpu` tests are skipped where
     there is no GPU."""
@@ -105,6 +106,9 @@ def _environment_restored() -> Iterator[None]:
 
 _MODULE_SECONDS: defaultdict[str, float] = defaultdict(float)
 _MODULE_TESTS: defaultdict[str, set[str]] = defaultdict(set)
+# The targets matrix's tests: nodeid -> (outcome, marked root), for the run's closing check.
+_MATRIX_OUTCOMES: dict[str, tuple[str, bool]] = {}
+_MATRIX_MISSING = pytest.StashKey[list[str]]()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -113,9 +117,34 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = _module(report.nodeid)
     _MODULE_SECONDS[module] += report.duration
     _MODULE_TESTS[module].add(report.nodeid)
+    if report.nodeid in matrix.TARGET_TESTS.values():
+        _note_matrix_outcome(report)
+
+
+def _note_matrix_outcome(report: pytest.TestReport) -> None:
+    """A phase that failed or skipped decides; a passing call counts only if
+    nothing before it did."""
+    earlier = _MATRIX_OUTCOMES.get(report.nodeid, ("", False))[0]
+    if earlier in ("failed", "skipped"):
+        return
+    if report.failed or report.skipped or report.when == "call":
+        _MATRIX_OUTCOMES[report.nodeid] = (report.outcome, "root" in report.keywords)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The targets matrix runs in three modules on any workers; it passes as
+    a whole only if every target did (what its closing test asserted when it
+    was one module). Controller only: it has every worker's reports."""
+    if _is_xdist_worker(session.config):
+        return
+    missing = matrix.missing_targets(_MATRIX_OUTCOMES)
+    if missing and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    session.config.stash[_MATRIX_MISSING] = missing
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    _matrix_summary(terminalreporter)
     if not _MODULE_SECONDS:
         return
     terminalreporter.section("time per test module (setup + call + teardown)")
@@ -124,3 +153,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         share = 100 * seconds / total if total else 0.0
         terminalreporter.write_line(f"{seconds:8.1f}s {share:5.1f}%  {len(_MODULE_TESTS[module]):4d} tests  {module}")
     terminalreporter.write_line(f"{total:8.1f}s in all (test time summed over workers; wall time is in the closing line)")
+
+
+def _matrix_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The targets covered (each target's processes, launcher, node 0's host
+    and seconds), also kept in .pytest_cache/targets-matrix.txt."""
+    if not _MATRIX_OUTCOMES or docker_daemon.RUN_VAR not in os.environ:
+        return
+    summary = matrix.coverage_table()
+    (docker_daemon.REPO / ".pytest_cache").mkdir(exist_ok=True)
+    (docker_daemon.REPO / ".pytest_cache" / "targets-matrix.txt").write_text(summary + "\n")
+    terminalreporter.section("targets matrix: one spec on every target")
+    for line in summary.splitlines():
+        terminalreporter.write_line(line)
+    missing = terminalreporter.config.stash.get(_MATRIX_MISSING, [])
+    if missing:
+        terminalreporter.write_line(f"FAILED: only part of the matrix passed; not: {', '.join(missing)}", red=True)

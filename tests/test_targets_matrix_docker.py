@@ -1,0 +1,92 @@
+"""The targets matrix on Docker (tests/test_targets_matrix.py says what is
+compared): the rendered compose file under `docker compose up`, `launch
+docker`, and `make compose-test`, the user's one-command check of the
+compose file. They use the session's Docker daemon and CPU image
+(tests/infra/docker_daemon.py), built once for every module and worker.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.matrix import DDPKIT, IN_IMAGE, NODES, TIMEOUT_S, check, run_ok, write_spec
+from tests.infra import docker_daemon as daemon_infra
+from tests.infra.docker_daemon import REPO, Docker
+
+docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
+
+
+# ---- Docker: the session's daemon and CPU image ----
+
+def compose_cli(docker: Docker) -> list[str]:
+    """Compose v2 as a docker plugin, else the binary the test extras install."""
+    probe = subprocess.run(["docker", "compose", "version"], env=docker.env, capture_output=True, check=False)
+    if probe.returncode == 0:
+        return ["docker", "compose"]
+    return [str(Path(sys.executable).with_name("docker-compose"))]
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_docker_compose(docker_daemon: Docker, tmp_path: Path) -> None:
+    assert docker_daemon.image is not None
+    job = write_spec(tmp_path, image=docker_daemon.image, **IN_IMAGE)
+    run_ok([DDPKIT, "render", "compose", "-f", str(job), "-o", str(tmp_path)])
+    compose = [*compose_cli(docker_daemon), "-f", str(tmp_path / "compose.yaml"), "-p", f"tm{os.getpid()}"]
+    started = time.monotonic()
+    try:
+        output = run_ok([*compose, "up", "--no-color", "--exit-code-from", "node0"], env=docker_daemon.env,
+                        cwd=tmp_path)
+    finally:
+        subprocess.run([*compose, "down", "--remove-orphans", "--timeout", "5"], env=docker_daemon.env,
+                       capture_output=True, check=False, timeout=120)
+    check("docker compose", output, started)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_launch_docker(docker_daemon: Docker, tmp_path: Path) -> None:
+    assert docker_daemon.image is not None
+    job = write_spec(tmp_path, image=docker_daemon.image, **IN_IMAGE)
+    started = time.monotonic()
+    output = run_ok([DDPKIT, "launch", "docker", "-f", str(job)], env=docker_daemon.env, cwd=tmp_path)
+    check("launch docker", output, started)
+
+
+# ---- make compose-test: the user's one-command check of the compose file ----
+
+
+def make_compose_test(docker: Docker, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`make compose-test` on the session's image (already built: SKIP_BUILD)."""
+    assert docker.image is not None
+    run_env = docker.env | {"IMAGE": docker.image, "SKIP_BUILD": "1", "OUT": str(out), **env}
+    return subprocess.run(["make", "--no-print-directory", "compose-test"], cwd=REPO, env=run_env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_make_compose_test_runs_and_exits_with_node0s_code(docker_daemon: Docker, tmp_path: Path) -> None:
+    ok = make_compose_test(docker_daemon, tmp_path / "ok", NODES=str(NODES))
+    text = ok.stdout + ok.stderr
+    assert ok.returncode == 0, text[-6000:]
+    assert "compose-test: node0 exited with 0" in text
+    assert f"rank report check: ranks 0..{NODES * 2 - 1} each reported once" in text, text[-6000:]
+    # A job that fails on every node: the script ends with node0's code, which make reports as the recipe's.
+    bad = make_compose_test(docker_daemon, tmp_path / "bad", NODES="2", NPROC="1",
+                            ARGS='["--model=no.such.module:factory", "--workers=0"]')
+    text = bad.stdout + bad.stderr
+    assert bad.returncode != 0, text[-6000:]
+    node0 = re.search(r"compose-test: node0 exited with (\d+)", text)
+    assert node0 is not None and node0.group(1) != "0", text[-6000:]
+    assert "[Makefile:" in text and f"compose-test] Error {node0.group(1)}" in text, text[-6000:]
