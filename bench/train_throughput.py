@@ -95,8 +95,23 @@ def measure(entry: Entry, w: Workload, scratch: Path) -> float:
     return common.images_per_s(steps, w)
 
 
-def run_workload(w: Workload, device: str, repeats: int, compile_ceiling: bool) -> dict:
+def chosen_entries(device: str, compile_ceiling: bool, names: list[str] | None) -> list[Entry]:
+    """Every entry, or those named; each kind must stay, or there is no ratio to print."""
     todo = entries(device, compile_ceiling)
+    if names is None:
+        return todo
+    unknown = sorted(set(names) - {e.name for e in todo})
+    if unknown:
+        raise SystemExit(f"train_throughput: --entries: no entry {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(repr(e.name) for e in todo)}")
+    todo = [e for e in todo if e.name in names]
+    missing = sorted({"ceiling", "reference", "ddpkit"} - {e.kind for e in todo})
+    if missing:
+        raise SystemExit(f"train_throughput: --entries leaves no {' or '.join(missing)} entry to compare with")
+    return todo
+
+
+def run_workload(w: Workload, todo: list[Entry], repeats: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as tmp:
         for r in range(repeats):
             for entry in todo:
@@ -161,6 +176,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--measure", type=int, help="override timed steps")
     p.add_argument("--compile-ceiling", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure torch.compile ceilings (default: on for cuda, off for cpu: see docs/PERFORMANCE.md)")
+    p.add_argument("--entries", type=lambda text: text.split(","), metavar="NAME,...",
+                   help="only these entries (comma-separated names as printed; at least one of each kind)")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="folder for the JSON and PNG")
     p.add_argument("--name", help="result file stem (default train_throughput[-cuda])")
     return p.parse_args(argv)
@@ -179,7 +196,8 @@ def workloads(a: argparse.Namespace) -> list[Workload]:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     compile_ceiling = a.device == "cuda" if a.compile_ceiling is None else a.compile_ceiling
-    results = [run_workload(w, a.device, a.repeats, compile_ceiling) for w in workloads(a)]
+    results = [run_workload(w, chosen_entries(a.device, compile_ceiling, a.entries), a.repeats)
+               for w in workloads(a)]
     print_report(results)
     name = a.name or ("train_throughput" + ("-cuda" if a.device == "cuda" else ""))
     png = a.out / f"{name}.png"

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.elastic_gate import LAST_CALL_S
-
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -26,8 +24,10 @@ def run_bench(module: str, *args: str) -> None:
 
 
 def test_train_throughput_writes_every_entry_and_ratio(tmp_path: Path) -> None:
+    # One entry of each kind: the others differ only in ddpkit train's flags.
     run_bench("bench.train_throughput", "--only", "resnet18", "--repeats", "1", "--nproc", "1",
-              "--batch-size", "2", "--warmup", "1", "--measure", "1", "--out", str(tmp_path), "--name", "t")
+              "--batch-size", "2", "--warmup", "1", "--measure", "1", "--entries", "ceiling:eager,reference,ddpkit",
+              "--out", str(tmp_path), "--name", "t")
     data = json.loads((tmp_path / "t.json").read_text())
     assert (tmp_path / "t.png").stat().st_size > 0
     assert data["machine"]["torch"] and data["command"]
@@ -40,6 +40,17 @@ def test_train_throughput_writes_every_entry_and_ratio(tmp_path: Path) -> None:
         assert len(entry["images_per_s"]) == 1 and entry["images_per_s"][0] > 0, name
     assert set(res["ratios"]) == {"ddpkit/reference", "ddpkit/ceiling", "reference/ceiling"}
     assert all(v > 0 for v in res["ratios"].values())
+
+
+def test_throughput_entries_must_name_known_entries_of_every_kind() -> None:
+    from bench.train_throughput import chosen_entries
+
+    assert [e.name for e in chosen_entries("cpu", False, ["ddpkit", "reference", "ceiling:eager"])] == [
+        "ceiling:eager", "reference", "ddpkit"]
+    with pytest.raises(SystemExit, match="no entry 'ddpkit --turbo'; choose from 'ceiling:eager'"):
+        chosen_entries("cpu", False, ["ddpkit --turbo", "reference"])
+    with pytest.raises(SystemExit, match="leaves no ceiling entry"):
+        chosen_entries("cpu", False, ["ddpkit", "reference"])
 
 
 def test_startup_phases_add_up_to_total(tmp_path: Path) -> None:
@@ -96,34 +107,6 @@ def test_launch_bench_times_start_and_teardown_on_real_hosts(tmp_path: Path) -> 
     assert set(kinds) == {("start", "ddpkit launch ssh"), ("teardown", "ddpkit launch ssh")}
     for key, row in kinds.items():
         assert row["spread"] and row["spread"]["mean"] > 0, (key, row["notes"])
-
-
-def test_elastic_bench_times_recovery_and_resubmitting(tmp_path: Path) -> None:
-    """bench/elastic.py: three elastic agents here, one killed mid-run."""
-    run_bench("bench.elastic", "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4",
-              "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
-    data = json.loads((tmp_path / "elastic.json").read_text())
-    (run,) = data["runs"]
-    assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0
-    assert 0 <= run["steps_lost"] <= run["killed_at_step"] and data["machine"]["torch"]
-
-
-@pytest.mark.root
-def test_elastic_bench_on_launch_ssh_and_real_slurm(tmp_path: Path) -> None:
-    """bench/elastic.py's real targets: namespace hosts with sshd, and slurmctld with three slurmds."""
-    from tests.infra import netns, slurm_cluster, sshd
-
-    reason = netns.available() or sshd.available() or slurm_cluster.available()
-    if reason or os.geteuid() != 0:
-        pytest.skip(reason or "needs root")
-    run_bench("bench.elastic", "--targets", "ssh,slurm", "--repeats", "1", "--samples", "1600",
-              "--checkpoint-every", "4", "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
-    data = json.loads((tmp_path / "elastic.json").read_text())
-    assert [r["target"] for r in data["runs"]] == ["ssh", "slurm"]
-    for run in data["runs"]:
-        assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0, run
-        assert 0 <= run["steps_lost"] <= run["killed_at_step"], run
-    assert set(data["by_target"]) == {"ssh", "slurm"} and data["by_target"]["slurm"]["ratio"]["mean"] > 0
 
 
 def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) -> None:
