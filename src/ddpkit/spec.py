@@ -814,7 +814,7 @@ class Preemption(Strict):
     ranks agree to stop one step later, plus one save). torchrun's
     --shutdown-timeout and every scheduler's warning are derived from it."""
 
-    # One of the signals `ddpkit train` stops on (contract.TRAINER_STOP_SIGNALS).
+    # One of the signals `ddpkit train` stops on (wire.TRAINER_STOP_SIGNALS).
     signal: Literal["USR2", "TERM"] = Field(default="USR2", description="Slurm's warning signal (not USR1: NCCL may use it)")
     checkpoint_s: int | None = Field(
         default=None, ge=1, le=3000,
@@ -978,7 +978,7 @@ class JobSpec(Strict):
     @property
     def gpus_per_node(self) -> int:
         """GPUs every target requests per node: processes per node x devices
-        per process (contract.device_block says which ones each process owns)."""
+        per process (wire.device_block says which ones each process owns)."""
         return self.nproc_per_node * self.devices_per_process if self.device == "cuda" else 0
 
     @property
