@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import envnames
+from .wire import DEVICES_PER_PROCESS_FLAG, STRATEGY_FLAG, TRAIN_MODULE, flag_value
 
 # Variables the launchers own. A user value for one of these would silently
 # fight the rank contract, so they are refused with the reason.
@@ -52,7 +53,6 @@ SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
 K8S_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 MAX_GPUS_PER_NODE = 64
-TRAIN_MODULE = "ddpkit.train"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -135,7 +135,7 @@ class Command(Strict):
         if self.module and self.script:
             raise ValueError("set either command.module or command.script, not both")
         if self.module is None and self.script is None:
-            self.module = "ddpkit.train"
+            self.module = TRAIN_MODULE
         return self
 
     @field_validator("module")
@@ -989,17 +989,6 @@ class JobSpec(Strict):
         return "nccl" if self.device == "cuda" else "gloo"
 
 
-def _train_flag(args: list[str], flag: str) -> str | None:
-    """The value of `--flag V` or `--flag=V` in a train argv (last one wins, as argparse)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def _elastic_problems(spec: JobSpec) -> list[str]:
     """elastic must leave a node to lose, and it needs c10d rendezvous: an
     explicit `rendezvous.backend: static` is refused rather than overridden."""
@@ -1035,11 +1024,11 @@ def _layout_problems(spec: JobSpec) -> list[str]:
     if spec.command.module != TRAIN_MODULE:
         return out  # another program's flags are its own business
     args = spec.command.args
-    strategy = _train_flag(args, "--strategy") or "ddp"
+    strategy = flag_value(args, STRATEGY_FLAG) or "ddp"
     if strategy != spec.strategy:
         out.append(f"command.args runs --strategy {strategy} but strategy is {spec.strategy}; "
                    f"set strategy: {strategy} (it sizes every GPU request)")
-    dpp = _train_flag(args, "--devices-per-process")
+    dpp = flag_value(args, DEVICES_PER_PROCESS_FLAG)
     if spec.strategy == "ddp" and str(spec.devices_per_process) != (dpp or "1"):
         out.append(f"command.args has --devices-per-process {dpp or 1} but devices_per_process is "
                    f"{spec.devices_per_process}; make them equal (the field sizes every GPU request)")
