@@ -177,11 +177,13 @@ def test_launch_reaches_train_only_for_the_argument_check() -> None:
     assert into_train and {t for _, t in into_train} == {"train.argcheck"}, into_train
 
 
-def test_the_trainer_starts_without_the_spec() -> None:
-    # `ddpkit train` reads only the wire (flags, signals, ports, device rule):
-    # importing it must not pull in the job spec, nor pydantic through it.
-    probe = ("import sys, ddpkit.train.main; "
+@pytest.mark.parametrize("module", ["ddpkit.train.main", "ddpkit.train.__main__"])
+def test_the_trainer_starts_without_the_spec(module: str) -> None:
+    # The trainer (`python -m ddpkit.train`, what every launch line runs) reads
+    # only the wire (flags, signals, ports, device rule): importing it must not
+    # pull in the job spec or the contract, nor pydantic through them.
+    probe = (f"import sys, {module}; "
              "print(sorted(m for m in ('pydantic', 'ddpkit.spec', 'ddpkit.contract') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", f"ddpkit.train.main imports {done.stdout.strip()}"
+    assert done.stdout.strip() == "[]", f"{module} imports {done.stdout.strip()}"
