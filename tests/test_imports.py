@@ -9,6 +9,8 @@ functions count too: a lazy import is still a dependency.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # What each part of the package may import besides itself, lowest layers last.
 # cli -> launch -> targets -> render primitives / contract -> spec; train and
 # doctor are the entrypoint's side and never reach into rendering or launching.
-BASE = {"envnames", "exitcodes"}
+# wire: the facts renderer and trainer share (trainer flags, stop signals,
+# ports, the device rule); a leaf like envnames, so either side may use it.
+LEAVES = {"envnames", "exitcodes"}
+BASE = LEAVES | {"wire"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
             "netif"} | BASE,
@@ -33,9 +38,10 @@ ALLOWED: dict[str, set[str]] = {
     "spec": BASE,
     "quoting": set(),
     "doctor": {"train", "netif"} | BASE,
-    "train": {"contract", "netif"} | BASE,  # the entrypoint reads the contract (port rule)
+    "train": {"netif"} | BASE,  # the wire, never the contract: `ddpkit train` starts without the spec
     "watchdog": {"train"} | BASE,  # the public API for users' own scripts: ddpkit.train's watchdog
     "netif": BASE,
+    "wire": LEAVES,
     "envnames": set(),
     "exitcodes": set(),
     "__init__": set(),
@@ -169,3 +175,15 @@ def test_launch_reaches_train_only_for_the_argument_check() -> None:
     # job's command line before anything starts (docs/ARCHITECTURE.md).
     into_train = {(e.source, e.target) for e in edges() if top(e.source) == "launch" and top(e.target) == "train"}
     assert into_train and {t for _, t in into_train} == {"train.argcheck"}, into_train
+
+
+@pytest.mark.parametrize("module", ["ddpkit.train.main", "ddpkit.train.__main__"])
+def test_the_trainer_starts_without_the_spec(module: str) -> None:
+    # The trainer (`python -m ddpkit.train`, what every launch line runs) reads
+    # only the wire (flags, signals, ports, device rule): importing it must not
+    # pull in the job spec or the contract, nor pydantic through them.
+    probe = (f"import sys, {module}; "
+             "print(sorted(m for m in ('pydantic', 'ddpkit.spec', 'ddpkit.contract') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"{module} imports {done.stdout.strip()}"

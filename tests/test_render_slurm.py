@@ -14,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.contract import Target, slurm_port_for_job
+from ddpkit.contract import Target
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 from ddpkit.targets import render, slurm
+from ddpkit.wire import slurm_port_for_job
 from tests.emulators import check_views, node_views
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,9 +209,9 @@ def test_hostile_values_arrive_byte_for_byte(stand_ins: Path, args: list[str], v
 # ---- issue 16: images per runtime, resources, ports, placement options ------------
 
 from ddpkit import quoting  # noqa: E402
-from ddpkit.contract import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SKIPS, SLURM_PORT_SPAN  # noqa: E402
 from ddpkit.spec import apptainer_image, enroot_image  # noqa: E402
 from ddpkit.specfile import SpecError  # noqa: E402
+from ddpkit.wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SKIPS, SLURM_PORT_SPAN  # noqa: E402
 
 # enroot's own parser of `docker://[USER@][REGISTRY#]IMAGE[:TAG]` (src/docker.sh, docker::import)
 ENROOT_DOCKER_URI = r"^docker://(([[:alnum:]_.!~*\'()%\;:\&=+$,-@]+)@)?(([^#]+)#)?([[:lower:][:digit:]/._-]+)(:([[:alnum:]._:-]+))?$"
@@ -319,10 +320,37 @@ def test_job_ids_that_collided_before_do_not_now(stand_ins: Path, a: int, b: int
 
 @pytest.mark.parametrize("job_id", [0, 1210, 1211, 13455, 13456, 22761, 22762, 99999999])
 def test_batch_script_port_equals_the_contract(stand_ins: Path, job_id: int) -> None:
-    """The bash loop in the script and contract.slurm_port_for_job agree at
+    """The bash loop in the script and wire.slurm_port_for_job agree at
     every skip boundary."""
     spec = spec_for(f"command.python={stand_ins / 'recorder'}")
     assert f"--master-port={slurm_port_for_job(job_id)}" in task_argv(script_text(spec), stand_ins, 0, job_id)
+
+
+def _port_ids() -> list[int]:
+    """Job ids around every place the rule turns: each skip, the wrap of
+    the span, and ids past 2**31 (Slurm's ids grow without bound)."""
+    ids = {0, 1, SLURM_PORT_SPAN - 1, SLURM_PORT_SPAN, SLURM_PORT_SPAN + 1, 2**31 + 5, 2**40 + 12345}
+    for skip in SLURM_PORT_SKIPS:
+        below = skip - SLURM_PORT_BASE - SLURM_PORT_SKIPS.index(skip)  # the id whose port would land on it
+        ids.update(i for i in (below - 1, below, below + 1) if i >= 0)
+    ids.update(range(0, 10 * SLURM_PORT_SPAN, 997))
+    return sorted(ids)
+
+
+def test_batch_script_port_rule_in_bash_equals_the_python_rule() -> None:
+    """The batch script's bash form of the port rule (its Rendezvous block,
+    cut from the rendered script) gives wire.slurm_port_for_job's port for
+    every job id: run by `bash -c` once over many ids, without Slurm."""
+    text = script_text(spec_for())
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("MASTER_PORT=$(("))
+    last = next(i for i in range(first, len(lines)) if lines[i] == "done")
+    rule = "\n".join(lines[first:last + 1])
+    ids = _port_ids()
+    loop = f'for SLURM_JOB_ID in {" ".join(map(str, ids))}; do\n{rule}\necho "$MASTER_PORT"\ndone'
+    done = subprocess.run(["bash", "-c", loop], capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert [int(p) for p in done.stdout.split()] == [slurm_port_for_job(i) for i in ids]
 
 
 def test_placement_options_rendered_in_order() -> None:

@@ -51,6 +51,15 @@ def test_set_keeps_strings_byte_exact() -> None:
     assert spec.nodes == 3 and spec.slurm.exclusive is True
 
 
+def test_set_keeps_annotated_text_fields_byte_exact() -> None:
+    # Fields typed `SlurmTime | None`, `K8sQuantity`, ... are text too: YAML
+    # would read 04:00:00 as 14400 (sexagesimal) and 0755 as 493.
+    spec = load_spec(None, overrides=["slurm.time=04:00:00", "slurm.account=0755", "k8s.shm_size=010",
+                                      "k8s.namespace=no", "slurm.container.workdir=/null", "k8s.queue=off"])
+    assert (spec.slurm.time, spec.slurm.account, spec.k8s.shm_size) == ("04:00:00", "0755", "010")
+    assert (spec.k8s.namespace, spec.slurm.container.workdir, spec.k8s.queue) == ("no", "/null", "off")
+
+
 def test_cli_error_exits_2_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     code = main(["render", "compose", "--set", "env.WORLD_SIZE=8", "-o", str(out)])

@@ -9,6 +9,10 @@ service name. This module says so, as data, and nothing here does I/O.
 Values that must expand on the node (not on the machine that renders or
 submits) are `FromNode` parts; every renderer turns them into its own syntax
 (`"$VAR"` in shell, `$(VAR)` in Kubernetes) in exactly one place.
+
+What the trainer must read back on the node (default ports, the Slurm port
+rule, stop signals, flag names, the device rule) lives in wire.py, which
+`ddpkit train` imports without this module and the spec behind it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from enum import Enum
 
 from . import envnames
 from .spec import JobSpec
+from .wire import (
+    DEFAULT_PORT,
+    KEEP_GLOBAL_BATCH_FLAG,
+    PYTORCHJOB_DEFAULT_PORT,
+    TORCHRUN_DEFAULT_SIGNALS,
+    TRAINER_STOP_SIGNALS,
+)
 
 
 class Target(str, Enum):
@@ -31,23 +42,6 @@ class Target(str, Enum):
     TRAINJOB = "trainjob"
     JOBSET = "jobset"
     LOCAL = "local"
-
-
-DEFAULT_PORT = 29500
-PYTORCHJOB_DEFAULT_PORT = 23456  # the Kubeflow operator's default for `pytorchjob-port`
-# Slurm's derived master port: below Linux's default ephemeral range
-# (net.ipv4.ip_local_port_range = 32768 60999), where any process's outgoing
-# connection may already hold a port, and above the crowded low ports.
-SLURM_PORT_BASE = 10000
-SLURM_PORT_LAST = 32767
-# Ports in that range that other services commonly listen on, skipped
-# (sorted): memcached, RabbitMQ management, Kubeflow's PyTorchJob default,
-# MongoDB, the c10d rendezvous port of PyTorch's examples, torchrun's default.
-SLURM_PORT_SKIPS = (11211, 15672, PYTORCHJOB_DEFAULT_PORT, 27017, 29400, DEFAULT_PORT)
-# How many ports the job id is spread over: two job ids collide only when
-# they differ by a multiple of this (22762), the least any pure function of
-# an unbounded job id can promise with this many ports.
-SLURM_PORT_SPAN = SLURM_PORT_LAST - SLURM_PORT_BASE + 1 - len(SLURM_PORT_SKIPS)
 
 
 @dataclass(frozen=True)
@@ -83,17 +77,6 @@ class Sources:
     master_port: Part
     rdzv_id: Part | None = None  # the elastic rendezvous id (None: the target cannot run elastic)
     target: Target | None = None  # whose row these came from (elastic: its rendezvous timeouts)
-
-
-def slurm_port_for_job(job_id: int) -> int:
-    """The master port of Slurm job `job_id`: the (job id mod span)-th port
-    of SLURM_PORT_BASE..SLURM_PORT_LAST that is not in SLURM_PORT_SKIPS.
-    The batch script computes the same in bash (templates/slurm)."""
-    port = SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
-    for skip in SLURM_PORT_SKIPS:  # sorted: each skip below shifts the port up by one
-        if port >= skip:
-            port += 1
-    return port
 
 
 class Fixed(str, Enum):
@@ -453,9 +436,6 @@ def elastic_train_args(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
     return [Arg.of(KEEP_GLOBAL_BATCH_FLAG), Arg.of(spec.world_size)]
 
 
-KEEP_GLOBAL_BATCH_FLAG = "--keep-global-batch-of"
-
-
 def torchrun_argv(spec: JobSpec, src: Sources, *, doctor: bool = False) -> list[Arg]:
     """The one launch line every per-node target runs."""
     argv = [
@@ -470,13 +450,6 @@ def torchrun_argv(spec: JobSpec, src: Sources, *, doctor: bool = False) -> list[
     argv += [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
     argv += elastic_train_args(spec, doctor=doctor)
     return argv
-
-
-# torchrun's own default --signals-to-handle, kept: an agent that dies on
-# SIGINT/SIGHUP/SIGQUIT instead of forwarding them leaves its workers behind.
-TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-# The signals `ddpkit train` stops on with a checkpoint (train/signals.py reads this).
-TRAINER_STOP_SIGNALS = ("SIGTERM", "SIGUSR2")
 
 
 def stop_args(spec: JobSpec) -> list[Arg]:
@@ -495,39 +468,3 @@ def process_argv(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
     """The per-process line for launchers that start every rank themselves
     (Slurm srun mode): no torchrun, the entrypoint reads the launcher's variables."""
     return [Arg.of(spec.command.python)] + [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
-
-
-@dataclass(frozen=True)
-class DeviceBlock:
-    """The GPUs one process owns, as indices into CUDA_VISIBLE_DEVICES (or
-    into all GPUs when it is unset). `primary` is where its inputs live."""
-
-    first: int
-    count: int
-
-    @property
-    def primary(self) -> int:
-        return self.first
-
-    @property
-    def indices(self) -> list[int]:
-        return list(range(self.first, self.first + self.count))
-
-
-def device_block(local_rank: int, devices_per_process: int, visible: int) -> DeviceBlock:
-    """The one device-ownership rule. A node runs nproc_per_node processes of
-    devices_per_process GPUs each (JobSpec.gpus_per_node requests their
-    product on every target); the process with local rank r owns the
-    contiguous block [r*K, (r+1)*K). Contiguous blocks keep a model split
-    over K GPUs on neighbouring devices, which usually share a switch.
-    `visible` is the number of GPUs the process sees; a block past it means
-    the target gave the node fewer GPUs than the layout needs."""
-    if local_rank < 0 or devices_per_process < 1:
-        raise ValueError(f"local rank {local_rank} and devices per process {devices_per_process}: "
-                         "need local rank >= 0 and at least one device per process")
-    first = local_rank * devices_per_process
-    if first + devices_per_process > visible:
-        raise ValueError(f"local rank {local_rank} owns GPUs {first}..{first + devices_per_process - 1} "
-                         f"({devices_per_process} per process) but this process sees {visible}; "
-                         "request nproc_per_node x devices_per_process GPUs per node")
-    return DeviceBlock(first, devices_per_process)

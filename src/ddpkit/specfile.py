@@ -1,5 +1,6 @@
 """Build a JobSpec from a YAML file plus command-line overrides, and turn
-pydantic's errors into messages that name the field, the bad value and the fix."""
+pydantic's errors into messages that name the field, the bad value and the fix.
+The only reader of job YAML: the spec package validates data, never files."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from .spec import JobSpec, load_yaml
+from .spec import JobSpec
 
 
 class SpecError(Exception):
@@ -30,6 +31,16 @@ class SpecFileError(SpecError):
 
     def __init__(self, problem: str):
         super().__init__([problem])
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping of job fields")
+    return data
 
 
 def _folder_hint(path: Path) -> str:
@@ -75,9 +86,13 @@ def _annotation_at(model: type[BaseModel], path: tuple[str, ...]) -> Any:
 
 
 def _strip_optional(annotation: Any) -> Any:
+    """The type under `X | None` and under `Annotated[X, rule]` (the spec's
+    field types): a `SlurmTime | None` field is text as much as `str` is."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        return args[0]
+        annotation = args[0]
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     return annotation
 
 

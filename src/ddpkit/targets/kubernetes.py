@@ -42,6 +42,7 @@ from ..quoting import kubelet_unliteral
 from ..render import OutputFile, Rendered, RenderError, k8s_arg
 from ..spec import DNS1035, VOLCANO_GROUP_ANNOTATION, JobSpec, K8sVolume
 from ..specfile import SpecError
+from ..wire import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
 from . import podsecurity
 
 NAME = "k8s"
@@ -248,24 +249,13 @@ def pod_security_view(spec: JobSpec, cont: Container) -> dict[str, Any]:
             "containers": [{"name": cont.name, "securityContext": cont.security_context}]}
 
 
-def arg_value(args: list[str], flag: str) -> str | None:
-    """The value of `--flag=v` or `--flag v` in an argv (the last one wins, as argparse does)."""
-    value = None
-    for i, a in enumerate(args):
-        if a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-        elif a == flag and i + 1 < len(args):
-            value = args[i + 1]
-    return value
-
-
 def resume_warning(spec: JobSpec) -> str | None:
     """`--resume auto` needs the checkpoint directory on storage that outlives
     the pod; without one a restarted pod starts again from step 0."""
     args = list(spec.command.args)
-    if arg_value(args, "--resume") != "auto":
+    if flag_value(args, RESUME_FLAG) != "auto":
         return None
-    ckpt = arg_value(args, "--checkpoint-dir")
+    ckpt = flag_value(args, CHECKPOINT_DIR_FLAG)
     if ckpt is None:
         return None
     target = PurePosixPath(ckpt)

@@ -15,9 +15,6 @@ from dataclasses import dataclass
 
 from .. import envnames
 from ..contract import (
-    SLURM_PORT_BASE,
-    SLURM_PORT_SKIPS,
-    SLURM_PORT_SPAN,
     Target,
     elastic_refusal,
     process_argv,
@@ -29,6 +26,7 @@ from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_q
 from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec, container_image
 from ..specfile import SpecError
+from ..wire import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
 
 NAME = "slurm"
 TEMPLATE = "slurm/job.sbatch.j2"
@@ -158,7 +156,7 @@ class Plan:
     container: list[str]
     task: str
     # The derived port (used unless spec.master_port fixes it), as in
-    # contract.slurm_port_for_job.
+    # wire.slurm_port_for_job.
     port_base: int = SLURM_PORT_BASE
     port_span: int = SLURM_PORT_SPAN
     port_skips: tuple[int, ...] = SLURM_PORT_SKIPS

@@ -23,9 +23,9 @@ import difflib
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ..wire import TRAIN_MODULE
 from .options import static_problems
 
-TRAIN_MODULE = "ddpkit.train"
 SHELL_CHARS = ("$", "`")
 
 

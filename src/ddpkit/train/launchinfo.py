@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .. import envnames as E
-from ..contract import DEFAULT_PORT, slurm_port_for_job
+from ..wire import DEFAULT_PORT, slurm_port_for_job
 from .config import Options
 
 HostlistExpander = Callable[[str], list[str]]

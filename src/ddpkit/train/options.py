@@ -10,7 +10,7 @@ import difflib
 import re
 from pathlib import Path
 
-from ..contract import KEEP_GLOBAL_BATCH_FLAG
+from ..wire import CHECKPOINT_DIR_FLAG, DEVICES_PER_PROCESS_FLAG, KEEP_GLOBAL_BATCH_FLAG, RESUME_FLAG, STRATEGY_FLAG
 
 MODELS = ("resnet18", "resnet34", "resnet50")
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -83,11 +83,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="random seed (model, data order, augmentation)")
 
     g = parser.add_argument_group("parallelism and speed")
-    g.add_argument("--strategy", choices=("ddp", "dp"), default="ddp",
+    g.add_argument(STRATEGY_FLAG, choices=("ddp", "dp"), default="ddp",
                    help="ddp: one process per device; dp: DataParallel in one process")
     g.add_argument("--gpu0-batch", type=_non_negative,
                    help="dp: batch size on device 0 (balanced DataParallel); the rest is split evenly")
-    g.add_argument("--devices-per-process", type=_positive, default=1,
+    g.add_argument(DEVICES_PER_PROCESS_FLAG, type=_positive, default=1,
                    help="split the model over this many devices per process (DDP around model parallel)")
     g.add_argument("--zero", action="store_true", help="shard optimizer state (ZeroRedundancyOptimizer)")
     g.add_argument("--activation-checkpointing", action="store_true", help="recompute each stage's activations in backward")
@@ -99,11 +99,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cudnn-benchmark", action="store_true")
 
     g = parser.add_argument_group("checkpoints")
-    g.add_argument("--checkpoint-dir", type=Path)
+    g.add_argument(CHECKPOINT_DIR_FLAG, type=Path)
     g.add_argument("--checkpoint-every", type=_non_negative, default=0,
                    help="steps between checkpoints (0: end of each epoch only)")
     g.add_argument("--keep", type=_positive, default=3, help="keep the last K checkpoints")
-    g.add_argument("--resume", help="auto (latest in --checkpoint-dir, if any) or a checkpoint file")
+    g.add_argument(RESUME_FLAG, help="auto (latest in --checkpoint-dir, if any) or a checkpoint file")
 
     g = parser.add_argument_group("output")
     g.add_argument("--eval", dest="eval", action="store_true", default=True, help="evaluate after each epoch (default)")

@@ -6,7 +6,7 @@ step, so a signal that reached only some ranks, or reached them during
 different steps, still stops every rank together: then rank 0 checkpoints,
 everyone exits with EXIT_PREEMPTED, and under Slurm rank 0 asks for the job
 to be requeued. SIGUSR1 is left alone: NCCL may use it. The signals are
-contract.TRAINER_STOP_SIGNALS, the list the renderers tell torchrun's agent
+wire.TRAINER_STOP_SIGNALS, the list the renderers tell torchrun's agent
 to forward (contract.stop_args) instead of dying on them.
 
 The agreement is pipelined so that it never waits on the training device:
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from .. import envnames
-from ..contract import TRAINER_STOP_SIGNALS
 from ..exitcodes import ExitCode
+from ..wire import TRAINER_STOP_SIGNALS
 
 EXIT_PREEMPTED = ExitCode.PREEMPTED  # stopped on request after a checkpoint; run again with --resume auto
 # The renderers tell torchrun to forward exactly these (contract.stop_args).

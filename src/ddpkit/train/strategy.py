@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..contract import device_block
+from ..wire import device_block
 from .balanced_dp import BalancedDataParallel
 from .config import TrainConfig
 from .models import StagedModel
@@ -32,8 +32,8 @@ class Parallel:
 
 
 def process_devices(base: torch.device, local_rank: int, per_process: int) -> list[torch.device]:
-    """The devices one process owns: its block by the contract's rule
-    (contract.device_block). On CPU the 'devices' are all `cpu`, which keeps
+    """The devices one process owns: its block by the one ownership rule
+    (wire.device_block). On CPU the 'devices' are all `cpu`, which keeps
     the model-parallel code path testable without GPUs."""
     if base.type != "cuda":
         return [base] * per_process

@@ -1,0 +1,116 @@
+"""JobSpec: the one validated description of a DDP job.
+
+Every target (Slurm, Kubernetes, SSH, compose) renders from this model and
+nothing else, so a value is checked once, here, before any file is written.
+Reading it from YAML, `--set` and CLI flags is specfile's job.
+
+The package, by concern:
+  job.py      JobSpec and the sections every target shares
+  fields.py   the base model and the annotated field types (SlurmTime, K8sQuantity, DNS names, ...)
+  slurm.py, k8s.py, ssh.py, compose.py   one module per target's options
+  grace.py    the pre-emption grace chain
+  image.py    an image in each Slurm container runtime's syntax
+
+Every name other modules use is imported from here (`from ddpkit.spec import
+JobSpec`), never from a submodule, so the files can move again.
+"""
+
+from ..wire import TRAIN_MODULE
+from .compose import ComposeNetworkName, ComposeOptions
+from .fields import (
+    DNS1035,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    ENV_NAME,
+    IFNAME,
+    K8S_QUANTITY,
+    MODULE_NAME,
+    SLURM_MEM,
+    SLURM_TIME,
+    SLURM_WORD,
+    ImageRef,
+    JobName,
+    K8sNamespace,
+    K8sObjectName,
+    K8sQuantity,
+    K8sSize,
+    NodePath,
+    PythonModule,
+    SlurmMem,
+    SlurmTime,
+    SlurmWord,
+    Strict,
+)
+from .grace import (
+    DEFAULT_CHECKPOINT_S,
+    GraceChain,
+    Preemption,
+    chain_margin,
+    chain_problem,
+    checkpoint_within,
+    grace_chain,
+)
+from .image import (
+    APPTAINER_SCHEME,
+    DOCKER_HUB_HOSTS,
+    ENROOT_SCHEMES,
+    ENROOT_URI,
+    SQUASHFS_SUFFIXES,
+    apptainer_image,
+    container_image,
+    enroot_image,
+)
+from .job import (
+    ELASTIC_MAX_RESTARTS,
+    MAX_GPUS_PER_NODE,
+    RESERVED_ENV_EXACT,
+    RESERVED_ENV_PREFIXES,
+    Backend,
+    Command,
+    Elastic,
+    JobSpec,
+    Network,
+    Rendezvous,
+    WatchdogOptions,
+)
+from .k8s import (
+    K8S_RESERVED_VOLUMES,
+    VOLCANO_GROUP_ANNOTATION,
+    VOLUME_SOURCES,
+    EmptyDirSource,
+    K8sOptions,
+    K8sVolume,
+    NfsSource,
+    RdmaOptions,
+    Toleration,
+    VolumeSource,
+    kubernetes_volume_spelling,
+)
+from .slurm import (
+    SBATCH_OWNED,
+    SLURM_CONSTRAINT,
+    SLURM_DEPENDENCY_TYPES,
+    SLURM_HOSTLIST,
+    SlurmConstraint,
+    SlurmContainer,
+    SlurmDependency,
+    SlurmHostList,
+    SlurmOptions,
+    sbatch_directive_problem,
+)
+from .ssh import SshOptions
+
+__all__ = [
+    "APPTAINER_SCHEME", "DEFAULT_CHECKPOINT_S", "DNS1035", "DNS1123_LABEL", "DNS1123_SUBDOMAIN", "DOCKER_HUB_HOSTS",
+    "ELASTIC_MAX_RESTARTS", "ENROOT_SCHEMES", "ENROOT_URI", "ENV_NAME", "IFNAME", "K8S_QUANTITY",
+    "K8S_RESERVED_VOLUMES", "MAX_GPUS_PER_NODE", "MODULE_NAME", "RESERVED_ENV_EXACT", "RESERVED_ENV_PREFIXES",
+    "SBATCH_OWNED", "SLURM_CONSTRAINT", "SLURM_DEPENDENCY_TYPES", "SLURM_HOSTLIST", "SLURM_MEM", "SLURM_TIME",
+    "SLURM_WORD", "SQUASHFS_SUFFIXES", "TRAIN_MODULE", "VOLCANO_GROUP_ANNOTATION", "VOLUME_SOURCES",
+    "Backend", "Command", "ComposeNetworkName", "ComposeOptions", "Elastic", "EmptyDirSource", "GraceChain",
+    "ImageRef", "JobName", "JobSpec", "K8sNamespace", "K8sObjectName", "K8sOptions", "K8sQuantity", "K8sSize",
+    "K8sVolume", "Network", "NfsSource", "NodePath", "Preemption", "PythonModule", "RdmaOptions", "Rendezvous",
+    "SlurmConstraint", "SlurmContainer", "SlurmDependency", "SlurmHostList", "SlurmMem", "SlurmOptions",
+    "SlurmTime", "SlurmWord", "SshOptions", "Strict", "Toleration", "VolumeSource", "WatchdogOptions",
+    "apptainer_image", "chain_margin", "chain_problem", "checkpoint_within", "container_image", "enroot_image",
+    "grace_chain", "kubernetes_volume_spelling", "sbatch_directive_problem",
+]
