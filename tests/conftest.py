@@ -48,8 +48,9 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-# Seconds per module in one serial run on the 2-core CI machine (from the
-# junit XML of `make test`); what the modules are ordered by. Not learnt
+# Seconds per module in a `make test` run on the 2-core machine (from its
+# junit XML; a module split since, from its tests' times there, the image
+# build on the first Docker module); what the modules are ordered by. Not learnt
 # from runs here: a `make test-fast` run would record its modules' few fast
 # tests as their whole cost and send the long ones last.
 MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
