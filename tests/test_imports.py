@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # doctor are the entrypoint's side and never reach into rendering or launching.
 # wire: the facts renderer and trainer share (trainer flags, stop signals,
 # ports, the device rule); a leaf like envnames, so either side may use it.
-LEAVES = {"envnames", "exitcodes"}
+LEAVES = {"envnames", "exitcodes", "text"}
 BASE = LEAVES | {"wire"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
@@ -44,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "wire": LEAVES,
     "envnames": set(),
     "exitcodes": set(),
+    "text": set(),
     "__init__": set(),
 }
 

@@ -70,7 +70,7 @@ def test_split_model_checkpointing_accumulation_mixed_precision(tmp_path: Path) 
 def test_dataparallel_with_balanced_batch_runs_in_one_process(tmp_path: Path) -> None:
     out = run_ok(alone(tmp_path, [*TINY, "--strategy", "dp", "--gpu0-batch", "2", "--batch-size", "8",
                                   "--synthetic-size", "64"]))
-    assert "ddpkit train finished: 8 steps, 1 epochs, world size 1, global batch 8" in out
+    assert "ddpkit train finished: 8 steps, 1 epoch, world size 1, global batch 8" in out
 
 
 def test_cifar10_from_torchvision_format_on_resident_data(tmp_path: Path) -> None:

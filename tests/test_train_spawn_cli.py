@@ -54,7 +54,7 @@ def test_ddpkit_train_spawn_2_runs_to_completion(tmp_path: Path) -> None:
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Can't pickle" not in done.stderr
-    assert "ddpkit train finished: 4 steps, 1 epochs, world size 2, global batch 16" in done.stdout
+    assert "ddpkit train finished: 4 steps, 1 epoch, world size 2, global batch 16" in done.stdout
     [summary] = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "summary"]
     assert summary["status"] == "finished" and summary["world_size"] == 2
 

@@ -95,6 +95,14 @@ class _Run:
     t0: float
     start_step: int
     saved_at: int = -1
+    trained_at: float | None = None  # the clock at the last step this run trained
+
+    def images_per_s(self, step: int, global_batch: int) -> float:
+        """Images trained per second, start to the last step: the figure the
+        progress line shows and the summary repeats (not diluted by the final
+        evaluation and checkpoint, which the summary's time includes)."""
+        end = self.trained_at if self.trained_at is not None else self.t0
+        return (step - self.start_step) * global_batch / max(end - self.t0, 1e-9)
 
 
 class Trainer:
@@ -237,8 +245,7 @@ class Trainer:
 
     def _summary(self, status: RunStatus, run: _Run, seconds: float) -> Summary:
         last_eval, last_ckpt, plan = self.evaluator.last, self.checkpointer.last, self.plan
-        return Summary(status, self.pos.step, self.pos.epoch, seconds,
-                       (self.pos.step - run.start_step) * plan.global_batch / max(seconds, 1e-9),
+        return Summary(status, self.pos.step, self.pos.epoch, seconds, run.images_per_s(self.pos.step, plan.global_batch),
                        last_eval.accuracy if last_eval else None, last_eval.loss if last_eval else None,
                        str(last_ckpt) if last_ckpt else None, self.world, plan.global_batch)
 
@@ -284,7 +291,8 @@ class Trainer:
 
     def _show(self, progress: Progress, run: _Run, loss: torch.Tensor) -> None:
         pos, plan = self.pos, self.plan
-        ips = (pos.step - run.start_step) * plan.global_batch / max(time.monotonic() - run.t0, 1e-9)
+        run.trained_at = time.monotonic()
+        ips = run.images_per_s(pos.step, plan.global_batch)
         value = loss.item() if progress.wants_loss(pos.step) else None
         progress.update(pos.step, pos.epoch, value, ips)
         if value is not None:

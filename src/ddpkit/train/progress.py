@@ -12,6 +12,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..text import plural
+
 
 def rank_logger(rank: int, log_dir: Path | None) -> logging.Logger:
     """Every rank logs to <log-dir>/rank<R>.log; rank 0 also to stderr."""
@@ -121,9 +123,9 @@ class Summary:
     def lines(self) -> list[str]:
         acc = "-" if self.accuracy is None else f"{self.accuracy:.2%}"
         return [
-            f"ddpkit train {self.status}: {self.steps} steps, {self.epochs_completed} epochs, "
+            f"ddpkit train {self.status}: {plural(self.steps, 'step')}, {plural(self.epochs_completed, 'epoch')}, "
             f"world size {self.world_size}, global batch {self.global_batch}",
-            f"  time {self.seconds:.1f}s, {self.images_per_second:,.1f} images/s",
+            f"  time {self.seconds:.1f}s, {self.images_per_second:,.0f} img/s while training",
             f"  final accuracy {acc}",
             f"  checkpoint {self.checkpoint or '-'}",
         ]
