@@ -173,7 +173,7 @@ def test_slurm_verify_refuses_a_script_without_no_kill() -> None:
 
 
 def pytorchjob(spec: JobSpec) -> dict[str, Any]:
-    (doc,) = [d for d in yaml.safe_load_all(render(spec, "k8s").files["pytorchjob.yaml"]) if d is not None]
+    (doc,) = [d for d in yaml.safe_load_all(render(spec, "k8s").files[kubernetes.filename(spec)]) if d is not None]
     return doc
 
 
@@ -204,9 +204,9 @@ def test_pytorchjob_elastic_policy_agrees_with_the_launch_line() -> None:
 def test_pytorchjob_verify_refuses_a_changed_elastic_policy() -> None:
     spec = make()
     rendered = render(spec, "k8s")
-    text = rendered.files["pytorchjob.yaml"]
-    rendered.files["pytorchjob.yaml"] = text.replace("minReplicas: 2", "minReplicas: 1")
-    assert rendered.files["pytorchjob.yaml"] != text
+    text = rendered.files[kubernetes.filename(spec)]
+    rendered.files[kubernetes.filename(spec)] = text.replace("minReplicas: 2", "minReplicas: 1")
+    assert rendered.files[kubernetes.filename(spec)] != text
     with pytest.raises(RenderError, match="elasticPolicy"):
         kubernetes.verify(spec, rendered)
 

@@ -128,3 +128,19 @@ def test_a_script_that_was_there_before_is_kept(tmp_path: Path, capsys: pytest.C
     code, _, _ = run_cli(["submit", "slurm", "-f", SPEC, "--dir", str(folder), "--no-check"], capsys)
     assert code == ExitCode.BAD_INPUT
     assert [p.name for p in folder.iterdir()] == ["cpu-smoke.sbatch"]
+
+
+def test_kubernetes_files_are_named_by_job_and_kind_and_stdout_names_no_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two jobs rendered into one folder keep their own files (as Slurm's
+    `<job>.sbatch` do); to stdout, the notes name no file."""
+    out = tmp_path / "out"
+    for name in ("first", "second"):
+        code, text, err = run_cli(["render", "k8s", "--set", f"name={name}", "-o", str(out)], capsys)
+        assert code == 0, err
+        assert text == f"wrote {out / f'{name}.pytorchjob.yaml'}\n"
+        assert f"k8s: {name}.pytorchjob.yaml: meets Pod Security level" in err
+    assert sorted(p.name for p in out.iterdir()) == ["first.pytorchjob.yaml", "second.pytorchjob.yaml"]
+    code, text, err = run_cli(["render", "k8s", "--set", "name=first"], capsys)
+    assert code == 0 and text == (out / "first.pytorchjob.yaml").read_text()
+    assert err.startswith("k8s: meets Pod Security level") and ".yaml" not in err, err

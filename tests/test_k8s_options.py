@@ -131,7 +131,7 @@ def test_resume_warning_reaches_stderr_and_the_render_succeeds(
     assert cli_main(args) == 0
     err = capsys.readouterr().err
     assert "warning: k8s: --resume auto" in err and "Fix: add to k8s.volumes" in err
-    assert (tmp_path / "indexed-job.yaml").exists()
+    assert (tmp_path / "ddp-job.indexed-job.yaml").exists()
 
 
 # ---- security context and the Pod Security level ----
@@ -159,9 +159,11 @@ def test_default_container_meets_restricted(kind: str) -> None:
 def test_privileged_asks_lower_the_reported_level(
         kind: str, k8s: dict[str, Any], level: Level, capsys: pytest.CaptureFixture[str]) -> None:
     spec = make_spec(kind, k8s=k8s)
-    text = render(spec, "k8s").files[kubernetes.filename(spec)]
+    rendered = render(spec, "k8s")
+    text = rendered.files[kubernetes.filename(spec)]
     assert text.split("\n", 1)[0] == f"# Pod Security Standard: {level.value}"
-    assert f"meets Pod Security level {level.value}" in capsys.readouterr().err
+    assert f"meets Pod Security level {level.value}" in rendered.notes[kubernetes.filename(spec)]
+    assert capsys.readouterr().err == "", "a target returns its notes; the CLI prints them"
 
 
 def test_rdma_adds_the_resource_and_ipc_lock_and_host_network_its_dns_policy() -> None:

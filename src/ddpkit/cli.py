@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .exitcodes import ExitCode
-from .render import RenderError, TemplatesError
+from .render import Rendered, RenderError, TemplatesError
 from .spec import JobSpec
 from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args
 from .targets import TARGETS, render
@@ -45,10 +45,20 @@ def _cmd_render(args: argparse.Namespace) -> int:
             if len(rendered.files) > 1:
                 sys.stdout.write(f"# ---- {name} ----\n")
             sys.stdout.write(text)
-        return 0
-    for path in rendered.write(args.output):
-        print(f"wrote {path}")
+    else:
+        for path in rendered.write(args.output):
+            print(f"wrote {path}")
+    _print_notes(rendered, args.target, named=args.output is not None or len(rendered.files) > 1)
     return 0
+
+
+def _print_notes(rendered: Rendered, target: str, *, named: bool) -> None:
+    """Each file's notes on stderr, named by the file only where there is one
+    (rendering one file to stdout writes no file name)."""
+    for name, notes in rendered.notes.items():
+        for note in notes:
+            first = note if note.startswith("warning:") else f"{target}: {name + ': ' if named else ''}{note}"
+            print(first, file=sys.stderr)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:

@@ -43,12 +43,16 @@ class OutputFile:
     variables: dict[str, Any]
     kind: FileKind
     mode: int = 0o644
+    # What the user should read before using the file (a warning, the Pod
+    # Security level it meets); the CLI prints them, the target does not.
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
 class Rendered:
     files: dict[str, str] = field(default_factory=dict)
     modes: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # file name -> its notes
 
     def write(self, out_dir: Path) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -182,5 +186,7 @@ def render_files(outputs: list[OutputFile], template_dir: Path | None = None) ->
             check_yaml(out.name, text)
         rendered.files[out.name] = text
         rendered.modes[out.name] = out.mode
+        if out.notes:
+            rendered.notes[out.name] = out.notes
     return rendered
 

@@ -18,7 +18,6 @@ pkg/constants, trainjob_types.go).
 from __future__ import annotations
 
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -132,7 +131,8 @@ def kind_of(spec: JobSpec) -> Kind:
 
 
 def filename(spec: JobSpec) -> str:
-    return f"{spec.k8s.kind}.yaml"
+    """`<job>.<kind>.yaml`: two jobs rendered into one folder keep their own files."""
+    return f"{spec.name}.{spec.k8s.kind}.yaml"
 
 
 def labels(spec: JobSpec) -> dict[str, str]:
@@ -348,12 +348,10 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     target = KIND_TARGET[kind]
     cont = container(spec, doctor=doctor)
     pss = podsecurity.level(pod_security_view(spec, cont))
-    # The two notes a platform engineer needs before applying: on stderr,
-    # so that `ddpkit render k8s > job.yaml` still writes clean YAML.
+    # The two notes a platform engineer needs before applying (the CLI
+    # prints them on stderr, so `ddpkit render k8s > job.yaml` stays clean YAML).
     warning = None if doctor else resume_warning(spec)
-    if warning:
-        print(warning, file=sys.stderr)
-    print(f"k8s: {filename(spec)}: meets Pod Security level {pss.value}", file=sys.stderr)
+    notes = (*([warning] if warning else []), f"meets Pod Security level {pss.value}")
     variables: dict[str, Any] = {
         "spec": spec,
         "container": cont,
@@ -375,7 +373,7 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
         "replicated_job": JOBSET_RJOB if kind == "jobset" else TRAINJOB_NODE,
         "patch_manager": PATCH_MANAGER,
     }
-    return [OutputFile(filename(spec), f"k8s/{kind}.yaml.j2", variables, "yaml")]
+    return [OutputFile(filename(spec), f"k8s/{kind}.yaml.j2", variables, "yaml", notes=notes)]
 
 
 def restart_policy(spec: JobSpec) -> str:
