@@ -34,6 +34,8 @@ def test_examples_are_valid(example: Path) -> None:
         ("slurm.partition=gpu --qos=high", "slurm.partition: 'gpu --qos=high' may only hold"),
         ("slurm.time=forever", "slurm.time: 'forever' is not a Slurm time"),
         ("k8s.shm_size=lots", "k8s.shm_size: 'lots' is not a Kubernetes quantity"),
+        ("k8s.memory=4Gi", "shm_size 8Gi (the default) is more than memory 4Gi: a memory-backed /dev/shm counts "
+                           "against the pod's memory limit; lower shm_size or raise memory"),
         ("k8s.kind=deployment", "k8s.kind: Input should be 'pytorchjob', 'indexed-job', 'trainjob' or 'jobset'"),
         ("command.module=a b", "command.module: 'a b' is not a dotted python module name"),
         ("master_port=80", "master_port: Input should be greater than or equal to 1024"),
@@ -160,3 +162,13 @@ def test_a_yaml_boolean_or_null_in_env_is_refused_with_quote_it(tmp_path: Path, 
     err = capsys.readouterr().err
     assert "env: DEBUG: YAML read this as" in err and 'quote the text you meant, e.g. DEBUG: "1"' in err
     assert not (tmp_path / "out").exists()
+
+
+def test_shm_size_may_equal_memory_in_any_unit_but_not_pass_it() -> None:
+    from ddpkit.spec.fields import quantity_value
+
+    assert quantity_value("8Gi") == 8 * 2**30 and quantity_value("1.5G") == 1_500_000_000
+    assert quantity_value("500m") * 2 == 1
+    assert load_spec(None, overrides=["k8s.shm_size=1024Mi", "k8s.memory=1Gi"]).k8s.memory == "1Gi"
+    with pytest.raises(SpecError, match=r"shm_size 1025Mi is more than memory 1Gi"):
+        load_spec(None, overrides=["k8s.shm_size=1025Mi", "k8s.memory=1Gi"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
@@ -93,6 +94,19 @@ K8sQuantity = Annotated[str, AfterValidator(matching(
     K8S_QUANTITY, "{value!r} is not a Kubernetes quantity, e.g. 8Gi, 500m, 16"))]
 # A size (memory, storage): the same syntax, a size for the example.
 K8sSize = Annotated[str, AfterValidator(matching(K8S_QUANTITY, "{value!r} is not a Kubernetes quantity, e.g. 8Gi"))]
+_SUFFIX: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "m": Decimal("1e-3"), "": 1,
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity_value(text: str) -> Decimal:
+    """A Kubernetes quantity's value (`8Gi` -> 8589934592), to compare two
+    sizes; `text` has passed K8sQuantity (K8S_QUANTITY's suffixes)."""
+    number = text.rstrip("KMGTPEikm")
+    suffix = text[len(number):]
+    return Decimal(number) * Decimal(_SUFFIX[suffix])
+
+
 K8sNamespace = Annotated[str, AfterValidator(matching(
     DNS1123_LABEL, "{value!r} is not a Kubernetes namespace (DNS-1123 label)", max_len=DNS_LABEL_MAX))]
 K8sObjectName = Annotated[str, AfterValidator(matching(

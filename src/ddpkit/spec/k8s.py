@@ -19,6 +19,7 @@ from .fields import (
     Strict,
     each,
     matching,
+    quantity_value,
     rule,
 )
 
@@ -201,6 +202,10 @@ class K8sOptions(Strict):
             raise ValueError("scheduler: a TrainJob cannot choose its scheduler (its runtime patch has no "
                              "schedulerName); set podGroupPolicy.volcano in the ClusterTrainingRuntime, or use "
                              "another kind")
+        if self.memory is not None and quantity_value(self.shm_size) > quantity_value(self.memory):
+            given = "" if "shm_size" in self.model_fields_set else " (the default)"
+            raise ValueError(f"shm_size {self.shm_size}{given} is more than memory {self.memory}: a memory-backed "
+                             "/dev/shm counts against the pod's memory limit; lower shm_size or raise memory")
         if self.queue is not None and self.scheduler == "volcano":
             raise ValueError("queue (Kueue) and scheduler: volcano are two gang schedulers for one job; choose one")
         if self.scheduler == "volcano" and VOLCANO_GROUP_ANNOTATION in self.pod_annotations:
