@@ -172,3 +172,9 @@ def test_shm_size_may_equal_memory_in_any_unit_but_not_pass_it() -> None:
     assert load_spec(None, overrides=["k8s.shm_size=1024Mi", "k8s.memory=1Gi"]).k8s.memory == "1Gi"
     with pytest.raises(SpecError, match=r"shm_size 1025Mi is more than memory 1Gi"):
         load_spec(None, overrides=["k8s.shm_size=1025Mi", "k8s.memory=1Gi"])
+
+
+def test_the_default_image_is_the_one_make_image_builds_for_the_device() -> None:
+    assert load_spec(None).image == "ddpkit:cuda"
+    assert load_spec(None, overrides=["device=cpu"]).image == "ddpkit:cpu"
+    assert load_spec(None, overrides=["device=cpu", "image=reg.example/me/ddp:1"]).image == "reg.example/me/ddp:1"

@@ -176,11 +176,16 @@ class WatchdogOptions(Strict):
                 "(docs/WATCHDOG.md); without it a hang lasts until the collective timeout")
 
 
+# The tags docker/build.sh gives the images it builds.
+CUDA_IMAGE, CPU_IMAGE = "ddpkit:cuda", "ddpkit:cpu"
+
+
 class JobSpec(Strict):
     """One DDP job. world_size = nodes * nproc_per_node."""
 
     name: JobName = Field(description="DNS-1035 label: lower case, digits, '-', starts with a letter, max 63")
-    image: ImageRef = Field(default="ddpkit:latest", description="container image with ddpkit installed")
+    image: ImageRef = Field(default=CUDA_IMAGE, description="container image with ddpkit installed (default: "
+                            f"{CUDA_IMAGE}, or {CPU_IMAGE} for device: cpu, the tags `make image` / `make image-cpu` build)")
     nodes: int = Field(default=1, ge=1, le=4096)
     nproc_per_node: int = Field(default=1, ge=1, le=64, description="processes (GPUs) per node")
     device: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda requests GPUs from the scheduler")
@@ -206,6 +211,14 @@ class JobSpec(Strict):
     elastic: Elastic | None = Field(default=None, description="absent: a fixed set of nodes (a lost node ends the job)")
     watchdog: WatchdogOptions = Field(default_factory=WatchdogOptions)
     preemption: Preemption = Field(default_factory=Preemption)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _image_for_the_device(cls, data: Any) -> Any:
+        """No image given: the one `make image` (CUDA) or `make image-cpu` builds, by the device."""
+        if isinstance(data, dict) and "image" not in data:
+            return {**data, "image": CPU_IMAGE if data.get("device") == "cpu" else CUDA_IMAGE}
+        return data
 
     @field_validator("env", mode="before")
     @classmethod
