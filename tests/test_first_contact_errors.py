@@ -144,3 +144,15 @@ def test_kubernetes_files_are_named_by_job_and_kind_and_stdout_names_no_file(
     code, text, err = run_cli(["render", "k8s", "--set", "name=first"], capsys)
     assert code == 0 and text == (out / "first.pytorchjob.yaml").read_text()
     assert err.startswith("k8s: meets Pod Security level") and ".yaml" not in err, err
+
+
+def test_version_and_a_help_written_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"ddpkit {version('ddpkit')}\n"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "One PyTorch DDP job, described once" in text and "dispatch" not in text

@@ -99,8 +99,26 @@ def _add_module_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(handler=_lazy_handler(module_name), command_parser=p)
 
 
+DESCRIPTION = """\
+One PyTorch DDP job, described once in a YAML spec, run anywhere you train:
+render it for Slurm, Kubernetes, SSH hosts or docker compose, or launch and
+supervise it here (local, docker, ssh); `ddpkit train` is the entrypoint the
+job runs. Start with `ddpkit render slurm -f job.yaml` or `make demo`."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ddpkit")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddpkit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ddpkit", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ddpkit {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_builtin(sub)
     _add_module_commands(sub)
