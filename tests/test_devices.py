@@ -115,7 +115,8 @@ def test_compose_stays_on_cpu_whatever_the_layout(layout: str) -> None:
         ({"strategy": "dp", "nproc_per_node": 2}, ["--strategy", "dp"],
          "strategy: dp runs one process, but nodes x nproc_per_node is 2; set nodes: 1"),
         ({"strategy": "dp", "nodes": 2}, ["--strategy", "dp"], "nodes x nproc_per_node is 2"),
-        ({"devices_per_process": 2}, [], "command.args has --devices-per-process 1 but devices_per_process is 2"),
+        ({"devices_per_process": 2}, ["--devices-per-process", "1"],
+         "command.args has --devices-per-process 1 but devices_per_process is 2"),
         ({}, ["--devices-per-process", "2"], "command.args has --devices-per-process 2 but devices_per_process is 1"),
         ({}, ["--strategy", "dp"], "command.args runs --strategy dp but strategy is ddp; set strategy: dp"),
         ({"strategy": "dp"}, [], "command.args runs --strategy ddp but strategy is dp"),
@@ -128,6 +129,16 @@ def test_inconsistent_layouts_are_refused_with_the_fix(fields: dict[str, Any], a
     with pytest.raises(ValidationError) as err:
         JobSpec.model_validate({"name": "gpujob", **fields, "command": {"args": args}})
     assert needle in str(err.value)
+
+
+def test_devices_per_process_is_said_once_the_trainer_is_told_by_the_spec() -> None:
+    """Written only as the field, it reaches ddpkit.train's command line;
+    the issue was a refusal that claimed the args held `--devices-per-process 1`."""
+    spec = JobSpec.model_validate({"name": "gpujob", "nodes": 2, "nproc_per_node": 4, "devices_per_process": 2,
+                                   "command": {"args": ["--model", "resnet50"]}})
+    assert spec.command.args == ["--model", "resnet50", "--devices-per-process", "2"]
+    assert spec.gpus_per_node == 8
+    assert JobSpec.model_validate(spec.model_dump()).command.args == spec.command.args  # once, not twice
 
 
 def test_another_programs_flags_are_not_read() -> None:

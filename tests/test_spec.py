@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from ddpkit.cli import main
 from ddpkit.specfile import SpecError, load_spec
@@ -178,3 +181,29 @@ def test_the_default_image_is_the_one_make_image_builds_for_the_device() -> None
     assert load_spec(None).image == "ddpkit:cuda"
     assert load_spec(None, overrides=["device=cpu"]).image == "ddpkit:cpu"
     assert load_spec(None, overrides=["device=cpu", "image=reg.example/me/ddp:1"]).image == "reg.example/me/ddp:1"
+
+
+@pytest.mark.parametrize(("fields", "gpus", "want"), [
+    ({}, 8, (8, 1)),
+    ({"devices_per_process": 2, "command": {"args": ["--devices-per-process", "2"]}}, 8, (4, 2)),
+    ({"strategy": "dp", "command": {"args": ["--strategy", "dp"]}}, 4, (1, 4)),
+])
+def test_gpus_per_node_counts_gpus_not_processes(tmp_path: Path, fields: dict[str, Any], gpus: int,
+                                                 want: tuple[int, int]) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "g", **fields}))
+    spec = load_spec(job, gpus_per_node=gpus)
+    assert (spec.nproc_per_node, spec.devices_per_process) == want and spec.gpus_per_node == gpus
+
+
+@pytest.mark.parametrize(("fields", "extra", "needle"), [
+    ({"devices_per_process": 4, "command": {"args": ["--devices-per-process", "4"]}}, {},
+     "--gpus-per-node 6 is not a multiple of devices_per_process 4; pass a multiple of 4"),
+    ({"device": "cpu"}, {}, "--gpus-per-node 6: this job runs on device: cpu; pass --nproc-per-node"),
+    ({}, {"nproc_per_node": 2}, "--gpus-per-node 6 and --nproc-per-node both size the node; pass one"),
+])
+def test_gpus_per_node_refusals(tmp_path: Path, fields: dict[str, Any], extra: dict[str, Any], needle: str) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "g", **fields}))
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        load_spec(job, gpus_per_node=6, **extra)

@@ -158,8 +158,11 @@ def load_spec(
     nodes: int | None = None,
     nproc_per_node: int | None = None,
     image: str | None = None,
+    gpus_per_node: int | None = None,
 ) -> JobSpec:
-    """The job as the user described it: file, then flags, then --set."""
+    """The job as the user described it: file, then flags, then --set;
+    `gpus_per_node` (GPUs) becomes processes per node once the spec's
+    strategy and devices_per_process are known."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -179,15 +182,40 @@ def load_spec(
     for key, value in (("nodes", nodes), ("nproc_per_node", nproc_per_node), ("image", image)):
         if value is not None:
             data[key] = value
-    return build_spec(apply_overrides(data, [Override.parse(o) for o in overrides]))
+    data = apply_overrides(data, [Override.parse(o) for o in overrides])
+    if gpus_per_node is not None:
+        _set_gpus_per_node(data, gpus_per_node, nproc_given=nproc_per_node is not None)
+    return build_spec(data)
+
+
+def _set_gpus_per_node(data: dict[str, Any], gpus: int, *, nproc_given: bool) -> None:
+    """--gpus-per-node G: ddp runs G / devices_per_process processes, dp one process driving G."""
+    flag = f"--gpus-per-node {gpus}"
+    if nproc_given:
+        raise SpecError([f"{flag} and --nproc-per-node both size the node; pass one"])
+    if data.get("device", "cuda") != "cuda":
+        raise SpecError([f"{flag}: this job runs on device: cpu; pass --nproc-per-node for its processes"])
+    if gpus < 1:
+        raise SpecError([f"{flag}: pass 1 or more"])
+    if data.get("strategy", "ddp") == "dp":
+        data["devices_per_process"] = gpus
+        return
+    per_process = int(data.get("devices_per_process", 1))
+    if gpus % per_process:
+        raise SpecError([f"{flag} is not a multiple of devices_per_process {per_process}; "
+                         f"pass a multiple of {per_process}"])
+    data["nproc_per_node"] = gpus // per_process
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """The job-spec flags shared by render, launch and submit."""
     parser.add_argument("-f", "--file", type=Path, help="job spec YAML (see examples/)")
     parser.add_argument("--nodes", type=int, help="override nodes")
-    parser.add_argument("--gpus-per-node", "--nproc-per-node", dest="nproc_per_node", type=int,
-                        help="override nproc_per_node (GPUs per node)")
+    parser.add_argument("--nproc-per-node", dest="nproc_per_node", type=int,
+                        help="override nproc_per_node (processes per node)")
+    parser.add_argument("--gpus-per-node", dest="gpus_per_node", type=int,
+                        help="GPUs per node: nproc_per_node = GPUs / devices_per_process (strategy dp: one "
+                             "process driving them all)")
     parser.add_argument("--image", help="override image")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="override any field, e.g. --set slurm.partition=gpu (repeatable)")
@@ -195,4 +223,4 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     return load_spec(args.file, overrides=args.overrides, nodes=args.nodes,
-                     nproc_per_node=args.nproc_per_node, image=args.image)
+                     nproc_per_node=args.nproc_per_node, image=args.image, gpus_per_node=args.gpus_per_node)

@@ -290,6 +290,12 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _device_layout(self) -> JobSpec:
+        args = self.command.args
+        if (self.command.module == TRAIN_MODULE and self.strategy == "ddp" and self.devices_per_process > 1
+                and flag_value(args, DEVICES_PER_PROCESS_FLAG) is None):
+            # The field sizes every GPU request; the trainer reads the same
+            # number from its flag, so the spec says it once.
+            self.command.args = [*args, DEVICES_PER_PROCESS_FLAG, str(self.devices_per_process)]
         problems = _layout_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
@@ -350,6 +356,6 @@ def _layout_problems(spec: JobSpec) -> list[str]:
                    f"set strategy: {strategy} (it sizes every GPU request)")
     dpp = flag_value(args, DEVICES_PER_PROCESS_FLAG)
     if spec.strategy == "ddp" and str(spec.devices_per_process) != (dpp or "1"):
-        out.append(f"command.args has --devices-per-process {dpp or 1} but devices_per_process is "
+        out.append(f"command.args has {DEVICES_PER_PROCESS_FLAG} {dpp or 1} but devices_per_process is "
                    f"{spec.devices_per_process}; make them equal (the field sizes every GPU request)")
     return out
