@@ -71,17 +71,29 @@ def slurm_gpus(spec: JobSpec) -> set[int]:
     return found or {0}
 
 
+def compose_ids(spec: JobSpec) -> list[list[str]]:
+    """Each service's reserved GPU ids, in node order."""
+    doc = yaml.safe_load(render(spec, "compose").files["compose.yaml"])
+    return [[i for d in svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+             for i in d["device_ids"]] for svc in doc["services"].values()]
+
+
+def _per_node(ids: list[list[str]]) -> set[int]:
+    """GPUs per node, after checking that no two nodes on the one host share a GPU."""
+    flat = [i for node in ids for i in node]
+    assert len(flat) == len(set(flat)), f"two containers on one host share a GPU: {ids}"
+    return {len(node) for node in ids}
+
+
 def compose_gpus(spec: JobSpec) -> set[int]:
-    """The compose target runs gloo on CPU (its contract row forces gloo): no GPU request at all."""
-    text = render(spec, "compose").files["compose.yaml"]
-    doc = yaml.safe_load(text)
-    assert "nvidia" not in text and "gpu" not in str([n for n in _walk(doc) if isinstance(n, dict) and "devices" in n])
-    return {0}
+    """compose reserves each node's own block of the host's GPUs."""
+    return _per_node(compose_ids(spec))
 
 
 def docker_gpus(spec: JobSpec) -> set[int]:
-    """The docker launcher's DeviceRequest count (`docker run --gpus N`)."""
-    return {r.count for r in _gpu_requests(spec)} or {0}  # type: ignore[attr-defined]
+    """The docker launcher's DeviceRequests, per container (`docker run --gpus device=...`)."""
+    return _per_node([[i for r in _gpu_requests(spec, n) for i in r.device_ids]  # type: ignore[attr-defined]
+                      for n in range(spec.nodes)])
 
 
 TARGETS: dict[str, tuple[dict[str, Any], Callable[[JobSpec], set[int]]]] = {
@@ -91,6 +103,7 @@ TARGETS: dict[str, tuple[dict[str, Any], Callable[[JobSpec], set[int]]]] = {
     "indexed-job": ({"k8s": {"kind": "indexed-job"}}, k8s_gpus),
     "trainjob": ({"k8s": {"kind": "trainjob"}}, k8s_gpus),
     "docker": ({}, docker_gpus),
+    "compose": ({}, compose_gpus),
 }
 
 
@@ -104,9 +117,22 @@ def test_every_target_requests_the_gpus_the_layout_needs(layout: str, target: st
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_compose_stays_on_cpu_whatever_the_layout(layout: str) -> None:
-    spec = make_spec(LAYOUTS[layout])
-    assert compose_gpus(spec) == {0}
+def test_compose_cpu_test_reserves_no_gpu_and_runs_gloo(layout: str) -> None:
+    spec = make_spec(LAYOUTS[layout], compose={"cpu_test": True})
+    text = render(spec, "compose").files["compose.yaml"]
+    assert compose_ids(spec) == [[]] * spec.nodes and "nvidia" not in text
+    assert all(svc["environment"]["DDPKIT_BACKEND"] == "gloo" for svc in yaml.safe_load(text)["services"].values())
+
+
+def test_a_cuda_compose_file_says_what_it_does_with_the_gpus() -> None:
+    spec = make_spec(LAYOUTS["ddp-model-split-2"])
+    assert compose_ids(spec) == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
+    [note] = render(spec, "compose").notes["compose.yaml"]
+    assert note.startswith("reserves 4 GPUs per node, 8 in all on the Docker host")
+    test = make_spec(LAYOUTS["ddp-model-split-2"], compose={"cpu_test": True})
+    [note] = render(test, "compose").notes["compose.yaml"]
+    assert note.startswith("a gloo test of this cuda job on CPU (compose.cpu_test): no GPUs are reserved")
+    assert "gloo on CPU (a test of a cuda job: compose.cpu_test)" in render(test, "compose").files["compose.yaml"]
 
 
 @pytest.mark.parametrize(

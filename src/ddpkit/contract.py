@@ -217,8 +217,8 @@ CONTRACT: dict[Target, ContractRow] = {
     Target.COMPOSE: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
-        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; backend forced to gloo (no GPUs here)",
-        default_port=DEFAULT_PORT, hosts=_numbered(0), backend="gloo",
+        world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; compose.cpu_test: gloo on CPU",
+        default_port=DEFAULT_PORT, hosts=_numbered(0),
         # every `up` starts a fresh node0 container and so a fresh store
         elastic=ElasticRow(Fixed.JOB_NAME, last_call_s=30)),
     Target.LOCAL: ContractRow(
@@ -241,6 +241,14 @@ def master_port(spec: JobSpec, target: Target) -> int | None:
 
 def k8s_service_name(spec: JobSpec) -> str:
     return spec.name
+
+
+def one_host_gpus(spec: JobSpec, node: int) -> list[int]:
+    """The GPUs node `node` gets where every node is a container on one
+    Docker host (compose, launch docker): its own block of gpus_per_node,
+    since a count alone gives every container the same first GPUs."""
+    per_node = spec.gpus_per_node
+    return list(range(node * per_node, (node + 1) * per_node))
 
 
 def hosts_for(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> list[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import envnames
-from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
+from ..contract import Target, controller_env, hosts_for, job_env, one_host_gpus, sources, torchrun_argv
 from ..exitcodes import ExitCode
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
@@ -155,12 +155,15 @@ def plan(spec: JobSpec) -> list[NodePlan]:
     return plans
 
 
-def _gpu_requests(spec: JobSpec) -> list[object]:
+def _gpu_requests(spec: JobSpec, node: int) -> list[object]:
+    """Node `node`'s own GPUs (device ids, as compose reserves them): with a
+    count alone every container would get the host's first GPUs."""
     import docker.types
 
     if spec.gpus_per_node == 0:
         return []
-    return [docker.types.DeviceRequest(count=spec.gpus_per_node, capabilities=[["gpu"]])]
+    ids = [str(i) for i in one_host_gpus(spec, node)]
+    return [docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
 
 
 def _ensure_image(client: DockerClient, image: str) -> str | None:
@@ -207,7 +210,7 @@ class DockerLaunch:
         # as PID 1 ignores SIGTERM until it has installed its handler, so a
         # Ctrl-C during start-up waited out the whole grace before SIGKILL.
         host_config = self.client.api.create_host_config(shm_size=self.shm_size, init=True,
-                                                         device_requests=_gpu_requests(self.spec))
+                                                         device_requests=_gpu_requests(self.spec, p.index))
         created = self.client.api.create_container(
             self.spec.image, command=p.command, environment=p.environment, hostname=p.hostname,
             name=name, labels=self.labels, networking_config=config, host_config=host_config)

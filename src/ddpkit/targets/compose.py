@@ -1,15 +1,28 @@
-"""docker compose: one service per node, node0 the master, gloo on CPU.
+"""docker compose: one service per node on one Docker host, node0 the master.
 
 Compose has no per-container shell, so each service gets its node rank
-resolved into its own command at render time (service index = node rank)."""
+resolved into its own command at render time (service index = node rank).
+A cuda job reserves each node's own GPUs (node i: GPUs i*G .. i*G+G-1);
+with compose.cpu_test it is a gloo test on CPU instead, and says so."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from ..contract import Target, controller_env, elastic_refusal, hosts_for, sources, target_env, torchrun_argv
+from .. import envnames
+from ..contract import (
+    Target,
+    controller_env,
+    elastic_refusal,
+    hosts_for,
+    one_host_gpus,
+    sources,
+    target_env,
+    torchrun_argv,
+)
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
@@ -25,11 +38,33 @@ class Service:
     command: list[str]
     environment: dict[str, str]
     restart: str | None = None  # compose's restart policy (elastic: a failed node comes back and rejoins)
+    gpus: tuple[int, ...] = ()  # the host's GPUs this node reserves (device ids)
+
+
+def cpu_test(spec: JobSpec) -> bool:
+    """Whether the file runs the job as a gloo test on CPU: a cpu job, or a
+    cuda job whose spec asks for that (compose.cpu_test)."""
+    return spec.device == "cpu" or spec.compose.cpu_test
 
 
 def compose_env(spec: JobSpec) -> dict[str, str]:
-    """The job env of every service (gloo: the contract row says so)."""
-    return target_env(spec, Target.COMPOSE)
+    """The job env of every service; a cuda job's CPU test runs gloo."""
+    env = target_env(spec, Target.COMPOSE)
+    if spec.device == "cuda" and spec.compose.cpu_test:
+        env[envnames.DDPKIT_BACKEND] = "gloo"
+    return env
+
+
+def notes(spec: JobSpec) -> tuple[str, ...]:
+    """What the file does with the job's GPUs, said where it differs from the spec's promise."""
+    if spec.device != "cuda":
+        return ()
+    if spec.compose.cpu_test:
+        return (f"a gloo test of this cuda job on CPU (compose.cpu_test): no GPUs are reserved; "
+                f"remove compose.cpu_test to reserve {spec.gpus_per_node} GPUs per node",)
+    total = spec.nodes * spec.gpus_per_node
+    return (f"reserves {spec.gpus_per_node} GPUs per node, {total} in all on the Docker host (NVIDIA Container "
+            "Toolkit); set compose.cpu_test: true for a gloo test on CPU",)
 
 
 def services(spec: JobSpec, *, doctor: bool = False) -> list[Service]:
@@ -37,8 +72,9 @@ def services(spec: JobSpec, *, doctor: bool = False) -> list[Service]:
     out = []
     for index, host in enumerate(hosts_for(spec, Target.COMPOSE)):
         injected = controller_env(spec, Target.COMPOSE, index)
+        gpus = () if cpu_test(spec) else tuple(one_host_gpus(spec, index))
         out.append(Service(host, [a.resolve(injected) for a in argv], compose_env(spec) | injected,
-                           elastic_restart(spec, index)))
+                           elastic_restart(spec, index), gpus))
     return out
 
 
@@ -56,7 +92,7 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     if refusal:
         raise SpecError([refusal])
     variables = {"spec": spec, "services": services(spec, doctor=doctor)}
-    return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml")]
+    return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml", notes=notes(spec))]
 
 
 def _unescape(value: object) -> object:
@@ -71,5 +107,10 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
         command = [_unescape(c) for c in got["command"]]
         env = {k: _unescape(v) for k, v in got["environment"].items()}
         if (command != svc.command or env != svc.environment or got["image"] != spec.image
-                or got.get("restart") != svc.restart):
+                or got.get("restart") != svc.restart or _reserved_gpus(got) != svc.gpus):
             raise RenderError(f"{FILENAME}: service {svc.name} does not match the job spec")
+
+
+def _reserved_gpus(service: dict[str, Any]) -> tuple[int, ...]:
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return tuple(int(i) for d in devices for i in d.get("device_ids", []))
