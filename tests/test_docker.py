@@ -80,11 +80,11 @@ def test_launch_docker_refuses_bad_input_before_touching_docker() -> None:
     assert "nodes" in result.stderr
 
 
-def _launch(docker: Docker, nodes: int, *train: str) -> subprocess.Popen[str]:
+def _launch(docker: Docker, nodes: int, *train: str, sets: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "ddpkit.cli", "launch", "docker", "-f", "examples/cpu-smoke.yaml",
             "--nodes", str(nodes), "--nproc-per-node", "1", "--image", str(docker.image), "--grace", "2",
             "--set", f"name={JOB}",
-            "--set", "command.args=" + json.dumps(list(train))]
+            "--set", "command.args=" + json.dumps(list(train)), *(w for s in sets for w in ("--set", s))]
     return subprocess.Popen(argv, cwd=REPO, env=docker.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -136,10 +136,16 @@ def _wait_training(docker: Docker, node: str, timeout: float = 300) -> None:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker) -> None:  # noqa: F811  (the imported fixture)
-    proc = _launch(docker_daemon, 2, *TINY)
+def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker, tmp_path: Path) -> None:  # noqa: F811  (the imported fixture)
+    # The job's checkpoints go to a host folder through the spec's mounts: (the image runs as a non-root user).
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ckpt.chmod(0o777)
+    proc = _launch(docker_daemon, 2, *TINY, "--checkpoint-dir=/ckpt", "--resume=auto", sets=(f"mounts=[{ckpt}:/ckpt]",))
     out, _ = proc.communicate(timeout=500)
     assert proc.returncode == 0, out
+    assert (ckpt / "latest").read_text().strip().startswith("ckpt-"), "the checkpoint reached the host folder"
+    assert "warning" not in out, "a mounted checkpoint folder is not warned about"
     assert rank_table.problems(out, 2, 1) == [], out
     hosts = {r.node_rank: r.host for r in rank_table.rows(out)}
     assert hosts == {0: "node0", 1: "node1"}

@@ -27,6 +27,7 @@ from ..contract import Target, controller_env, hosts_for, job_env, one_host_gpus
 from ..exitcodes import ExitCode
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
+from ..targets import mounts
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
 from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument, node_log
@@ -210,6 +211,7 @@ class DockerLaunch:
         # as PID 1 ignores SIGTERM until it has installed its handler, so a
         # Ctrl-C during start-up waited out the whole grace before SIGKILL.
         host_config = self.client.api.create_host_config(shm_size=self.shm_size, init=True,
+                                                         binds=mounts.binds(self.spec),
                                                          device_requests=_gpu_requests(self.spec, p.index))
         created = self.client.api.create_container(
             self.spec.image, command=p.command, environment=p.environment, hostname=p.hostname,
@@ -258,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"ddpkit launch docker: {problem}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    warning = mounts.container_checkpoint_warning(spec, "launch docker")
+    if warning:
+        print(warning, file=sys.stderr)
     launch = DockerLaunch(client, spec, args.shm_size, args.log_dir)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)

@@ -33,6 +33,7 @@ from .. import envnames
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
+from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import new_rdzv_id
 from ..train.argcheck import check_command
 from . import proctree
@@ -226,6 +227,7 @@ def stop(nodes: list[Node], grace: float) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = local_spec(args)
     check_command(spec.command.module, spec.command.args)
+    refuse_mounts(spec, Target.LOCAL)
     with tempfile.TemporaryDirectory(prefix="ddpkit-local-") as tmp:
         return launch(spec, args.log_dir or Path(tmp), args.grace, dedup=args.dedup)
 

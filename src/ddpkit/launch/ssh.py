@@ -25,6 +25,7 @@ from typing import TextIO
 from ..contract import Target, master_port
 from ..exitcodes import ExitCode
 from ..spec import JobSpec
+from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import NodeCommand, new_rdzv_id, node_command
 from ..train.argcheck import check_command
 from .conn import Endpoint, SshSettings, endpoint_for
@@ -188,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     check_command(spec.command.module, spec.command.args, doctor=args.doctor)
+    refuse_mounts(spec, Target.SSH)
     settings = settings_from(args, spec)
     plan = make_plan(spec, args, settings)
     if args.dry_run:

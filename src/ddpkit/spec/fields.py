@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -130,3 +131,38 @@ ImageRef = Annotated[str, AfterValidator(rule(
     lambda v: bool(v) and not any(c.isspace() for c in v) and not v.startswith("-") and v.isascii(),
     "{value!r} is not an image reference like registry/repo:tag"))]
 Argv = Annotated[list[str], AfterValidator(each(no_nul))]
+
+
+# ---- bind mounts: SRC:DST[:ro|rw], both absolute ------------------------------------
+
+
+def _mount(m: str) -> str:
+    parts = m.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ValueError(f"{m!r}: write mounts as SRC:DST or SRC:DST:ro")
+    if "," in m or "\n" in m:
+        raise ValueError(f"{m!r}: commas and newlines cannot appear in a mount (pyxis splits on commas)")
+    relative = [p for p in parts[:2] if not p.startswith("/")]
+    if relative:
+        # A relative source resolves against wherever the task starts
+        # (differently per runtime); a relative target is refused by both.
+        raise ValueError(f"{m!r}: {relative[0]!r} is not an absolute path; write both sides of a mount "
+                         f"as absolute paths, e.g. /scratch/data:/data")
+    return m
+
+
+Mounts = Annotated[list[str], AfterValidator(each(_mount))]
+
+
+@dataclass(frozen=True)
+class MountParts:
+    """One 'SRC:DST[:ro|rw]' mount, read."""
+
+    source: str
+    target: str
+    read_only: bool
+
+    @classmethod
+    def of(cls, text: str) -> MountParts:
+        source, target, *mode = text.split(":")
+        return cls(source, target, mode == ["ro"])

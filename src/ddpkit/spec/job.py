@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from .. import envnames
 from ..wire import DEVICES_PER_PROCESS_FLAG, STRATEGY_FLAG, TRAIN_MODULE, flag_value
 from .compose import ComposeOptions
-from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, NodePath, PythonModule, Strict, no_nul
+from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, Mounts, NodePath, PythonModule, Strict, no_nul
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
 from .image import container_image
 from .k8s import K8sOptions
@@ -207,6 +207,10 @@ class JobSpec(Strict):
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     k8s: K8sOptions = Field(default_factory=K8sOptions)
     ssh: SshOptions = Field(default_factory=SshOptions)
+    mounts: Mounts = Field(default_factory=list, description=(
+        "'SRC:DST[:ro]' host folders (or Docker volumes) the job's containers see at DST, both absolute: "
+        "compose, launch docker, ssh.docker and Slurm's container runtimes bind them; Kubernetes needs a "
+        "k8s.volumes entry at each DST; targets without a container accept only SRC equal to DST"))
     compose: ComposeOptions = Field(default_factory=ComposeOptions)
     elastic: Elastic | None = Field(default=None, description="absent: a fixed set of nodes (a lost node ends the job)")
     watchdog: WatchdogOptions = Field(default_factory=WatchdogOptions)

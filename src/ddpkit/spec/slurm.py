@@ -9,28 +9,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator
 
-from .fields import SlurmMem, SlurmTime, SlurmWord, Strict, each, matching, rule
-
-
-def _mount(m: str) -> str:
-    parts = m.split(":")
-    if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-        raise ValueError(f"{m!r}: write mounts as SRC:DST or SRC:DST:ro")
-    if "," in m or "\n" in m:
-        raise ValueError(f"{m!r}: commas and newlines cannot appear in a mount (pyxis splits on commas)")
-    relative = [p for p in parts[:2] if not p.startswith("/")]
-    if relative:
-        # A relative source resolves against wherever the task starts
-        # (differently per runtime); a relative target is refused by both.
-        raise ValueError(f"{m!r}: {relative[0]!r} is not an absolute path; write both sides of a mount "
-                         f"as absolute paths, e.g. /scratch/data:/data")
-    return m
+from .fields import Mounts, SlurmMem, SlurmTime, SlurmWord, Strict, each, matching, rule
 
 
 class SlurmContainer(Strict):
     runtime: Literal["none", "pyxis", "apptainer"] = "none"
-    mounts: Annotated[list[str], AfterValidator(each(_mount))] = Field(
-        default_factory=list, description="'SRC:DST[:ro]' bind mounts, both absolute paths")
+    mounts: Mounts = Field(
+        default_factory=list, description="'SRC:DST[:ro]' bind mounts for Slurm only (the job's own `mounts:` "
+                                          "serve every container target), both absolute paths")
     workdir: Annotated[str, AfterValidator(rule(
         lambda v: v.startswith("/") and "\n" not in v, "{value!r}: container workdir must be an absolute path"))] | None = None
 

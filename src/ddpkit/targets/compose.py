@@ -27,6 +27,7 @@ from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
 from ..specfile import SpecError
+from . import mounts
 
 NAME = "compose"
 FILENAME = "compose.yaml"
@@ -91,8 +92,10 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     refusal = elastic_refusal(spec, Target.COMPOSE)
     if refusal:
         raise SpecError([refusal])
-    variables = {"spec": spec, "services": services(spec, doctor=doctor)}
-    return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml", notes=notes(spec))]
+    variables = {"spec": spec, "services": services(spec, doctor=doctor), "volumes": mounts.binds(spec)}
+    warning = None if doctor else mounts.container_checkpoint_warning(spec, "compose")
+    return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml",
+                       notes=(*notes(spec), *([warning] if warning else [])))]
 
 
 def _unescape(value: object) -> object:
@@ -107,7 +110,8 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
         command = [_unescape(c) for c in got["command"]]
         env = {k: _unescape(v) for k, v in got["environment"].items()}
         if (command != svc.command or env != svc.environment or got["image"] != spec.image
-                or got.get("restart") != svc.restart or _reserved_gpus(got) != svc.gpus):
+                or got.get("restart") != svc.restart or _reserved_gpus(got) != svc.gpus
+                or [_unescape(v) for v in got.get("volumes", [])] != mounts.binds(spec)):
             raise RenderError(f"{FILENAME}: service {svc.name} does not match the job spec")
 
 

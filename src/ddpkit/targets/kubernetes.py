@@ -41,8 +41,7 @@ from ..quoting import kubelet_unliteral
 from ..render import OutputFile, Rendered, RenderError, k8s_arg
 from ..spec import DNS1035, VOLCANO_GROUP_ANNOTATION, JobSpec, K8sVolume
 from ..specfile import SpecError
-from ..wire import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
-from . import podsecurity
+from . import mounts, podsecurity
 
 NAME = "k8s"
 
@@ -252,17 +251,11 @@ def pod_security_view(spec: JobSpec, cont: Container) -> dict[str, Any]:
 def resume_warning(spec: JobSpec) -> str | None:
     """`--resume auto` needs the checkpoint directory on storage that outlives
     the pod; without one a restarted pod starts again from step 0."""
-    args = list(spec.command.args)
-    if flag_value(args, RESUME_FLAG) != "auto":
-        return None
-    ckpt = flag_value(args, CHECKPOINT_DIR_FLAG)
+    shared = [v.mount_path for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only]
+    ckpt = mounts.unmounted_checkpoint(spec, shared)
     if ckpt is None:
         return None
     target = PurePosixPath(ckpt)
-    for v in spec.k8s.volumes:
-        mount = PurePosixPath(v.mount_path)
-        if v.source in SHARED_SOURCES and not v.read_only and (target == mount or mount in target.parents):
-            return None
     parent = str(target.parent) if str(target.parent) != "/" else str(target)
     return (
         f"warning: k8s: --resume auto but no shared writable volume is mounted at or above "
@@ -307,7 +300,7 @@ def check_spec(spec: JobSpec) -> None:
     refusal = elastic_refusal(spec, KIND_TARGET[kind_of(spec)])
     if refusal:  # first: nothing below can build this job's launch line
         raise SpecError([refusal])
-    problems = []
+    problems = [p for p in [mounts.refusal(spec, KIND_TARGET[kind_of(spec)])] if p]
     longest = max(pod_host_labels(spec), key=len)
     if len(longest) > DNS_LABEL_MAX:
         room = DNS_LABEL_MAX - (len(longest) - len(spec.name))

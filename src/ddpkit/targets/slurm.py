@@ -27,6 +27,7 @@ from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec, container_image
 from ..specfile import SpecError
 from ..wire import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
+from . import mounts
 
 NAME = "slurm"
 TEMPLATE = "slurm/job.sbatch.j2"
@@ -107,8 +108,8 @@ def srun_options(spec: JobSpec) -> list[str]:
     c = spec.slurm.container
     if c.runtime == "pyxis":
         out.append(f"--container-image={container_image(spec.image, c.runtime)}")
-        if c.mounts:
-            out.append(f"--container-mounts={','.join(c.mounts)}")
+        if container_mounts(spec):
+            out.append(f"--container-mounts={','.join(container_mounts(spec))}")
         if c.workdir:
             out.append(f"--container-workdir={c.workdir}")
     return out
@@ -123,7 +124,7 @@ def container_prefix(spec: JobSpec) -> list[str]:
     out = ["apptainer", "exec"]
     if spec.gpus_per_node:
         out.append("--nv")
-    for mount in c.mounts:
+    for mount in container_mounts(spec):
         out += ["--bind", mount]
     if c.workdir:
         out += ["--pwd", c.workdir]
@@ -178,10 +179,18 @@ def plan(spec: JobSpec, *, doctor: bool = False) -> Plan:
 
 
 def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
-    refusal = elastic_refusal(spec, target_for(spec))
+    refusal = elastic_refusal(spec, target_for(spec)) or mounts.refusal(spec, target_for(spec))
     if refusal:
         raise SpecError([refusal])
-    return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec, doctor=doctor)}, "shell", 0o755)]
+    runtime = spec.slurm.container.runtime
+    warning = None if runtime == "none" or doctor else mounts.container_checkpoint_warning(spec, f"slurm {runtime}")
+    return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec, doctor=doctor)}, "shell", 0o755,
+                       notes=(warning,) if warning else ())]
+
+
+def container_mounts(spec: JobSpec) -> list[str]:
+    """Slurm's own container mounts, then the job's (every container target's)."""
+    return [*spec.slurm.container.mounts, *mounts.binds(spec)]
 
 
 def parse_directives(text: str) -> list[str]:

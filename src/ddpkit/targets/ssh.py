@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 
+from ..contract import Target
 from ..quoting import first_shell_word
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
+from ..specfile import SpecError
+from . import mounts
 from .sshnode import start_payload, stop_payload
 
 NAME = "ssh"
@@ -31,7 +34,12 @@ def variables(spec: JobSpec, *, doctor: bool = False) -> dict[str, object]:
 
 
 def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
-    return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec, doctor=doctor), "shell", 0o755)]
+    refusal = mounts.refusal(spec, Target.SSH)
+    if refusal:
+        raise SpecError([refusal])
+    warning = mounts.container_checkpoint_warning(spec, "ssh.docker") if spec.ssh.docker and not doctor else None
+    return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec, doctor=doctor), "shell", 0o755,
+                       notes=(warning,) if warning else ())]
 
 
 def _assigned_word(text: str, name: str) -> str | None:

@@ -22,6 +22,7 @@ from ..contract import Arg, FromNode, Target, sources, target_env, torchrun_argv
 from ..quoting import bash_c, shell_word
 from ..render import template
 from ..spec import JobSpec
+from . import mounts
 
 NODE_RANK = envnames.DDPKIT_NODE_RANK
 MASTER_ADDR = envnames.DDPKIT_MASTER_ADDR
@@ -62,6 +63,8 @@ def docker_argv(spec: JobSpec, env: dict[str, str]) -> list[Arg]:
     argv += [Arg.of("--network"), Arg.of("host"), Arg.of("--ipc"), Arg.of("host")]
     for key in [*env, NODE_RANK, *([RDZV_ID] if spec.elastic else [])]:
         argv += [Arg.of("-e"), Arg.of(key)]  # value comes from the exported environment
+    for bind in mounts.binds(spec):
+        argv += [Arg.of("-v"), Arg.of(bind)]
     if spec.ssh.workdir:
         argv += [Arg.of("-w"), Arg.of(spec.ssh.workdir)]
     return argv + [Arg.of(spec.image)]
