@@ -429,3 +429,17 @@ def test_verify_catches_a_secret_ref_that_differs() -> None:
     rendered.files[name] = rendered.files[name].replace('key: "HF_TOKEN"', 'key: "hf"')
     with pytest.raises(RenderError, match="secretKeyRef"):
         kubernetes.verify(spec, rendered)
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
+def test_every_pod_gets_the_secrets_values_from_the_secret(kind: str) -> None:
+    """As the kubelet resolves the items (tests/expansion.py): every pod of
+    the job gets each value from its Secret, `$(...)` and all, as it is."""
+    value = "it's $(HOME) $$ `id` \nline"
+    spec = make_spec(kind, nodes=3, secrets=SECRETS, k8s={"secret": "train-keys"})
+    data = {"train-keys": {"WANDB_API_KEY": value, "HF_TOKEN": "hf"}, "s3-creds": {"secret-key": value + "3"}}
+    seen = [kubelet_container_env(c.get("env", []), injected, data) for c, injected in pods(spec, render_docs(spec))]
+    assert len(seen) == 3
+    assert all((e["WANDB_API_KEY"], e["HF_TOKEN"], e["S3_KEY"]) == (value, "hf", value + "3") for e in seen)
+    with pytest.raises(KeyError):  # a key the Secret lacks: the pod does not start
+        kubelet_container_env(pods(spec, render_docs(spec))[0][0]["env"], {}, {"train-keys": {}, "s3-creds": {}})

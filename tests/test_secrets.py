@@ -22,6 +22,7 @@ import yaml
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.docker import plan as docker_plan
 from ddpkit.launch.secrets import secret_values, stdin_payload
+from ddpkit.quoting import compose_unliteral
 from ddpkit.spec import JobSpec, env_warnings, token_like_env
 from ddpkit.specfile import SpecError, SpecFileError, load_spec
 from ddpkit.targets import TARGETS, render, sshnode
@@ -136,6 +137,24 @@ def test_compose_takes_each_secret_from_the_shell() -> None:
     doc = yaml.safe_load(render(job(), "compose").files["compose.yaml"])
     for svc in doc["services"].values():
         assert {n: svc["environment"][n] for n in NAMES} == {"WANDB_API_KEY": None, "HF_TOKEN": None}
+
+
+COMPOSE = Path(sys.executable).with_name("docker-compose")
+
+
+@pytest.mark.skipif(not COMPOSE.exists(), reason="needs the docker-compose binary of the test extras")
+def test_compose_itself_fills_the_value_from_its_shell(tmp_path: Path) -> None:
+    """Compose's own parser (`config` needs no daemon): NAME: null takes the
+    shell's value, byte for byte; an unset one stays unset (left out of the
+    container), which is why the file's header says to export them."""
+    (tmp_path / "compose.yaml").write_text(render(job(), "compose").files["compose.yaml"])
+    env = {k: v for k, v in os.environ.items() if k not in NAMES} | {"WANDB_API_KEY": VALUE}
+    res = subprocess.run([str(COMPOSE), "-f", str(tmp_path / "compose.yaml"), "config", "--format", "json"],
+                         env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert res.returncode == 0, res.stderr
+    for svc in json.loads(res.stdout)["services"].values():
+        got = svc["environment"]
+        assert compose_unliteral(got["WANDB_API_KEY"]) == VALUE and got["HF_TOKEN"] is None, got
 
 
 def test_ssh_docker_passes_the_names_to_docker_run() -> None:
