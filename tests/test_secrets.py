@@ -87,6 +87,11 @@ def test_bare_names_and_entries_mean_the_same() -> None:
     assert spec.secret_names == ["A", "B"] and all(s.k8s is None for s in spec.secrets)
 
 
+def test_the_json_schema_offers_both_forms() -> None:
+    items = JobSpec.model_json_schema()["properties"]["secrets"]["items"]
+    assert items == {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/Secret"}]}
+
+
 # ---- the token-shaped env: warning ---------------------------------------------------
 
 

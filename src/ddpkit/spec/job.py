@@ -17,7 +17,7 @@ from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, NodePath, PythonM
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
 from .image import container_image
 from .k8s import K8sOptions
-from .secrets import Secret, duplicate_names
+from .secrets import Secret, SecretEntry, duplicate_names
 from .slurm import SlurmOptions
 from .ssh import SshOptions
 
@@ -218,7 +218,7 @@ class JobSpec(Strict):
     network: Network = Field(default_factory=Network)
     command: Command = Field(default_factory=Command)
     env: dict[str, str] = Field(default_factory=dict)
-    secrets: list[Secret] = Field(
+    secrets: list[SecretEntry] = Field(
         default_factory=list,
         description="variables every rank gets whose values are written nowhere: from the submitting or launching "
                     "environment (Slurm, SSH, compose, launch), or a Kubernetes Secret (each entry's k8s, or "

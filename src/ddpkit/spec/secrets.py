@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from .fields import ENV_NAME, K8sObjectName, Strict, matching
 
@@ -39,15 +39,19 @@ class K8sSecretRef(Strict):
 
 
 class Secret(Strict):
-    """One secret variable. A bare name (`- WANDB_API_KEY`) is `{name: WANDB_API_KEY}`."""
+    """One secret variable."""
 
     name: EnvName = Field(description="the environment variable every rank gets")
     k8s: K8sSecretRef | None = Field(default=None, description="Kubernetes: the Secret and key; default: k8s.secret")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_name(cls, data: Any) -> Any:
-        return {"name": data} if isinstance(data, str) else data
+
+def _bare_name(data: Any) -> Any:
+    return {"name": data} if isinstance(data, str) else data
+
+
+# An entry as a user writes it: a bare name (`- WANDB_API_KEY`) is
+# `{name: WANDB_API_KEY}`; the JSON Schema offers both forms to editors.
+SecretEntry = Annotated[Secret, BeforeValidator(_bare_name, json_schema_input_type=EnvName | Secret)]
 
 
 def duplicate_names(secrets: list[Secret]) -> list[str]:
