@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 OPERATOR = ord("$")
 OPENER = ord("(")
@@ -57,13 +58,21 @@ def kubelet_expand(text: str, *contexts: Mapping[str, str]) -> str:
     return (bytes(out) + data[checkpoint:]).decode("utf-8")
 
 
-def kubelet_container_env(env_items: list[dict[str, str]], injected: Mapping[str, str]) -> dict[str, str]:
+def kubelet_container_env(env_items: list[dict[str, Any]], injected: Mapping[str, str],
+                          secrets: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
     """A container's final environment: each value is expanded against the
     variables defined before it (the kubelet's makeEnvironmentVariables);
+    a valueFrom.secretKeyRef item takes the Secret's data as it is (the
+    kubelet expands no $(VAR) there), and a missing Secret or key stops the
+    container (KeyError; the kubelet's CreateContainerConfigError);
     the controller's injected values are appended after the template's."""
     resolved: dict[str, str] = {}
     for item in env_items:
-        resolved[item["name"]] = kubelet_expand(item["value"], resolved)
+        if "valueFrom" in item:
+            ref = item["valueFrom"]["secretKeyRef"]
+            resolved[item["name"]] = (secrets or {})[ref["name"]][ref["key"]]
+        else:
+            resolved[item["name"]] = kubelet_expand(item["value"], resolved)
     for name, value in injected.items():
         resolved[name] = value
     return resolved

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.rank_records import records
 from tests.infra import rank_table
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon, remove_leftover_jobs  # noqa: F401  (fixture)
 
@@ -151,6 +152,25 @@ def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker,
     assert hosts == {0: "node0", 1: "node1"}
     # Only rank 0 prints (rank 1 writes its log file): node1 shows up in the table above.
     assert "[node0] ddpkit train finished" in out
+    assert _leftovers(docker_daemon) == ""
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_launch_docker_hands_a_secret_to_every_rank(docker_daemon: Docker, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 29 item 8: the value goes from this environment to the Docker API
+    with each container's environment, and reaches every rank as it is."""
+    value = "it's \"q\" $(echo PWNED) `id` ${HOME} \\ 9d2e-docker-secret\nline two\t"
+    job = tmp_path / "job.yaml"
+    job.write_text((REPO / "examples" / "cpu-smoke.yaml").read_text() + "\nsecrets: [RUN_SECRET]\n")
+    argv = [sys.executable, "-m", "ddpkit.cli", "launch", "docker", "-f", str(job), "--nodes", "2",
+            "--nproc-per-node", "1", "--image", str(docker_daemon.image), "--grace", "2", "--set", f"name={JOB}",
+            "--set", "command.args=" + json.dumps([*TINY, "--rank-report-json=-", "--rank-report-env=RUN_SECRET"])]
+    done = subprocess.run(argv, cwd=REPO, env={**docker_daemon.env, "RUN_SECRET": value}, capture_output=True,
+                          text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["env"] for r in records(done.stdout)] == [{"RUN_SECRET": value}] * 2
     assert _leftovers(docker_daemon) == ""
 
 

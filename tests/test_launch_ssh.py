@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.rank_records import records
 from tests.infra import netns, sshd
 
 _REASON = netns.available() or sshd.available()
@@ -459,3 +460,74 @@ def test_rendered_bash_launcher_ctrl_c_stops_every_node(cluster: Cluster, tmp_pa
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert job_processes(str(tmp_path)) == []
+
+
+# Unique (the tail), hostile to every quoting on the way, with the blanks and
+# the trailing newline a careless `read` would eat.
+SECRET = "  it's \"q\" $(echo PWNED) `id` ${HOME} \\ 5e0d-ssh-secret-91ab\nline two\t\n"
+SECRET_MARK = b"5e0d-ssh-secret-91ab"
+
+
+def argv_holding(marker: bytes) -> list[str]:
+    """Every process on the machine (all namespaces share its pid space)
+    whose argv, as `ps` shows it, holds `marker`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes():
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_secrets_reach_every_rank_on_stdin_never_in_argv_or_files(cluster: Cluster, tmp_path: Path) -> None:
+    """Issue 29 item 8: launch ssh writes each secret's value on the node's
+    session after GO; no command line on any host, no log and no file holds
+    it. The rank report prints it (the test asks): node 0's output is the one
+    place it may show, on those record lines only."""
+    net, hosts = cluster
+    canary = subprocess.Popen(["sh", "-c", "sleep 60", SECRET_MARK.decode()])  # the argv scan below can see one
+    try:
+        assert argv_holding(SECRET_MARK) == [str(canary.pid)]
+    finally:
+        canary.kill()
+        canary.wait()
+    job = write_job(tmp_path, "secret", args=[*TRAIN_ARGS, "--max-steps=1", "--rank-report-json=-",
+                                              "--rank-report-env=RUN_SECRET"], extra={"secrets": ["RUN_SECRET"]})
+    hf = hostfile(tmp_path, net)
+    argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
+    env = {**os.environ, "RUN_SECRET": SECRET}
+    dry = net["login"].run([*argv, "--dry-run"], cwd=str(tmp_path), env=env)
+    assert dry.returncode == 0 and dry.stdout.count("export RUN_SECRET") == 3 and "5e0d" not in dry.stdout, dry.stderr
+    out_dir = tmp_path.parent / f"{tmp_path.name}-out"  # the launcher's own console, outside the run's folder
+    out_dir.mkdir()
+    with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
+        proc = net["login"].popen(argv, cwd=str(tmp_path), env=env, stdout=out, stderr=err)
+        seen: set[str] = set()
+        while proc.poll() is None:
+            seen.update(argv_holding(SECRET_MARK))
+            time.sleep(0.05)
+    stdout = (out_dir / "stdout").read_text()
+    assert proc.returncode == 0, stdout[-3000:] + (out_dir / "stderr").read_text()[-3000:]
+    assert seen == set(), "a process had the secret on its command line"
+    got = [r["env"] for r in records(stdout)]
+    assert got == [{"RUN_SECRET": SECRET}] * 3, got
+    for folder in (tmp_path, hosts.folder):  # the run's files, the node logs; sshd's files and logs
+        for path in (p for p in folder.rglob("*") if p.is_file()):
+            if SECRET_MARK in path.read_bytes():
+                assert path.parent == tmp_path / "logs" and ".node0." in path.name, path
+                lines = [ln for ln in path.read_text().splitlines() if SECRET_MARK.decode() in ln]
+                assert all('"kind": "rank_report"' in ln for ln in lines), lines
+
+
+def test_launch_ssh_refuses_an_unset_secret_before_connecting(cluster: Cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    job = write_job(tmp_path, "nosecret", args=TRAIN_ARGS, extra={"secrets": ["RUN_SECRET"]})
+    env = {k: v for k, v in os.environ.items() if k != "RUN_SECRET"}
+    out = net["login"].run([DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hostfile(tmp_path, net)),
+                            *hosts.launcher_flags()], cwd=str(tmp_path), env=env)
+    assert out.returncode == 2 and "preflight" not in out.stderr
+    assert out.stderr.splitlines() == ["ddpkit: launch ssh: secrets ['RUN_SECRET'] not set in this environment; "
+                                       "export them first (the values are read from here and written into no "
+                                       "file) (nothing was written or started)"]

@@ -386,3 +386,60 @@ def test_name_too_long_for_pod_hostnames(tmp_path: Path, capsys: pytest.CaptureF
     # One character shorter fits.
     assert cli_main(["render", "k8s", "--set", f"name={name[1:]}", "--set", f"k8s.kind={kind}",
                      "--nodes", str(nodes), "-o", str(out)]) == 0
+
+
+# ---- secrets: valueFrom.secretKeyRef in every kind, valid for the API server ----
+
+SECRETS = [{"name": "WANDB_API_KEY"}, "HF_TOKEN", {"name": "S3_KEY", "k8s": {"secret": "s3-creds", "key": "secret-key"}}]
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
+def test_secrets_are_secret_key_refs_that_pass_the_schemas(tmp_path: Path, kind: str) -> None:
+    spec = full_spec(kind, secrets=SECRETS, k8s={"secret": "train-keys"})
+    docs = render_docs(spec)
+    want = [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "train-keys", "key": "WANDB_API_KEY"}}},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "train-keys", "key": "HF_TOKEN"}}},
+            {"name": "S3_KEY", "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": "secret-key"}}}]
+    envs = ([docs[0]["spec"]["trainer"]["env"]] if kind == "trainjob"
+            else [c["env"] for pod in kubernetes.pod_specs(docs, kind) for c in pod["containers"]])
+    assert envs and all([e for e in env if "valueFrom" in e] == want for env in envs), envs
+    if kind == "indexed-job":
+        path = tmp_path / "secrets.yaml"
+        path.write_text(yaml.safe_dump_all(docs), encoding="utf-8")
+        result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", "-k", K8S_VERSIONS[-1], str(path)],
+                                capture_output=True, text=True, check=False)
+    else:
+        result = check_against_crd(tmp_path, kind, docs)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_secret_without_a_kubernetes_source_is_refused_with_the_fix() -> None:
+    spec = make_spec("pytorchjob", secrets=["WANDB_API_KEY", {"name": "HF_TOKEN", "k8s": {"secret": "hf"}}])
+    with pytest.raises(SpecError) as err:
+        render(spec, "k8s")
+    assert err.value.problems == [
+        "secrets: ['WANDB_API_KEY'] have no Kubernetes Secret to come from; set k8s.secret (a Secret with a key of "
+        "each name), or give each entry its own k8s: {secret: NAME, key: KEY}"]
+
+
+def test_verify_catches_a_secret_ref_that_differs() -> None:
+    spec = make_spec("indexed-job", secrets=["HF_TOKEN"], k8s={"secret": "keys"})
+    rendered = render(spec, "k8s")
+    name = kubernetes.filename(spec)
+    rendered.files[name] = rendered.files[name].replace('key: "HF_TOKEN"', 'key: "hf"')
+    with pytest.raises(RenderError, match="secretKeyRef"):
+        kubernetes.verify(spec, rendered)
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
+def test_every_pod_gets_the_secrets_values_from_the_secret(kind: str) -> None:
+    """As the kubelet resolves the items (tests/expansion.py): every pod of
+    the job gets each value from its Secret, `$(...)` and all, as it is."""
+    value = "it's $(HOME) $$ `id` \nline"
+    spec = make_spec(kind, nodes=3, secrets=SECRETS, k8s={"secret": "train-keys"})
+    data = {"train-keys": {"WANDB_API_KEY": value, "HF_TOKEN": "hf"}, "s3-creds": {"secret-key": value + "3"}}
+    seen = [kubelet_container_env(c.get("env", []), injected, data) for c, injected in pods(spec, render_docs(spec))]
+    assert len(seen) == 3
+    assert all((e["WANDB_API_KEY"], e["HF_TOKEN"], e["S3_KEY"]) == (value, "hf", value + "3") for e in seen)
+    with pytest.raises(KeyError):  # a key the Secret lacks: the pod does not start
+        kubelet_container_env(pods(spec, render_docs(spec))[0][0]["env"], {}, {"train-keys": {}, "s3-creds": {}})

@@ -7,6 +7,7 @@ real start-up and rank report, then one `PROBE {json}` line per rank."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -336,6 +337,36 @@ def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, t
         assert len(node_probes) == 2 and {p["host"] for p in node_probes} == {node}, done.stdout
     assert any(x.startswith("[batch] ddpkit: job") for x in lines)
     assert f"job {job_id} ended COMPLETED" in done.stderr
+
+
+# Unique (the tail) and hostile: quotes, substitutions, a newline, blanks.
+SECRET = "  it's \"q\" $(echo PWNED) `id` ${HOME} \\ 3b9f-slurm-secret-c04e\nline two\t\n"
+DIGEST_SCRIPT = """import hashlib, os
+value = os.environ.get("RUN_SECRET")
+print("SECRET-DIGEST", os.environ["RANK"], hashlib.sha256(value.encode()).hexdigest() if value is not None else "UNSET")
+"""
+
+
+def test_submit_hands_a_secret_to_every_rank_and_writes_it_nowhere(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Issue 29 item 8: `secrets:` on Slurm. sbatch exports this environment,
+    srun and torchrun pass it on; each rank prints a digest of what it got, so
+    the value never lands in the job's output either. (slurmctld keeps every
+    job's exported environment in its own state folder, as for any variable:
+    that is Slurm's, readable by the Slurm user only, and not scanned here.)"""
+    script = tmp_path / "digest.py"
+    script.write_text(DIGEST_SCRIPT)
+    spec = job_spec("sub-secret") | {"command": {"python": PYTHON, "script": str(script)}, "secrets": ["RUN_SECRET"]}
+    job = tmp_path / "sub-secret.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    done = cluster.run(["ddpkit", "submit", "slurm", "-f", str(job), "--dir", str(tmp_path / "run"), "--follow"],
+                       cwd=tmp_path, timeout=180, env={"RUN_SECRET": SECRET})
+    assert done.returncode == 0, done.stdout + done.stderr
+    digests = sorted(line.split("SECRET-DIGEST ", 1)[1] for line in done.stdout.splitlines() if "SECRET-DIGEST " in line)
+    want = hashlib.sha256(SECRET.encode()).hexdigest()
+    assert digests == [f"{rank} {want}" for rank in range(4)], done.stdout
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".out" for p in files) and any(p.suffix == ".sbatch" for p in files)
+    assert [p for p in files if b"3b9f-slurm-secret" in p.read_bytes()] == []
 
 
 def test_submit_follow_exits_with_the_failed_state(cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from .exitcodes import ExitCode
 from .render import Rendered, RenderError, TemplatesError
 from .spec import JobSpec
-from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args
+from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args, warn_env
 from .targets import TARGETS, render
 from .train.argcheck import TrainArgsError, check_command, unknown_options_line
 
@@ -36,6 +36,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 def _cmd_render(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     check_command(spec.command.module, spec.command.args, doctor=args.doctor)
+    warn_env(spec, "ddpkit render")
     rendered = render(spec, args.target, doctor=args.doctor, template_dir=args.templates)
     note = None if args.doctor else spec.watchdog.script_note(spec.command)
     if note:

@@ -5,6 +5,7 @@ The only reader of job YAML: the spec package validates data, never files."""
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from .spec import JobSpec
+from .spec import JobSpec, env_warnings
 
 
 class SpecError(Exception):
@@ -224,3 +225,10 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     return load_spec(args.file, overrides=args.overrides, nodes=args.nodes,
                      nproc_per_node=args.nproc_per_node, image=args.image, gpus_per_node=args.gpus_per_node)
+
+
+def warn_env(spec: JobSpec, who: str) -> None:
+    """A warning line on stderr for each env: value that looks like a
+    credential (spec.secrets.token_like_env): not an error, the job runs."""
+    for line in env_warnings(spec.env):
+        print(f"{who}: {line}", file=sys.stderr)

@@ -26,10 +26,11 @@ from .. import envnames
 from ..contract import Target, controller_env, hosts_for, job_env, one_host_gpus, sources, torchrun_argv
 from ..exitcodes import ExitCode
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args
+from ..specfile import add_spec_arguments, spec_from_args, warn_env
 from ..targets import mounts
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
+from .secrets import secret_values
 from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument, node_log
 
 if TYPE_CHECKING:
@@ -146,9 +147,11 @@ def docker_spec(args: argparse.Namespace) -> JobSpec:
     return spec
 
 
-def plan(spec: JobSpec) -> list[NodePlan]:
+def plan(spec: JobSpec, secrets: dict[str, str] | None = None) -> list[NodePlan]:
+    """secrets: their values (launch.secrets), handed to the Docker API with
+    the rest of each container's environment; no file holds them."""
     argv = torchrun_argv(spec, sources(spec, Target.COMPOSE))
-    base_env = job_env(spec) | {envnames.PYTHONUNBUFFERED: "1"}
+    base_env = job_env(spec) | {envnames.PYTHONUNBUFFERED: "1"} | (secrets or {})
     plans = []
     for index, host in enumerate(hosts_for(spec, Target.COMPOSE)):
         injected = controller_env(spec, Target.COMPOSE, index)
@@ -249,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = docker_spec(args)
     check_command(spec.command.module, spec.command.args)
+    warn_env(spec, "launch docker")
+    secrets = secret_values(spec, "launch docker")
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:
         client = docker.client.DockerClient.from_env()
@@ -273,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
                             ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
-            supervisor.nodes = list(launch.create(plan(spec)))
+            supervisor.nodes = list(launch.create(plan(spec, secrets)))
         outcome = supervisor.run()
     except KeyboardInterrupt:
         outcome = Outcome(interrupted=True)

@@ -32,11 +32,12 @@ from pathlib import Path
 from .. import envnames
 from ..contract import Target, job_env, sources, torchrun_argv
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args
+from ..specfile import add_spec_arguments, spec_from_args, warn_env
 from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import new_rdzv_id
 from ..train.argcheck import check_command
 from . import proctree
+from .secrets import secret_values
 from .supervisor import (
     TORCHRUN_PREFIX_FLAG,
     LinePrinter,
@@ -228,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
     spec = local_spec(args)
     check_command(spec.command.module, spec.command.args)
     refuse_mounts(spec, Target.LOCAL)
+    warn_env(spec, "launch local")
+    secret_values(spec, "launch local")  # the agents inherit them with the rest of this environment
     with tempfile.TemporaryDirectory(prefix="ddpkit-local-") as tmp:
         return launch(spec, args.log_dir or Path(tmp), args.grace, dedup=args.dedup)
 

@@ -37,6 +37,9 @@ class NodeRun:
     settings: SshSettings
     log_path: Path
     attempt: int = 0  # elastic: how many times this node was started before (its log is appended to)
+    # Written right after GO: the secrets' values, which the node script reads
+    # from its stdin (launch.secrets.stdin_payload); never on a command line.
+    secrets: bytes = field(default=b"", repr=False)
     pgid: int | None = None
     status: int | None = None
     started: threading.Event = field(default_factory=threading.Event)
@@ -60,7 +63,7 @@ class NodeRun:
     def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
         self._printer = printer
         try:
-            self.channel.sendall(GO)
+            self.channel.sendall(GO + self.secrets)
         except (OSError, paramiko.SSHException) as exc:
             printer.line(self, f"ddpkit: could not start: {exc}")
             self.status = DROPPED

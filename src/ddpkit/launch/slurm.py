@@ -22,6 +22,7 @@ from ..spec import JobSpec
 from ..targets import render
 from ..train.argcheck import check_command
 from . import slurm_checks
+from .secrets import secret_values
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
@@ -195,10 +196,13 @@ def _check_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..specfile import spec_from_args
+    from ..specfile import spec_from_args, warn_env
 
     spec = spec_from_args(args)
     check_command(spec.command.module, spec.command.args, doctor=args.doctor)
+    # sbatch exports this environment to the job: a secret unset here would be unset on every rank.
+    warn_env(spec, "submit slurm")
+    secret_values(spec, "submit slurm")
     for tool in ("sbatch",) if args.no_check else ("scontrol", "sbatch"):
         if shutil.which(tool) is None:
             print(slurm_checks.missing_tool(tool), file=sys.stderr)

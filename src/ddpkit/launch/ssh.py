@@ -32,6 +32,7 @@ from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
+from .secrets import secret_values, stdin_payload
 from .supervisor import Membership, NodeHandle, RunText, Supervisor, add_dedup_argument
 
 PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
@@ -63,6 +64,9 @@ class Plan:
     master_port: int
     doctor: bool
     rdzv_id: str | None = None  # an elastic job's rendezvous id: one per run of `launch ssh`
+    # The secrets' values from this environment (launch.secrets), sent to each
+    # node on its session's stdin; empty for a dry run, which sends nothing.
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
     def command(self, rank: int) -> NodeCommand:
         return node_command(self.spec, rank, self.master_addr, doctor=self.doctor, rdzv_id=self.rdzv_id)
@@ -101,7 +105,7 @@ def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) 
     """The node's run on the session its passed preflight left waiting at GO."""
     assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
     return NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
-                   settings, plan.log_path(f.node), attempt=attempt)
+                   settings, plan.log_path(f.node), attempt=attempt, secrets=stdin_payload(plan.secrets))
 
 
 def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[NodeRun]:
@@ -185,14 +189,18 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..specfile import spec_from_args
+    from ..specfile import spec_from_args, warn_env
 
     spec = spec_from_args(args)
     check_command(spec.command.module, spec.command.args, doctor=args.doctor)
     refuse_mounts(spec, Target.SSH)
+    warn_env(spec, "launch ssh")
+    # a dry run shows commands, which hold the secrets' names only
+    values = {} if args.dry_run else secret_values(spec, "launch ssh")
     settings = settings_from(args, spec)
     plan = make_plan(spec, args, settings)
     if args.dry_run:
         print_dry_run(plan, sys.stdout)
         return ExitCode.OK
+    plan.secrets = values
     return launch(plan, settings, dedup=args.dedup)

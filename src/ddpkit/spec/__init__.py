@@ -8,6 +8,7 @@ The package, by concern:
   job.py      JobSpec and the sections every target shares
   fields.py   the base model and the annotated field types (SlurmTime, K8sQuantity, DNS names, ...)
   slurm.py, k8s.py, ssh.py, compose.py   one module per target's options
+  secrets.py  secrets: (values written nowhere) and the token-shaped env: warning
   grace.py    the pre-emption grace chain
   image.py    an image in each Slurm container runtime's syntax
 
@@ -62,6 +63,7 @@ from .image import (
 )
 from .job import (
     ELASTIC_MAX_RESTARTS,
+    JOB_ENV_SETTINGS,
     MAX_GPUS_PER_NODE,
     RESERVED_ENV_EXACT,
     RESERVED_ENV_PREFIXES,
@@ -86,6 +88,7 @@ from .k8s import (
     VolumeSource,
     kubernetes_volume_spelling,
 )
+from .secrets import K8sSecretRef, Secret, env_warnings, token_like_env
 from .slurm import (
     SBATCH_OWNED,
     SLURM_CONSTRAINT,
@@ -102,15 +105,15 @@ from .ssh import SshOptions
 
 __all__ = [
     "APPTAINER_SCHEME", "DEFAULT_CHECKPOINT_S", "DNS1035", "DNS1123_LABEL", "DNS1123_SUBDOMAIN", "DOCKER_HUB_HOSTS",
-    "ELASTIC_MAX_RESTARTS", "ENROOT_SCHEMES", "ENROOT_URI", "ENV_NAME", "IFNAME", "K8S_QUANTITY",
+    "ELASTIC_MAX_RESTARTS", "ENROOT_SCHEMES", "ENROOT_URI", "ENV_NAME", "IFNAME", "JOB_ENV_SETTINGS", "K8S_QUANTITY",
     "K8S_RESERVED_VOLUMES", "MAX_GPUS_PER_NODE", "MODULE_NAME", "RESERVED_ENV_EXACT", "RESERVED_ENV_PREFIXES",
     "SBATCH_OWNED", "SLURM_CONSTRAINT", "SLURM_DEPENDENCY_TYPES", "SLURM_HOSTLIST", "SLURM_MEM", "SLURM_TIME",
-    "SLURM_WORD", "SQUASHFS_SUFFIXES", "TRAIN_MODULE", "VOLCANO_GROUP_ANNOTATION", "VOLUME_SOURCES",
-    "Backend", "Command", "ComposeNetworkName", "ComposeOptions", "Elastic", "EmptyDirSource", "GraceChain",
-    "ImageRef", "JobName", "JobSpec", "K8sNamespace", "K8sObjectName", "K8sOptions", "K8sQuantity", "K8sSize",
+    "SLURM_WORD", "SQUASHFS_SUFFIXES", "TRAIN_MODULE", "VOLCANO_GROUP_ANNOTATION", "VOLUME_SOURCES", "Backend",
+    "Command", "ComposeNetworkName", "ComposeOptions", "Elastic", "EmptyDirSource", "GraceChain", "ImageRef",
+    "JobName", "JobSpec", "K8sNamespace", "K8sObjectName", "K8sOptions", "K8sQuantity", "K8sSecretRef", "K8sSize",
     "K8sVolume", "Network", "NfsSource", "NodePath", "Preemption", "PythonModule", "RdmaOptions", "Rendezvous",
-    "SlurmConstraint", "SlurmContainer", "SlurmDependency", "SlurmHostList", "SlurmMem", "SlurmOptions",
+    "Secret", "SlurmConstraint", "SlurmContainer", "SlurmDependency", "SlurmHostList", "SlurmMem", "SlurmOptions",
     "SlurmTime", "SlurmWord", "SshOptions", "Strict", "Toleration", "VolumeSource", "WatchdogOptions",
     "apptainer_image", "chain_margin", "chain_problem", "checkpoint_within", "container_image", "enroot_image",
-    "grace_chain", "kubernetes_volume_spelling", "sbatch_directive_problem",
+    "env_warnings", "grace_chain", "kubernetes_volume_spelling", "sbatch_directive_problem", "token_like_env"
 ]

@@ -17,6 +17,7 @@ from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, Mounts, NodePath,
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
 from .image import container_image
 from .k8s import K8sOptions
+from .secrets import Secret, SecretEntry, duplicate_names
 from .slurm import SlurmOptions
 from .ssh import SshOptions
 
@@ -42,6 +43,19 @@ RESERVED_ENV_EXACT = frozenset(
     }
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "SLURM_", "OMPI_COMM_WORLD_", "DDPKIT_")
+# Settings ddpkit's job environment writes (contract.target_env) unless env:
+# sets them: a secret of that name would be a second, hidden value for it.
+JOB_ENV_SETTINGS = frozenset(
+    {
+        envnames.PYTHONUNBUFFERED,
+        envnames.OMP_NUM_THREADS,
+        envnames.TORCH_DISABLE_SHARE_RDZV_TCP_STORE,
+        envnames.TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+        envnames.TORCH_NCCL_TRACE_BUFFER_SIZE,
+        envnames.TORCH_NCCL_DUMP_ON_TIMEOUT,
+        envnames.TORCH_FR_DUMP_TEMP_FILE,
+    }
+)
 
 MAX_GPUS_PER_NODE = 64
 
@@ -204,6 +218,11 @@ class JobSpec(Strict):
     network: Network = Field(default_factory=Network)
     command: Command = Field(default_factory=Command)
     env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[SecretEntry] = Field(
+        default_factory=list,
+        description="variables every rank gets whose values are written nowhere: from the submitting or launching "
+                    "environment (Slurm, SSH, compose, launch), or a Kubernetes Secret (each entry's k8s, or "
+                    "k8s.secret)")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     k8s: K8sOptions = Field(default_factory=K8sOptions)
     ssh: SshOptions = Field(default_factory=SshOptions)
@@ -253,6 +272,36 @@ class JobSpec(Strict):
                 )
             no_nul(val)
         return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: list[Secret]) -> list[Secret]:
+        twice = duplicate_names(value)
+        if twice:
+            raise ValueError(f"{twice} listed twice; list each secret once")
+        for s in value:
+            if s.name in RESERVED_ENV_EXACT or s.name.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"{s.name!r} is set by the launcher from the rank contract; a secret needs a "
+                                 "name of its own")
+            if s.name in JOB_ENV_SETTINGS:
+                raise ValueError(f"{s.name!r} is a setting of ddpkit's job environment, not a secret; set it "
+                                 "in env:")
+        return value
+
+    @model_validator(mode="after")
+    def _secrets_apart_from_env(self) -> JobSpec:
+        both = sorted({s.name for s in self.secrets} & set(self.env))
+        if both:
+            raise ValueError(f"secrets: {both} also set in env:, where the value is written in plain text; "
+                             "remove them from env:")
+        problem = _export_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def secret_names(self) -> list[str]:
+        return [s.name for s in self.secrets]
 
     @model_validator(mode="after")
     def _slurm_image(self) -> JobSpec:
@@ -317,6 +366,23 @@ class JobSpec(Strict):
         if self.backend != Backend.AUTO.value:
             return str(self.backend)
         return "nccl" if self.device == "cuda" else "gloo"
+
+
+def _export_problem(spec: JobSpec) -> str | None:
+    """A secret reaches a Slurm job through sbatch's export of the submitting
+    environment: an --export in extra_sbatch that leaves it out would start
+    the job without it."""
+    names = spec.secret_names
+    exports = [o.partition("=")[2] for o in spec.slurm.extra_sbatch if o.startswith("--export=")]
+    if not names or not exports:
+        return None
+    items = {item.partition("=")[0] for item in exports[-1].split(",")}  # sbatch keeps the last
+    missing = [n for n in names if n not in items]
+    if "ALL" in items or not missing:
+        return None
+    kept = [item for item in exports[-1].split(",") if item not in ("NONE", "NIL", "")]  # neither takes names
+    return (f"slurm.extra_sbatch --export={exports[-1]} keeps secrets {missing} from the job; "
+            f"add them to the list (--export={','.join([*kept, *missing])}) or remove --export")
 
 
 def _elastic_problems(spec: JobSpec) -> list[str]:

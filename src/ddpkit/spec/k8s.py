@@ -157,6 +157,9 @@ class K8sOptions(Strict):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     image_pull_secrets: SecretNames = Field(default_factory=list)
+    secret: K8sObjectName | None = Field(
+        default=None, description="the Secret that every secrets: entry without its own k8s is read from "
+                                  "(key: the variable's name)")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     # Running: when the job ends (one pod failed), the operator deletes the
     # pods still running instead of leaving them in a collective for 30 minutes.

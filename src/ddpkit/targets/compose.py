@@ -40,6 +40,8 @@ class Service:
     environment: dict[str, str]
     restart: str | None = None  # compose's restart policy (elastic: a failed node comes back and rejoins)
     gpus: tuple[int, ...] = ()  # the host's GPUs this node reserves (device ids)
+    # `NAME: null`: compose takes the value from the shell that runs it, so no file holds it
+    secrets: tuple[str, ...] = ()
 
 
 def cpu_test(spec: JobSpec) -> bool:
@@ -75,7 +77,7 @@ def services(spec: JobSpec, *, doctor: bool = False) -> list[Service]:
         injected = controller_env(spec, Target.COMPOSE, index)
         gpus = () if cpu_test(spec) else tuple(one_host_gpus(spec, index))
         out.append(Service(host, [a.resolve(injected) for a in argv], compose_env(spec) | injected,
-                           elastic_restart(spec, index), gpus))
+                           elastic_restart(spec, index), gpus, tuple(spec.secret_names)))
     return out
 
 
@@ -108,8 +110,9 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     for svc in services(spec, doctor=doctor):
         got = doc["services"][svc.name]
         command = [_unescape(c) for c in got["command"]]
-        env = {k: _unescape(v) for k, v in got["environment"].items()}
-        if (command != svc.command or env != svc.environment or got["image"] != spec.image
+        env = {k: _unescape(v) for k, v in got["environment"].items() if v is not None}
+        from_shell = tuple(k for k, v in got["environment"].items() if v is None)
+        if (command != svc.command or env != svc.environment or from_shell != svc.secrets or got["image"] != spec.image
                 or got.get("restart") != svc.restart or _reserved_gpus(got) != svc.gpus
                 or [_unescape(v) for v in got.get("volumes", [])] != mounts.binds(spec)):
             raise RenderError(f"{FILENAME}: service {svc.name} does not match the job spec")

@@ -106,6 +106,20 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class SecretEnv:
+    """One `secrets:` variable: its value comes from key `key` of Secret
+    `secret` (valueFrom.secretKeyRef), never from the manifest."""
+
+    name: str
+    secret: str
+    key: str
+
+    @property
+    def item(self) -> dict[str, Any]:
+        return {"name": self.name, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": self.key}}}
+
+
+@dataclass(frozen=True)
 class Container:
     """The one training container, whatever the kind."""
 
@@ -118,6 +132,7 @@ class Container:
     port: Port | None
     mounts: list[dict[str, Any]]
     security_context: dict[str, Any]
+    secrets: list[SecretEnv] = field(default_factory=list)
 
     @property
     def k8s_command(self) -> list[str]:
@@ -271,6 +286,17 @@ def container_env(spec: JobSpec, kind: Kind) -> dict[str, str]:
     return target_env(spec, KIND_TARGET[kind])
 
 
+def secret_env(spec: JobSpec) -> list[SecretEnv]:
+    """Each secret's Secret and key: its own `k8s`, else `k8s.secret` with
+    the variable's name as the key. check_spec refuses one with neither."""
+    out = []
+    for s in spec.secrets:
+        secret = s.k8s.secret if s.k8s else spec.k8s.secret
+        if secret is not None:
+            out.append(SecretEnv(s.name, secret, (s.k8s.key if s.k8s else None) or s.name))
+    return out
+
+
 def container(spec: JobSpec, *, doctor: bool = False) -> Container:
     kind = kind_of(spec)
     target = KIND_TARGET[kind]
@@ -285,6 +311,7 @@ def container(spec: JobSpec, *, doctor: bool = False) -> Container:
         port=Port(PYTORCH_PORT_NAME, int(port)) if kind == "pytorchjob" and port is not None else None,
         mounts=container_mounts(spec),
         security_context=security_context(spec),
+        secrets=secret_env(spec),
     )
 
 
@@ -301,6 +328,10 @@ def check_spec(spec: JobSpec) -> None:
     if refusal:  # first: nothing below can build this job's launch line
         raise SpecError([refusal])
     problems = [p for p in [mounts.refusal(spec, KIND_TARGET[kind_of(spec)])] if p]
+    unsourced = [s.name for s in spec.secrets if s.k8s is None and spec.k8s.secret is None]
+    if unsourced:
+        problems.append(f"secrets: {unsourced} have no Kubernetes Secret to come from; set k8s.secret (a Secret "
+                        "with a key of each name), or give each entry its own k8s: {secret: NAME, key: KEY}")
     longest = max(pod_host_labels(spec), key=len)
     if len(longest) > DNS_LABEL_MAX:
         room = DNS_LABEL_MAX - (len(longest) - len(spec.name))
@@ -317,11 +348,11 @@ def check_spec(spec: JobSpec) -> None:
                 f"pod name {pod_name!r} to fit in {DNS_LABEL_MAX} characters; shorten name to at most "
                 f"{DNS_LABEL_MAX - (len(pod_name) - len(spec.name))} characters")
     if kind_of(spec) == "trainjob":
-        reserved = sorted(set(spec.env) & TRAINJOB_RESERVED_ENV)
+        reserved = sorted((set(spec.env) | set(spec.secret_names)) & TRAINJOB_RESERVED_ENV)
         if reserved:
             problems.append(f"env: {reserved} are set by the Trainer's torch plugin; remove them")
         cont = container(spec)
-        for what, count in (("env", len(cont.env)), ("command", len(cont.command))):
+        for what, count in (("env", len(cont.env) + len(cont.secrets)), ("command", len(cont.command))):
             if count > TRAINJOB_MAX_ITEMS:
                 problems.append(
                     f"{'command.args' if what == 'command' else 'env'}: a TrainJob allows at most "
@@ -405,12 +436,20 @@ def elastic_policy(spec: JobSpec) -> dict[str, Any] | None:
 
 
 def env_list_to_dict(items: list[dict[str, Any]] | None, where: str) -> dict[str, str]:
+    """The literal `value:` items (secretKeyRef items: secret_items)."""
     out: dict[str, str] = {}
+    names: set[str] = set()
     for item in items or []:
-        if item["name"] in out:
+        if item["name"] in names:
             raise RenderError(f"{where}: env {item['name']!r} appears twice")
-        out[item["name"]] = kubelet_unliteral(item["value"])
+        names.add(item["name"])
+        if "valueFrom" not in item:
+            out[item["name"]] = kubelet_unliteral(item["value"])
     return out
+
+
+def secret_items(items: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [item for item in items or [] if "valueFrom" in item]
 
 
 def check_container(got: dict[str, Any], want: Container, where: str, *, full: bool = True) -> list[str]:
@@ -423,6 +462,8 @@ def check_container(got: dict[str, Any], want: Container, where: str, *, full: b
         problems.append(f"{where}: command differs from the torchrun line")
     if env_list_to_dict(got.get("env"), where) != want.env:
         problems.append(f"{where}: env differs from the job's environment")
+    if secret_items(got.get("env")) != [s.item for s in want.secrets]:
+        problems.append(f"{where}: the secrets' secretKeyRef items differ from the spec's secrets")
     if full:
         mounts = {m["mountPath"] for m in got.get("volumeMounts", [])}
         if "/dev/shm" not in mounts:

@@ -7,7 +7,9 @@ master address arrive as DDPKIT_NODE_RANK / DDPKIT_MASTER_ADDR on the `env`
 prefix (an elastic job adds DDPKIT_RDZV_ID, fresh per run), so the only
 per-node text is a few shell-quoted words. Every value is
 quoted by ddpkit.quoting; only the node-side variables of the rank contract
-expand remotely.
+expand remotely. The values of `secrets:` are on no command line: the script
+reads them from its stdin, where each launcher writes them (launch ssh after
+the preflight's GO, launch.sh from its own environment).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def docker_argv(spec: JobSpec, env: dict[str, str]) -> list[Arg]:
     if spec.device == "cuda":
         argv += [Arg.of("--gpus"), Arg.of("all")]
     argv += [Arg.of("--network"), Arg.of("host"), Arg.of("--ipc"), Arg.of("host")]
-    for key in [*env, NODE_RANK, *([RDZV_ID] if spec.elastic else [])]:
+    for key in [*env, *spec.secret_names, NODE_RANK, *([RDZV_ID] if spec.elastic else [])]:
         argv += [Arg.of("-e"), Arg.of(key)]  # value comes from the exported environment
     for bind in mounts.binds(spec):
         argv += [Arg.of("-v"), Arg.of(bind)]
@@ -82,6 +84,7 @@ def node_script(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True
     return template("ssh/node.sh.j2").render(
         spec=spec,
         env=node_env(spec),
+        secrets=spec.secret_names,
         workdir=None if spec.ssh.docker else spec.ssh.workdir,
         watch_stdin=watch_stdin,
         grace_s=spec.ssh.grace_s,
