@@ -30,7 +30,9 @@ ALLOWED: dict[str, set[str]] = {
             "netif"} | BASE,
     # launch -> train: only train.argcheck, the trainer's own parser checking a job's
     # command line before anything starts (no torch).
-    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train"} | BASE,
+    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train", "runs"} | BASE,
+    # runs: the run folders' layout and records; below launch, it starts and signals nothing.
+    "runs": BASE,
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec"} | BASE,

@@ -196,3 +196,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     return load_spec(args.file, overrides=args.overrides, nodes=args.nodes,
                      nproc_per_node=args.nproc_per_node, image=args.image)
+
+
+def dump_yaml(spec: JobSpec) -> str:
+    """The job as it runs, every default filled in, as YAML that `-f` reads
+    back (a run folder's spec.yaml)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
