@@ -7,7 +7,8 @@ hosts the rendezvous. Output is streamed live with a `[nodeI]` prefix (see super
 fast: the first container that exits non-zero stops the others; every
 container and the network are removed at the end, after Ctrl-C too, so a
 node's whole output (torchrun's traceback, which the console leaves out,
-included) is kept only with --log-dir: DIR/node<I>.log.
+included) is kept in DIR/node<I>.log: --log-dir, by default the run folder's
+logs/ (`ddpkit runs`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import TYPE_CHECKING
 from .. import envnames
 from ..contract import Target, controller_env, hosts_for, job_env, sources, torchrun_argv
 from ..exitcodes import ExitCode
+from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args
+from ..specfile import add_spec_arguments, dump_yaml, spec_from_args
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
 from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument, node_log
@@ -130,7 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(preemption.checkpoint_s)")
     parser.add_argument("--shm-size", default="1g", help="/dev/shm size per container (DataLoader workers use it)")
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
-                        help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the end)")
+                        help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the "
+                             "end; default: the run folder's logs/, see `ddpkit runs`)")
     add_dedup_argument(parser)
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
@@ -255,17 +258,21 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"ddpkit launch docker: {problem}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir)
+    run = RunFolder.create(name=spec.name, target="docker", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
+                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir or run.logs_dir)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)
     note = spec.watchdog.script_note(spec.command)
     if note:
         console.print(f"launch docker: {note}", markup=False)
+    console.print(f"launch docker: run {run.path.name} (ddpkit status {run.record().id})", markup=False)
     supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s,
-                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup)
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup, run=run)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
             supervisor.nodes = list(launch.create(plan(spec)))
+            run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log)) for n in launch.runs if n.log])
         outcome = supervisor.run()
     except KeyboardInterrupt:
         outcome = Outcome(interrupted=True)

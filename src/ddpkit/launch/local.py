@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,8 +30,9 @@ from pathlib import Path
 
 from .. import envnames
 from ..contract import Target, job_env, sources, torchrun_argv
+from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args
+from ..specfile import add_spec_arguments, dump_yaml, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..train.argcheck import check_command
 from . import proctree
@@ -129,7 +129,8 @@ class Node:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_arguments(parser)
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
-                        help="keep each process's output under DIR/node<I>/ (default: a temporary folder)")
+                        help="keep each process's output under DIR/node<I>/ (default: the run folder's logs/, "
+                             "see `ddpkit runs`)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                         help="after a node failed: SIGTERM the others, wait this long, then SIGKILL (default 10); "
                              "after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
@@ -226,14 +227,17 @@ def stop(nodes: list[Node], grace: float) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = local_spec(args)
     check_command(spec.command.module, spec.command.args)
-    with tempfile.TemporaryDirectory(prefix="ddpkit-local-") as tmp:
-        return launch(spec, args.log_dir or Path(tmp), args.grace, dedup=args.dedup)
+    run = RunFolder.create(name=spec.name, target="local", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
+                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    return launch(spec, args.log_dir or run.logs_dir, args.grace, dedup=args.dedup, run=run)
 
 
-def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True) -> int:
+def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run: RunFolder | None = None) -> int:
     from rich.console import Console
 
     nodes = build_nodes(spec, log_root)
+    if run is not None:  # torchrun's --tee puts `[rank<R>]:` before every worker line of the agent's log
+        run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log), rank_tagged=True) for n in nodes])
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     console.print(f"launch local: {spec.nodes} nodes x {spec.nproc_per_node} processes, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
@@ -242,7 +246,9 @@ def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True) -> i
         console.print(f"launch local: {note}", markup=False)
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
                             membership=Membership.of(spec.elastic, Restart(grace)),
-                            ranks=spec.nodes * spec.nproc_per_node, dedup=dedup)
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=dedup, run=run)
+    if run is not None:
+        console.print(f"launch local: run {run.path.name} (ddpkit status {run.record().id})", markup=False)
     outcome = supervisor.run()
     supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     return outcome.code
