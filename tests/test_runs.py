@@ -1,0 +1,192 @@
+"""Run folders and `ddpkit runs / status / logs / cancel` (docs/RUNS.md).
+
+Units: which run RUN names (a run id, a job name: its latest run, a Slurm
+job id), and a launcher that died without recording its end shown as lost.
+Real processes: a `ddpkit launch local` run listed as finished with its rank
+lines, and a long one cancelled with `ddpkit cancel`, which must end
+cancelled with the launcher's exit code 130 and leave no process running."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ddpkit.exitcodes import ExitCode
+from ddpkit.launch import proctree
+from ddpkit.runs import RunFolder, RunState, SlurmJob, UnknownRun, all_runs, resolve, shown_state
+from tests.helpers.runs import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK_LINES = str(ROOT / "tests" / "helpers" / "rank_lines.py")
+
+
+def ddpkit(runs_dir: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DDPKIT_RUNS_DIR": str(runs_dir), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}",
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "ddpkit.cli", *argv], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def new_run(root: Path, name: str, started: float, **update: object) -> RunFolder:
+    folder = RunFolder.create(name=name, target="local", nodes=2, nproc_per_node=1, spec_yaml=f"name: {name}\n",
+                              root=root)
+    folder.write(folder.record().model_copy(update={"started": started, **update}))
+    return folder
+
+
+# ---- RUN resolution -----------------------------------------------------------------
+
+
+def test_run_is_found_by_id_folder_name_latest_of_a_name_and_slurm_job_id(tmp_path: Path) -> None:
+    old = new_run(tmp_path, "train", 1000.0)
+    latest = new_run(tmp_path, "train", 2000.0)
+    other = new_run(tmp_path, "eval", 3000.0)
+    slurm = new_run(tmp_path, "big", 1500.0, target="slurm")
+    slurm.set_slurm(SlurmJob(job_id=4711, script="/s/big.sbatch", output="/s/big-4711.out", tasks_per_node=1,
+                             rank_per_task=False, signal="USR2", signal_grace_s=90))
+
+    assert [r.folder for r in all_runs(tmp_path)] == [other, latest, slurm, old]  # newest first
+    assert resolve(old.record().id, tmp_path).folder == old
+    assert resolve(old.path.name, tmp_path).folder == old
+    assert resolve("train", tmp_path).folder == latest
+    assert resolve("4711", tmp_path).folder == slurm
+    with pytest.raises(UnknownRun, match=r"no run '4712' in .*4 runs"):
+        resolve("4712", tmp_path)
+
+
+def test_unknown_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    new_run(tmp_path, "train", 1000.0)
+    for command in (["status", "nosuch"], ["logs", "nosuch"], ["cancel", "nosuch"]):
+        done = ddpkit(tmp_path, *command)
+        assert done.returncode == ExitCode.BAD_INPUT, done.stderr
+        assert done.stderr.startswith(f"ddpkit {command[0]}: no run 'nosuch' in {tmp_path}")
+        assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+# ---- a launcher that died -------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_dead_launcher_is_shown_lost(tmp_path: Path) -> None:
+    folder = new_run(tmp_path, "train", time.time())
+    record = folder.record()
+    folder.write(record.model_copy(update={"launcher": record.launcher.model_copy(update={"pid": _dead_pid()})}))
+    assert folder.record().state == RunState.RUNNING and shown_state(folder.record()) == RunState.LOST
+
+    listed = ddpkit(tmp_path, "runs")
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(rf"{record.id}\s*│\s*train\s*│\s*local\s*│\s*lost\s*│", listed.stdout), listed.stdout
+    status = ddpkit(tmp_path, "status", record.id)
+    assert status.stdout.splitlines()[0] == f"run {record.id}: lost", status.stdout
+    cancel = ddpkit(tmp_path, "cancel", "train")
+    assert cancel.returncode == ExitCode.FAILED
+    assert cancel.stdout.strip() == f"ddpkit cancel: run {record.id} has already ended: lost", cancel.stdout
+
+
+def test_a_reused_pid_is_not_the_launcher(tmp_path: Path) -> None:
+    """The pid runs (it is this test's), but it started at another time than the record's launcher."""
+    folder = new_run(tmp_path, "train", time.time())
+    record = folder.record()
+    assert shown_state(record) == RunState.RUNNING  # this process, as recorded
+    ticks = record.launcher.start_ticks
+    assert ticks is not None
+    moved = record.launcher.model_copy(update={"start_ticks": ticks - 1})
+    assert shown_state(record.model_copy(update={"launcher": moved})) == RunState.LOST
+
+
+# ---- real launch local runs -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_finished_run_is_listed_and_its_rank_lines_shown(tmp_path: Path) -> None:
+    runs_dir = tmp_path / "runs"
+    done = ddpkit(runs_dir, "launch", "local", "--nodes", "2", "--nproc-per-node", "2", "--grace", "3",
+                  "--set", "name=lines", "--set", f"command.script={RANK_LINES}", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.rstrip().splitlines()[-1] == "launch local: every node finished"
+
+    listed = ddpkit(runs_dir, "runs")
+    assert listed.returncode == 0, listed.stderr
+    (run,) = all_runs(runs_dir)
+    row = rf"{run.record.id}\s*│\s*lines\s*│\s*local\s*│\s*finished\s*│\s*2x2\s*│[^│]+│\s*[\d.]+s\s*│\s*0\s*│"
+    assert re.search(row, listed.stdout), listed.stdout
+
+    logs = ddpkit(runs_dir, "logs", "lines", "--rank", "1", "--tail", "3")
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.splitlines() == [f"[node0 rank1] LINE rank=1 n={n}" for n in (3, 4, 5)]
+    node1 = ddpkit(runs_dir, "logs", run.record.id, "--node", "1").stdout.splitlines()
+    assert {line.split("]")[0] for line in node1 if "LINE" in line} == {"[node1 rank2", "[node1 rank3"}
+
+    record = run.folder.record()
+    assert (record.state, record.exit_code) == (RunState.FINISHED, 0)
+    assert record.summary is not None and record.summary.closing == "launch local: every node finished"
+    assert [(r.node, r.exit_code, r.status) for r in record.summary.rows] == [(0, "0", "ok"), (1, "0", "ok")]
+    assert [e.kind for e in run.folder.events()] == ["start", "exit"]
+    assert (run.folder.path / "spec.yaml").read_text().startswith("name: lines\n")
+
+
+def _wait_for(what: str, check: Callable[[], bool], launcher: subprocess.Popen[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert launcher.poll() is None, f"the launcher ended (exit {launcher.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Path) -> None:
+    runs_dir = tmp_path / "runs"
+    env = {**os.environ, "DDPKIT_RUNS_DIR": str(runs_dir), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}",
+           "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "ddpkit.cli", "launch", "local", "--nodes", "2", "--nproc-per-node", "1",
+            "--grace", "3", "--set", "name=long", "--", *TINY, "--data", "synthetic", "--synthetic-size", "64",
+            "--batch-size", "4", "--epochs", "100000", "--max-steps", "1000000", "--log-every", "1", "--no-eval"]
+    with open(tmp_path / "launcher.out", "w") as out:
+        launcher = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True)
+    job: list[int] = []
+    try:
+        def training() -> bool:
+            runs = all_runs(runs_dir) if runs_dir.exists() else []
+            logs = runs[0].record.logs if runs else []
+            log = Path(logs[0].path) if logs else None
+            return log is not None and log.exists() and re.search(r"\[rank0\]:step \d+", log.read_text()) is not None
+
+        _wait_for("step in node 0's log", training, launcher)
+        job = [launcher.pid, *proctree.descendants(launcher.pid)]
+        started = time.monotonic()
+        cancel = ddpkit(runs_dir, "cancel", "long", timeout=200)
+        took = time.monotonic() - started
+        launcher.wait(timeout=60)
+        left = proctree.alive([pid for pid in job if pid != launcher.pid])
+    finally:  # whatever went wrong, leave none of the job running
+        proctree.signal_all(proctree.alive(job), signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    out = (tmp_path / "launcher.out").read_text()
+    (run,) = all_runs(runs_dir)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert cancel.stdout.splitlines()[-1] == f"ddpkit cancel: run {run.record.id} cancelled (launcher exit code 130)"
+    assert launcher.returncode == ExitCode.INTERRUPTED, out[-3000:]
+    assert "launch local: interrupted; stopped all nodes" in out.splitlines()[-1], out[-3000:]
+    assert len(job) >= 5 and left == [], f"left running: {left}"  # launcher, 2 agents, 2 workers at least
+    record = run.folder.record()
+    assert (record.state, record.exit_code) == (RunState.CANCELLED, ExitCode.INTERRUPTED)
+    kinds = [e.kind for e in run.folder.events()]
+    assert kinds[0] == "start" and kinds[-1] == "exit" and "cancel" in kinds and "interrupted" in kinds, kinds
+    listed = ddpkit(runs_dir, "runs").stdout
+    assert re.search(rf"{run.record.id}\s*│\s*long\s*│\s*local\s*│\s*cancelled\s*│.*│\s*130\s*│", listed), listed
+    print(f"RUNS-TIMING cancel of a launch local run: {took:.1f} s")
