@@ -93,8 +93,10 @@ class Live:
 
 
 def live(run: StoredRun, *, ask_slurm: bool = True) -> Live:
+    """ask_slurm: also for a run recorded as ended (`status` shows where Slurm's
+    word comes from); `runs` asks only about the runs still active."""
     rec = run.record
-    if rec.slurm is None or rec.state not in ACTIVE or not ask_slurm:
+    if rec.slurm is None or not ask_slurm:
         return _launch_live(rec)
     found = slurm.queue_state(rec.slurm.job_id)
     if found is None:
@@ -109,9 +111,10 @@ def live(run: StoredRun, *, ask_slurm: bool = True) -> Live:
     detail += f" ({source})"
     shown = slurm.run_state(state.state)
     if state.finished:
-        run.folder.finish(state.exit_status, state=shown)  # kept: Slurm forgets the job, the record does not
-        rec = run.folder.record()
-        return Live(shown, rec.exit_code, detail, rec.ended)
+        if rec.state in ACTIVE:  # kept: Slurm forgets the job (MinJobAge), the record does not
+            run.folder.finish(state.exit_status, state=shown)
+            rec = run.folder.record()
+        return Live(rec.state, rec.exit_code, detail, rec.ended)
     return Live(shown, None, detail, None)
 
 
@@ -173,7 +176,7 @@ def _runs(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for run in found:
         rec = run.record
-        now = live(run)
+        now = live(run, ask_slurm=rec.state in ACTIVE)
         table.add_row(rec.id, rec.name, rec.target, Text(now.state.value, style=STATE_STYLE[now.state]),
                       f"{rec.nodes}x{rec.nproc_per_node}", _when(rec.started), _took(rec, now),
                       "-" if now.exit_code is None else str(now.exit_code))
@@ -415,8 +418,13 @@ def _cancel_slurm(run: StoredRun, now: Live) -> int:
         while time.monotonic() < deadline:
             found = slurm.queue_state(job.job_id)
             if found is None or found[0].state not in ("RUNNING", "COMPLETING"):
-                break  # checkpointed and requeued (or ended): nothing more to wait for
+                # Checkpointed and requeued (or ended): nothing more to wait for.
+                left = "unknown to Slurm" if found is None else found[0].state
+                run.folder.event("preempted", f"the job left its run after SIG{job.signal}: {left}")
+                break
             time.sleep(POLL_S)
+        else:
+            run.folder.event("stop", f"still running {job.signal_grace_s} s after SIG{job.signal}: scancel")
     else:
         run.folder.event("cancel", "ddpkit cancel: scancel (the job never started: nothing to checkpoint)")
     final = _scancel_until_final(job.job_id)
