@@ -28,9 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK_LINES = str(ROOT / "tests" / "helpers" / "rank_lines.py")
 
 
-def ddpkit(runs_dir: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def ddpkit(runs_dir: Path, *argv: str, timeout: float = 120, path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DDPKIT_RUNS_DIR": str(runs_dir), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}",
            "OMP_NUM_THREADS": "1"}
+    if path is not None:
+        env["PATH"] = path
     return subprocess.run([sys.executable, "-m", "ddpkit.cli", *argv], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -69,6 +71,66 @@ def test_unknown_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert done.returncode == ExitCode.BAD_INPUT, done.stderr
         assert done.stderr.startswith(f"ddpkit {command[0]}: no run 'nosuch' in {tmp_path}")
         assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+def slurm_run(root: Path, *, srun_mode: bool) -> RunFolder:
+    """A submitted 2 x 2 job whose output file srun --label wrote."""
+    folder = new_run(root, "big", time.time(), target="slurm", nproc_per_node=2)
+    output = root / "big-4711.out"
+    output.write_text("ddpkit: job 4711 run 1 on node[1-2]\n"
+                      + "".join(f"{t}: line {n} of task {t}\n" for n in (1, 2) for t in range(4 if srun_mode else 2)))
+    folder.set_slurm(SlurmJob(job_id=4711, script=str(root / "big.sbatch"), output=str(output),
+                              tasks_per_node=2 if srun_mode else 1, rank_per_task=srun_mode, signal="USR2",
+                              signal_grace_s=90))
+    return folder
+
+
+def test_slurm_logs_by_node_and_rank(tmp_path: Path) -> None:
+    slurm_run(tmp_path, srun_mode=True)
+    rank = ddpkit(tmp_path, "logs", "4711", "--rank", "3")
+    assert rank.stdout.splitlines() == ["[node1 rank3] line 1 of task 3", "[node1 rank3] line 2 of task 3"]
+    node = ddpkit(tmp_path, "logs", "4711", "--node", "0", "--tail", "2")
+    assert node.stdout.splitlines() == ["[node0 rank0] line 2 of task 0", "[node0 rank1] line 2 of task 1"]
+    every = ddpkit(tmp_path, "logs", "big").stdout.splitlines()
+    assert every[0] == "[batch] ddpkit: job 4711 run 1 on node[1-2]" and len(every) == 9, every
+
+
+def test_slurm_logs_of_a_rank_in_torchrun_mode_show_its_node(tmp_path: Path) -> None:
+    slurm_run(tmp_path, srun_mode=False)
+    rank = ddpkit(tmp_path, "logs", "4711", "--rank", "3")
+    assert rank.stdout.splitlines() == ["[node1] line 1 of task 1", "[node1] line 2 of task 1"]
+    assert rank.stderr.strip() == ("ddpkit logs: torchrun mode: the job's output does not tag ranks; "
+                                   "showing node 1, which holds rank 3")
+    bad = ddpkit(tmp_path, "logs", "4711", "--rank", "4")
+    assert (bad.returncode, bad.stderr.strip()) == (2, "ddpkit logs: --rank 4: run "
+                                                    f"{all_runs(tmp_path)[0].record.id} has ranks 0-3")
+
+
+def test_a_slurm_run_off_the_cluster_is_listed_and_cancel_says_why_not(tmp_path: Path) -> None:
+    """A host without Slurm's client (no squeue, no scancel): `runs` and `status`
+    show what is recorded; `cancel` is one line, exit 3."""
+    run = slurm_run(tmp_path, srun_mode=True)
+    listed = ddpkit(tmp_path, "runs", path="/nonexistent")
+    assert listed.returncode == 0 and re.search(r"big\s*│\s*slurm\s*│\s*running", listed.stdout), listed
+    status = ddpkit(tmp_path, "status", "4711", path="/nonexistent")
+    assert "where     Slurm job 4711: squeue is not installed here" in status.stdout, status.stdout
+    cancel = ddpkit(tmp_path, "cancel", "4711", path="/nonexistent")
+    assert cancel.returncode == ExitCode.PREFLIGHT, cancel.stdout + cancel.stderr
+    assert cancel.stderr.startswith("ddpkit cancel: scancel is not installed here") and len(
+        cancel.stderr.splitlines()) == 1, cancel.stderr
+    assert run.record().state == RunState.RUNNING
+
+
+def test_cancel_of_a_run_whose_launcher_is_on_another_host_is_one_line(tmp_path: Path) -> None:
+    folder = new_run(tmp_path, "train", time.time())
+    record = folder.record()
+    moved = record.launcher.model_copy(update={"host": "elsewhere"})
+    folder.write(record.model_copy(update={"launcher": moved}))
+    cancel = ddpkit(tmp_path, "cancel", "train")
+    assert cancel.returncode == ExitCode.BAD_INPUT
+    assert cancel.stderr.strip() == (f"ddpkit cancel: run {record.id}'s launcher runs on elsewhere (pid "
+                                     f"{record.launcher.pid}); run `ddpkit cancel {record.id}` there")
+    assert folder.events()[-1].kind == "start"  # nothing was sent
 
 
 # ---- a launcher that died -------------------------------------------------------------
@@ -166,10 +228,13 @@ def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Pa
 
         _wait_for("step in node 0's log", training, launcher)
         job = [launcher.pid, *proctree.descendants(launcher.pid)]
+        follow = subprocess.Popen([sys.executable, "-m", "ddpkit.cli", "logs", "long", "--rank", "0", "--follow"],
+                                  env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started = time.monotonic()
         cancel = ddpkit(runs_dir, "cancel", "long", timeout=200)
         took = time.monotonic() - started
         launcher.wait(timeout=60)
+        followed, follow_err = follow.communicate(timeout=30)  # --follow ends with the run
         left = proctree.alive([pid for pid in job if pid != launcher.pid])
     finally:  # whatever went wrong, leave none of the job running
         proctree.signal_all(proctree.alive(job), signal.SIGKILL)
@@ -189,4 +254,10 @@ def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Pa
     assert kinds[0] == "start" and kinds[-1] == "exit" and "cancel" in kinds and "interrupted" in kinds, kinds
     listed = ddpkit(runs_dir, "runs").stdout
     assert re.search(rf"{run.record.id}\s*│\s*long\s*│\s*local\s*│\s*cancelled\s*│.*│\s*130\s*│", listed), listed
+    assert follow.returncode == 0, follow_err
+    steps = [line for line in followed.splitlines() if re.match(r"\[node0 rank0\] step \d+", line)]
+    assert steps and all(line.startswith("[node0 rank0] ") for line in followed.splitlines()), followed[-2000:]
+    # What the user sees last: rank 0's last line in the node log, the run's end included.
+    log_lines = [ln for ln in Path(record.logs[0].path).read_text().splitlines() if ln.startswith("[rank0]:")]
+    assert followed.splitlines()[-1] == "[node0 rank0] " + log_lines[-1].removeprefix("[rank0]:"), followed[-2000:]
     print(f"RUNS-TIMING cancel of a launch local run: {took:.1f} s")

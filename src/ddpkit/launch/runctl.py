@@ -98,7 +98,11 @@ def live(run: StoredRun, *, ask_slurm: bool = True) -> Live:
     rec = run.record
     if rec.slurm is None or not ask_slurm:
         return _launch_live(rec)
-    found = slurm.queue_state(rec.slurm.job_id)
+    try:
+        found = slurm.queue_state(rec.slurm.job_id)
+    except FileNotFoundError as exc:  # listing runs on a host without Slurm's client: show what is recorded
+        return Live(rec.state, rec.exit_code, f"Slurm job {rec.slurm.job_id}: {exc.filename} is not installed here "
+                                              "(run this on a Slurm login node)", rec.ended)
     if found is None:
         return Live(rec.state, rec.exit_code, f"Slurm job {rec.slurm.job_id}: unknown to squeue, sacct and scontrol",
                     rec.ended)
