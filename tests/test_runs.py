@@ -261,3 +261,42 @@ def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Pa
     log_lines = [ln for ln in Path(record.logs[0].path).read_text().splitlines() if ln.startswith("[rank0]:")]
     assert followed.splitlines()[-1] == "[node0 rank0] " + log_lines[-1].removeprefix("[rank0]:"), followed[-2000:]
     print(f"RUNS-TIMING cancel of a launch local run: {took:.1f} s")
+
+
+# ---- where a Slurm job's state comes from -------------------------------------------------
+
+# Stand-ins for Slurm's commands: each answers as the real one does for a
+# job that has left the queue (squeue: nothing), on a cluster with or
+# without accounting ($ACCOUNTING), and logs its call.
+STAND_INS = {
+    "squeue": 'echo "squeue $*" >> "$CALLS"',
+    "sacct": 'echo "sacct $*" >> "$CALLS"; echo "COMPLETED|0:0|node[1-2]"',
+    "scontrol": '''echo "scontrol $*" >> "$CALLS"
+case "$1 $2" in
+  "show config") echo "AccountingStorageType   = $ACCOUNTING" ;;
+  "show hostnames") echo node1; echo node2 ;;
+  "show job") echo "JobId=4711 JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0 NodeList=node[1-2] Restarts=0" ;;
+esac''',
+}
+
+
+@pytest.mark.parametrize(("accounting", "state", "source"), [
+    ("accounting_storage/slurmdbd", "COMPLETED", "sacct"),
+    ("accounting_storage/none", "FAILED", "scontrol"),
+])
+def test_a_job_that_left_the_queue_is_read_from_sacct_with_accounting_else_scontrol(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accounting: str, state: str, source: str) -> None:
+    from ddpkit.launch.slurm import queue_state
+
+    for name, body in STAND_INS.items():
+        (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    monkeypatch.setenv("ACCOUNTING", accounting)
+    found = queue_state(4711)
+    assert found is not None
+    job, read_from = found
+    assert (job.state, read_from, job.nodes) == (state, source, ["node1", "node2"])
+    calls = [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines() if "hostnames" not in line]
+    assert calls[0] == "squeue" and calls[-1] == source, calls  # the queue first, then one of the two
