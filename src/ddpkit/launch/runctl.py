@@ -116,8 +116,11 @@ def live(run: StoredRun, *, ask_slurm: bool = True) -> Live:
     shown = slurm.run_state(state.state)
     if state.finished:
         if rec.state in ACTIVE:  # kept: Slurm forgets the job (MinJobAge), the record does not
-            run.folder.finish(state.exit_status, state=shown)
-            rec = run.folder.record()
+            try:
+                run.folder.finish(state.exit_status, state=shown)
+                rec = run.folder.record()
+            except OSError:  # someone else's run folder: show the state, keep nothing
+                return Live(shown, state.exit_status, detail, None)
         return Live(rec.state, rec.exit_code, detail, rec.ended)
     return Live(shown, None, detail, None)
 
