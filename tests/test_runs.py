@@ -21,7 +21,7 @@ import pytest
 
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch import proctree
-from ddpkit.runs import RunFolder, RunState, SlurmJob, UnknownRun, all_runs, resolve, shown_state
+from ddpkit.runs import NodeLog, RunFolder, RunState, SlurmJob, UnknownRun, all_runs, resolve, shown_state
 from tests.helpers.runs import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +131,22 @@ def test_cancel_of_a_run_whose_launcher_is_on_another_host_is_one_line(tmp_path:
     assert cancel.stderr.strip() == (f"ddpkit cancel: run {record.id}'s launcher runs on elsewhere (pid "
                                      f"{record.launcher.pid}); run `ddpkit cancel {record.id}` there")
     assert folder.events()[-1].kind == "start"  # nothing was sent
+
+
+def test_logs_of_a_rank_where_node_logs_do_not_tag_ranks_show_its_node(tmp_path: Path) -> None:
+    """launch ssh and docker run torchrun without the rank prefix: --rank shows
+    the node that holds the rank, and says so."""
+    folder = new_run(tmp_path, "ssh-job", time.time(), target="ssh", nproc_per_node=2)
+    logs = []
+    for node in (0, 1):
+        path = tmp_path / f"ssh-job.node{node}.h{node}.log"
+        path.write_text("".join(f"node {node} line {n}\n" for n in (1, 2, 3)))
+        logs.append(NodeLog(node=node, host=f"h{node}", path=str(path)))
+    folder.set_logs(logs)
+    shown = ddpkit(tmp_path, "logs", "ssh-job", "--rank", "3", "--tail", "2")
+    assert shown.stdout.splitlines() == ["[node1] node 1 line 2", "[node1] node 1 line 3"]
+    assert shown.stderr.strip() == ("ddpkit logs: launch ssh's node logs do not tag ranks; showing node 1, "
+                                    "which holds rank 3")
 
 
 # ---- a launcher that died -------------------------------------------------------------
