@@ -27,7 +27,7 @@ LEAVES = {"envnames", "exitcodes"}
 BASE = LEAVES | {"wire"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
-            "netif"} | BASE,
+            "netif", "runs"} | BASE,
     # launch -> train: only train.argcheck, the trainer's own parser checking a job's
     # command line before anything starts (no torch).
     "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train", "runs"} | BASE,

@@ -149,6 +149,15 @@ def test_logs_of_a_rank_where_node_logs_do_not_tag_ranks_show_its_node(tmp_path:
                                     "which holds rank 3")
 
 
+def test_a_launch_whose_run_folder_cannot_be_made_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    done = ddpkit(tmp_path / "a-file", "launch", "local", "--nodes", "1", "--nproc-per-node", "1")
+    assert done.returncode == ExitCode.PREFLIGHT, done.stdout + done.stderr
+    assert done.stderr.strip() == (f"ddpkit: cannot create a run folder in {tmp_path / 'a-file'} (File exists); set "
+                                   "DDPKIT_RUNS_DIR to a folder you can write (nothing was started)")
+    assert done.stdout == ""
+
+
 # ---- a launcher that died -------------------------------------------------------------
 
 

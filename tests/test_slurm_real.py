@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddpkit.runs import RunState, all_runs
 from tests.helpers.runs import processes_in
 from tests.infra import slurm_cluster
 from tests.infra.slurm_cluster import SlurmCluster
@@ -322,7 +323,7 @@ def submit(cluster: SlurmCluster, tmp: Path, spec: dict, *flags: str) -> subproc
     job = tmp / f"{spec['name']}.yaml"
     job.write_text(yaml.safe_dump(spec))
     return cluster.run(["ddpkit", "submit", "slurm", "-f", str(job), "--dir", str(tmp / "run"), *flags],
-                       cwd=tmp, timeout=180)
+                       cwd=tmp, timeout=180, env={"DDPKIT_RUNS_DIR": str(tmp / "runs")})
 
 
 def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -337,6 +338,11 @@ def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, t
         assert len(node_probes) == 2 and {p["host"] for p in node_probes} == {node}, done.stdout
     assert any(x.startswith("[batch] ddpkit: job") for x in lines)
     assert f"job {job_id} ended COMPLETED" in done.stderr
+    (run,) = all_runs(tmp_path / "runs")  # --follow recorded the end
+    record = run.folder.record()
+    assert record.slurm is not None and record.slurm.job_id == job_id
+    assert (record.state, record.exit_code) == (RunState.FINISHED, 0)
+    assert (run.folder.rendered_dir / "sub-ok.sbatch").read_text() == (tmp_path / "run" / "sub-ok.sbatch").read_text()
 
 
 def test_submit_follow_exits_with_the_failed_state(cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -351,6 +357,7 @@ def test_submit_shows_sbatch_errors_as_they_are(cluster: SlurmCluster, tmp_path:
     assert done.returncode != 0
     assert "sbatch: error:" in done.stderr and "invalid partition" in done.stderr.lower(), done.stderr
     assert "submitted" not in done.stdout
+    assert all_runs(tmp_path / "runs") == []  # no run for a job that was not submitted
 
 
 def test_submit_without_follow_returns_at_once(cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .exitcodes import ExitCode
 from .render import RenderError, TemplatesError
+from .runs import RunsDirError
 from .spec import JobSpec
 from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args
 from .targets import TARGETS, render
@@ -136,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     except RenderError as exc:
         print(f"ddpkit: internal template error: {exc}", file=sys.stderr)
         return ExitCode.SOFTWARE
+    except RunsDirError as exc:  # this host cannot keep the run's record: nothing was started
+        print(f"ddpkit: {exc}", file=sys.stderr)
+        return ExitCode.PREFLIGHT
 
 
 if __name__ == "__main__":

@@ -263,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_check and (refused := check_cluster(spec)):
         return refused
     rendered = render(spec, "slurm", doctor=args.doctor)
+    # The run folder before sbatch: a job that was submitted is always recorded.
+    run = new_run(spec, rendered)
     folder = args.dir.resolve()
     new = [name for name in rendered.files if not (folder / name).exists()]
     [script] = rendered.write(folder)
@@ -270,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
     if rc != 0:
         for name in new:  # nothing left behind by a job that was not submitted
             (folder / name).unlink(missing_ok=True)
+        shutil.rmtree(run.path, ignore_errors=True)
         line = slurm_checks.unavailable("sbatch", err)
         if line:
             print(line, file=sys.stderr)
@@ -282,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(err)
     state = job_state(job_id)
     logs = state.stdout if state and state.stdout else str(script.parent / spec.slurm.output)
-    run = record_run(spec, rendered, job_id, script, logs)
+    record_job(run, spec, job_id, script, logs)
     print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
     print(f"ddpkit: run {run.path.name} (ddpkit status {job_id}, ddpkit logs {job_id}, ddpkit cancel {job_id})",
           file=sys.stderr, flush=True)
@@ -298,15 +301,20 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def record_run(spec: JobSpec, rendered: Rendered, job_id: int, script: Path, output: str) -> RunFolder:
-    """The run folder of a submitted job: the spec, the script as submitted,
-    and what `ddpkit status/logs/cancel` ask Slurm about."""
+def new_run(spec: JobSpec, rendered: Rendered) -> RunFolder:
+    """The run folder of a job about to be submitted: the spec and the script."""
     from ..specfile import dump_yaml
-    from ..targets.slurm import tasks_per_node
 
     run = RunFolder.create(name=spec.name, target="slurm", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
                            spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.slurm_signal_s)
     rendered.write(run.rendered_dir)
+    return run
+
+
+def record_job(run: RunFolder, spec: JobSpec, job_id: int, script: Path, output: str) -> None:
+    """What `ddpkit status/logs/cancel` ask Slurm about, once sbatch took the job."""
+    from ..targets.slurm import tasks_per_node
+
     # The output file is relative to sbatch's folder when slurm.output is: `logs` runs from anywhere.
     # (scontrol names it with %j and %x filled in; the spec's pattern, when it could not, needs them.)
     output = output.replace("%j", str(job_id)).replace("%x", spec.name).replace("%%", "%")
@@ -315,4 +323,3 @@ def record_run(spec: JobSpec, rendered: Rendered, job_id: int, script: Path, out
                            rank_per_task=spec.slurm.mode == "srun", signal=spec.preemption.signal,
                            signal_grace_s=spec.grace.slurm_signal_s))
     run.event("submitted", f"Slurm job {job_id}")
-    return run

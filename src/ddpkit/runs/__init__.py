@@ -3,7 +3,7 @@
 `status`, `logs` and `cancel` read. This package owns the folder's layout and
 its records only; it starts, signals and renders nothing (docs/RUNS.md)."""
 
-from .folder import RunFolder, runs_root
+from .folder import RunFolder, RunsDirError, runs_root
 from .record import (
     NodeLog,
     NodeRow,
@@ -17,7 +17,7 @@ from .record import (
 from .store import StoredRun, UnknownRun, all_runs, launcher_alive, resolve, shown_state
 
 __all__ = [
-    "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord", "RunState", "RunSummary", "SlurmJob",
+    "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord", "RunsDirError", "RunState", "RunSummary", "SlurmJob",
     "StoredRun", "UnknownRun", "all_runs", "launcher_alive", "resolve", "runs_root", "shown_state",
     "state_for_code",
 ]

@@ -50,6 +50,10 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+class RunsDirError(Exception):
+    """The runs root cannot take a new run folder: one line, nothing started."""
+
+
 @dataclass(frozen=True)
 class RunFolder:
     path: Path
@@ -57,21 +61,28 @@ class RunFolder:
     @classmethod
     def create(cls, *, name: str, target: str, nodes: int, nproc_per_node: int, spec_yaml: str,
                stop_grace_s: float = 0.0, root: Path | None = None) -> RunFolder:
-        """A new run of this process (its pid is the launcher's), state running."""
+        """A new run of this process (its pid is the launcher's), state running.
+        RunsDirError when the runs root cannot hold it: a launch that could not
+        be listed, followed or cancelled is refused before anything starts."""
         root = root or runs_root()
-        root.mkdir(parents=True, exist_ok=True)
-        while True:  # short enough to type; ids are unique in the root, whatever the job's name
-            run_id = uuid.uuid4().hex[:6]
-            if not any(root.glob(f"*-{run_id}")):
-                break
-        folder = cls(root / f"{name}-{run_id}")
-        folder.path.mkdir()
-        (folder.path / SPEC).write_text(spec_yaml)
-        pid = os.getpid()
-        folder.write(RunRecord(id=run_id, name=name, target=target, nodes=nodes, nproc_per_node=nproc_per_node,
-                               started=time.time(), stop_grace_s=stop_grace_s,
-                               launcher=Launcher(pid=pid, host=socket.gethostname(), start_ticks=start_ticks(pid))))
-        folder.event("start", f"{target}: {nodes} nodes x {nproc_per_node} processes")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            while True:  # short enough to type; ids are unique in the root, whatever the job's name
+                run_id = uuid.uuid4().hex[:6]
+                if not any(root.glob(f"*-{run_id}")):
+                    break
+            folder = cls(root / f"{name}-{run_id}")
+            folder.path.mkdir()
+            (folder.path / SPEC).write_text(spec_yaml)
+            pid = os.getpid()
+            folder.write(RunRecord(id=run_id, name=name, target=target, nodes=nodes, nproc_per_node=nproc_per_node,
+                                   started=time.time(), stop_grace_s=stop_grace_s,
+                                   launcher=Launcher(pid=pid, host=socket.gethostname(),
+                                                     start_ticks=start_ticks(pid))))
+            folder.event("start", f"{target}: {nodes} nodes x {nproc_per_node} processes")
+        except OSError as exc:
+            raise RunsDirError(f"cannot create a run folder in {root} ({exc.strerror or exc}); set "
+                               f"{DDPKIT_RUNS_DIR} to a folder you can write (nothing was started)") from None
         return folder
 
     @property
