@@ -139,6 +139,8 @@ def test_launch_docker_summary(docker_daemon: Docker, tmp_path: Path) -> None:  
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     check_summary(out.stdout, out.returncode, marker, "node1")
     check_recorded(tmp_path / "runs", out.stdout, out.returncode, marker, "docker")
+    (run,) = all_runs(tmp_path / "runs")  # its network and containers carry the run's id
+    assert f"on network ddpkit-{run.folder.path.name}, master node0" in out.stdout, out.stdout[:2000]
     left = subprocess.run(["docker", "ps", "-a", "-q", "--filter", f"label=io.ddpkit.job={DOCKER_JOB}"],
                           env=docker_daemon.env, capture_output=True, text=True, check=True).stdout
     assert left == ""

@@ -186,9 +186,12 @@ def _ensure_image(client: DockerClient, image: str) -> str | None:
 class DockerLaunch:
     """One run: its network, its containers, and their teardown."""
 
-    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str, log_dir: Path | None = None) -> None:
+    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str, log_dir: Path | None = None,
+                 run_id: str | None = None) -> None:
         self.client, self.spec, self.shm_size, self.log_dir = client, spec, shm_size, log_dir
-        self.run_id = uuid.uuid4().hex[:8]
+        # The run folder's id when there is one: `docker ps --filter label=io.ddpkit.run=<id>`
+        # and the network ddpkit-<name>-<id> name the same run as `ddpkit runs`.
+        self.run_id = run_id or uuid.uuid4().hex[:8]
         self.labels = {LABEL_JOB: spec.name, LABEL_RUN: self.run_id}
         self.network_name = f"ddpkit-{spec.name}-{self.run_id}"
         self.network = None
@@ -260,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     run = RunFolder.create(name=spec.name, target="docker", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
                            spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
-    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir or run.logs_dir)
+    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir or run.logs_dir, run_id=run.record().id)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)
     note = spec.watchdog.script_note(spec.command)
