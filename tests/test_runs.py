@@ -180,7 +180,8 @@ def test_a_dead_launcher_is_shown_lost(tmp_path: Path) -> None:
     assert status.stdout.splitlines()[0] == f"run {record.id}: lost", status.stdout
     cancel = ddpkit(tmp_path, "cancel", "train")
     assert cancel.returncode == ExitCode.FAILED
-    assert cancel.stdout.strip() == f"ddpkit cancel: run {record.id} has already ended: lost", cancel.stdout
+    assert cancel.stdout.strip() == (f"ddpkit cancel: run {record.id} has already ended: lost (its launcher is gone "
+                                     "and left nothing running)"), cancel.stdout
 
 
 def test_a_reused_pid_is_not_the_launcher(tmp_path: Path) -> None:
@@ -233,9 +234,9 @@ def _wait_for(what: str, check: Callable[[], bool], launcher: subprocess.Popen[s
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Path) -> None:
-    runs_dir = tmp_path / "runs"
+def start_long_run(tmp_path: Path, runs_dir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A launch local run of the tiny job that trains until stopped, once
+    node 0's log shows a step."""
     env = {**os.environ, "DDPKIT_RUNS_DIR": str(runs_dir), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}",
            "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "ddpkit.cli", "launch", "local", "--nodes", "2", "--nproc-per-node", "1",
@@ -243,15 +244,40 @@ def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Pa
             "--batch-size", "4", "--epochs", "100000", "--max-steps", "1000000", "--log-every", "1", "--no-eval"]
     with open(tmp_path / "launcher.out", "w") as out:
         launcher = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    def training() -> bool:
+        runs = all_runs(runs_dir) if runs_dir.exists() else []
+        logs = runs[0].record.logs if runs else []
+        log = Path(logs[0].path) if logs else None
+        return log is not None and log.exists() and re.search(r"\[rank0\]:step \d+", log.read_text()) is not None
+
+    try:
+        _wait_for("step in node 0's log", training, launcher)
+    except BaseException:
+        proctree.signal_all([launcher.pid, *proctree.descendants(launcher.pid)], signal.SIGKILL)
+        raise
+    return launcher, env
+
+
+def running(pids: list[int]) -> list[int]:
+    """Those still running (an ended process waiting to be reaped is not)."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            out.append(pid)
+    return out
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Path) -> None:
+    runs_dir = tmp_path / "runs"
+    launcher, env = start_long_run(tmp_path, runs_dir)
     job: list[int] = []
     try:
-        def training() -> bool:
-            runs = all_runs(runs_dir) if runs_dir.exists() else []
-            logs = runs[0].record.logs if runs else []
-            log = Path(logs[0].path) if logs else None
-            return log is not None and log.exists() and re.search(r"\[rank0\]:step \d+", log.read_text()) is not None
-
-        _wait_for("step in node 0's log", training, launcher)
         job = [launcher.pid, *proctree.descendants(launcher.pid)]
         follow = subprocess.Popen([sys.executable, "-m", "ddpkit.cli", "logs", "long", "--rank", "0", "--follow"],
                                   env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -286,6 +312,35 @@ def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Pa
     log_lines = [ln for ln in Path(record.logs[0].path).read_text().splitlines() if ln.startswith("[rank0]:")]
     assert followed.splitlines()[-1] == "[node0 rank0] " + log_lines[-1].removeprefix("[rank0]:"), followed[-2000:]
     print(f"RUNS-TIMING cancel of a launch local run: {took:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_is_lost_and_cancel_stops_what_it_left(tmp_path: Path) -> None:
+    """SIGKILL leaves the launcher no time to stop its nodes: torchrun's agents
+    and workers (sessions of their own) train on. `runs` shows the run lost;
+    `cancel` finds its processes by the run id in their environment."""
+    runs_dir = tmp_path / "runs"
+    launcher, _ = start_long_run(tmp_path, runs_dir)
+    job = proctree.descendants(launcher.pid)
+    try:
+        launcher.kill()
+        launcher.wait(timeout=30)
+        assert len(running(job)) >= 4, "the nodes should outlive a killed launcher"  # 2 agents, 2 workers
+        (run,) = all_runs(runs_dir)
+        listed = ddpkit(runs_dir, "runs")
+        assert re.search(rf"{run.record.id}\s*│\s*long\s*│\s*local\s*│\s*lost\s*│", listed.stdout), listed.stdout
+        cancel = ddpkit(runs_dir, "cancel", "long", timeout=200)
+        left = running(job)
+    finally:
+        proctree.signal_all(running(job), signal.SIGKILL)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert cancel.stdout.splitlines()[-1] == f"ddpkit cancel: run {run.record.id} cancelled (its launcher was lost; " \
+                                             "no exit code)", cancel.stdout
+    assert left == [], f"left running: {left}"
+    record = run.folder.record()
+    assert (record.state, record.exit_code) == (RunState.CANCELLED, None)
+    again = ddpkit(runs_dir, "cancel", run.record.id)
+    assert again.stdout.strip() == f"ddpkit cancel: run {run.record.id} has already ended: cancelled"
 
 
 # ---- where a Slurm job's state comes from -------------------------------------------------

@@ -174,7 +174,7 @@ def with_tee(argv: list[str], log_dir: Path) -> list[str]:
     return [*argv[:at], "--tee=3", f"--log-dir={log_dir}", TORCHRUN_PREFIX_FLAG, *argv[at:]]
 
 
-def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
+def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> list[Node]:
     argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
     env = job_env(spec)
     if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
@@ -183,6 +183,8 @@ def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     rdzv_id = new_rdzv_id(spec)
     if rdzv_id is not None:
         base[envnames.DDPKIT_RDZV_ID] = rdzv_id
+    if run_id is not None:
+        base[envnames.DDPKIT_RUN_ID] = run_id
     host = socket.gethostname()
     nodes = []
     for i in range(spec.nodes):
@@ -235,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
 def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run: RunFolder | None = None) -> int:
     from rich.console import Console
 
-    nodes = build_nodes(spec, log_root)
+    nodes = build_nodes(spec, log_root, None if run is None else run.record().id)
     if run is not None:  # torchrun's --tee puts `[rank<R>]:` before every worker line of the agent's log
         run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log), rank_tagged=True) for n in nodes])
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import envnames
 from ..exitcodes import ExitCode
 from ..runs import NodeLog, RunRecord, RunState, StoredRun, UnknownRun, all_runs, launcher_alive, resolve, shown_state
-from . import slurm
+from . import proctree, slurm
 from .supervisor import summary_table
 
 if TYPE_CHECKING:
@@ -365,6 +366,8 @@ def _cancel(args: argparse.Namespace) -> int:
     run = resolve(args.run)
     now = live(run)
     rec = run.folder.record()
+    if now.state == RunState.LOST and rec.target == "local":
+        return _cancel_leftovers(run)
     if now.state not in ACTIVE:
         print(f"ddpkit cancel: run {rec.id} has already ended: {now.state.value}"
               + ("" if now.exit_code is None else f", exit code {now.exit_code}"))
@@ -400,6 +403,31 @@ def _cancel_launch(run: StoredRun) -> int:
     print(f"ddpkit cancel: run {rec.id} {state.value}"
           + ("" if after.exit_code is None else f" (launcher exit code {after.exit_code})"))
     return ExitCode.OK if state == RunState.CANCELLED else ExitCode.FAILED
+
+
+def _cancel_leftovers(run: StoredRun) -> int:
+    """A launch local run whose launcher died (SIGKILL, the OOM killer) leaves
+    its torchrun agents and workers running, each in a session of its own:
+    they are found by the run id in their environment and stopped as the
+    launcher would have (TERM, the grace, KILL)."""
+    rec = run.record
+    left = proctree.with_env(envnames.DDPKIT_RUN_ID, rec.id)
+    if not left:
+        print(f"ddpkit cancel: run {rec.id} has already ended: lost (its launcher is gone and left nothing running)")
+        return ExitCode.FAILED
+    run.folder.event("cancel", f"ddpkit cancel: the launcher is gone; SIGTERM to the {len(left)} processes it left")
+    print(f"ddpkit cancel: run {rec.id}'s launcher (pid {rec.launcher.pid}) is gone; stopping the {len(left)} "
+          f"processes it left running (SIGTERM, SIGKILL after {rec.stop_grace_s:g} s)", flush=True)
+    proctree.signal_all(left, signal.SIGTERM)
+    # Polled by the environment, not the pids: an ended process awaiting its
+    # (new) parent's wait() has none, and must not hold up the stop.
+    deadline = time.monotonic() + rec.stop_grace_s
+    while proctree.with_env(envnames.DDPKIT_RUN_ID, rec.id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proctree.signal_all(proctree.with_env(envnames.DDPKIT_RUN_ID, rec.id), signal.SIGKILL)
+    run.folder.finish(None, state=RunState.CANCELLED)
+    print(f"ddpkit cancel: run {rec.id} cancelled (its launcher was lost; no exit code)")
+    return ExitCode.OK
 
 
 def _scancel(*words: str) -> None:

@@ -130,9 +130,12 @@ class RunFolder:
     def set_slurm(self, job: SlurmJob) -> None:
         self.write(self.record().model_copy(update={"slurm": job}))
 
-    def finish(self, code: int, summary: RunSummary | None = None, state: RunState | None = None) -> None:
-        """The end: exit code, state (from the code unless given) and the summary."""
-        state = state or state_for_code(code)
+    def finish(self, code: int | None, summary: RunSummary | None = None, state: RunState | None = None) -> None:
+        """The end: exit code (None: the launcher never gave one), state (from
+        the code unless given) and the summary."""
+        if state is None:
+            assert code is not None, "an end without an exit code needs its state"
+            state = state_for_code(code)
         self.write(self.record().model_copy(update={"state": state, "exit_code": code, "ended": time.time(),
                                                    "summary": summary}))
-        self.event("exit", f"{state.value}, exit code {code}")
+        self.event("exit", f"{state.value}" + ("" if code is None else f", exit code {code}"))
