@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -31,14 +33,27 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+# Every launch and submit records a run folder (ddpkit.runs): the suite's go
+# to a folder of its own, never the user's ~/.ddpkit/runs. Tests that list
+# runs set DDPKIT_RUNS_DIR to their own tmp_path on top of this.
+RUNS_DIR = "DDPKIT_RUNS_DIR"
+_OWN_RUNS_DIR = "DDPKIT_TEST_RUNS_DIR_OWNER"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The main process names this run before xdist starts its workers (they
-    inherit the variable): the run whose Docker daemon and image they share."""
+    inherit the variable): the run whose Docker daemon and image they share,
+    and the folder every run folder goes to."""
     if not _is_xdist_worker(config):
         os.environ[docker_daemon.RUN_VAR] = uuid.uuid4().hex
+        os.environ[RUNS_DIR] = tempfile.mkdtemp(prefix="ddpkit-test-runs-")
+        os.environ[_OWN_RUNS_DIR] = str(os.getpid())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if not _is_xdist_worker(config) and os.environ.get(_OWN_RUNS_DIR) == str(os.getpid()):
+        shutil.rmtree(os.environ.pop(RUNS_DIR), ignore_errors=True)
+        os.environ.pop(_OWN_RUNS_DIR)
     if not _is_xdist_worker(config) and docker_daemon.RUN_VAR in os.environ:
         matrix.remove_folder()
         docker_daemon.stop_if_started_by(os.environ.pop(docker_daemon.RUN_VAR))

@@ -27,10 +27,12 @@ LEAVES = {"envnames", "exitcodes", "text"}
 BASE = LEAVES | {"wire"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
-            "netif"} | BASE,
+            "netif", "runs"} | BASE,
     # launch -> train: only train.argcheck, the trainer's own parser checking a job's
     # command line before anything starts (no torch).
-    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train"} | BASE,
+    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train", "runs"} | BASE,
+    # runs: the run folders' layout and records; below launch, it starts and signals nothing.
+    "runs": BASE,
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec"} | BASE,

@@ -29,7 +29,9 @@ def launch_argv(*argv: str) -> list[str]:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "DDPKIT_", "RANK", "WORLD"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GLOO_", "NCCL_", "DDPKIT_", "RANK", "WORLD"))
+           or k == "DDPKIT_RUNS_DIR"}  # the suite's run folders (conftest), not ~/.ddpkit
     return {**env, **extra}
 
 

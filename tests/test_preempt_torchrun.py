@@ -136,7 +136,9 @@ def test_launch_local_gives_an_interrupt_time_to_checkpoint_and_a_failure_none(t
              "--metrics", str(tmp_path / "metrics.jsonl"), "--log-dir", str(tmp_path / "logs")]
     argv = [sys.executable, "-m", "ddpkit.cli", "launch", "local", "--nodes", "2", "--nproc-per-node", "1",
             "--grace", "0", "--set", "command.module=ddpkit.train", "--set", "preemption.checkpoint_s=20", "--", *train]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "DDPKIT_", "RANK", "WORLD"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GLOO_", "NCCL_", "DDPKIT_", "RANK", "WORLD"))
+           or k == "DDPKIT_RUNS_DIR"}  # the suite's run folders (conftest), not ~/.ddpkit
     env |= {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "agent.out", "wb") as out:
         launcher = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddpkit.runs import RunState, all_runs
+from tests.helpers.runs import processes_in
 from tests.infra import slurm_cluster
 from tests.infra.slurm_cluster import SlurmCluster
 
@@ -322,7 +324,7 @@ def submit(cluster: SlurmCluster, tmp: Path, spec: dict, *flags: str) -> subproc
     job = tmp / f"{spec['name']}.yaml"
     job.write_text(yaml.safe_dump(spec))
     return cluster.run(["ddpkit", "submit", "slurm", "-f", str(job), "--dir", str(tmp / "run"), *flags],
-                       cwd=tmp, timeout=180)
+                       cwd=tmp, timeout=180, env={"DDPKIT_RUNS_DIR": str(tmp / "runs")})
 
 
 def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -337,6 +339,11 @@ def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, t
         assert len(node_probes) == 2 and {p["host"] for p in node_probes} == {node}, done.stdout
     assert any(x.startswith("[batch] ddpkit: job") for x in lines)
     assert f"job {job_id} ended COMPLETED" in done.stderr
+    (run,) = all_runs(tmp_path / "runs")  # --follow recorded the end
+    record = run.folder.record()
+    assert record.slurm is not None and record.slurm.job_id == job_id
+    assert (record.state, record.exit_code) == (RunState.FINISHED, 0)
+    assert (run.folder.rendered_dir / "sub-ok.sbatch").read_text() == (tmp_path / "run" / "sub-ok.sbatch").read_text()
 
 
 # Unique (the tail) and hostile: quotes, substitutions, a newline, blanks.
@@ -381,6 +388,7 @@ def test_submit_shows_sbatch_errors_as_they_are(cluster: SlurmCluster, tmp_path:
     assert done.returncode != 0
     assert "sbatch: error:" in done.stderr and "invalid partition" in done.stderr.lower(), done.stderr
     assert "submitted" not in done.stdout
+    assert all_runs(tmp_path / "runs") == []  # no run for a job that was not submitted
 
 
 def test_submit_without_follow_returns_at_once(cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -452,6 +460,72 @@ def test_follow_shows_the_state_as_it_changes(cluster: SlurmCluster, tmp_path: P
     assert done.returncode == 0, done.stdout + done.stderr
     job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
     assert f"ddpkit: job {job_id} RUNNING" in done.stderr or f"ddpkit: job {job_id} COMPLETED" in done.stderr
+
+
+# ---- ddpkit runs / status / logs / cancel on a submitted job (docs/RUNS.md) ---------------
+
+
+def test_submitted_job_is_a_run_that_status_reads_and_cancel_checkpoints(cluster: SlurmCluster,
+                                                                         tmp_path: Path) -> None:
+    """`submit slurm` records a run; `status` reads squeue while the job runs and
+    scontrol once it left the queue (this cluster keeps no accounting); `cancel`
+    sends the spec's signal to the batch shell first, so the trainer's stop path
+    writes a checkpoint (its `stop` record names the signal: proof that the
+    signal, not scancel, made it), then scancels the requeued job."""
+    folder, runs_dir = tmp_path / "job", tmp_path / "runs"
+    folder.mkdir()
+    args = ["--model=tests.helpers.tiny:cnn", "--image-size=8", "--workers=0", "--progress=plain", "--data=synthetic",
+            "--synthetic-size=64", "--batch-size=4", "--epochs=100000", "--no-eval", "--log-every=1",
+            f"--checkpoint-dir={folder / 'ckpt'}", f"--metrics={folder / 'metrics.jsonl'}", "--resume=auto"]
+    spec = {"name": "runs-cancel", "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
+            "command": {"python": PYTHON, "module": "ddpkit.train", "args": args},
+            "env": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+            "slurm": {"mode": "torchrun"}, "preemption": {"checkpoint_s": 10}}
+    (folder / "job.yaml").write_text(yaml.safe_dump(spec))
+    env = {"DDPKIT_RUNS_DIR": str(runs_dir)}
+
+    def ddpkit(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return cluster.run(["ddpkit", *argv], cwd=folder, env=env, timeout=timeout)
+
+    done = ddpkit("submit", "slurm", "-f", str(folder / "job.yaml"), "--dir", str(folder))
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = int(done.stdout.split("submitted Slurm job ")[1].split(":")[0])
+    try:
+        (run,) = [json.loads(p.read_text()) for p in runs_dir.glob("*/run.json")]
+        assert (run["target"], run["slurm"]["job_id"], run["slurm"]["signal"]) == ("slurm", job_id, "USR2")
+        assert (runs_dir / f"runs-cancel-{run['id']}" / "rendered" / "runs-cancel.sbatch").exists()
+
+        deadline = time.monotonic() + 120
+        while '"kind": "train"' not in ((folder / "metrics.jsonl").read_text() if (folder / "metrics.jsonl").exists()
+                                        else ""):
+            assert time.monotonic() < deadline, f"no training step within 120 s\n{ddpkit('logs', str(job_id)).stdout}"
+            time.sleep(0.2)
+        status = ddpkit("status", str(job_id))
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.splitlines()[0] == f"run {run['id']}: running", status.stdout
+        assert "Slurm RUNNING on node1,node2 (squeue)" in status.stdout, status.stdout
+        logs = ddpkit("logs", "runs-cancel", "--node", "1", "--tail", "3")
+        assert logs.returncode == 0 and logs.stdout.splitlines()[-1].startswith("[node1] "), logs.stdout + logs.stderr
+
+        started = time.monotonic()
+        cancel = ddpkit("cancel", str(job_id), timeout=120)
+        took = time.monotonic() - started
+    finally:
+        cluster.run(["scancel", str(job_id)])
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert cancel.stdout.splitlines()[-1] == f"ddpkit cancel: Slurm job {job_id} CANCELLED (run {run['id']} cancelled)"
+    stops = [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "stop"]
+    assert len(stops) == 1 and stops[0]["signal"] == "SIGUSR2", stops
+    assert Path(stops[0]["checkpoint"]).exists(), stops
+    after = ddpkit("status", str(job_id))
+    assert after.stdout.splitlines()[0].startswith(f"run {run['id']}: cancelled"), after.stdout
+    # Left the queue (cancelled while pending after its requeue: no nodes), and no accounting here.
+    assert "where     Slurm CANCELLED (scontrol)" in after.stdout, after.stdout
+    assert re.search(r" preempted: the job left its run after SIGUSR2: (PENDING|REQUEUED)", after.stdout), after.stdout
+    print(f"RUNS-TIMING slurm cancel (signal, checkpoint, requeue, scancel): {took:.1f} s")
+    listed = ddpkit("runs")
+    assert re.search(rf"{run['id']}\s*│\s*runs-cancel\s*│\s*slurm\s*│\s*cancelled", listed.stdout), listed.stdout
+    assert processes_in(folder) == [], "processes of the job left running"
 
 
 # ---- every rendered variant of the example specs, checked by sbatch --test-only -----

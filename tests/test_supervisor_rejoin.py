@@ -12,10 +12,12 @@ import io
 import queue
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from rich.console import Console
 
 from ddpkit.launch.supervisor import LinePrinter, Membership, NodeHandle, Outcome, RunText, Status, Supervisor
+from ddpkit.runs import RunFolder, RunState
 
 WAIT_S = 10.0
 
@@ -80,11 +82,12 @@ class Hosts:
 
 
 def run(nodes: list[ScriptedNode], hosts: Hosts, drive: Callable[[], None],
-        max_node_failures: int = 2) -> tuple[Supervisor, Outcome]:
+        max_node_failures: int = 2, folder: RunFolder | None = None) -> tuple[Supervisor, Outcome]:
     """The supervisor in this (the main) thread, as launchers run it (it
     installs signal handlers); `drive` plays the nodes from another thread."""
     sup = Supervisor(nodes, Console(file=io.StringIO(), width=200), 1.0,
-                     membership=Membership(min_nodes=2, max_node_failures=max_node_failures, reviver=hosts))
+                     membership=Membership(min_nodes=2, max_node_failures=max_node_failures, reviver=hosts),
+                     run=folder)
     errors: list[BaseException] = []
 
     def driver() -> None:
@@ -128,6 +131,27 @@ def test_a_node_whose_host_answers_again_rejoins_and_the_summary_says_so() -> No
     assert closing(sup, outcome) == ("launch ssh: every node finished; node 2 (h2) rejoined after it failed "
                                      "(exit status 137)")
     assert str(sup._failure_cell(back, outcome)) == "rejoined after: exit status 137"
+
+
+def test_the_run_folder_records_the_failure_the_restart_and_the_summary(tmp_path: Path) -> None:
+    nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
+    folder = RunFolder.create(name="rejoin", target="ssh", nodes=3, nproc_per_node=1, spec_yaml="", root=tmp_path)
+
+    def drive() -> None:
+        nodes[2].finish(137)
+        back = hosts.answer(2)
+        for node in (nodes[0], nodes[1], back):
+            node.finish(0)
+
+    sup, outcome = run(nodes, hosts, drive, folder=folder)
+    sup.summary(outcome, RunText("launch ssh", "interrupted"))
+    events = [(e.kind, e.node) for e in folder.events()]
+    assert events == [("start", None), ("failed", 2), ("restart", 2), ("exit", None)], events
+    record = folder.record()
+    assert (record.state, record.exit_code) == (RunState.FINISHED, 0)
+    assert record.summary is not None
+    assert [r.status for r in record.summary.rows] == ["ok", "ok", "ok, rejoined"]
+    assert record.summary.rows[2].first_failure == "rejoined after: exit status 137"
 
 
 def test_a_node_that_keeps_failing_is_excluded_at_its_last_allowed_failure() -> None:

@@ -165,3 +165,33 @@ def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Pa
     assert (tmp_path / "logs" / "node1.log").read_bytes() == raw
     assert "Traceback" not in out.getvalue() and "ChildFailedError" not in out.getvalue()
     assert printer.worker_code(1) == 12 and printer.cause_lines(1) == [CAUSE]
+
+
+def test_the_run_folder_records_a_stall_and_a_preempted_node_as_events(tmp_path: Path) -> None:
+    """What the supervisor reads from the workers' lines (the watchdog's STALL
+    report, torchrun's report of a worker's 75) becomes events of the run."""
+    from ddpkit.runs import RunFolder, RunState
+
+    folder = RunFolder.create(name="ev", target="local", nodes=2, nproc_per_node=1, spec_yaml="", root=tmp_path)
+    nodes = [ScriptedNode(0), ScriptedNode(1)]
+    sup = Supervisor(nodes, Console(file=io.StringIO(), width=400), 1.0, run=folder)
+
+    def drive() -> None:
+        assert all(n.started.wait(WAIT_S) for n in nodes)
+        sup.printer.line(nodes[1], "[rank1]:ddpkit watchdog: STALL rank 1 node 1 host h1 pid 77: step 12, phase "
+                                   "forward, at model.py:30 in forward")
+        for line in torchrun_report(int(ExitCode.PREEMPTED), 0):
+            sup.printer.line(nodes[0], line)
+        nodes[0].finish(1)  # torchrun's agent: 1, whatever its worker's code
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    outcome = sup.run()
+    thread.join(WAIT_S)
+    sup.summary(outcome, RunText("launch local", "interrupted"))
+    events = [(e.kind, e.node) for e in folder.events()]
+    assert ("stall", 1) in events and ("preempted", 0) in events and events[-1] == ("exit", None), events
+    assert next(e for e in folder.events() if e.kind == "stall").detail.startswith("rank 1 (h1): step 12")
+    record = folder.record()
+    assert (record.state, record.exit_code) == (RunState.FAILED, ExitCode.STALLED)
+    assert record.summary is not None and record.summary.rows[1].status == "stalled"

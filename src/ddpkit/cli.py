@@ -9,17 +9,20 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .exitcodes import ExitCode
 from .render import Rendered, RenderError, TemplatesError
+from .runs import RunsDirError
 from .spec import JobSpec
 from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args, warn_env
 from .targets import TARGETS, render
 from .train.argcheck import TrainArgsError, check_command, unknown_options_line
 
 # (command words, module, help): the module provides add_arguments(parser)
-# and run(args) -> int. Command modules import torch inside run(), never at
-# module level, so `ddpkit render` and `--help` stay fast.
+# and run(args) -> int; or "module:NAME", whose NAME has both (several small
+# commands in one module). Command modules import torch inside run(), never
+# at module level, so `ddpkit render` and `--help` stay fast.
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("env",), "ddpkit.train.envinfo", "print what this process resolved: ranks, master, interface, backend, device"),
     (("launch", "local"), "ddpkit.launch.local", "run the job as N torchrun agents (nodes) on this machine, gloo"),
@@ -30,6 +33,11 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("data",), "ddpkit.train.datasets_cli", "download a dataset once into a folder (ddpkit data cifar10 --root DIR)"),
     (("doctor",), "ddpkit.doctor", "preflight checks, collective correctness and (--bench) bandwidth on every rank"),
     (("submit", "slurm"), "ddpkit.launch.slurm", "render the job, sbatch it, and (--follow) stream its logs until it ends"),
+    (("runs",), "ddpkit.launch.runctl:RUNS", "list the runs of launch and submit, newest first (docs/RUNS.md)"),
+    (("status",), "ddpkit.launch.runctl:STATUS", "one run's state, events and summary (RUN: id, job name, Slurm job id)"),
+    (("logs",), "ddpkit.launch.runctl:LOGS", "a run's node logs: --node N, --rank R, --tail N, --follow"),
+    (("cancel",), "ddpkit.launch.runctl:CANCEL",
+     "stop a run as Ctrl-C or pre-emption would: its nodes checkpoint first (Slurm: the spec's signal, then scancel)"),
 ]
 
 
@@ -79,9 +87,16 @@ def _add_builtin(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_cmd_schema, command_parser=p)
 
 
+def _command(name: str) -> Any:
+    """The module, or for "module:NAME" its NAME: something with add_arguments and run."""
+    module_name, _, attr = name.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module
+
+
 def _lazy_handler(module_name: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        return int(importlib.import_module(module_name).run(args) or 0)
+        return int(_command(module_name).run(args) or 0)
 
     return handler
 
@@ -96,7 +111,7 @@ def _add_module_commands(sub: argparse._SubParsersAction) -> None:
                 groups[word] = group.add_subparsers(dest=f"{word}_how", required=True, metavar="HOW")
             parent = groups[word]
         p = parent.add_parser(words[-1], help=help_text, description=help_text)
-        importlib.import_module(module_name).add_arguments(p)
+        _command(module_name).add_arguments(p)
         p.set_defaults(handler=_lazy_handler(module_name), command_parser=p)
 
 
@@ -151,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     except RenderError as exc:
         print(f"ddpkit: internal template error: {exc}", file=sys.stderr)
         return ExitCode.SOFTWARE
+    except RunsDirError as exc:  # this host cannot keep the run's record: nothing was started
+        print(f"ddpkit: {exc}", file=sys.stderr)
+        return ExitCode.PREFLIGHT
 
 
 if __name__ == "__main__":

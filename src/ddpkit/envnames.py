@@ -80,6 +80,11 @@ DDPKIT_JOB_NAME: Final = "DDPKIT_JOB_NAME"
 DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
 DDPKIT_PGID: Final = "DDPKIT_PGID"
 DDPKIT_RDZV_ID: Final = "DDPKIT_RDZV_ID"  # an elastic job's rendezvous id on ssh and local: fresh per run
+# Where run folders live (default ~/.ddpkit/runs); read by ddpkit.runs, never by the job.
+DDPKIT_RUNS_DIR: Final = "DDPKIT_RUNS_DIR"
+# The run id in every process `launch local` starts: what `ddpkit cancel` finds
+# them by once their launcher is gone (torchrun puts workers in sessions of their own).
+DDPKIT_RUN_ID: Final = "DDPKIT_RUN_ID"
 # Tenths of a second the SSH stop script waits between TERM and KILL, when the
 # stop asks for a checkpoint (an interrupt): the grace chain's launcher grace.
 DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"

@@ -232,3 +232,9 @@ def warn_env(spec: JobSpec, who: str) -> None:
     credential (spec.secrets.token_like_env): not an error, the job runs."""
     for line in env_warnings(spec.env):
         print(f"{who}: {line}", file=sys.stderr)
+
+
+def dump_yaml(spec: JobSpec) -> str:
+    """The job as it runs, every default filled in, as YAML that `-f` reads
+    back (a run folder's spec.yaml)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

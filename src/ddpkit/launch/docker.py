@@ -7,7 +7,8 @@ hosts the rendezvous. Output is streamed live with a `[nodeI]` prefix (see super
 fast: the first container that exits non-zero stops the others; every
 container and the network are removed at the end, after Ctrl-C too, so a
 node's whole output (torchrun's traceback, which the console leaves out,
-included) is kept only with --log-dir: DIR/node<I>.log.
+included) is kept in DIR/node<I>.log: --log-dir, by default the run folder's
+logs/ (`ddpkit runs`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import TYPE_CHECKING
 from .. import envnames
 from ..contract import Target, controller_env, hosts_for, job_env, one_host_gpus, sources, torchrun_argv
 from ..exitcodes import ExitCode
+from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args, warn_env
+from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
 from ..targets import mounts
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
@@ -132,7 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(preemption.checkpoint_s)")
     parser.add_argument("--shm-size", default="1g", help="/dev/shm size per container (DataLoader workers use it)")
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
-                        help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the end)")
+                        help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the "
+                             "end; default: the run folder's logs/, see `ddpkit runs`)")
     add_dedup_argument(parser)
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
                         help="arguments appended to the job's command (after --)")
@@ -190,9 +193,12 @@ def _ensure_image(client: DockerClient, image: str) -> str | None:
 class DockerLaunch:
     """One run: its network, its containers, and their teardown."""
 
-    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str, log_dir: Path | None = None) -> None:
+    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str, log_dir: Path | None = None,
+                 run_id: str | None = None) -> None:
         self.client, self.spec, self.shm_size, self.log_dir = client, spec, shm_size, log_dir
-        self.run_id = uuid.uuid4().hex[:8]
+        # The run folder's id when there is one: `docker ps --filter label=io.ddpkit.run=<id>`
+        # and the network ddpkit-<name>-<id> name the same run as `ddpkit runs`.
+        self.run_id = run_id or uuid.uuid4().hex[:8]
         self.labels = {LABEL_JOB: spec.name, LABEL_RUN: self.run_id}
         self.network_name = f"ddpkit-{spec.name}-{self.run_id}"
         self.network = None
@@ -268,17 +274,21 @@ def run(args: argparse.Namespace) -> int:
     warning = mounts.container_checkpoint_warning(spec, "launch docker")
     if warning:
         print(warning, file=sys.stderr)
-    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir)
+    run = RunFolder.create(name=spec.name, target="docker", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
+                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir or run.logs_dir, run_id=run.record().id)
     console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
                   f"on network {launch.network_name}, master node0", markup=False)
     note = spec.watchdog.script_note(spec.command)
     if note:
         console.print(f"launch docker: {note}", markup=False)
+    console.print(f"launch docker: run {run.path.name} (ddpkit status {run.record().id})", markup=False)
     supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s,
-                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup)
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup, run=run)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
             supervisor.nodes = list(launch.create(plan(spec, secrets)))
+            run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log)) for n in launch.runs if n.log])
         outcome = supervisor.run()
     except KeyboardInterrupt:
         outcome = Outcome(interrupted=True)

@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,8 +30,9 @@ from pathlib import Path
 
 from .. import envnames
 from ..contract import Target, job_env, sources, torchrun_argv
+from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args, warn_env
+from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
 from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import new_rdzv_id
 from ..train.argcheck import check_command
@@ -131,7 +131,8 @@ class Node:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_arguments(parser)
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
-                        help="keep each process's output under DIR/node<I>/ (default: a temporary folder)")
+                        help="keep each process's output under DIR/node<I>/ (default: the run folder's logs/, "
+                             "see `ddpkit runs`)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                         help="after a node failed: SIGTERM the others, wait this long, then SIGKILL (default 10); "
                              "after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
@@ -175,7 +176,7 @@ def with_tee(argv: list[str], log_dir: Path) -> list[str]:
     return [*argv[:at], "--tee=3", f"--log-dir={log_dir}", TORCHRUN_PREFIX_FLAG, *argv[at:]]
 
 
-def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
+def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> list[Node]:
     argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
     env = job_env(spec)
     if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
@@ -184,6 +185,8 @@ def build_nodes(spec: JobSpec, log_root: Path) -> list[Node]:
     rdzv_id = new_rdzv_id(spec)
     if rdzv_id is not None:
         base[envnames.DDPKIT_RDZV_ID] = rdzv_id
+    if run_id is not None:
+        base[envnames.DDPKIT_RUN_ID] = run_id
     host = socket.gethostname()
     nodes = []
     for i in range(spec.nodes):
@@ -231,14 +234,17 @@ def run(args: argparse.Namespace) -> int:
     refuse_mounts(spec, Target.LOCAL)
     warn_env(spec, "launch local")
     secret_values(spec, "launch local")  # the agents inherit them with the rest of this environment
-    with tempfile.TemporaryDirectory(prefix="ddpkit-local-") as tmp:
-        return launch(spec, args.log_dir or Path(tmp), args.grace, dedup=args.dedup)
+    run = RunFolder.create(name=spec.name, target="local", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
+                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    return launch(spec, args.log_dir or run.logs_dir, args.grace, dedup=args.dedup, run=run)
 
 
-def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True) -> int:
+def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run: RunFolder | None = None) -> int:
     from rich.console import Console
 
-    nodes = build_nodes(spec, log_root)
+    nodes = build_nodes(spec, log_root, None if run is None else run.record().id)
+    if run is not None:  # torchrun's --tee puts `[rank<R>]:` before every worker line of the agent's log
+        run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log), rank_tagged=True) for n in nodes])
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     console.print(f"launch local: {spec.nodes} nodes x {spec.nproc_per_node} processes, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
@@ -247,7 +253,9 @@ def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True) -> i
         console.print(f"launch local: {note}", markup=False)
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
                             membership=Membership.of(spec.elastic, Restart(grace)),
-                            ranks=spec.nodes * spec.nproc_per_node, dedup=dedup)
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=dedup, run=run)
+    if run is not None:
+        console.print(f"launch local: run {run.path.name} (ddpkit status {run.record().id})", markup=False)
     outcome = supervisor.run()
     supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     return outcome.code

@@ -39,6 +39,24 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def with_env(name: str, value: str) -> list[int]:
+    """Every process we can read whose environment has name=value (not this
+    one): a launcher's nodes and workers after the launcher is gone, whatever
+    their session or parent now."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
         try:

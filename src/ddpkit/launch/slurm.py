@@ -4,7 +4,9 @@ The script is written to `--dir` (default: the current folder) as
 `<name>.sbatch`, and sbatch runs there, so the job's output file
 (slurm.output, default `%x-%j.out`) lands beside it. With --follow the
 output is streamed with a `[node]` prefix per line until the job ends
-(requeues included), and the exit status is the job's: 0 for COMPLETED."""
+(requeues included), and the exit status is the job's: 0 for COMPLETED.
+Each submitted job gets a run folder (`ddpkit runs`): the spec, a copy of the
+script, the job id and output file, and with --follow its end."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..exitcodes import ExitCode
+from ..render import Rendered
+from ..runs import RunFolder, RunState, SlurmJob
 from ..spec import JobSpec
 from ..targets import render
 from ..train.argcheck import check_command
@@ -71,6 +75,23 @@ class JobState:
         return 128 + int(sig) if sig.isdigit() and int(sig) else ExitCode.FAILED
 
 
+# Slurm's words for a job that has not started, or is starting, or is between runs.
+QUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
+                 "SUSPENDED"}
+
+
+def run_state(slurm_state: str) -> RunState:
+    """A run folder's state for one of Slurm's job states."""
+    word = slurm_state.split()[0] if slurm_state else ""
+    if word == "COMPLETED":
+        return RunState.FINISHED
+    if word == "CANCELLED":
+        return RunState.CANCELLED
+    if word in FINAL_STATES:
+        return RunState.FAILED
+    return RunState.PENDING if word in QUEUED_STATES else RunState.RUNNING
+
+
 def hostnames(nodelist: str) -> list[str]:
     if not nodelist or nodelist == "(null)":
         return []
@@ -92,6 +113,42 @@ def job_state(job_id: int) -> JobState | None:
         return None
     state, _, code = lines[-1].partition("|")
     return JobState(state, code, None, [])
+
+
+def accounting() -> bool:
+    """Whether the cluster keeps accounting (sacct answers for finished jobs)."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False)
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageType":
+            return value.strip() not in ("", "accounting_storage/none")
+    return False
+
+
+def queue_state(job_id: int) -> tuple[JobState, str] | None:
+    """The job's state and where it was read: squeue while the job is
+    queued or running; once it has left the queue, sacct when the cluster
+    keeps accounting, else scontrol (which forgets a job MinJobAge after it
+    ended). None when no source knows the job."""
+    out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%N"], capture_output=True, text=True,
+                         check=False)
+    line = out.stdout.strip() if out.returncode == 0 else ""
+    if line:
+        state, reason, nodelist = (line.splitlines()[0].split("|") + ["", ""])[:3]
+        return JobState(state, "", None, hostnames(nodelist), reason or "None"), "squeue"
+    if accounting():
+        acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,ExitCode,NodeList"],
+                              capture_output=True, text=True, check=False)
+        rows = acct.stdout.strip().splitlines() if acct.returncode == 0 else []
+        if rows:
+            state, code, nodelist = (rows[-1].split("|") + ["", ""])[:3]
+            return JobState(state, code, None, hostnames(nodelist)), "sacct"
+    show = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True, check=False)
+    if show.returncode == 0 and show.stdout.strip():
+        f = slurm_checks.fields(show.stdout)
+        return (JobState(f["JobState"], f.get("ExitCode", ""), f.get("StdOut"), hostnames(f.get("NodeList", "")),
+                         f.get("Reason", "None"), int(f.get("Restarts", "0") or 0)), "scontrol")
+    return None
 
 
 def submit(script: Path) -> tuple[int, int, str]:
@@ -210,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_check and (refused := check_cluster(spec)):
         return refused
     rendered = render(spec, "slurm", doctor=args.doctor)
+    # The run folder before sbatch: a job that was submitted is always recorded.
+    run = new_run(spec, rendered)
     folder = args.dir.resolve()
     new = [name for name in rendered.files if not (folder / name).exists()]
     [script] = rendered.write(folder)
@@ -217,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
     if rc != 0:
         for name in new:  # nothing left behind by a job that was not submitted
             (folder / name).unlink(missing_ok=True)
+        shutil.rmtree(run.path, ignore_errors=True)
         line = slurm_checks.unavailable("sbatch", err)
         if line:
             print(line, file=sys.stderr)
@@ -229,8 +289,41 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(err)
     state = job_state(job_id)
     logs = state.stdout if state and state.stdout else str(script.parent / spec.slurm.output)
+    record_job(run, spec, job_id, script, logs)
     print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
+    print(f"ddpkit: run {run.path.name} (ddpkit status {job_id}, ddpkit logs {job_id}, ddpkit cancel {job_id})",
+          file=sys.stderr, flush=True)
     note = None if args.doctor else spec.watchdog.script_note(spec.command)
     if note:
         print(f"ddpkit: {note}", file=sys.stderr, flush=True)
-    return follow(job_id, spec) if args.follow else ExitCode.OK
+    if not args.follow:
+        return ExitCode.OK
+    code = follow(job_id, spec)
+    final = job_state(job_id)
+    if final is not None and final.finished:
+        run.finish(code, state=run_state(final.state))
+    return code
+
+
+def new_run(spec: JobSpec, rendered: Rendered) -> RunFolder:
+    """The run folder of a job about to be submitted: the spec and the script."""
+    from ..specfile import dump_yaml
+
+    run = RunFolder.create(name=spec.name, target="slurm", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
+                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.slurm_signal_s)
+    rendered.write(run.rendered_dir)
+    return run
+
+
+def record_job(run: RunFolder, spec: JobSpec, job_id: int, script: Path, output: str) -> None:
+    """What `ddpkit status/logs/cancel` ask Slurm about, once sbatch took the job."""
+    from ..targets.slurm import tasks_per_node
+
+    # The output file is relative to sbatch's folder when slurm.output is: `logs` runs from anywhere.
+    # (scontrol names it with %j and %x filled in; the spec's pattern, when it could not, needs them.)
+    output = output.replace("%j", str(job_id)).replace("%x", spec.name).replace("%%", "%")
+    out = Path(output) if Path(output).is_absolute() else script.parent / output
+    run.set_slurm(SlurmJob(job_id=job_id, script=str(script), output=str(out), tasks_per_node=tasks_per_node(spec),
+                           rank_per_task=spec.slurm.mode == "srun", signal=spec.preemption.signal,
+                           signal_grace_s=spec.grace.slurm_signal_s))
+    run.event("submitted", f"Slurm job {job_id}")

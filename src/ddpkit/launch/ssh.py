@@ -24,7 +24,9 @@ from typing import TextIO
 
 from ..contract import Target, master_port
 from ..exitcodes import ExitCode
+from ..runs import NodeLog, RunFolder
 from ..spec import JobSpec
+from ..specfile import dump_yaml
 from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import NodeCommand, new_rdzv_id, node_command
 from ..train.argcheck import check_command
@@ -67,13 +69,15 @@ class Plan:
     # The secrets' values from this environment (launch.secrets), sent to each
     # node on its session's stdin; empty for a dry run, which sends nothing.
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    log_dir: Path | None = None  # the run folder's logs/ when the spec leaves ssh.log_dir unset
 
     def command(self, rank: int) -> NodeCommand:
         return node_command(self.spec, rank, self.master_addr, doctor=self.doctor, rdzv_id=self.rdzv_id)
 
     def log_path(self, rank: int) -> Path:
         host = safe_name(self.endpoints[rank].alias)
-        return Path(self.spec.ssh.log_dir) / f"{self.spec.name}.node{rank}.{host}.log"
+        folder = self.log_dir if self.log_dir is not None else Path(self.spec.ssh.log_dir)
+        return folder / f"{self.spec.name}.node{rank}.{host}.log"
 
 
 def settings_from(args: argparse.Namespace, spec: JobSpec) -> SshSettings:
@@ -155,7 +159,7 @@ class Revive:
         return run
 
 
-def launch(plan: Plan, settings: SshSettings, dedup: bool = True) -> int:
+def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFolder | None = None) -> int:
     from rich.console import Console
 
     t0 = time.monotonic()
@@ -164,6 +168,9 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True) -> int:
     stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
     if problems:
         stderr.print(problem_table(problems))
+        if folder is not None:
+            folder.event("preflight", f"{len(problems)} problem(s); nothing was started")
+            folder.finish(ExitCode.PREFLIGHT)
         return ExitCode.PREFLIGHT
     print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
@@ -177,7 +184,7 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True) -> int:
     membership = Membership.of(plan.spec.elastic, revive)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
                             interrupt_grace_s=plan.spec.grace.launcher_grace_s, membership=membership,
-                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup)
+                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
@@ -203,4 +210,10 @@ def run(args: argparse.Namespace) -> int:
         print_dry_run(plan, sys.stdout)
         return ExitCode.OK
     plan.secrets = values
-    return launch(plan, settings, dedup=args.dedup)
+    run = RunFolder.create(name=spec.name, target="ssh", nodes=len(plan.endpoints), nproc_per_node=spec.nproc_per_node,
+                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
+        plan.log_dir = run.logs_dir
+    run.set_logs([NodeLog(node=r, host=ep.alias, path=str(plan.log_path(r))) for r, ep in enumerate(plan.endpoints)])
+    print(f"launch ssh: run {run.path.name} (ddpkit status {run.record().id})", file=sys.stderr, flush=True)
+    return launch(plan, settings, dedup=args.dedup, folder=run)

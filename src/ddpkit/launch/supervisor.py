@@ -34,6 +34,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from ..exitcodes import WORKER_CODES, ExitCode
+from ..runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup, Released, Source
 from .interrupt import interrupts_raise
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from rich.console import Console
-    from rich.text import Text
+    from rich.table import Table
 
     from ..spec import Elastic
 
@@ -352,8 +353,9 @@ class Supervisor:
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
                  sources: Sequence[EventSource] = (), summary_console: Console | None = None,
                  interrupt_grace_s: float | None = None, membership: Membership | None = None,
-                 ranks: int | None = None, dedup: bool = True) -> None:
+                 ranks: int | None = None, dedup: bool = True, run: RunFolder | None = None) -> None:
         # ranks: the job's world size (dedup's "all N ranks"); dedup False: --no-dedup.
+        # run: the run folder the events and the summary are recorded in (ddpkit runs).
         # grace_s: after a node failed (fail fast); interrupt_grace_s: after
         # Ctrl-C or SIGTERM, which ask the job to checkpoint (spec.grace).
         self.nodes, self.grace_s = list(nodes), grace_s
@@ -367,6 +369,17 @@ class Supervisor:
         self.printer = LinePrinter(console, Dedup(ranks) if dedup else None)
         self.events: queue.Queue[Event] = queue.Queue()
         self.started: set[int] = set()
+        self.run_folder = run
+
+    def note(self, kind: str, detail: str = "", node: int | None = None) -> None:
+        """One event in the run folder's events.jsonl; a folder that went
+        away (removed by hand) must not stop the run."""
+        if self.run_folder is None:
+            return
+        try:
+            self.run_folder.event(kind, detail, node)
+        except OSError:
+            pass
 
     def run(self) -> Outcome:
         outcome, began = Outcome(), time.monotonic()
@@ -389,7 +402,17 @@ class Supervisor:
         self.printer.close()  # every node has ended: what is held is printed, before the summary
         outcome.stalled = self.printer.stalled_ranks()
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
+        self._note_end(outcome)
         return outcome
+
+    def _note_end(self, outcome: Outcome) -> None:
+        if outcome.interrupted:
+            self.note("interrupted", f"Ctrl-C or SIGTERM: every node stopped with {self.interrupt_grace_s:g} s grace")
+        for s in outcome.stalled:
+            self.note("stall", s.line, s.node)
+        for node in self.nodes:
+            if outcome.node_code(node) == ExitCode.PREEMPTED:
+                self.note("preempted", "its workers checkpointed on the stop signal and exited 75", node.index)
 
     def _start(self) -> None:
         for source in self.sources:
@@ -408,6 +431,7 @@ class Supervisor:
                 continue
             if isinstance(event, StopRequested):
                 outcome.stop_request = event
+                self.note("stop", event.reason)
                 return
             if isinstance(event, NodeReturned):
                 self._rejoin(event.node, outcome)
@@ -419,6 +443,7 @@ class Supervisor:
                     self._leave_out(event.node, outcome)
                     continue
                 outcome.first_failure = event.node
+                self.note("failed", f"{self.reason(event.node)}: stopping every other node", event.node.index)
                 return
 
     def _excludes(self, node: NodeHandle, outcome: Outcome) -> bool:
@@ -436,7 +461,9 @@ class Supervisor:
         self.failures[node.index] += 1
         if self.failures[node.index] >= self.membership.max_node_failures:
             outcome.excluded.append(node)
+            self.note("excluded", f"{self.reason(node)}: failed {self.failures[node.index]} times", node.index)
             return
+        self.note("failed", f"{self.reason(node)}: the job goes on without it until it is back", node.index)
         self.away[node.index] = node
         threading.Thread(target=self._revive, args=(node,), name=f"revive {node.label}", daemon=True).start()
 
@@ -451,6 +478,7 @@ class Supervisor:
         why = self.reason(old)
         self.printer.forget(new.index)
         outcome.rejoined.setdefault(new.index, []).append(why)
+        self.note("restart", f"back after it failed ({why})", new.index)
         self.nodes = [new if n.index == new.index else n for n in self.nodes]
         self.printer.line(new, f"ddpkit: node {new.index} ({new.host}) is back after it failed ({why}): "
                                "its agent is restarted and joins the job at the next rendezvous")
@@ -487,44 +515,48 @@ class Supervisor:
             return Status.FAILED
         return Status.REJOINED if node.index in outcome.rejoined else Status.OK
 
-    def summary(self, outcome: Outcome, text: RunText) -> None:
-        """The end-of-run table, then one line on how the run ended."""
-        from rich.table import Table
+    def summary(self, outcome: Outcome, text: RunText) -> RunSummary:
+        """The end-of-run table, then one line on how the run ended; the same
+        rows and lines are recorded in the run folder's run.json (`ddpkit
+        status` shows them again), with the exit code and end state."""
         from rich.text import Text
 
         self.printer.close()  # (a run interrupted before it began has lines held too)
-        table = Table(title=f"{text.title}: {len(self.nodes)} nodes, {outcome.elapsed_s:.1f}s",
-                      title_justify="left")
-        # "node | exit code | status" first: scripts (and tests) match that run of cells.
-        for column in ("node", "exit code", "status", "host", "first failure"):
-            table.add_column(column, overflow="fold")
-        for node in self.nodes:
-            status = self.status(node, outcome)
-            table.add_row(Text(f"node{node.index}"), Text(_code_text(outcome.node_code(node))),
-                          Text(status.value, style=STATUS_STYLE[status]), Text(node.host),
-                          self._failure_cell(node, outcome))
-        self.console.print(table)
-        for problem in outcome.problems:
-            self.console.print(Text(f"teardown problem: {problem}"))
-        self.console.print(Text(self.closing_line(outcome, text), style="bold red" if outcome.code else "green"))
-        # The workers' own cause, once, last (every rank printed it; the stream held it back).
         first = None if outcome.first_failure is None else outcome.first_failure.index
-        for cause in self.printer.cause_lines(first):
+        record = RunSummary(title=text.title, elapsed_s=outcome.elapsed_s,
+                            rows=[self._row(node, outcome) for node in self.nodes],
+                            closing=self.closing_line(outcome, text), causes=self.printer.cause_lines(first),
+                            problems=list(outcome.problems))
+        self.console.print(summary_table(record))
+        for problem in record.problems:
+            self.console.print(Text(f"teardown problem: {problem}"))
+        self.console.print(Text(record.closing, style="bold red" if outcome.code else "green"))
+        # The workers' own cause, once, last (every rank printed it; the stream held it back).
+        for cause in record.causes:
             self.console.print(Text(cause, style="bold red" if outcome.code else ""), soft_wrap=True)
+        if self.run_folder is not None:
+            try:
+                self.run_folder.finish(outcome.code, record)
+            except OSError as exc:  # the run itself is over: say so, keep its exit code
+                self.console.print(Text(f"{text.title}: could not record the run's end in {self.run_folder.path}: "
+                                        f"{exc}"))
+        return record
 
-    def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> Text:
-        from rich.text import Text
+    def _row(self, node: NodeHandle, outcome: Outcome) -> NodeRow:
+        return NodeRow(node=node.index, exit_code=_code_text(outcome.node_code(node)),
+                       status=self.status(node, outcome).value, host=node.host,
+                       first_failure=self._failure_cell(node, outcome))
 
+    def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> str:
         stalled = [s.line for s in outcome.stalled if s.node == node.index]
         if stalled:
-            return Text("\n".join(["hang watchdog: stalled", *stalled]))
+            return "\n".join(["hang watchdog: stalled", *stalled])
         if (not outcome.stalled and node.index in outcome.rejoined and node not in outcome.excluded
                 and node is not outcome.first_failure):
-            return Text("\n".join(f"rejoined after: {why}" for why in outcome.rejoined[node.index]))
+            return "\n".join(f"rejoined after: {why}" for why in outcome.rejoined[node.index])
         if outcome.stalled or (node is not outcome.first_failure and node not in outcome.excluded):
-            return Text("")
-        # Text, not markup: log lines hold brackets (our own prefix, for one).
-        return Text("\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]]))
+            return ""
+        return "\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]])
 
     def reason(self, node: NodeHandle, outcome: Outcome | None = None) -> str:
         code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
@@ -570,6 +602,24 @@ def node_code(node: NodeHandle, worker: int | None) -> int | None:
     return worker if code == ExitCode.FAILED and worker in WORKER_CODES else code
 
 
+def summary_table(summary: RunSummary) -> Table:
+    """The summary's table, from its recorded rows: what the launcher printed
+    at the end, and what `ddpkit status` prints again."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"{summary.title}: {len(summary.rows)} nodes, {summary.elapsed_s:.1f}s", title_justify="left")
+    # "node | exit code | status" first: scripts (and tests) match that run of cells.
+    for column in ("node", "exit code", "status", "host", "first failure"):
+        table.add_column(column, overflow="fold")
+    for row in summary.rows:
+        style = next((STATUS_STYLE[s] for s in Status if s.value == row.status), "")
+        # Text, not markup: log lines hold brackets (our own prefix, for one).
+        table.add_row(Text(f"node{row.node}"), Text(row.exit_code), Text(row.status, style=style), Text(row.host),
+                      Text(row.first_failure))
+    return table
+
+
 def _code_text(code: int | None) -> str:
     if code is None:
         return "-"
@@ -603,10 +653,10 @@ def add_dedup_argument(parser: argparse.ArgumentParser) -> None:
 
 def supervise(nodes: Sequence[NodeHandle], console: Console, grace_s: float, text: RunText,
               sources: Sequence[EventSource] = (), interrupt_grace_s: float | None = None,
-              ranks: int | None = None, dedup: bool = True) -> int:
+              ranks: int | None = None, dedup: bool = True, run: RunFolder | None = None) -> int:
     """Run the nodes to the end, print the summary, return the exit code."""
     supervisor = Supervisor(nodes, console, grace_s, sources, interrupt_grace_s=interrupt_grace_s,
-                            ranks=ranks, dedup=dedup)
+                            ranks=ranks, dedup=dedup, run=run)
     outcome = supervisor.run()
     supervisor.summary(outcome, text)
     return outcome.code

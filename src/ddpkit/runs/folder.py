@@ -1,0 +1,141 @@
+"""The one place that knows a run folder's layout:
+
+    <runs root>/<name>-<id>/
+        run.json        RunRecord: target, nodes, launcher pid and host, state, exit code, summary
+        events.jsonl    one RunEvent per line: start, failed, restart, stall, preempted, exit, ...
+        spec.yaml       the job as it ran (defaults, --set and flags applied)
+        rendered/       the files the target rendered (Slurm: the sbatch script)
+        logs/           the nodes' logs, unless the launcher was given --log-dir
+
+The runs root is $DDPKIT_RUNS_DIR, else ~/.ddpkit/runs, so `ddpkit runs`
+finds every run from any directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..envnames import DDPKIT_RUNS_DIR
+from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, SlurmJob, state_for_code
+
+RUN_JSON = "run.json"
+EVENTS = "events.jsonl"
+SPEC = "spec.yaml"
+RENDERED = "rendered"
+LOGS = "logs"
+
+
+def runs_root() -> Path:
+    given = os.environ.get(DDPKIT_RUNS_DIR)
+    return Path(given).expanduser() if given else Path.home() / ".ddpkit" / "runs"
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat
+    field 22): with the pid, it names one process even after the pid is
+    reused. None when no such process runs (a zombie has ended: None too)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and ')': count after the last ')'.
+    fields = stat.rsplit(")", 1)[1].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+class RunsDirError(Exception):
+    """The runs root cannot take a new run folder: one line, nothing started."""
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    path: Path
+
+    @classmethod
+    def create(cls, *, name: str, target: str, nodes: int, nproc_per_node: int, spec_yaml: str,
+               stop_grace_s: float = 0.0, root: Path | None = None) -> RunFolder:
+        """A new run of this process (its pid is the launcher's), state running.
+        RunsDirError when the runs root cannot hold it: a launch that could not
+        be listed, followed or cancelled is refused before anything starts."""
+        root = root or runs_root()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            while True:  # short enough to type; ids are unique in the root, whatever the job's name
+                run_id = uuid.uuid4().hex[:6]
+                if not any(root.glob(f"*-{run_id}")):
+                    break
+            folder = cls(root / f"{name}-{run_id}")
+            folder.path.mkdir()
+            (folder.path / SPEC).write_text(spec_yaml)
+            pid = os.getpid()
+            folder.write(RunRecord(id=run_id, name=name, target=target, nodes=nodes, nproc_per_node=nproc_per_node,
+                                   started=time.time(), stop_grace_s=stop_grace_s,
+                                   launcher=Launcher(pid=pid, host=socket.gethostname(),
+                                                     start_ticks=start_ticks(pid))))
+            folder.event("start", f"{target}: {nodes} nodes x {nproc_per_node} processes")
+        except OSError as exc:
+            raise RunsDirError(f"cannot create a run folder in {root} ({exc.strerror or exc}); set "
+                               f"{DDPKIT_RUNS_DIR} to a folder you can write (nothing was started)") from None
+        return folder
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / LOGS
+
+    @property
+    def rendered_dir(self) -> Path:
+        return self.path / RENDERED
+
+    @property
+    def spec_file(self) -> Path:
+        return self.path / SPEC
+
+    def record(self) -> RunRecord:
+        return RunRecord.model_validate_json((self.path / RUN_JSON).read_text())
+
+    def write(self, record: RunRecord) -> None:
+        # Readers (`ddpkit runs` in another shell) must never see half a file.
+        tmp = self.path / f".{RUN_JSON}.{os.getpid()}"
+        tmp.write_text(record.model_dump_json(indent=2) + "\n")
+        os.replace(tmp, self.path / RUN_JSON)
+
+    def event(self, kind: str, detail: str = "", node: int | None = None) -> None:
+        line = RunEvent(time=time.time(), kind=kind, detail=detail, node=node).model_dump_json(exclude_none=True)
+        with (self.path / EVENTS).open("a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+    def events(self) -> list[RunEvent]:
+        try:
+            lines = (self.path / EVENTS).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(RunEvent.model_validate(json.loads(line)))
+            except ValueError:  # a line cut short by a killed launcher
+                continue
+        return out
+
+    def set_logs(self, logs: list[NodeLog]) -> None:
+        self.write(self.record().model_copy(update={"logs": logs}))
+
+    def set_slurm(self, job: SlurmJob) -> None:
+        self.write(self.record().model_copy(update={"slurm": job}))
+
+    def finish(self, code: int | None, summary: RunSummary | None = None, state: RunState | None = None) -> None:
+        """The end: exit code (None: the launcher never gave one), state (from
+        the code unless given) and the summary."""
+        if state is None:
+            assert code is not None, "an end without an exit code needs its state"
+            state = state_for_code(code)
+        self.write(self.record().model_copy(update={"state": state, "exit_code": code, "ended": time.time(),
+                                                   "summary": summary}))
+        self.event("exit", f"{state.value}" + ("" if code is None else f", exit code {code}"))

@@ -1,0 +1,119 @@
+"""What a run folder's `run.json` and `events.jsonl` hold, as models (the
+files are these models' JSON; docs/RUNS.md shows them)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict
+
+from ..exitcodes import ExitCode
+
+
+class RunState(str, Enum):
+    RUNNING = "running"
+    PENDING = "pending"  # Slurm only: queued, not started (read from Slurm, never stored)
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # shown, never stored: the record says running but its launcher is gone
+
+
+def state_for_code(code: int) -> RunState:
+    """The stored end state of a launcher's run from its exit code: 130 is
+    what every launcher exits with after Ctrl-C or SIGTERM (`ddpkit cancel`)."""
+    if code == ExitCode.OK:
+        return RunState.FINISHED
+    return RunState.CANCELLED if code == ExitCode.INTERRUPTED else RunState.FAILED
+
+
+class _Model(BaseModel):
+    # A record written by a newer ddpkit may carry more: read what we know.
+    model_config = ConfigDict(extra="ignore")
+
+
+class NodeRow(_Model):
+    """One row of the supervisor's summary table, as printed."""
+
+    node: int
+    exit_code: str  # "0", "130", "lost", "-" (never started)
+    status: str  # supervisor.Status's words: "ok", "failed first", "stopped", ...
+    host: str
+    first_failure: str = ""
+
+
+class RunSummary(_Model):
+    """The supervisor's end-of-run summary: its table, closing line and the
+    workers' cause lines, exactly as the launcher printed them."""
+
+    title: str
+    elapsed_s: float
+    rows: list[NodeRow]
+    closing: str
+    causes: list[str] = []
+    problems: list[str] = []
+
+
+class NodeLog(_Model):
+    """One node's log file. `rank_tagged`: worker lines carry torchrun's
+    `[rank<R>]:` prefix (launch local), so `ddpkit logs --rank` can pick
+    one rank's lines; otherwise it shows the node that holds the rank."""
+
+    node: int
+    host: str
+    path: str
+    rank_tagged: bool = False
+
+
+class SlurmJob(_Model):
+    """A submitted job: what `status`, `logs` and `cancel` ask Slurm about,
+    and the grace chain's link `cancel` follows (spec.grace)."""
+
+    job_id: int
+    script: str
+    output: str  # the job's output file (slurm.output resolved), which `logs` reads
+    tasks_per_node: int  # srun --label numbers tasks; task t runs on node t // tasks_per_node
+    rank_per_task: bool  # srun mode: task id == global rank
+    signal: str  # preemption.signal, e.g. "USR2": sent to the batch shell first
+    signal_grace_s: int  # the Slurm link of the grace chain: signal to scancel
+
+
+class Launcher(_Model):
+    """The process that owns a launch run. `start_ticks` (field 22 of
+    /proc/<pid>/stat) tells a reused pid from the launcher itself."""
+
+    pid: int
+    host: str
+    start_ticks: int | None = None
+
+
+class RunRecord(_Model):
+    """run.json."""
+
+    id: str
+    name: str
+    target: str  # "local", "docker", "ssh", "slurm"
+    nodes: int
+    nproc_per_node: int
+    started: float  # epoch seconds
+    launcher: Launcher
+    state: RunState = RunState.RUNNING
+    stop_grace_s: float = 0.0  # how long the launcher's nodes get to stop after SIGTERM (spec.grace)
+    logs: list[NodeLog] = []
+    slurm: SlurmJob | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    summary: RunSummary | None = None
+
+    @property
+    def folder_name(self) -> str:
+        return f"{self.name}-{self.id}"
+
+
+class RunEvent(_Model):
+    """One line of events.jsonl."""
+
+    time: float
+    kind: str  # start, exit, failed, restart, excluded, stall, preempted, stop, cancel
+    detail: str = ""
+    node: int | None = None
