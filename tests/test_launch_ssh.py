@@ -498,7 +498,7 @@ def test_secrets_reach_every_rank_on_stdin_never_in_argv_or_files(cluster: Clust
     hf = hostfile(tmp_path, net)
     argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
     env = {**os.environ, "RUN_SECRET": SECRET}
-    dry = net["login"].run([*argv, "--dry-run"], cwd=str(tmp_path), env=env)
+    dry = net["login"].run([*argv, "--dry-run", "--full"], cwd=str(tmp_path), env=env)
     assert dry.returncode == 0 and dry.stdout.count("export RUN_SECRET") == 3 and "5e0d" not in dry.stdout, dry.stderr
     out_dir = tmp_path.parent / f"{tmp_path.name}-out"  # the launcher's own console, outside the run's folder
     out_dir.mkdir()

@@ -161,3 +161,36 @@ def test_watchdog_stops_the_group_when_the_launcher_goes_away(tmp_path: Path) ->
             break
         subprocess.run(["sleep", "0.1"])
     assert live_in_group(pgid) == []
+
+
+def _dry(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    from ddpkit.cli import main
+
+    code = main(["launch", "ssh", "--nodes", "2", "--set", "ssh.hosts=[h0, h1]", "--dry-run", *extra])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return out
+
+
+def test_dry_run_shows_each_hosts_launch_line_and_full_the_exact_command(capsys: pytest.CaptureFixture[str]) -> None:
+    short = _dry(capsys, "--", "--epochs", "2")
+    lines = [line for line in short.splitlines() if not line.startswith("#")]
+    assert len(lines) == 2 and all(" -m torch.distributed.run " in line for line in lines)
+    assert lines[0].startswith("env DDPKIT_NODE_RANK=0 ") and lines[0].endswith("-m ddpkit.train --epochs 2")
+    assert "#   DDPKIT_JOB_NAME=ddp-job" in short and "setsid" not in short
+    full = _dry(capsys, "--full", "--", "--epochs", "2")
+    assert full.count("setsid -w ") == 2 and len(full.splitlines()) > 4 * len(short.splitlines())
+
+
+def test_launch_ssh_takes_log_dir_grace_and_train_args_like_its_siblings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _dry(capsys, "--log-dir", str(tmp_path / "L"), "--grace", "7", "--", "--epochs", "3")
+    assert f"log {tmp_path / 'L'}/ddp-job.node0.h0.log" in out and "--epochs 3" in out
+    import argparse
+
+    from ddpkit.launch import ssh
+
+    parser = argparse.ArgumentParser()
+    ssh.add_arguments(parser)
+    args = parser.parse_args(["--grace", "7"])
+    assert args.grace == 7.0

@@ -27,11 +27,12 @@ from .. import envnames
 from ..contract import Target, controller_env, hosts_for, job_env, one_host_gpus, sources, torchrun_argv
 from ..exitcodes import ExitCode
 from ..runs import NodeLog, RunFolder
-from ..spec import Command, JobSpec
+from ..spec import JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
 from ..targets import mounts
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
+from .runargs import add_train_args, with_train_args
 from .secrets import secret_values
 from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument, node_log
 
@@ -137,17 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the "
                              "end; default: the run folder's logs/, see `ddpkit runs`)")
     add_dedup_argument(parser)
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
-                        help="arguments appended to the job's command (after --)")
+    add_train_args(parser)
 
 
 def docker_spec(args: argparse.Namespace) -> JobSpec:
-    spec = spec_from_args(args)
-    extra = [a for a in args.train_args if a != "--"]
-    if extra:
-        command = Command(**(spec.command.model_dump() | {"args": [*spec.command.args, *extra]}))
-        spec = spec.model_copy(update={"command": command})
-    return spec
+    return with_train_args(spec_from_args(args), args.train_args)
 
 
 def plan(spec: JobSpec, secrets: dict[str, str] | None = None) -> list[NodePlan]:

@@ -37,6 +37,7 @@ from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import new_rdzv_id
 from ..train.argcheck import check_command
 from . import proctree
+from .runargs import add_train_args, with_train_args
 from .secrets import secret_values
 from .supervisor import (
     TORCHRUN_PREFIX_FLAG,
@@ -138,8 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
                              "(preemption.checkpoint_s)")
     add_dedup_argument(parser)
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
-                        help="arguments appended to the job's command (after --)")
+    add_train_args(parser)
 
 
 def free_port() -> int:
@@ -159,8 +159,8 @@ def local_spec(args: argparse.Namespace) -> JobSpec:
     spec = spec_from_args(args)
     if spec.master_port is None:
         spec = spec.model_copy(update={"master_port": free_port()})
-    extra = [a for a in args.train_args if a != "--"] if args.train_args[:1] == ["--"] else list(args.train_args)
-    command = spec.command.model_copy(update={"args": [*spec.command.args, *extra]})
+    spec = with_train_args(spec, args.train_args)
+    command = spec.command
     if spec.command.python == Command.model_fields["python"].default:
         # The agents run on this machine: use the interpreter ddpkit runs in.
         command = command.model_copy(update={"python": sys.executable})

@@ -24,16 +24,18 @@ from typing import TextIO
 
 from ..contract import Target, master_port
 from ..exitcodes import ExitCode
+from ..quoting import shell_word
 from ..runs import NodeLog, RunFolder
 from ..spec import JobSpec
 from ..specfile import dump_yaml
 from ..targets.mounts import refuse_mounts
-from ..targets.sshnode import NodeCommand, new_rdzv_id, node_command
+from ..targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_command, node_env
 from ..train.argcheck import check_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
+from .runargs import add_train_args, with_train_args
 from .secrets import secret_values, stdin_payload
 from .supervisor import Membership, NodeHandle, RunText, Supervisor, add_dedup_argument
 
@@ -45,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_spec_arguments(parser)
     parser.add_argument("--hostfile", type=Path, help="lines '[user@]host[:port] [slots=N]'; default: ssh.hosts")
-    parser.add_argument("--dry-run", action="store_true", help="print each host's exact command; connect to nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print each host's launch line; connect to nothing")
+    parser.add_argument("--full", action="store_true", help="with --dry-run: the exact command sent to each host")
     parser.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
     parser.add_argument("--accept-new-host-keys", action="store_true",
                         help="add unknown host keys to known_hosts (changed keys are still refused)")
@@ -53,7 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssh-config", type=Path, help="ssh_config file (default ~/.ssh/config)")
     parser.add_argument("-i", "--identity", type=Path, help="private key to try first")
     parser.add_argument("--master-addr", help="address the nodes reach node 0 by (default: first host's HostName)")
+    parser.add_argument("--log-dir", type=Path, metavar="DIR",
+                        help="one log file per node in DIR (default: ssh.log_dir if the spec sets it, else the "
+                             "run folder's logs/, see `ddpkit runs`)")
+    parser.add_argument("--grace", type=float, metavar="SECONDS",
+                        help="after a node failed: SIGTERM the others, wait this long, then SIGKILL (default: "
+                             "ssh.grace_s); after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
+                             "(preemption.checkpoint_s)")
     add_dedup_argument(parser)
+    add_train_args(parser)
 
 
 @dataclass
@@ -97,12 +108,25 @@ def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) ->
     return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, args.doctor, new_rdzv_id(spec))
 
 
-def print_dry_run(plan: Plan, out: TextIO) -> None:
-    out.write(f"# job {plan.spec.name}: {len(plan.endpoints)} nodes, master {plan.master_addr}:{plan.master_port}\n")
+def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
+    """Each host's launch line (the job's environment once, above them);
+    `full`: the exact command sent, with its process-group and clean-up shell."""
+    spec = plan.spec
+    out.write(f"# job {spec.name}: {len(plan.endpoints)} nodes, master {plan.master_addr}:{plan.master_port}\n")
+    if not full:
+        out.write("# every node's environment:\n")
+        out.writelines(f"#   {k}={shell_word(v)}\n" for k, v in node_env(spec).items())
+        if spec.secrets:
+            names = ", ".join(s.name for s in spec.secrets)
+            out.write(f"#   and the secrets {names}, from this environment over each session's stdin\n")
     for rank, ep in enumerate(plan.endpoints):
         via = f" via {ep.jump}" if ep.jump else ""
         out.write(f"# node {rank}: {ep}{via}, log {plan.log_path(rank)}\n")
-        out.write(plan.command(rank).start + "\n")
+        line = plan.command(rank).start if full else launch_line(
+            spec, rank, plan.master_addr, doctor=plan.doctor, rdzv_id=plan.rdzv_id)
+        out.write(line + "\n")
+    if not full:
+        out.write("# --dry-run --full: the exact command sent to each host\n")
 
 
 def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) -> NodeRun:
@@ -198,7 +222,11 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFol
 def run(args: argparse.Namespace) -> int:
     from ..specfile import spec_from_args, warn_env
 
-    spec = spec_from_args(args)
+    # --log-dir and --grace are the spec's ssh.log_dir and ssh.grace_s, as --set would give them.
+    own = [*([f"ssh.log_dir={args.log_dir}"] if args.log_dir else []), *([f"ssh.grace_s={args.grace}"]
+                                                                           if args.grace is not None else [])]
+    spec = with_train_args(spec_from_args(argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, *own]})),
+                           args.train_args)
     check_command(spec.command.module, spec.command.args, doctor=args.doctor)
     refuse_mounts(spec, Target.SSH)
     warn_env(spec, "launch ssh")
@@ -207,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args, spec)
     plan = make_plan(spec, args, settings)
     if args.dry_run:
-        print_dry_run(plan, sys.stdout)
+        print_dry_run(plan, sys.stdout, full=args.full)
         return ExitCode.OK
     plan.secrets = values
     run = RunFolder.create(name=spec.name, target="ssh", nodes=len(plan.endpoints), nproc_per_node=spec.nproc_per_node,

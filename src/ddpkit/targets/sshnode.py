@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .. import envnames
 from ..contract import Arg, FromNode, Target, sources, target_env, torchrun_argv
 from ..quoting import bash_c, shell_word
-from ..render import template
+from ..render import shell_argv, template
 from ..spec import JobSpec
 from . import mounts
 
@@ -134,6 +134,13 @@ def new_rdzv_id(spec: JobSpec) -> str | None:
     if spec.elastic is None:
         return None
     return f"{spec.name}-{secrets.token_hex(6)}"
+
+
+def launch_line(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: bool = False,
+                rdzv_id: str | None = None) -> str:
+    """The node's launch line as a person reads it (the env prefix and the
+    torchrun line, without the process-group and clean-up shell around it)."""
+    return f"{env_prefix(node_rank, master_addr, rdzv_id)} {shell_argv(launch_argv(spec, doctor=doctor))}"
 
 
 def node_command(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: bool = False,
