@@ -30,6 +30,7 @@ from ..runs import NodeLog, RunFolder
 from ..spec import JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
 from ..targets import mounts
+from ..text import plural
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
 from .runargs import add_train_args, with_train_args
@@ -272,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     run = RunFolder.create(name=spec.name, target="docker", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
                            spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
     launch = DockerLaunch(client, spec, args.shm_size, args.log_dir or run.logs_dir, run_id=run.record().id)
-    console.print(f"launch docker: {spec.nodes} containers of {spec.image} x {spec.nproc_per_node} processes "
+    console.print(f"launch docker: {plural(spec.nodes, 'container')} of {spec.image} x {plural(spec.nproc_per_node, 'process')} "
                   f"on network {launch.network_name}, master node0", markup=False)
     note = spec.watchdog.script_note(spec.command)
     if note:

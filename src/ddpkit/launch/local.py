@@ -35,6 +35,7 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
 from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import new_rdzv_id
+from ..text import plural
 from ..train.argcheck import check_command
 from . import proctree
 from .runargs import add_train_args, with_train_args
@@ -246,7 +247,7 @@ def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run:
     if run is not None:  # torchrun's --tee puts `[rank<R>]:` before every worker line of the agent's log
         run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log), rank_tagged=True) for n in nodes])
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    console.print(f"launch local: {spec.nodes} nodes x {spec.nproc_per_node} processes, "
+    console.print(f"launch local: {plural(spec.nodes, 'node')} x {plural(spec.nproc_per_node, 'process')}, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
     note = spec.watchdog.script_note(spec.command)
     if note:

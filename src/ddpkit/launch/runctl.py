@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from .. import envnames
 from ..exitcodes import ExitCode
 from ..runs import NodeLog, RunRecord, RunState, StoredRun, UnknownRun, all_runs, launcher_alive, resolve, shown_state
+from ..text import plural
 from . import proctree, slurm
 from .supervisor import summary_table
 
@@ -207,7 +208,7 @@ def _status(args: argparse.Namespace) -> int:
     console = _console()
     exit_text = "" if now.exit_code is None else f", exit code {now.exit_code}"
     console.print(Text.assemble(f"run {rec.id}: ", (now.state.value, STATE_STYLE[now.state]), exit_text))
-    lines = [f"job       {rec.name}, {rec.target}: {rec.nodes} nodes x {rec.nproc_per_node} processes",
+    lines = [f"job       {rec.name}, {rec.target}: {plural(rec.nodes, 'node')} x {plural(rec.nproc_per_node, 'process')}",
              f"started   {_when(rec.started)}, {_took(rec, now)}",
              f"where     {now.detail}",
              f"folder    {run.folder.path}"]

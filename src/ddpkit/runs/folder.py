@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..envnames import DDPKIT_RUNS_DIR
+from ..text import plural
 from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, SlurmJob, state_for_code
 
 RUN_JSON = "run.json"
@@ -79,7 +80,7 @@ class RunFolder:
                                    started=time.time(), stop_grace_s=stop_grace_s,
                                    launcher=Launcher(pid=pid, host=socket.gethostname(),
                                                      start_ticks=start_ticks(pid))))
-            folder.event("start", f"{target}: {nodes} nodes x {nproc_per_node} processes")
+            folder.event("start", f"{target}: {plural(nodes, 'node')} x {plural(nproc_per_node, 'process')}")
         except OSError as exc:
             raise RunsDirError(f"cannot create a run folder in {root} ({exc.strerror or exc}); set "
                                f"{DDPKIT_RUNS_DIR} to a folder you can write (nothing was started)") from None
