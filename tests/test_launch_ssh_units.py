@@ -194,3 +194,15 @@ def test_launch_ssh_takes_log_dir_grace_and_train_args_like_its_siblings(
     ssh.add_arguments(parser)
     args = parser.parse_args(["--grace", "7"])
     assert args.grace == 7.0
+
+
+def test_a_host_name_that_does_not_resolve_says_so_not_sshd(tmp_path: Path) -> None:
+    from ddpkit.launch.conn import ConnectError, SshSettings, connect, endpoint_for
+
+    settings = SshSettings(config_path=tmp_path / "no-config", known_hosts=tmp_path / "known_hosts")
+    endpoint = endpoint_for(parse_hostfile("gpu-a.no-such-domain.invalid slots=1\n")[0], settings)
+    with pytest.raises(ConnectError) as err:
+        connect(endpoint, settings)
+    assert err.value.kind == "unknown host"
+    assert "'gpu-a.no-such-domain.invalid' does not resolve" in str(err.value) and "sshd" not in str(err.value)
+    assert "HostName for it in ~/.ssh/config" in str(err.value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -221,6 +222,13 @@ def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list | None =
             f"{endpoint}: authentication refused ({exc}); add your public key on the host "
             f"(ssh-copy-id -p {endpoint.port} {shlex.quote(endpoint.user + '@' + endpoint.hostname)}) "
             "or pass -i KEY / set IdentityFile",
+        ) from None
+    except socket.gaierror as exc:  # before OSError: no port or sshd question when the name has no address
+        client.close()
+        raise ConnectError(
+            "unknown host",
+            f"{endpoint}: {endpoint.hostname!r} does not resolve ({exc.strerror}); check the spelling, or give "
+            "its address, or a HostName for it in ~/.ssh/config",
         ) from None
     except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
         client.close()
