@@ -207,3 +207,13 @@ def test_gpus_per_node_refusals(tmp_path: Path, fields: dict[str, Any], extra: d
     job.write_text(yaml.safe_dump({"name": "g", **fields}))
     with pytest.raises(SpecError, match=re.escape(needle)):
         load_spec(job, gpus_per_node=6, **extra)
+
+
+def test_a_job_without_a_name_is_ddp_job_and_the_schema_says_so(tmp_path: Path) -> None:
+    from ddpkit.spec import JobSpec
+
+    job = tmp_path / "job.yaml"
+    job.write_text("nodes: 2\n")
+    assert load_spec(job).name == load_spec(None).name == "ddp-job"
+    schema = JobSpec.model_json_schema()
+    assert "name" not in schema.get("required", []) and schema["properties"]["name"]["default"] == "ddp-job"

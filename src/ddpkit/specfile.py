@@ -179,7 +179,6 @@ def load_spec(
             raise SpecFileError(f"-f {path}: not a text file; pass the job's YAML file (see examples/)") from None
         except (yaml.YAMLError, ValueError) as exc:
             raise SpecError([f"-f {path}: not a YAML job mapping: {exc}"]) from None
-    data.setdefault("name", "ddp-job")
     for key, value in (("nodes", nodes), ("nproc_per_node", nproc_per_node), ("image", image)):
         if value is not None:
             data[key] = value

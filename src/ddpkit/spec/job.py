@@ -190,6 +190,7 @@ class WatchdogOptions(Strict):
                 "(docs/WATCHDOG.md); without it a hang lasts until the collective timeout")
 
 
+DEFAULT_NAME = "ddp-job"  # a job spec without a name: the schema says so, not only the CLI
 # The tags docker/build.sh gives the images it builds.
 CUDA_IMAGE, CPU_IMAGE = "ddpkit:cuda", "ddpkit:cpu"
 
@@ -197,7 +198,9 @@ CUDA_IMAGE, CPU_IMAGE = "ddpkit:cuda", "ddpkit:cpu"
 class JobSpec(Strict):
     """One DDP job. world_size = nodes * nproc_per_node."""
 
-    name: JobName = Field(description="DNS-1035 label: lower case, digits, '-', starts with a letter, max 63")
+    name: JobName = Field(default=DEFAULT_NAME, description=(
+        "DNS-1035 label: lower case, digits, '-', starts with a letter, max 63; it names the Slurm job, the "
+        f"Kubernetes objects and the rendered files (default {DEFAULT_NAME})"))
     image: ImageRef = Field(default=CUDA_IMAGE, description="container image with ddpkit installed (default: "
                             f"{CUDA_IMAGE}, or {CPU_IMAGE} for device: cpu, the tags `make image` / `make image-cpu` build)")
     nodes: int = Field(default=1, ge=1, le=4096)
