@@ -75,7 +75,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_builtin(sub: argparse._SubParsersAction) -> None:
+def _add_builtin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("render", help="render a launch target from a job spec")
     p.add_argument("target", choices=list(TARGETS))
     add_spec_arguments(p)
@@ -101,8 +101,8 @@ def _lazy_handler(module_name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-def _add_module_commands(sub: argparse._SubParsersAction) -> None:
-    groups: dict[str, argparse._SubParsersAction] = {}
+def _add_module_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     for words, module_name, help_text in COMMANDS:
         parent = sub
         for word in words[:-1]:
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(unknown_options_line(own, extras), file=sys.stderr)  # not the top-level usage
         return ExitCode.BAD_INPUT
     try:
-        return args.handler(args)
+        handler: Callable[[argparse.Namespace], int] = args.handler  # every command parser sets one (set_defaults)
+        return handler(args)
     except (TrainArgsError, TemplatesError) as exc:
         print(f"ddpkit: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT

@@ -185,7 +185,7 @@ def _open_socket(endpoint: Endpoint, settings: SshSettings,
         raise ConnectError("unreachable", f"{endpoint}: jump host {endpoint.jump} cannot reach it ({exc})") from None
 
 
-def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list | None = None) -> paramiko.SSHClient:
+def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list[paramiko.SSHClient] | None = None) -> paramiko.SSHClient:
     """A connected, host-key-verified client (jump hosts stay open with it)."""
     opened: list[paramiko.SSHClient] = [] if _opened is None else _opened
     policy = settings.host_key_policy(endpoint.alias)

@@ -133,7 +133,8 @@ def step_of(path: Path) -> int | None:
 def read_checkpoint(path: Path, map_location: torch.device | str) -> dict[str, Any]:
     try:
         # our own files: they hold numpy/python RNG states, which weights_only would refuse
-        return torch.load(path, map_location=map_location, weights_only=False)
+        saved: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=False)  # write_checkpoint's payload
+        return saved
     except Exception as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
 

@@ -17,6 +17,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+# One sample of every dataset here: a (C,H,W) image and its class index.
+Sample = tuple[torch.Tensor, int]
+
 CIFAR_FOLDER = "cifar-10-batches-py"
 CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 CIFAR_TEST = ["test_batch"]
@@ -43,7 +46,7 @@ def augment(image: torch.Tensor, gen: torch.Generator, pad: int = 4) -> torch.Te
     return out.flip(-1) if flip else out
 
 
-class SyntheticImages(Dataset):
+class SyntheticImages(Dataset[Sample]):
     """Deterministic, learnable images of any shape: label i % classes, with a class-dependent mean."""
 
     def __init__(self, size: int, image_size: int, num_classes: int, seed: int, split: int = 0) -> None:
@@ -61,7 +64,7 @@ class SyntheticImages(Dataset):
         return image, label
 
 
-class ArrayImages(Dataset):
+class ArrayImages(Dataset[Sample]):
     """uint8 images (N,H,W,C) and labels in memory, normalised, augmented per (epoch, index) when training."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, train: bool, seed: int,
@@ -102,7 +105,7 @@ def read_cifar10(root: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(images), np.asarray(labels, dtype=np.int64)
 
 
-class FlipFolder(Dataset):
+class FlipFolder(Dataset[Sample]):
     """ImageFolder with a deterministic per-(epoch, index) horizontal flip when training."""
 
     def __init__(self, root: Path, image_size: int, train: bool, seed: int) -> None:
@@ -142,7 +145,7 @@ def data_problem(data: str, data_dir: Path | None) -> str | None:
 
 
 def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classes: int,
-                   synthetic_size: int, eval_size: int, seed: int) -> tuple[Dataset, Dataset]:
+                   synthetic_size: int, eval_size: int, seed: int) -> tuple[Dataset[Sample], Dataset[Sample]]:
     if data == "synthetic":
         return (SyntheticImages(synthetic_size, image_size, num_classes, seed, split=0),
                 SyntheticImages(eval_size, image_size, num_classes, seed, split=1))
@@ -156,12 +159,12 @@ def build_datasets(data: str, data_dir: Path | None, image_size: int, num_classe
     return (FlipFolder(data_dir / "train", image_size, True, seed), FlipFolder(data_dir / "val", image_size, False, seed))
 
 
-def dataset_size(dataset: Dataset) -> int:
+def dataset_size(dataset: Dataset[Sample]) -> int:
     """len() of a map-style dataset (torch's Dataset type does not declare __len__)."""
     return len(cast(Sized, dataset))
 
 
-class ResumableSampler(DistributedSampler):
+class ResumableSampler(DistributedSampler[int]):
     """DistributedSampler that can start an epoch part-way, at a GLOBAL sample.
 
     An epoch's global order is one permutation of the dataset (seed + epoch,
@@ -175,7 +178,7 @@ class ResumableSampler(DistributedSampler):
     the per-rank prefix. `skip=k` (per rank) means start=k*W.
     """
 
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+    def __init__(self, dataset: Dataset[Sample], num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
         self.start = 0
 
@@ -235,7 +238,7 @@ class DeviceResidentLoader:
     pad: int = 4
 
     @classmethod
-    def from_dataset(cls, dataset: Dataset, sampler: ResumableSampler, batch_size: int, seed: int,
+    def from_dataset(cls, dataset: Dataset[Sample], sampler: ResumableSampler, batch_size: int, seed: int,
                      device: torch.device) -> DeviceResidentLoader:
         was_train = getattr(dataset, "train", None)
         if was_train is not None:
@@ -276,13 +279,13 @@ class DeviceResidentLoader:
         return out
 
 
-def train_loader(dataset: Dataset, sampler: ResumableSampler, batch_size: int, workers: int,
-                 pin: bool) -> DataLoader:
+def train_loader(dataset: Dataset[Sample], sampler: ResumableSampler, batch_size: int, workers: int,
+                 pin: bool) -> DataLoader[Sample]:
     # drop_last: every rank runs the same number of steps, so collectives stay matched
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       drop_last=True, pin_memory=pin, persistent_workers=False)
 
 
-def eval_loader(dataset: Dataset, num_replicas: int, rank: int, batch_size: int, workers: int) -> DataLoader:
+def eval_loader(dataset: Dataset[Sample], num_replicas: int, rank: int, batch_size: int, workers: int) -> DataLoader[Sample]:
     return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(dataset_size(dataset), num_replicas, rank),
                       num_workers=workers)

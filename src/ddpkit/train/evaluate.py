@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,9 @@ from torch.utils.data import DataLoader
 from .progress import Metrics
 from .strategy import Parallel
 from .watchdog import Phase, mark
+
+if TYPE_CHECKING:  # for annotations only: evaluate needs no dataset code at run time
+    from .data import Sample
 
 
 @dataclass(frozen=True)
@@ -35,9 +39,9 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, input_device: torch.device, output_device: torch.device,
+def evaluate(model: nn.Module, loader: DataLoader[Sample], input_device: torch.device, output_device: torch.device,
              distributed: bool, reduce_device: torch.device,
-             autocast: Callable[[], AbstractContextManager] | None = None,
+             autocast: Callable[[], AbstractContextManager[None]] | None = None,
              channels_last: bool = False) -> EvalResult:
     was_training = model.training
     model.eval()
@@ -65,8 +69,8 @@ class Evaluator:
     """The trainer's evaluation: runs `evaluate`, keeps the last result, and
     writes it to the metrics file and the log."""
 
-    def __init__(self, par: Parallel, loader: DataLoader, distributed: bool, device: torch.device,
-                 autocast: Callable[[], AbstractContextManager], channels_last: bool,
+    def __init__(self, par: Parallel, loader: DataLoader[Sample], distributed: bool, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager[None]], channels_last: bool,
                  metrics: Metrics, log: logging.Logger) -> None:
         self.par, self.loader, self.distributed, self.device = par, loader, distributed, device
         self.autocast, self.channels_last = autocast, channels_last

@@ -74,7 +74,8 @@ def _resnet_stages(name: str, num_classes: int, image_size: int) -> list[nn.Modu
 def _factory(spec: str) -> Callable[..., nn.Module]:
     module_name, _, attr = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        factory: Callable[..., nn.Module] = getattr(importlib.import_module(module_name), attr)  # the user's word for it
+        return factory
     except (ImportError, AttributeError) as exc:
         raise ModelError(f"--model {spec}: cannot import {attr} from {module_name} ({exc})") from exc
 

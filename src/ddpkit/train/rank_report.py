@@ -177,7 +177,7 @@ def gather(ctx: DistContext, env_names: Sequence[str] = ()) -> list[RankRow]:
     row = own_row(ctx, env_names)
     if not (dist.is_available() and dist.is_initialized()):
         return [row]
-    gathered: list[dict | None] = [None] * dist.get_world_size()
+    gathered: list[dict[str, Any] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, asdict(row))
     return sorted((RankRow(**g) for g in gathered if g is not None), key=lambda r: (r.rank, r.pid))
 

@@ -26,7 +26,7 @@ class Stepper:
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.criterion = nn.CrossEntropyLoss()
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> ContextManager[None]:
         if self.config.precision == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=DTYPES[self.config.precision])

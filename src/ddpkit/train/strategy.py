@@ -28,7 +28,7 @@ class Parallel:
     raw: StagedModel             # the unwrapped model, for checkpoints
     input_device: torch.device
     output_device: torch.device
-    no_sync: Callable[[], ContextManager]  # skip gradient all-reduce on accumulating micro-batches
+    no_sync: Callable[[], ContextManager[None]]  # skip gradient all-reduce on accumulating micro-batches
 
 
 def process_devices(base: torch.device, local_rank: int, per_process: int) -> list[torch.device]:
