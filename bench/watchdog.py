@@ -39,7 +39,7 @@ from bench.common import ROOT, command_line, machine, table, write_result
 from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
 from ddpkit.train import stall
-from ddpkit.train.watchdog import PULSE, Beat, Judge, Phase, Settings, mark, progress
+from ddpkit.train.stall_model import PULSE, Beat, Judge, Phase, Settings, mark, progress
 
 STEP_S = 0.010  # the step the heartbeat's cost is compared with
 TRAIN = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", "0", "--progress", "plain",

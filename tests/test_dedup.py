@@ -183,11 +183,11 @@ def test_launch_docker_node_log_keeps_every_copy_the_console_merges(tmp_path: Pa
     """launch docker runs torchrun without the rank prefix: a node's two local
     ranks' identical lines are one console line with their count; the node's
     log (--log-dir) has both, as the container printed them."""
-    from ddpkit.launch.docker import NodePlan, NodeRun
+    from ddpkit.launch.docker import ContainerNode, NodePlan
     from tests.test_supervisor_worker_code import _Container
 
     raw = f"{WARN}\n{WARN}\nrank 1 alone\n".encode()
-    node1 = NodeRun(NodePlan(1, "node1", [], {}), _Container([raw[:10], raw[10:]]), log=tmp_path / "node1.log")
+    node1 = ContainerNode(NodePlan(1, "node1", [], {}), _Container([raw[:10], raw[10:]]), log=tmp_path / "node1.log")
     out = io.StringIO()
     printer = LinePrinter(Console(file=out, width=400), Dedup(ranks=4, window_s=60.0))
     node1._pump(printer)

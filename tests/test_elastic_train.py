@@ -24,7 +24,7 @@ from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
 from ddpkit.spec import JobSpec
 from ddpkit.train.config import TrainConfig
-from ddpkit.train.elastic import Membership, changed_line, fit_global_batch
+from ddpkit.train.elastic import AgentRestarts, changed_line, fit_global_batch
 from tests.helpers.elastic_gate import held_step, release
 from tests.helpers.runs import (
     TINY,
@@ -65,15 +65,15 @@ def test_without_the_flag_the_batch_is_left_alone() -> None:
 
 
 def test_changed_line() -> None:
-    member = Membership.from_env({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "1"})
-    assert member == Membership(1, 3)
-    assert Membership.from_env({"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0"}) is None
-    assert Membership.from_env({}) is None
+    member = AgentRestarts.from_env({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert member == AgentRestarts(1, 3)
+    assert AgentRestarts.from_env({"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0"}) is None
+    assert AgentRestarts.from_env({}) is None
     line = changed_line(member, 4, 6, "global batch 128", keeps_batch=False)
     assert line == ("elastic: restart 1 of at most 3; world size 6 -> 4 (the checkpoint was written by 6 ranks); "
                     "global batch 128; it follows the world size and the lr follows it (linear scaling)")
     assert "unchanged" in str(changed_line(member, 4, 4, "x", keeps_batch=True))
-    assert "no checkpoint" in str(changed_line(Membership(0, 3), 4, None, "x", keeps_batch=False))
+    assert "no checkpoint" in str(changed_line(AgentRestarts(0, 3), 4, None, "x", keeps_batch=False))
     assert changed_line(None, 4, 6, "x", keeps_batch=False) is None
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddpkit.train import checkpoint
+from ddpkit.train import checkpoint_files
 from ddpkit.train.balanced_dp import BalancedDataParallel
 from ddpkit.train.rank_report import versions
 from ddpkit.train.strategy import process_devices
@@ -129,10 +129,10 @@ def _rng_roundtrip(tmp_path: Path, device: torch.device) -> None:
     """Saved RNG state, read back with map_location onto `device`, replays the same draws."""
     torch.manual_seed(1)
     path = tmp_path / "rng.pt"
-    torch.save({"rng": checkpoint.rng_state(device)}, path)
+    torch.save({"rng": checkpoint_files.rng_state(device)}, path)
     first = torch.rand(4, device=device)
-    state = checkpoint.read_checkpoint(path, map_location=device)
-    checkpoint.set_rng_state(state["rng"], device)
+    state = checkpoint_files.read_checkpoint(path, map_location=device)
+    checkpoint_files.set_rng_state(state["rng"], device)
     torch.testing.assert_close(torch.rand(4, device=device), first)
     assert ("cuda" in state["rng"]) == (device.type == "cuda")
 

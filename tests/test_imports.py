@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "quoting": set(),
     "doctor": {"train", "netif"} | BASE,
     "train": {"netif"} | BASE,  # the wire, never the contract: `ddpkit train` starts without the spec
-    "watchdog": {"train"} | BASE,  # the public API for users' own scripts: ddpkit.train's watchdog
+    "watchdog": {"train"} | BASE,  # the public API for users' own scripts: train.stall_model and train.stall
     "netif": BASE,
     "wire": LEAVES,
     "envnames": set(),

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ddpkit.launch import slurm_checks
-from ddpkit.launch.slurm import JobState
 from ddpkit.launch.slurm_checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
+from ddpkit.launch.submit_slurm import JobState
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 

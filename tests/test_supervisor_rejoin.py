@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ddpkit.launch.supervisor import LinePrinter, Membership, NodeHandle, Outcome, RunText, Status, Supervisor
+from ddpkit.launch.supervisor import ElasticPolicy, LinePrinter, NodeHandle, Outcome, RunText, Status, Supervisor
 from ddpkit.runs import RunFolder, RunState
 
 WAIT_S = 10.0
@@ -86,7 +86,7 @@ def run(nodes: list[ScriptedNode], hosts: Hosts, drive: Callable[[], None],
     """The supervisor in this (the main) thread, as launchers run it (it
     installs signal handlers); `drive` plays the nodes from another thread."""
     sup = Supervisor(nodes, Console(file=io.StringIO(), width=200), 1.0,
-                     membership=Membership(min_nodes=2, max_node_failures=max_node_failures, reviver=hosts),
+                     elastic=ElasticPolicy(min_nodes=2, max_node_failures=max_node_failures, reviver=hosts),
                      run=folder)
     errors: list[BaseException] = []
 

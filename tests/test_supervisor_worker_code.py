@@ -112,12 +112,12 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
     """Elastic: node 2's worker exits 12 (its agent 1); its host answers, it
     rejoins and finishes: the summary names 12, and the old code does not
     make the new run of the node a failure."""
-    from ddpkit.launch.supervisor import Membership, Status
+    from ddpkit.launch.supervisor import ElasticPolicy, Status
     from tests.test_supervisor_rejoin import Hosts
 
     nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
     sup = Supervisor(nodes, Console(file=io.StringIO(), width=400), 1.0,
-                     membership=Membership(min_nodes=2, max_node_failures=2, reviver=hosts))
+                     elastic=ElasticPolicy(min_nodes=2, max_node_failures=2, reviver=hosts))
     made: list[ScriptedNode] = []
 
     def drive() -> None:
@@ -139,7 +139,7 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
 
 
 class _Container:
-    """What NodeRun reads of a container: its output, in arbitrary chunks."""
+    """What ContainerNode reads of a container: its output, in arbitrary chunks."""
 
     def __init__(self, chunks: list[bytes]) -> None:
         self.chunks = chunks
@@ -151,13 +151,13 @@ class _Container:
 def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Path) -> None:
     """The containers are removed at the end: with --log-dir the node's whole
     output, torchrun's traceback included, stays in DIR/node<I>.log."""
-    from ddpkit.launch.docker import NodePlan, NodeRun
+    from ddpkit.launch.docker import ContainerNode, NodePlan
     from ddpkit.launch.supervisor import LinePrinter
 
     # no rank prefix: launch docker and launch ssh run torchrun without --log-line-prefix-template
     text = "\n".join([CAUSE, CAUSE, *torchrun_report(12, 1)]) + "\n"
     raw = text.encode()
-    node = NodeRun(NodePlan(1, "node1", [], {}), _Container([raw[:50], raw[50:333], raw[333:]]),
+    node = ContainerNode(NodePlan(1, "node1", [], {}), _Container([raw[:50], raw[50:333], raw[333:]]),
                    log=tmp_path / "logs" / "node1.log")
     out = io.StringIO()
     printer = LinePrinter(Console(file=out, width=400))

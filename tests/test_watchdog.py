@@ -17,7 +17,7 @@ from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervisor import LinePrinter, Outcome, Status, Supervisor
 from ddpkit.spec import JobSpec
 from ddpkit.train import stall
-from ddpkit.train.watchdog import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress
+from ddpkit.train.stall_model import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress
 
 S = Settings(stall_s=10.0)
 

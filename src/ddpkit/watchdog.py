@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 from . import envnames
 from .train import stall
-from .train import watchdog as _wd
+from .train import stall_model as _wd
 
 __all__ = ["phase", "progress", "stop"]
 

@@ -84,9 +84,9 @@ def _held_save(self: Any, pos: Any) -> Any:
 
 
 if __name__ == "__main__":
-    from ddpkit.train import checkpointing
+    from ddpkit.train import checkpointer
     from ddpkit.train.__main__ import main
 
-    _real_save = checkpointing.Checkpointer.save
-    checkpointing.Checkpointer.save = _held_save  # type: ignore[method-assign]
+    _real_save = checkpointer.Checkpointer.save
+    checkpointer.Checkpointer.save = _held_save  # type: ignore[method-assign]
     sys.exit(main())

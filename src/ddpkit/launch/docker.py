@@ -56,7 +56,7 @@ class NodePlan:
 
 
 @dataclass
-class NodeRun:
+class ContainerNode:
     """One container acting as one node (a NodeHandle, see supervisor)."""
 
     plan: NodePlan
@@ -198,14 +198,14 @@ class DockerLaunch:
         self.labels = {LABEL_JOB: spec.name, LABEL_RUN: self.run_id}
         self.network_name = f"ddpkit-{spec.name}-{self.run_id}"
         self.network = None
-        self.runs: list[NodeRun] = []
+        self.runs: list[ContainerNode] = []
 
-    def create(self, plans: list[NodePlan]) -> list[NodeRun]:
+    def create(self, plans: list[NodePlan]) -> list[ContainerNode]:
         """The network and one created (not started) container per node."""
         self.network = self.client.networks.create(self.network_name, driver="bridge", labels=self.labels)
         for p in plans:
             log = None if self.log_dir is None else self.log_dir / f"node{p.index}.log"
-            self.runs.append(NodeRun(p, self._create(p), log=log))
+            self.runs.append(ContainerNode(p, self._create(p), log=log))
         return self.runs
 
     def _create(self, p: NodePlan) -> Container:

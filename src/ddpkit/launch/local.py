@@ -42,8 +42,8 @@ from .runargs import add_train_args, with_train_args
 from .secrets import secret_values
 from .supervisor import (
     TORCHRUN_PREFIX_FLAG,
+    ElasticPolicy,
     LinePrinter,
-    Membership,
     NodeHandle,
     RunText,
     Supervisor,
@@ -253,7 +253,7 @@ def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run:
     if note:
         console.print(f"launch local: {note}", markup=False)
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
-                            membership=Membership.of(spec.elastic, Restart(grace)),
+                            elastic=ElasticPolicy.of(spec.elastic, Restart(grace)),
                             ranks=spec.nodes * spec.nproc_per_node, dedup=dedup, run=run)
     if run is not None:
         console.print(f"launch local: run {run.path.name} (ddpkit status {run.record().id})", markup=False)

@@ -28,7 +28,7 @@ from .. import envnames
 from ..exitcodes import ExitCode
 from ..runs import NodeLog, RunRecord, RunState, StoredRun, UnknownRun, all_runs, launcher_alive, resolve, shown_state
 from ..text import plural
-from . import proctree, slurm
+from . import proctree, submit_slurm
 from .supervisor import summary_table
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def live(run: StoredRun, *, ask_slurm: bool = True) -> Live:
     if rec.slurm is None or not ask_slurm:
         return _launch_live(rec)
     try:
-        found = slurm.queue_state(rec.slurm.job_id)
+        found = submit_slurm.queue_state(rec.slurm.job_id)
     except FileNotFoundError as exc:  # listing runs on a host without Slurm's client: show what is recorded
         return Live(rec.state, rec.exit_code, f"Slurm job {rec.slurm.job_id}: {exc.filename} is not installed here "
                                               "(run this on a Slurm login node)", rec.ended)
@@ -115,7 +115,7 @@ def live(run: StoredRun, *, ask_slurm: bool = True) -> Live:
     if state.nodes:
         detail += f" on {','.join(state.nodes)}"
     detail += f" ({source})"
-    shown = slurm.run_state(state.state)
+    shown = submit_slurm.run_state(state.state)
     if state.finished:
         if rec.state in ACTIVE:  # kept: Slurm forgets the job (MinJobAge), the record does not
             try:
@@ -452,7 +452,7 @@ def _cancel_slurm(run: StoredRun, now: Live) -> int:
               f"scancel once it stops, at most {job.signal_grace_s} s from now", flush=True)
         deadline = time.monotonic() + job.signal_grace_s
         while time.monotonic() < deadline:
-            found = slurm.queue_state(job.job_id)
+            found = submit_slurm.queue_state(job.job_id)
             if found is None or found[0].state not in ("RUNNING", "COMPLETING"):
                 # Checkpointed and requeued (or ended): nothing more to wait for.
                 left = "unknown to Slurm" if found is None else found[0].state
@@ -467,20 +467,20 @@ def _cancel_slurm(run: StoredRun, now: Live) -> int:
     if final is None:
         raise RunCommandError(f"Slurm job {job.job_id} did not reach a final state within {SLURM_END_S:g} s of "
                               f"scancel; see `ddpkit status {job.job_id}`", ExitCode.FAILED)
-    state = slurm.run_state(final.state)
+    state = submit_slurm.run_state(final.state)
     run.folder.finish(final.exit_status, state=state)
     print(f"ddpkit cancel: Slurm job {job.job_id} {final.state} (run {rec.id} {state.value})")
     return ExitCode.OK if state == RunState.CANCELLED else ExitCode.FAILED
 
 
-def _scancel_until_final(job_id: int) -> slurm.JobState | None:
-    found = slurm.queue_state(job_id)
+def _scancel_until_final(job_id: int) -> submit_slurm.JobState | None:
+    found = submit_slurm.queue_state(job_id)
     if found is not None and found[0].finished:
         return found[0]
     _scancel(str(job_id))
     deadline = time.monotonic() + SLURM_END_S
     while time.monotonic() < deadline:
-        found = slurm.queue_state(job_id)
+        found = submit_slurm.queue_state(job_id)
         if found is not None and found[0].finished:
             return found[0]
         time.sleep(POLL_S)

@@ -33,11 +33,11 @@ from ..targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_comman
 from ..train.argcheck import check_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
-from .nodes import NodeRun, safe_name
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
 from .runargs import add_train_args, with_train_args
 from .secrets import secret_values, stdin_payload
-from .supervisor import Membership, NodeHandle, RunText, Supervisor, add_dedup_argument
+from .ssh_nodes import SshNode, safe_name
+from .supervisor import ElasticPolicy, NodeHandle, RunText, Supervisor, add_dedup_argument
 
 PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
 
@@ -129,14 +129,14 @@ def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
         out.write("# --dry-run --full: the exact command sent to each host\n")
 
 
-def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) -> NodeRun:
+def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) -> SshNode:
     """The node's run on the session its passed preflight left waiting at GO."""
     assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
-    return NodeRun(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
+    return SshNode(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
                    settings, plan.log_path(f.node), attempt=attempt, secrets=stdin_payload(plan.secrets))
 
 
-def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[NodeRun]:
+def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[SshNode]:
     return [node_run(plan, f, settings) for f in facts]
 
 
@@ -149,12 +149,12 @@ class Revive:
 
     plan: Plan
     settings: SshSettings
-    runs: list[NodeRun] = field(default_factory=list)  # every run it made: the launcher closes them
+    runs: list[SshNode] = field(default_factory=list)  # every run it made: the launcher closes them
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
         old = node
-        assert isinstance(old, NodeRun)
+        assert isinstance(old, SshNode)
         cleared = False
         while not cancelled.is_set():
             cleared = cleared or old.stop(self.plan.spec.ssh.grace_s) is None
@@ -166,11 +166,11 @@ class Revive:
             cancelled.wait(PROBE_S)
         return None
 
-    def made(self) -> list[NodeRun]:
+    def made(self) -> list[SshNode]:
         with self._lock:
             return list(self.runs)
 
-    def _try_start(self, old: NodeRun) -> NodeRun | None:
+    def _try_start(self, old: SshNode) -> SshNode | None:
         spec = self.plan.spec
         facts = gather(HostFacts(old.rank, old.endpoint), spec, self.settings, self.plan.command(old.rank).start)
         judge_host(facts, spec, self.plan.master_port)
@@ -205,9 +205,9 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFol
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     revive = Revive(plan, settings, list(runs))  # for an elastic job; its runs are closed below either way
-    membership = Membership.of(plan.spec.elastic, revive)
+    elastic = ElasticPolicy.of(plan.spec.elastic, revive)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
-                            interrupt_grace_s=plan.spec.grace.launcher_grace_s, membership=membership,
+                            interrupt_grace_s=plan.spec.grace.launcher_grace_s, elastic=elastic,
                             ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each

@@ -10,8 +10,8 @@ the end-of-run summary table and the exit code.
 
 The loop reads `Event`s from one queue. Nodes post `NodeExited`; anything
 else that may end a run (a hang watchdog, say) is an `EventSource` that
-posts `StopRequested` with its reason and exit code. An elastic run (a
-`Membership`: launch ssh, launch local) goes on without a failed node, and
+posts `StopRequested` with its reason and exit code. An elastic run (an
+`ElasticPolicy`: launch ssh, launch local) goes on without a failed node, and
 its `Reviver` brings the node back once its host answers, which posts
 `NodeReturned`.
 docs/ARCHITECTURE.md has the checklist for adding a launcher or a source.
@@ -171,7 +171,7 @@ class Reviver(Protocol):
 
 
 @dataclass(frozen=True)
-class Membership:
+class ElasticPolicy:
     """An elastic run's rules (spec.elastic): the job goes on without a failed
     node while min_nodes others remain, and `reviver` brings it back until it
     failed max_node_failures times."""
@@ -181,7 +181,7 @@ class Membership:
     reviver: Reviver
 
     @classmethod
-    def of(cls, elastic: Elastic | None, reviver: Reviver) -> Membership | None:
+    def of(cls, elastic: Elastic | None, reviver: Reviver) -> ElasticPolicy | None:
         """None for a static job: its first failed node stops the run."""
         return None if elastic is None else cls(elastic.min_nodes, elastic.max_node_failures, reviver)
 
@@ -352,7 +352,7 @@ class Supervisor:
 
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
                  sources: Sequence[EventSource] = (), summary_console: Console | None = None,
-                 interrupt_grace_s: float | None = None, membership: Membership | None = None,
+                 interrupt_grace_s: float | None = None, elastic: ElasticPolicy | None = None,
                  ranks: int | None = None, dedup: bool = True, run: RunFolder | None = None) -> None:
         # ranks: the job's world size (dedup's "all N ranks"); dedup False: --no-dedup.
         # run: the run folder the events and the summary are recorded in (ddpkit runs).
@@ -360,7 +360,7 @@ class Supervisor:
         # Ctrl-C or SIGTERM, which ask the job to checkpoint (spec.grace).
         self.nodes, self.grace_s = list(nodes), grace_s
         self.interrupt_grace_s = grace_s if interrupt_grace_s is None else interrupt_grace_s
-        self.membership = membership  # elastic: see _excludes and _leave_out; None: fail fast
+        self.elastic = elastic  # see _excludes and _leave_out; None (a static job): fail fast
         self.failures: Counter[int] = Counter()
         self.away: dict[int, NodeHandle] = {}  # failed nodes being revived, by index
         self._cancel = threading.Event()  # the run ended: stop reviving
@@ -450,16 +450,16 @@ class Supervisor:
         """Elastic policy: the job goes on without a failed node while at
         least min_nodes others remain, unless it is node 0 (its agent holds
         the rendezvous store)."""
-        if self.membership is None or node.index == 0:
+        if self.elastic is None or node.index == 0:
             return False
-        return len(self.nodes) - len(outcome.excluded) - len(self.away) - 1 >= self.membership.min_nodes
+        return len(self.nodes) - len(outcome.excluded) - len(self.away) - 1 >= self.elastic.min_nodes
 
     def _leave_out(self, node: NodeHandle, outcome: Outcome) -> None:
         """Revived while it has failed fewer than max_node_failures times;
         otherwise excluded from the rest of the run."""
-        assert self.membership is not None  # _excludes said yes
+        assert self.elastic is not None  # _excludes said yes
         self.failures[node.index] += 1
-        if self.failures[node.index] >= self.membership.max_node_failures:
+        if self.failures[node.index] >= self.elastic.max_node_failures:
             outcome.excluded.append(node)
             self.note("excluded", f"{self.reason(node)}: failed {self.failures[node.index]} times", node.index)
             return
@@ -468,8 +468,8 @@ class Supervisor:
         threading.Thread(target=self._revive, args=(node,), name=f"revive {node.label}", daemon=True).start()
 
     def _revive(self, node: NodeHandle) -> None:
-        assert self.membership is not None
-        new = self.membership.reviver.revive(node, self._cancel)
+        assert self.elastic is not None
+        new = self.elastic.reviver.revive(node, self._cancel)
         if new is not None:
             self.events.put(NodeReturned(new))
 

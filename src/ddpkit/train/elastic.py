@@ -58,14 +58,14 @@ def fit_global_batch(config: TrainConfig, world: int) -> BatchFit:
 
 
 @dataclass(frozen=True)
-class Membership:
-    """The agent's view of this set of workers (torchrun's variables)."""
+class AgentRestarts:
+    """How often the elastic agent restarted this set of workers, and its cap (torchrun's variables)."""
 
     restart: int  # 0: the first set of workers; n: after the n-th restart
     max_restarts: int
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Membership | None:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentRestarts | None:
         """None when no elastic agent started this process (max restarts 0, or no torchrun)."""
         env = os.environ if env is None else env
         try:
@@ -76,14 +76,14 @@ class Membership:
         return cls(restart, max_restarts) if max_restarts > 0 else None
 
 
-def changed_line(member: Membership | None, world: int, saved_world: int | None, batch_note: str,
+def changed_line(restarts: AgentRestarts | None, world: int, saved_world: int | None, batch_note: str,
                  keeps_batch: bool) -> str | None:
     """'What changed' after a (re-)rendezvous, for the rank report: the
     restart number, the world size before (the checkpoint's) and now, and
     how the global batch follows. None for a job that is not elastic."""
-    if member is None and not keeps_batch:
+    if restarts is None and not keeps_batch:
         return None
-    head = "elastic: " + (f"restart {member.restart} of at most {member.max_restarts}" if member else "start")
+    head = "elastic: " + (f"restart {restarts.restart} of at most {restarts.max_restarts}" if restarts else "start")
     if saved_world is None:
         world_part = f"world size {world} (no checkpoint to resume from)"
     elif saved_world == world:

@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .progress import Metrics
+from .stall_model import Phase, mark
 from .strategy import Parallel
-from .watchdog import Phase, mark
 
 if TYPE_CHECKING:  # for annotations only: evaluate needs no dataset code at run time
     from .data import Sample

@@ -1,6 +1,6 @@
 """The training loop: the plan, epochs, pre-emption, and the order of things.
 The units it drives each live in their own module: one optimizer step
-(steps.Stepper), checkpoints (checkpointing.Checkpointer) and evaluation
+(steps.Stepper), checkpoints (checkpointer.Checkpointer) and evaluation
 (evaluate.Evaluator).
 
 Position is counted in optimizer steps (`step` overall, `epoch_step` within
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ..exitcodes import ExitCode
-from . import watchdog
-from .checkpointing import Checkpointer, Position, TrainState, check_checkpoint_dir, seed_all
+from . import stall_model
+from .checkpointer import Checkpointer, Position, TrainState, check_checkpoint_dir, seed_all
 from .clock import CLOCK, StartupClock
 from .config import TrainConfig
 from .data import DeviceResidentLoader, ResumableSampler, build_datasets, data_problem, eval_loader, train_loader
@@ -266,7 +266,7 @@ class Trainer:
             pos.epoch_step += 1
             pos.step += 1
             pos.samples += plan.global_batch
-            watchdog.progress(pos.step)  # the hang watchdog's pulse (attribute writes; its thread publishes)
+            stall_model.progress(pos.step)  # the hang watchdog's pulse (attribute writes; its thread publishes)
             if self._first_step_pending:
                 self._report_startup()
             self._show(progress, run, loss)

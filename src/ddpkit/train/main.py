@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .loop import Trainer
     from .signals import StopRequest
     from .stall import Watchdog
-    from .watchdog import Settings
+    from .stall_model import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,9 +113,9 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
 def _report_membership(ctx: DistContext, trainer: Trainer, batch_note: str, *, keeps_batch: bool) -> None:
     """Elastic: after the rank report (and the resume, which knows the world
     size before), rank 0 says what changed since the checkpoint."""
-    from .elastic import Membership, changed_line
+    from .elastic import AgentRestarts, changed_line
 
-    line = changed_line(Membership.from_env(), ctx.world_size, trainer.checkpointer.saved_world, batch_note,
+    line = changed_line(AgentRestarts.from_env(), ctx.world_size, trainer.checkpointer.saved_world, batch_note,
                         keeps_batch)
     if line and ctx.rank == 0:
         print(line, flush=True)
@@ -125,8 +125,8 @@ def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
     """The hang watchdog's thread (train/stall.py), after the rank report:
     from here on a rank without progress is found and the job stopped."""
     from .stall import Identity, Outputs, start
+    from .stall_model import Settings
     from .startup import StartupError
-    from .watchdog import Settings
 
     try:
         settings = Settings.from_env()
@@ -212,7 +212,7 @@ def spawn_causes(folder: Path) -> list[str]:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .checkpoint import CheckpointError
+    from .checkpoint_files import CheckpointError
     from .data import DataError
     from .loop import DataTooSmall
     from .models import ModelError

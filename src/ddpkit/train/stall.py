@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import envnames
 from ..exitcodes import ExitCode
-from .watchdog import PULSE, Beat, Judge, Phase, Settings, Suspect, Verdict, monitors
+from .stall_model import PULSE, Beat, Judge, Phase, Settings, Suspect, Verdict, monitors
 
 if TYPE_CHECKING:
     import torch.distributed as dist

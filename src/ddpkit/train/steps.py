@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
+from .stall_model import Phase, mark
 from .strategy import Parallel
-from .watchdog import Phase, mark
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]

@@ -1,6 +1,6 @@
 """The trainer's checkpoints: what a save gathers from every rank and writes
 (on rank 0), and what a resume puts back. File handling (atomic writes,
-rotation, `latest`) is checkpoint.py's."""
+rotation, `latest`) is checkpoint_files.py's."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import checkpoint as ckpt
+from . import checkpoint_files as ckpt
 from .config import TrainConfig
 from .faults import CheckpointDirError, ResumeMismatch, agree, hosts_named
 from .progress import Metrics
+from .stall_model import Phase, mark
 from .startup import DistContext
 from .strategy import Parallel
-from .watchdog import Phase, mark
 
 
 @dataclass

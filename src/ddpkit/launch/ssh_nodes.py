@@ -1,6 +1,6 @@
 """One running node of an SSH launch: its channel, output, log and teardown.
 
-A NodeRun is the SSH launcher's NodeHandle (see supervisor). Each node
+An SshNode is the SSH launcher's NodeHandle (see supervisor). Each node
 streams on its own thread and tells the supervisor when it ended, so one
 slow or dead host never holds up the others.
 """
@@ -26,7 +26,7 @@ DROPPED = LOST  # paramiko's exit status when a channel closes without one
 
 
 @dataclass
-class NodeRun:
+class SshNode:
     rank: int
     endpoint: Endpoint
     command: NodeCommand
