@@ -4,7 +4,7 @@ Each host is a real network stack with its own address, interface name,
 hostname and /etc/hosts, so multi-node code paths (rendezvous, interface
 selection, sshd, slurmd) run as they would across machines.
 
-Pitfalls handled here (DESIGN.md):
+Pitfalls handled here:
 - the bridge lives in its own namespace: a Docker daemon in the root namespace
   sets the FORWARD policy to DROP, which would cut bridged traffic there;
 - `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts, which is
