@@ -348,9 +348,12 @@ def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, t
 
 # Unique (the tail) and hostile: quotes, substitutions, a newline, blanks.
 SECRET = "  it's \"q\" $(echo PWNED) `id` ${HOME} \\ 3b9f-slurm-secret-c04e\nline two\t\n"
+# One write per line: the job runs unbuffered (PYTHONUNBUFFERED=1), where print()
+# writes its pieces one by one and two ranks of a node interleaved them.
 DIGEST_SCRIPT = """import hashlib, os
 value = os.environ.get("RUN_SECRET")
-print("SECRET-DIGEST", os.environ["RANK"], hashlib.sha256(value.encode()).hexdigest() if value is not None else "UNSET")
+digest = hashlib.sha256(value.encode()).hexdigest() if value is not None else "UNSET"
+os.write(1, f"SECRET-DIGEST {os.environ['RANK']} {digest}\\n".encode())
 """
 
 
