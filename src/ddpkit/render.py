@@ -30,6 +30,7 @@ import yaml
 
 from . import quoting
 from .contract import Arg, FromNode
+from .text import plural
 
 FileKind = Literal["shell", "yaml", "text"]
 
@@ -136,6 +137,7 @@ def environment(template_dir: Path) -> jinja2.Environment:
         k8s_arg=k8s_arg,
         k8s_literal=quoting.kubelet_literal,
         compose_literal=quoting.compose_literal,
+        plural=plural,  # {{ spec.nodes | plural('node') }}: 1 node, 2 nodes
     )
     return env
 

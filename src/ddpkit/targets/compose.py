@@ -27,6 +27,7 @@ from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
 from ..specfile import SpecError
+from ..text import plural
 from . import mounts
 
 NAME = "compose"
@@ -64,10 +65,10 @@ def notes(spec: JobSpec) -> tuple[str, ...]:
         return ()
     if spec.compose.cpu_test:
         return (f"a gloo test of this cuda job on CPU (compose.cpu_test): no GPUs are reserved; "
-                f"remove compose.cpu_test to reserve {spec.gpus_per_node} GPUs per node",)
+                f"remove compose.cpu_test to reserve {plural(spec.gpus_per_node, 'GPU')} per node",)
     total = spec.nodes * spec.gpus_per_node
-    return (f"reserves {spec.gpus_per_node} GPUs per node, {total} in all on the Docker host (NVIDIA Container "
-            "Toolkit); set compose.cpu_test: true for a gloo test on CPU",)
+    return (f"reserves {plural(spec.gpus_per_node, 'GPU')} per node, {total} in all on the Docker host (NVIDIA "
+            "Container Toolkit); set compose.cpu_test: true for a gloo test on CPU",)
 
 
 def services(spec: JobSpec, *, doctor: bool = False) -> list[Service]:
