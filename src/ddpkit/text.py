@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
+def plural(count: int, noun: str) -> str:
     """`1 epoch`, `2 epochs`, `1 process`, `3 processes`: the count and its noun."""
     if count == 1:
         return f"{count} {noun}"
-    if nouns is None:
-        nouns = noun + ("es" if noun.endswith(("s", "sh", "x", "z")) else "s")  # epoch: epochs; name others
-    return f"{count} {nouns}"
+    return f"{count} {noun}{'es' if noun.endswith(('s', 'sh', 'x', 'z')) else 's'}"  # epoch: epochs

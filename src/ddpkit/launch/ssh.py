@@ -223,10 +223,13 @@ def run(args: argparse.Namespace) -> int:
     from ..specfile import spec_from_args, warn_env
 
     # --log-dir and --grace are the spec's ssh.log_dir and ssh.grace_s, as --set would give them.
-    own = [*([f"ssh.log_dir={args.log_dir}"] if args.log_dir else []), *([f"ssh.grace_s={args.grace}"]
-                                                                           if args.grace is not None else [])]
-    spec = with_train_args(spec_from_args(argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, *own]})),
-                           args.train_args)
+    own = list(args.overrides)
+    if args.log_dir:
+        own.append(f"ssh.log_dir={args.log_dir}")
+    if args.grace is not None:
+        own.append(f"ssh.grace_s={args.grace}")
+    spec = spec_from_args(argparse.Namespace(**{**vars(args), "overrides": own}))
+    spec = with_train_args(spec, args.train_args)
     check_command(spec.command.module, spec.command.args, doctor=args.doctor)
     refuse_mounts(spec, Target.SSH)
     warn_env(spec, "launch ssh")

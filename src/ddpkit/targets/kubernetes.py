@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -270,8 +269,7 @@ def resume_warning(spec: JobSpec) -> str | None:
     ckpt = mounts.unmounted_checkpoint(spec, shared)
     if ckpt is None:
         return None
-    target = PurePosixPath(ckpt)
-    parent = str(target.parent) if str(target.parent) != "/" else str(target)
+    parent = mounts.checkpoint_parent(ckpt)
     return (
         f"warning: k8s: --resume auto but no shared writable volume is mounted at or above "
         f"--checkpoint-dir {shlex.quote(ckpt)}: a restarted pod finds no checkpoint and starts again. "

@@ -97,14 +97,20 @@ def unmounted_checkpoint(spec: JobSpec, writable: Iterable[str]) -> str | None:
     return ckpt
 
 
+def checkpoint_parent(ckpt: str) -> str:
+    """Where a fix should mount storage for checkpoint folder `ckpt`: its
+    parent, or the folder itself when that is /."""
+    folder = PurePosixPath(ckpt)
+    return str(folder.parent) if str(folder.parent) != "/" else str(folder)
+
+
 def container_checkpoint_warning(spec: JobSpec, where: str) -> str | None:
     """The warning for a container target whose resumable job keeps its
     checkpoints inside the container."""
     ckpt = unmounted_checkpoint(spec, [m.target for m in parts(spec) if not m.read_only])
     if ckpt is None:
         return None
-    folder = PurePosixPath(ckpt)
-    parent = str(folder.parent) if str(folder.parent) != "/" else str(folder)
+    parent = checkpoint_parent(ckpt)
     return (f"warning: {where}: --resume auto but no writable mount holds --checkpoint-dir {shlex.quote(ckpt)}: "
             f"the checkpoints go when the container does, and a restart starts again. "
             f"Fix: add to mounts '/host/ckpt:{parent}' (a folder every node shares, for more than one host)")

@@ -108,8 +108,9 @@ def srun_options(spec: JobSpec) -> list[str]:
     c = spec.slurm.container
     if c.runtime == "pyxis":
         out.append(f"--container-image={container_image(spec.image, c.runtime)}")
-        if container_mounts(spec):
-            out.append(f"--container-mounts={','.join(container_mounts(spec))}")
+        binds = container_mounts(spec)
+        if binds:
+            out.append(f"--container-mounts={','.join(binds)}")
         if c.workdir:
             out.append(f"--container-workdir={c.workdir}")
     return out
