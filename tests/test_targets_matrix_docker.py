@@ -7,7 +7,6 @@ compose file. They use the session's Docker daemon and CPU image
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -39,16 +38,29 @@ def compose_cli(docker: Docker) -> list[str]:
 def test_docker_compose(docker_daemon: Docker, tmp_path: Path) -> None:
     assert docker_daemon.image is not None
     job = write_spec(tmp_path, image=docker_daemon.image, **IN_IMAGE)
-    run_ok([DDPKIT, "render", "compose", "-f", str(job), "-o", str(tmp_path)])
-    compose = [*compose_cli(docker_daemon), "-f", str(tmp_path / "compose.yaml"), "-p", f"tm{os.getpid()}"]
+    env = {**docker_daemon.env, "DDPKIT_RUNS_DIR": str(tmp_path / "runs")}
+    run_ok([DDPKIT, "render", "compose", "-f", str(job), "-o", str(tmp_path)], env=env)
+    # The project is the file's `name:` (the job's), which `ddpkit status` and `logs` ask compose about.
+    compose = [*compose_cli(docker_daemon), "-f", str(tmp_path / "compose.yaml")]
     started = time.monotonic()
     try:
         output = run_ok([*compose, "up", "--no-color", "--exit-code-from", "node0"], env=docker_daemon.env,
                         cwd=tmp_path)
+        rendered_run_is_followed(env)
     finally:
         subprocess.run([*compose, "down", "--remove-orphans", "--timeout", "5"], env=docker_daemon.env,
                        capture_output=True, check=False, timeout=120)
     check("docker compose", output, started)
+
+
+def rendered_run_is_followed(env: dict[str, str]) -> None:
+    """The rendered run, after `up`: its state and node 1's last lines from
+    docker compose itself, as `ddpkit status` and `ddpkit logs` show them."""
+    status = run_ok([DDPKIT, "status", "targets"], env=env)
+    assert re.search(r"^run \w{6}: finished$", status, re.M), status
+    assert re.search(r"node0 exited \(0\), node1 exited \(0\) \(docker compose\)", status), status
+    logs = run_ok([DDPKIT, "logs", "targets", "--node", "1", "--tail", "3"], env=env).splitlines()
+    assert len(logs) == 3 and all(line.startswith("node1-1") for line in logs), logs
 
 
 @pytest.mark.root

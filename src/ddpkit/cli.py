@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .exitcodes import ExitCode
+from .launch.applied import RENDER_TARGETS, record_render
 from .render import Rendered, RenderError, TemplatesError
 from .runs import RunsDirError
 from .spec import JobSpec
@@ -50,15 +51,23 @@ def _cmd_render(args: argparse.Namespace) -> int:
     note = None if args.doctor else spec.watchdog.script_note(spec.command)
     if note:
         print(f"ddpkit render: {note}", file=sys.stderr)
+    written: list[Path] = []
     if args.output is None:
         for name, text in rendered.files.items():
             if len(rendered.files) > 1:
                 sys.stdout.write(f"# ---- {name} ----\n")
             sys.stdout.write(text)
     else:
-        for path in rendered.write(args.output):
+        written = rendered.write(args.output)
+        for path in written:
             print(f"wrote {path}")
     _print_notes(rendered, args.target, named=args.output is not None or len(rendered.files) > 1)
+    if args.target in RENDER_TARGETS and not args.doctor:
+        # kubectl or docker compose starts it; `ddpkit status/logs` ask them (docs/RUNS.md)
+        recorded = record_render(spec, args.target, rendered, written)
+        if recorded is not None and written:
+            print(f"ddpkit render: run {recorded.id}: once it is started, `ddpkit status {recorded.id}` and "
+                  f"`ddpkit logs {recorded.id}` follow it", file=sys.stderr)
     return 0
 
 

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import envnames
 from ..exitcodes import ExitCode
-from ..runs import NodeLog, RunRecord, RunState, StoredRun, UnknownRun, all_runs, launcher_alive, resolve, shown_state
+from ..runs import RunRecord, RunState, StoredRun, all_runs, launcher_alive, resolve, shown_state
 from ..text import plural
-from . import proctree, submit_slurm
+from . import applied, proctree, submit_slurm
+from .runcmd import Command, RunCommandError, one_line
+from .runlogs import sources
 from .supervisor import summary_table
 
 if TYPE_CHECKING:
@@ -37,48 +37,7 @@ if TYPE_CHECKING:
 POLL_S = 0.5
 STOP_MARGIN_S = 60.0  # beyond the nodes' grace: the launcher's own teardown and summary
 SLURM_END_S = 60.0  # scancel to a final state
-_RANK_TAG = re.compile(r"^\[rank(\d+)\]:")  # torchrun's prefix in a launch local node log (supervisor)
-_TASK_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label
 ACTIVE = (RunState.RUNNING, RunState.PENDING)
-
-
-@dataclass(frozen=True)
-class Command:
-    """One `ddpkit` command of this module (cli.COMMANDS names it `module:NAME`)."""
-
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-class RunCommandError(Exception):
-    """A one-line refusal, with its exit code."""
-
-    def __init__(self, line: str, code: int = ExitCode.BAD_INPUT) -> None:
-        super().__init__(line)
-        self.code = code
-
-
-def _one_line(command: str, body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Every refusal as one line on stderr, never a traceback."""
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return body(args)
-        except UnknownRun as exc:
-            print(f"ddpkit {command}: {exc}", file=sys.stderr)
-            return ExitCode.BAD_INPUT
-        except RunCommandError as exc:
-            print(f"ddpkit {command}: {exc}", file=sys.stderr)
-            return exc.code
-        except FileNotFoundError as exc:  # a Slurm command missing on this host
-            print(f"ddpkit {command}: {exc.filename or exc} is not installed here: run this on a host that has "
-                  "it (a Slurm login node)", file=sys.stderr)
-            return ExitCode.PREFLIGHT
-        except OSError as exc:
-            print(f"ddpkit {command}: {exc}", file=sys.stderr)
-            return ExitCode.FAILED
-        except KeyboardInterrupt:
-            return ExitCode.INTERRUPTED
-    return run
 
 
 # ---- the state a run is in now ------------------------------------------------------
@@ -98,6 +57,8 @@ def live(run: StoredRun, *, ask_slurm: bool = True) -> Live:
     """ask_slurm: also for a run recorded as ended (`status` shows where Slurm's
     word comes from); `runs` asks only about the runs still active."""
     rec = run.record
+    if rec.applied is not None:
+        return _applied_live(rec)
     if rec.slurm is None or not ask_slurm:
         return _launch_live(rec)
     try:
@@ -139,18 +100,31 @@ def _launch_live(rec: RunRecord) -> Live:
     return Live(state, rec.exit_code, f"launcher {where}" if rec.slurm is None else where, rec.ended)
 
 
+def _applied_live(rec: RunRecord) -> Live:
+    """A rendered job: kubectl or docker compose knows its state."""
+    try:
+        now = applied.state(rec)
+    except applied.ToolMissing as exc:
+        return Live(RunState.RENDERED, None, f"{rec.applied and rec.applied.tool} is not installed here; "
+                                             f"where it is: {exc}", None)
+    return Live(now.state, now.exit_code, now.detail, None)
+
+
 def _when(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
 def _took(rec: RunRecord, now: Live) -> str:
+    if rec.applied is not None:  # started by kubectl or docker compose, at a time ddpkit never saw
+        return "-"
     if now.ended is not None:
         return f"{now.ended - rec.started:.1f}s"
     return f"{time.time() - rec.started:.0f}s so far" if now.state in ACTIVE else "-"
 
 
 STATE_STYLE = {RunState.RUNNING: "cyan", RunState.PENDING: "yellow", RunState.FINISHED: "green",
-               RunState.FAILED: "red", RunState.CANCELLED: "yellow", RunState.LOST: "bold red"}
+               RunState.FAILED: "red", RunState.CANCELLED: "yellow", RunState.LOST: "bold red",
+               RunState.RENDERED: "blue"}
 
 
 def _console() -> Console:
@@ -209,14 +183,15 @@ def _status(args: argparse.Namespace) -> int:
     exit_text = "" if now.exit_code is None else f", exit code {now.exit_code}"
     console.print(Text.assemble(f"run {rec.id}: ", (now.state.value, STATE_STYLE[now.state]), exit_text))
     lines = [f"job       {rec.name}, {rec.target}: {plural(rec.nodes, 'node')} x {plural(rec.nproc_per_node, 'process')}",
-             f"started   {_when(rec.started)}, {_took(rec, now)}",
+             f"rendered  {_when(rec.started)}" if rec.applied else f"started   {_when(rec.started)}, {_took(rec, now)}",
              f"where     {now.detail}",
              f"folder    {run.folder.path}"]
     if rec.slurm is not None:
         lines.append(f"output    {rec.slurm.output}")
     lines += [f"log       node{log.node} {log.path}" for log in rec.logs]
+    lines += [f"file      {f}" for f in (rec.applied.files if rec.applied else [])]
     for line in lines:
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)  # a path or a command stays on one line
     events = run.folder.events()
     if events:
         console.print("events", markup=False)
@@ -242,94 +217,12 @@ def _add_logs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tail", type=int, metavar="N", help="only the last N lines (of each node)")
 
 
-@dataclass
-class Source:
-    """One log file and how its lines are picked and prefixed."""
-
-    path: Path
-    pick: Callable[[str], str | None]  # the line to print, or None to leave it out
-    offset: int = 0
-    partial: str = field(default="", repr=False)
-
-    def read(self) -> list[str]:
-        """The complete lines written since the last read."""
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(chunk)
-        lines = (self.partial + chunk.decode("utf-8", "replace")).split("\n")
-        self.partial = lines.pop()
-        return [shown for line in lines if (shown := self.pick(line.rstrip("\r"))) is not None]
-
-    def rest(self) -> list[str]:
-        """A last line without its newline, once the run has ended."""
-        last, self.partial = self.partial, ""
-        shown = self.pick(last) if last else None
-        return [] if shown is None else [shown]
-
-
-def _launch_pick(log: NodeLog, rank: int | None) -> Callable[[str], str | None]:
-    """Lines of a launch node log, with the console's prefix: `[node0 rank1]`
-    for a worker line torchrun tagged, `[node0]` otherwise."""
-    def pick(line: str) -> str | None:
-        tag = _RANK_TAG.match(line) if log.rank_tagged else None
-        if rank is not None and log.rank_tagged and (tag is None or int(tag.group(1)) != rank):
-            return None
-        if tag is not None:
-            return f"[node{log.node} rank{tag.group(1)}] {line[tag.end():]}"
-        return f"[node{log.node}] {line}"
-    return pick
-
-
-def _slurm_pick(rec: RunRecord, node: int | None, rank: int | None) -> Callable[[str], str | None]:
-    """Lines of a Slurm job's output: `T: text` from srun --label, task T on
-    node T // tasks_per_node (block distribution); the batch shell's own lines
-    have no label."""
-    assert rec.slurm is not None
-    job = rec.slurm
-
-    def pick(line: str) -> str | None:
-        m = _TASK_LABEL.match(line)
-        if m is None:
-            return None if node is not None or rank is not None else f"[batch] {line}"
-        task = int(m.group(1))
-        on = task // job.tasks_per_node
-        if node is not None and on != node:
-            return None
-        if rank is not None and (task != rank if job.rank_per_task else on != rank // rec.nproc_per_node):
-            return None
-        return f"[node{on} rank{task}] {m.group(2)}" if job.rank_per_task else f"[node{on}] {m.group(2)}"
-    return pick
-
-
-def sources(rec: RunRecord, node: int | None, rank: int | None) -> tuple[list[Source], str | None]:
-    """The files to read, and a note when the logs cannot pick one rank's lines."""
-    world = rec.nodes * rec.nproc_per_node
-    if rank is not None and not 0 <= rank < world:
-        raise RunCommandError(f"--rank {rank}: run {rec.id} has ranks 0-{world - 1}")
-    if node is not None and not 0 <= node < rec.nodes:
-        raise RunCommandError(f"--node {node}: run {rec.id} has nodes 0-{rec.nodes - 1}")
-    note = None
-    if rec.slurm is not None:
-        if rank is not None and not rec.slurm.rank_per_task:
-            note = (f"torchrun mode: the job's output does not tag ranks; showing node {rank // rec.nproc_per_node}, "
-                    f"which holds rank {rank}")
-        return [Source(Path(rec.slurm.output), _slurm_pick(rec, node, rank))], note
-    if not rec.logs:
-        raise RunCommandError(f"run {rec.id} ({rec.target}) recorded no node logs", ExitCode.FAILED)
-    want = node if rank is None else rank // rec.nproc_per_node
-    logs = [log for log in rec.logs if want is None or log.node == want]
-    if rank is not None and not all(log.rank_tagged for log in logs):
-        note = f"launch {rec.target}'s node logs do not tag ranks; showing node {want}, which holds rank {rank}"
-    return [Source(Path(log.path), _launch_pick(log, rank)) for log in logs], note
-
 
 def _logs(args: argparse.Namespace) -> int:
     run = resolve(args.run)
     rec = run.record
+    if rec.applied is not None:
+        return _applied_logs(rec, args)
     found, note = sources(rec, args.node, args.rank)
     if note:
         print(f"ddpkit logs: {note}", file=sys.stderr)
@@ -360,6 +253,25 @@ def _out(lines: list[str]) -> None:
         sys.stdout.flush()
 
 
+def _applied_logs(rec: RunRecord, args: argparse.Namespace) -> int:
+    """kubectl logs or docker compose logs, run here or named: a pod or a
+    container holds a node, so --rank shows the node that holds the rank."""
+    world = rec.nodes * rec.nproc_per_node
+    if args.rank is not None and not 0 <= args.rank < world:
+        raise RunCommandError(f"--rank {args.rank}: run {rec.id} has ranks 0-{world - 1}")
+    if args.node is not None and not 0 <= args.node < rec.nodes:
+        raise RunCommandError(f"--node {args.node}: run {rec.id} has nodes 0-{rec.nodes - 1}")
+    node = args.node if args.rank is None else args.rank // rec.nproc_per_node
+    if args.rank is not None:
+        print(f"ddpkit logs: a pod or container holds a node; showing node {node}, which holds rank {args.rank}",
+              file=sys.stderr)
+    words, here = applied.logs_command(rec, node, args.tail, args.follow)
+    if not here:
+        raise RunCommandError(f"{words[0]} is not installed here; where it is, run: {shlex.join(words)}",
+                              ExitCode.PREFLIGHT)
+    return ExitCode.OK if subprocess.run(words, check=False).returncode == 0 else ExitCode.FAILED
+
+
 # ---- ddpkit cancel RUN ------------------------------------------------------------------
 
 
@@ -367,6 +279,9 @@ def _cancel(args: argparse.Namespace) -> int:
     run = resolve(args.run)
     now = live(run)
     rec = run.folder.record()
+    if rec.applied is not None:
+        raise RunCommandError(f"run {rec.id} was rendered for {rec.applied.tool}, which started it, not ddpkit; "
+                              f"stop it with: {applied.cancel_command(rec)}")
     if now.state == RunState.LOST and rec.target == "local":
         return _cancel_leftovers(run)
     if now.state not in ACTIVE:
@@ -487,7 +402,7 @@ def _scancel_until_final(job_id: int) -> submit_slurm.JobState | None:
     return None
 
 
-RUNS = Command(_add_runs, _one_line("runs", _runs))
-STATUS = Command(_add_run_arg, _one_line("status", _status))
-LOGS = Command(_add_logs, _one_line("logs", _logs))
-CANCEL = Command(_add_run_arg, _one_line("cancel", _cancel))
+RUNS = Command(_add_runs, one_line("runs", _runs))
+STATUS = Command(_add_run_arg, one_line("status", _status))
+LOGS = Command(_add_logs, one_line("logs", _logs))
+CANCEL = Command(_add_run_arg, one_line("cancel", _cancel))

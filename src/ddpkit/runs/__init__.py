@@ -1,10 +1,12 @@
-"""Run folders: one per `ddpkit launch` and `ddpkit submit`, in one place
+"""Run folders: one per `ddpkit launch` and `ddpkit submit` (and per job
+rendered for kubectl or docker compose), in one place
 (`~/.ddpkit/runs/<name>-<id>/`, or `$DDPKIT_RUNS_DIR`), that `ddpkit runs`,
 `status`, `logs` and `cancel` read. This package owns the folder's layout and
 its records only; it starts, signals and renders nothing (docs/RUNS.md)."""
 
 from .folder import RunFolder, RunsDirError, runs_root
 from .record import (
+    Applied,
     NodeLog,
     NodeRow,
     RunEvent,
@@ -17,7 +19,7 @@ from .record import (
 from .store import StoredRun, UnknownRun, all_runs, launcher_alive, resolve, shown_state
 
 __all__ = [
-    "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord", "RunsDirError", "RunState", "RunSummary", "SlurmJob",
+    "Applied", "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord", "RunsDirError", "RunState", "RunSummary", "SlurmJob",
     "StoredRun", "UnknownRun", "all_runs", "launcher_alive", "resolve", "runs_root", "shown_state",
     "state_for_code",
 ]

@@ -61,10 +61,11 @@ class RunFolder:
 
     @classmethod
     def create(cls, *, name: str, target: str, nodes: int, nproc_per_node: int, spec_yaml: str,
-               stop_grace_s: float = 0.0, root: Path | None = None) -> RunFolder:
+               stop_grace_s: float = 0.0, root: Path | None = None, first: str = "start") -> RunFolder:
         """A new run of this process (its pid is the launcher's), state running.
         RunsDirError when the runs root cannot hold it: a launch that could not
-        be listed, followed or cancelled is refused before anything starts."""
+        be listed, followed or cancelled is refused before anything starts.
+        `first`: the first event ("rendered": files for kubectl or compose)."""
         root = root or runs_root()
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,7 @@ class RunFolder:
                                    started=time.time(), stop_grace_s=stop_grace_s,
                                    launcher=Launcher(pid=pid, host=socket.gethostname(),
                                                      start_ticks=start_ticks(pid))))
-            folder.event("start", f"{target}: {plural(nodes, 'node')} x {plural(nproc_per_node, 'process')}")
+            folder.event(first, f"{target}: {plural(nodes, 'node')} x {plural(nproc_per_node, 'process')}")
         except OSError as exc:
             raise RunsDirError(f"cannot create a run folder in {root} ({exc.strerror or exc}); set "
                                f"{DDPKIT_RUNS_DIR} to a folder you can write (nothing was started)") from None

@@ -17,6 +17,7 @@ class RunState(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     LOST = "lost"  # shown, never stored: the record says running but its launcher is gone
+    RENDERED = "rendered"  # Kubernetes/compose files ddpkit wrote for kubectl or docker compose to run
 
 
 def state_for_code(code: int) -> RunState:
@@ -78,6 +79,19 @@ class SlurmJob(_Model):
     signal_grace_s: int  # the Slurm link of the grace chain: signal to scancel
 
 
+class Applied(_Model):
+    """Files `ddpkit render` wrote for another tool to run (`kubectl apply`,
+    `docker compose up`): what `status` and `logs` ask that tool about."""
+
+    tool: str  # "kubectl" or "compose"
+    files: list[str]  # the files render wrote (when it wrote to stdout: their copies in the run folder)
+    kind: str = ""  # kubectl: the job object's kind and API group, e.g. PyTorchJob, kubeflow.org
+    group: str = ""
+    object_name: str = ""
+    namespace: str = ""
+    project: str = ""  # compose: the project name (the file's `name:`)
+
+
 class Launcher(_Model):
     """The process that owns a launch run. `start_ticks` (field 22 of
     /proc/<pid>/stat) tells a reused pid from the launcher itself."""
@@ -92,7 +106,7 @@ class RunRecord(_Model):
 
     id: str
     name: str
-    target: str  # "local", "docker", "ssh", "slurm"
+    target: str  # "local", "docker", "ssh", "slurm"; rendered: "k8s", "compose"
     nodes: int
     nproc_per_node: int
     started: float  # epoch seconds
@@ -101,6 +115,7 @@ class RunRecord(_Model):
     stop_grace_s: float = 0.0  # how long the launcher's nodes get to stop after SIGTERM (spec.grace)
     logs: list[NodeLog] = []
     slurm: SlurmJob | None = None
+    applied: Applied | None = None
     ended: float | None = None
     exit_code: int | None = None
     summary: RunSummary | None = None
