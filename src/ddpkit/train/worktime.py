@@ -7,7 +7,7 @@ and `backward()`; what they time excludes every wait for other ranks:
 - forward: the model's own forward, from a pre-hook to a hook on the
   unwrapped model, so DDP's buffer broadcast and bucket rebuild before it
   (collectives: waits) are left out; the loss is added. Under `--compile`
-  no hooks (they would break the graph): the whole call is timed;
+  (hooks would break the graph) and DataParallel the whole call is timed;
 - backward: from its start to the moment DDP hands the LAST gradient
   bucket to the all-reduce (a comm hook, the default all-reduce inside):
   by then this rank computed every gradient, and what follows is waiting
@@ -103,11 +103,12 @@ class WorkTimer:
         self._pending: deque[_Step] = deque()
         self._inner: list[Mark] | None = None  # the unwrapped model's forward marks, while a step's forward runs
         self._bucket: Mark | None = None  # when DDP handed over the last bucket so far
-        compiled = hasattr(module, "_orig_mod")  # torch.compile's wrapper
-        if not compiled:
+        ddp = getattr(module, "_orig_mod", module)  # inside torch.compile's wrapper
+        # Not under torch.compile (hooks would break its graph), nor DataParallel
+        # (its replicas run the hooks on several devices' threads at once).
+        if module is raw or (ddp is module and isinstance(ddp, nn.parallel.DistributedDataParallel)):
             raw.register_forward_pre_hook(lambda *_: self._inner_mark())
             raw.register_forward_hook(lambda *_: self._inner_mark())
-        ddp = getattr(module, "_orig_mod", module)
         if isinstance(ddp, nn.parallel.DistributedDataParallel):
             # A lambda: DDP checks the hook's annotations as objects, and this module's are strings.
             ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
