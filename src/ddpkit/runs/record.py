@@ -115,6 +115,6 @@ class RunEvent(_Model):
     """One line of events.jsonl."""
 
     time: float
-    kind: str  # start, exit, failed, restart, excluded, stall, preempted, stop, cancel
+    kind: str  # start, exit, failed, restart, excluded, stall, straggler, preempted, stop, cancel
     detail: str = ""
     node: int | None = None
