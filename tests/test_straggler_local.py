@@ -54,7 +54,7 @@ def test_a_slowed_rank_is_named_and_a_slow_evaluation_is_not(tmp_path: Path) -> 
     assert line and line.group(1) == named["host"], text
     assert text.count("ddpkit watchdog: STRAGGLER") == 1, text
     # The summary's straggler column, on node 1's row only.
-    assert re.search(rf"node1\s*│\s*0\s*│\s*ok\s*│.*│\s*rank {SLOW_RANK} \({named['host']}\): \d\.\d{3}s of own", text), text
+    assert re.search(rf"node1\s*│\s*0\s*│\s*ok\s*│.*│\s*rank {SLOW_RANK} \({named['host']}\): \d\.\d{{3}}s of own", text), text
     assert not re.search(r"node0\s*│\s*0\s*│\s*ok\s*│.*│\s*rank \d", text), text
     # The record's step is rank 2's when it last published; the job may be a
     # few steps further when rank 0 names it: its progress line before the name.
