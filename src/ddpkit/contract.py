@@ -27,6 +27,7 @@ from .wire import (
     DEFAULT_PORT,
     KEEP_GLOBAL_BATCH_FLAG,
     PYTORCHJOB_DEFAULT_PORT,
+    STRAGGLER_FACTOR,
     TORCHRUN_DEFAULT_SIGNALS,
     TRAINER_STOP_SIGNALS,
 )
@@ -383,6 +384,8 @@ def watchdog_env(spec: JobSpec, backend: str) -> dict[str, str]:
     env = {envnames.DDPKIT_WATCHDOG_STALL_S: f"{wd.stall_s:g}" if wd.enabled else "0"}
     if wd.first_step_s is not None:
         env[envnames.DDPKIT_WATCHDOG_FIRST_STEP_S] = f"{wd.first_step_s:g}"
+    if wd.straggler_factor != STRAGGLER_FACTOR:  # the job's default otherwise (rendered files stay as they were)
+        env[envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR] = f"{wd.straggler_factor:g}"
     if backend == "nccl":
         env[envnames.TORCH_NCCL_TRACE_BUFFER_SIZE] = "2000"
         env[envnames.TORCH_NCCL_DUMP_ON_TIMEOUT] = "1"

@@ -16,6 +16,10 @@ from typing import Final
 # The module every target runs by default (command.module's default).
 TRAIN_MODULE: Final = "ddpkit.train"
 
+# The straggler judge's default (spec watchdog.straggler_factor; train/straggler.py
+# uses it when the job environment does not say otherwise).
+STRAGGLER_FACTOR: Final = 1.33
+
 # ---- Trainer flags the renderer reads or writes ---------------------------------
 # The spec checks a job's --strategy / --devices-per-process against the
 # fields that size the GPU request; Kubernetes warns about --resume auto with

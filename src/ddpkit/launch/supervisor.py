@@ -37,6 +37,7 @@ from ..exitcodes import WORKER_CODES, ExitCode
 from ..runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup, Released, Source
 from .interrupt import interrupts_raise
+from .stragglers import NamedStraggler, straggler_cell
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -201,6 +202,7 @@ class LinePrinter:
         self._flusher: threading.Thread | None = None
         self.tails: dict[int, deque[str]] = {}
         self.stalled: dict[int, StalledRank] = {}  # by rank: what the watchdog's report said
+        self.stragglers: dict[int, NamedStraggler] = {}  # by rank: the first time the watchdog named it
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (torchrun's report)
         self.causes: dict[str, int] = {}  # each worker cause line (CAUSE_PREFIX), once, with its first node
         self._in_box: dict[int, int] = {}  # node index -> box rules seen, while torchrun's traceback is held back
@@ -212,7 +214,10 @@ class LinePrinter:
         prefix = f"[{node.label} rank{match.group(1)}] " if match else f"[{node.label}] "
         body = text[match.end():] if match else text
         stall = _STALL.search(body) if "ddpkit watchdog: STALL" in body else None
+        straggler = NamedStraggler.parse(body)
         with self._lock:
+            if straggler:
+                self.stragglers.setdefault(straggler.rank, straggler)
             if stall:
                 rank = int(stall.group(1))
                 self.stalled[rank] = StalledRank(rank, int(stall.group(2)), stall.group(3), stall.group(4))
@@ -296,6 +301,10 @@ class LinePrinter:
         with self._lock:
             return sorted(self.stalled.values(), key=lambda s: s.rank)
 
+    def straggler_ranks(self) -> list[NamedStraggler]:
+        with self._lock:
+            return sorted(self.stragglers.values(), key=lambda s: s.rank)
+
     def tail(self, node: NodeHandle) -> list[str]:
         """The node's last lines; when torchrun reported a failed worker,
         the worker's last lines and the report's first line."""
@@ -320,6 +329,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     stalled: list[StalledRank] = field(default_factory=list)  # named by the job's hang watchdog
+    stragglers: list[NamedStraggler] = field(default_factory=list)  # named by its straggler judge
     worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
 
     def node_code(self, node: NodeHandle) -> int | None:
@@ -401,6 +411,7 @@ class Supervisor:
         outcome.elapsed_s = time.monotonic() - began
         self.printer.close()  # every node has ended: what is held is printed, before the summary
         outcome.stalled = self.printer.stalled_ranks()
+        outcome.stragglers = self.printer.straggler_ranks()
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
         self._note_end(outcome)
         return outcome
@@ -410,6 +421,8 @@ class Supervisor:
             self.note("interrupted", f"Ctrl-C or SIGTERM: every node stopped with {self.interrupt_grace_s:g} s grace")
         for s in outcome.stalled:
             self.note("stall", s.line, s.node)
+        for straggler in outcome.stragglers:
+            self.note("straggler", straggler.line, straggler.node)
         for node in self.nodes:
             if outcome.node_code(node) == ExitCode.PREEMPTED:
                 self.note("preempted", "its workers checkpointed on the stop signal and exited 75", node.index)
@@ -545,7 +558,8 @@ class Supervisor:
     def _row(self, node: NodeHandle, outcome: Outcome) -> NodeRow:
         return NodeRow(node=node.index, exit_code=_code_text(outcome.node_code(node)),
                        status=self.status(node, outcome).value, host=node.host,
-                       first_failure=self._failure_cell(node, outcome))
+                       first_failure=self._failure_cell(node, outcome),
+                       straggler=straggler_cell(outcome.stragglers, node.index))
 
     def _failure_cell(self, node: NodeHandle, outcome: Outcome) -> str:
         stalled = [s.line for s in outcome.stalled if s.node == node.index]
@@ -610,13 +624,15 @@ def summary_table(summary: RunSummary) -> Table:
 
     table = Table(title=f"{summary.title}: {len(summary.rows)} nodes, {summary.elapsed_s:.1f}s", title_justify="left")
     # "node | exit code | status" first: scripts (and tests) match that run of cells.
-    for column in ("node", "exit code", "status", "host", "first failure"):
+    stragglers = any(row.straggler for row in summary.rows)  # the column only when the watchdog named one
+    for column in ("node", "exit code", "status", "host", "first failure", *(("straggler",) * stragglers)):
         table.add_column(column, overflow="fold")
     for row in summary.rows:
         style = next((STATUS_STYLE[s] for s in Status if s.value == row.status), "")
         # Text, not markup: log lines hold brackets (our own prefix, for one).
-        table.add_row(Text(f"node{row.node}"), Text(row.exit_code), Text(row.status, style=style), Text(row.host),
-                      Text(row.first_failure))
+        cells = [Text(f"node{row.node}"), Text(row.exit_code), Text(row.status, style=style), Text(row.host),
+                 Text(row.first_failure)]
+        table.add_row(*cells, *([Text(row.straggler, style="yellow")] * stragglers))
     return table
 
 

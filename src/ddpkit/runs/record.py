@@ -41,6 +41,7 @@ class NodeRow(_Model):
     status: str  # supervisor.Status's words: "ok", "failed first", "stopped", ...
     host: str
     first_failure: str = ""
+    straggler: str = ""  # the ranks of this node the watchdog named stragglers (launch/stragglers.py)
 
 
 class RunSummary(_Model):
@@ -129,6 +130,6 @@ class RunEvent(_Model):
     """One line of events.jsonl."""
 
     time: float
-    kind: str  # start, exit, failed, restart, excluded, stall, preempted, stop, cancel
+    kind: str  # start, exit, failed, restart, excluded, stall, straggler, preempted, stop, cancel
     detail: str = ""
     node: int | None = None

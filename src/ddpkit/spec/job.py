@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .. import envnames
-from ..wire import DEVICES_PER_PROCESS_FLAG, STRATEGY_FLAG, TRAIN_MODULE, flag_value
+from ..wire import DEVICES_PER_PROCESS_FLAG, STRAGGLER_FACTOR, STRATEGY_FLAG, TRAIN_MODULE, flag_value
 from .compose import ComposeOptions
 from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, Mounts, NodePath, PythonModule, Strict, no_nul
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
@@ -180,6 +180,18 @@ class WatchdogOptions(Strict):
         default=None, ge=1, le=86400,
         description="limit for the first steps and a checkpoint write (default 5 x stall_s)",
     )
+    straggler_factor: float = Field(
+        default=STRAGGLER_FACTOR, ge=0, le=100,
+        description="a rank whose own work per step (data, forward, backward compute; not waiting) is more than "
+                    "this many times the job's median is named a straggler (0: off)")
+
+    @field_validator("straggler_factor")
+    @classmethod
+    def _factor_above_one(cls, value: float) -> float:
+        if 0 < value <= 1:
+            raise ValueError("give a factor above 1 (e.g. 1.33): at or below 1 half the job would be stragglers; "
+                             "0 turns straggler detection off")
+        return value
 
     def script_note(self, command: Command) -> str | None:
         """What a launcher says at start-up when the job runs the user's own

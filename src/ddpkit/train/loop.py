@@ -127,7 +127,7 @@ class Trainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, warmup_cosine(self.plan.warmup_steps, self.plan.total_steps))
         scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
-        self.stepper = Stepper(config, self.par, self.device, optimizer, scheduler, scaler)
+        self.stepper = Stepper(config, self.par, self.device, optimizer, scheduler, scaler, self.rank)
         self.metrics = Metrics(config.metrics, enabled=self.rank == 0)
         self.evaluator = Evaluator(self.par, self.test_loader, self.distributed, self.device,
                                    self.stepper.autocast, config.channels_last, self.metrics, self.log)

@@ -127,9 +127,13 @@ def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
     from .stall import Identity, Outputs, start
     from .stall_model import Settings
     from .startup import StartupError
+    from .straggler import factor_from_env
+    from .worktime import SlowHook
 
     try:
         settings = Settings.from_env()
+        factor_from_env()  # refused here, in one line, not on the watchdog's thread
+        SlowHook.from_env(ctx.rank)  # the test hook, likewise
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     if not ctx.distributed:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from .. import envnames
 from ..exitcodes import ExitCode
 from .stall_model import PULSE, Beat, Judge, Phase, Settings, Suspect, Verdict, monitors
+from .straggler import Stragglers
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -106,6 +107,8 @@ class Watchdog:
         # monitor checks less often, a delay of seconds against a limit of a minute.
         self.check_every = max(1, ident.world // RANKS_PER_CHECK_S)
         self._all_published = False
+        # Stragglers ride on this thread: every rank publishes its own work, rank 0 judges (train/straggler.py).
+        self.stragglers = Stragglers(store, ident.rank, ident.world, ident.node, ident.host, outputs.metrics)
         self._thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -137,6 +140,8 @@ class Watchdog:
             verdict = self._check(now)
             if verdict is not None:
                 self.store.compare_set(STALL_KEY, "", json.dumps(_verdict_record(verdict, self.ident.rank)))
+        if self._seq % self.check_every == 0:
+            self.stragglers.check()
         if self.store.check([STALL_KEY]):
             self.on_stall(json.loads(self.store.get(STALL_KEY)))
 
@@ -146,6 +151,7 @@ class Watchdog:
         beat = Beat(self.ident.rank, self._seq, PULSE.beats, PULSE.step, PULSE.phase, self._step_s(now),
                     PULSE.step != self._initial_step, self.ident.node, self.ident.pid, self.ident.host)
         self.store.set(_hb(self.ident.rank), beat.encode().decode())  # the stub takes str; bytes go the same way
+        self.stragglers.publish()
 
     def _step_s(self, now: float) -> float:
         """The slowest of the last steps' times, measured here between publishes.

@@ -14,6 +14,7 @@ from torch import nn
 from .config import TrainConfig
 from .stall_model import Phase, mark
 from .strategy import Parallel
+from .worktime import WorkTimer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
@@ -21,10 +22,11 @@ Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 class Stepper:
     def __init__(self, config: TrainConfig, par: Parallel, device: torch.device, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LambdaLR, scaler: torch.amp.GradScaler) -> None:
+                 scheduler: torch.optim.lr_scheduler.LambdaLR, scaler: torch.amp.GradScaler, rank: int = 0) -> None:
         self.config, self.par, self.device = config, par, device
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.criterion = nn.CrossEntropyLoss()
+        self.work = WorkTimer(par.module, par.raw, device, rank)  # this rank's own work, for the straggler judge
 
     def autocast(self) -> ContextManager[None]:
         if self.config.precision == "fp32":
@@ -53,20 +55,23 @@ class Stepper:
         total = torch.zeros((), device=par.output_device)
         for micro in range(c.grad_accum):
             mark(Phase.DATA)  # the hang watchdog's phases: what a stalled rank was doing
-            x, y = next(batches)
-            x = x.to(par.input_device, non_blocking=True)
-            if c.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            y = y.to(par.output_device, non_blocking=True)
+            with self.work.data():
+                x, y = next(batches)
+                x = x.to(par.input_device, non_blocking=True)
+                if c.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                y = y.to(par.output_device, non_blocking=True)
             # all-reduce only on the last micro-batch; the others just accumulate locally
             sync = par.no_sync() if micro < c.grad_accum - 1 else contextlib.nullcontext()
             with sync:
-                with self.autocast():
+                with self.autocast(), self.work.forward():
                     mark(Phase.FORWARD)
                     loss = self.criterion(par.module(x), y) / c.grad_accum
                 mark(Phase.BACKWARD)
-                self._backward(loss)
+                with self.work.backward():
+                    self._backward(loss)
             total += loss.detach().float()
+        self.work.step_done()
         mark(Phase.OPTIMIZER)
         self.scaler.step(self.optimizer)
         self.scaler.update()

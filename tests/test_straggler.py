@@ -1,0 +1,236 @@
+"""The straggler judge's parts without a job: the rule (pure), the window,
+the published record, the settings, a rank's own-work timer on a real model
+(and on a real one-rank gloo DDP, whose comm hook it installs), the store
+protocol on a real TCPStore, and the launcher's summary column. The real
+2x2 job is tests/test_straggler_local.py."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddpkit import envnames
+from ddpkit.contract import Target, target_env
+from ddpkit.launch.stragglers import NamedStraggler
+from ddpkit.launch.supervisor import Outcome, Supervisor, summary_table
+from ddpkit.runs import NodeRow, RunSummary
+from ddpkit.spec import JobSpec
+from ddpkit.train import straggler
+from ddpkit.train.straggler import MIN_GAP_S, StragglerJudge, Stragglers, Work, WorkWindow, factor_from_env
+from ddpkit.train.worktime import WARM_STEPS, SlowHook, WorkTimer
+
+
+def works(*own_s: float, steps: int = 10, step: int = 20) -> list[Work | None]:
+    return [Work(r, step, steps, s, r // 2, f"h{r // 2}") for r, s in enumerate(own_s)]
+
+
+def test_a_rank_above_factor_times_the_median_is_named_once_until_it_catches_up() -> None:
+    judge = StragglerJudge(1.33)
+    [change] = judge.observe(works(0.10, 0.10, 0.14, 0.10))
+    assert change.slow and change.work.rank == 2 and change.median_s == 0.10 and round(change.ratio, 2) == 1.4
+    assert judge.observe(works(0.10, 0.10, 0.15, 0.10)) == []  # still slow: not named again
+    assert judge.observe(works(0.10, 0.10, 0.12, 0.10)) == []  # under the limit, above half the margin: still slow
+    [back] = judge.observe(works(0.10, 0.10, 0.11, 0.10))
+    assert not back.slow and back.work.rank == 2
+    assert [c.work.rank for c in judge.observe(works(0.10, 0.10, 0.20, 0.10))] == [2]  # a second episode
+
+
+def test_two_ranks_and_half_the_job_slow() -> None:
+    """The lower median: with two ranks the slow one is named, and when half
+    the job is slow both slow halves are; a slow majority names nobody."""
+    assert [c.work.rank for c in StragglerJudge(1.33).observe(works(0.10, 0.20))] == [1]
+    assert [c.work.rank for c in StragglerJudge(1.33).observe(works(0.20, 0.10, 0.20, 0.10))] == [0, 2]
+    assert StragglerJudge(1.33).observe(works(0.10, 0.20, 0.20, 0.20)) == []
+
+
+def test_equal_ranks_tiny_differences_and_ranks_without_enough_steps_are_not_named() -> None:
+    assert StragglerJudge(1.33).observe(works(0.10, 0.11, 0.12, 0.13)) == []
+    # 2x, but 5 ms a step: scheduling noise on a busy host, not a straggler
+    assert StragglerJudge(1.33).observe(works(0.005, 0.005, 0.010, 0.005)) == []
+    assert StragglerJudge(1.33).observe(works(0.05, 0.05, 0.05 + MIN_GAP_S + 0.02, 0.05))
+    few = works(0.10, 0.10, 0.50, 0.10, steps=straggler.MIN_STEPS - 1)
+    assert StragglerJudge(1.33).observe(few) == []
+    assert StragglerJudge(1.33).observe([None, None, None, *works(0.1, 0.5)[:1]]) == []  # most ranks not published
+
+
+def test_the_window_takes_the_lower_median_of_its_last_steps() -> None:
+    window = WorkWindow(10)
+    assert window.median() == (0, 0.0)
+    for _ in range(10):
+        window.add(0.01)
+    for _ in range(5):
+        window.add(0.3)
+    assert window.median() == (10, 0.01)  # 5 slow steps of 10: not yet
+    window.add(0.3)
+    assert window.median() == (10, 0.3)  # 6 of 10
+
+
+def test_the_record_line_and_settings() -> None:
+    work = Work(3, 41, 10, 0.3012, 1, "node-b")
+    assert Work.decode(3, work.encode().encode()) == work
+    [change] = StragglerJudge(1.33).observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [work])
+    line = change.line()
+    assert line.startswith("ddpkit watchdog: STRAGGLER rank 3 node 1 host node-b: 0.301s of own work a step against "
+                           "the job's median 0.010s (30.1x, limit 1.33x) at step 41; its own work")
+    assert NamedStraggler.parse("[rank0]:" + line) == NamedStraggler(3, 1, "node-b", change.detail)
+    record = change.record()
+    assert {k: record[k] for k in ("kind", "state", "rank", "node", "host", "step", "own_s", "median_s")} == {
+        "kind": "straggler", "state": "slow", "rank": 3, "node": 1, "host": "node-b", "step": 41,
+        "own_s": 0.3012, "median_s": 0.01}
+    assert factor_from_env({}) == 1.33 and factor_from_env({envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR: "0"}) == 0
+    for bad in ("1", "0.5", "fast"):
+        with pytest.raises(ValueError, match="give a factor above 1"):
+            factor_from_env({envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR: bad})
+
+
+def test_the_spec_field_reaches_the_job_only_when_it_is_not_the_default() -> None:
+    default = target_env(JobSpec.model_validate({"name": "j"}), Target.SSH)
+    assert envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR not in default  # rendered files unchanged
+    env = target_env(JobSpec.model_validate({"name": "j", "watchdog": {"straggler_factor": 1.5}}), Target.SSH)
+    assert env[envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR] == "1.5"
+    with pytest.raises(ValueError, match="give a factor above 1"):
+        JobSpec.model_validate({"name": "j", "watchdog": {"straggler_factor": 1.0}})
+
+
+def test_the_slow_hook_parses_and_applies_to_its_rank_only() -> None:
+    env = {envnames.DDPKIT_TEST_SLOW_RANK: "2:0.25:30"}
+    assert SlowHook.from_env(2, env) == SlowHook(0.25, 30) and SlowHook.from_env(1, env) == SlowHook()
+    assert SlowHook.from_env(0, {envnames.DDPKIT_TEST_SLOW_RANK: "0:1"}) == SlowHook(1.0, 1)
+    with pytest.raises(ValueError, match="RANK:SECONDS"):
+        SlowHook.from_env(0, {envnames.DDPKIT_TEST_SLOW_RANK: "0"})
+
+
+class _Sleepy(nn.Module):
+    """Forward sleeps `forward_s` (own work the timer must count)."""
+
+    def __init__(self, forward_s: float) -> None:
+        super().__init__()
+        self.fc, self.forward_s = nn.Linear(4, 2), forward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.forward_s)
+        return self.fc(x)
+
+
+def _steps(timer: WorkTimer, module: nn.Module, n: int, data_s: float) -> None:
+    for _ in range(n):
+        with timer.data():
+            time.sleep(data_s)
+            x = torch.randn(8, 4)
+        with timer.forward():
+            loss = module(x).sum()
+        with timer.backward():
+            loss.backward()
+        timer.step_done()
+
+
+def test_the_timer_counts_data_and_forward_and_leaves_out_what_is_no_step() -> None:
+    model = _Sleepy(0.03)
+    window = WorkWindow(10)
+    timer = WorkTimer(model, model, torch.device("cpu"), rank=0, window=window, slow=SlowHook(0.02, 3))
+    _steps(timer, model, WARM_STEPS, data_s=0.0)
+    assert window.count == 0  # the first steps are not counted
+    with torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(8, 4))  # an evaluation between steps: no step, not counted
+    _steps(timer, model, 4, data_s=0.01)
+    assert window.count == 4
+    count, own = window.median()
+    assert 0.03 + 0.01 + 0.02 <= own < 0.06 + 0.5, own  # forward + data + the hook (from step 3); generous above
+
+
+def test_the_timer_installs_a_comm_hook_under_ddp_and_the_gradients_stay_averaged() -> None:
+    """A real one-rank gloo group: DDP with the timer's hook trains to the
+    same gradients as the model without DDP, and backward ends at the hook."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.manual_seed(0)
+        plain = nn.Linear(4, 2)
+        model = nn.Linear(4, 2)
+        model.load_state_dict(plain.state_dict())
+        ddp = nn.parallel.DistributedDataParallel(model)
+        window = WorkWindow(10)
+        timer = WorkTimer(ddp, model, torch.device("cpu"), rank=0, window=window, slow=SlowHook())
+        x = torch.randn(8, 4)
+        plain(x).sum().backward()
+        with timer.forward():
+            loss = ddp(x).sum()
+        with timer.backward():
+            loss.backward()
+        assert timer._bucket is not None  # the hook ran: the backward's end is the last bucket's hand-over
+        assert torch.allclose(model.weight.grad, plain.weight.grad)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_store_protocol_publish_judge_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four ranks' Stragglers on a real TCPStore: nothing is judged until every
+    rank published; then rank 0 names rank 3 once, with its line and record."""
+    from ddpkit.train.stall import open_store
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    metrics = tmp_path / "m.jsonl"
+    ranks = [Stragglers(open_store("127.0.0.1", server.port), r, 4, r // 2, f"h{r // 2}", metrics, factor=1.33)
+             for r in range(4)]
+    saved = straggler.WORK
+    try:
+        for r, own in [(0, 0.1), (1, 0.1), (2, 0.1)]:
+            straggler.WORK = WorkWindow(10)
+            for _ in range(10):
+                straggler.WORK.add(own)
+            ranks[r].publish()
+        ranks[0].check()
+        assert not metrics.exists()  # rank 3 has not published: nothing judged yet
+        straggler.WORK = WorkWindow(10)
+        for _ in range(10):
+            straggler.WORK.add(0.3)
+        ranks[3].publish()
+        ranks[0].check()
+        ranks[0].check()
+        ranks[1].check()  # not rank 0: no judge
+    finally:
+        straggler.WORK = saved
+    [record] = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert (record["rank"], record["host"], record["state"], record["own_s"], record["median_s"]) == \
+        (3, "h1", "slow", 0.3, 0.1)
+    assert capsys.readouterr().err.count("ddpkit watchdog: STRAGGLER rank 3 node 1 host h1: 0.300s") == 1
+
+
+class _Node:
+    def __init__(self, index: int) -> None:
+        self.index, self.host, self.label = index, f"h{index}", f"node{index}"
+
+    def exit_code(self) -> int | None:
+        return 0
+
+
+def test_the_supervisor_marks_the_straggler_in_a_column_of_its_own() -> None:
+    from rich.console import Console
+
+    console = Console(file=open("/dev/null", "w"), width=250)  # noqa: SIM115  (closed with the test process)
+    nodes = [_Node(0), _Node(1)]
+    sup = Supervisor(nodes, console, 1.0)  # type: ignore[arg-type]  # _Node has what these calls read
+    sup.started = {0, 1}
+    line = Work(3, 41, 10, 0.3, 1, "h1")
+    [change] = StragglerJudge(1.33).observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [line])
+    sup.printer.line(nodes[0], "[rank0]:" + change.line())
+    sup.printer.line(nodes[0], "[rank0]:" + change.line())  # named twice (two episodes): one mark
+    outcome = Outcome(stragglers=sup.printer.straggler_ranks())
+    rows = [sup._row(n, outcome) for n in nodes]  # type: ignore[arg-type]
+    assert [r.straggler for r in rows] == ["", f"rank 3 (h1): {change.detail}"]
+    record = Console(width=250, record=True)
+    record.print(summary_table(RunSummary(title="t", elapsed_s=1.0, rows=rows, closing="")))
+    text = record.export_text()
+    assert "┃ straggler" in text and "rank 3 (h1): 0.300s of own work" in text
+    plain = Console(width=250, record=True)
+    plain.print(summary_table(RunSummary(title="t", elapsed_s=1.0, rows=[NodeRow(node=0, exit_code="0", status="ok",
+                                                                                  host="h0")], closing="")))
+    assert "straggler" not in plain.export_text()  # no straggler: no column
