@@ -36,6 +36,7 @@ from .evaluate import Evaluator
 from .faults import check_data
 from .models import build_model
 from .progress import Metrics, Progress, RunStatus, Summary, rank_logger
+from .rank_steps import RankStepTimes
 from .signals import StopAgreement, StopRequest, requeue_if_slurm
 from .startup import DistContext
 from .steps import Stepper
@@ -220,6 +221,8 @@ class Trainer:
         self.log.info("plan: %d steps (%d per epoch), global batch %d, lr %.4g, warm-up %d steps",
                       plan.total_steps, plan.steps_per_epoch, plan.global_batch, plan.lr, plan.warmup_steps)
         run, status = _Run(time.monotonic(), self.pos.step), RunStatus.FINISHED
+        self.step_times = RankStepTimes(self.metrics, self.device, self.world, self.distributed, c.log_every,
+                                        plan.total_steps)
         try:
             while self.pos.step < plan.total_steps and status is RunStatus.FINISHED:
                 status = self._epoch(progress, run)
@@ -262,9 +265,11 @@ class Trainer:
         for _ in range(steps):
             if pos.step >= plan.total_steps:
                 return RunStatus.FINISHED  # --max-steps mid-epoch
+            self.step_times.begin()
             loss = self.stepper.step(batches)
             pos.epoch_step += 1
             pos.step += 1
+            self.step_times.end(pos.step)
             pos.samples += plan.global_batch
             stall_model.progress(pos.step)  # the hang watchdog's pulse (attribute writes; its thread publishes)
             if self._first_step_pending:
