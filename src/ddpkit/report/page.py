@@ -39,7 +39,7 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _flagged(marks: list[Mark], rank: int) -> str:
-    times = [f"{m.time:.0f}s" for m in marks if rank in m.ranks]
+    times = [f"{m.time:.1f}s" for m in marks if rank in m.ranks]
     return f'<span class="flag">{escape(", ".join(times))}</span>' if times else "-"
 
 

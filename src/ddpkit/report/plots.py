@@ -24,8 +24,9 @@ DPI = 100
 # One colour per kind of event, the same in every figure and in the page's legend.
 COLORS = {"start": "#2ca02c", "exit": "#444444", "stall": "#d62728", "straggler": "#ff7f0e",
           "restart": "#9467bd", "failed": "#d62728", "preempted": "#8c564b", "stop": "#8c564b",
-          "interrupted": "#8c564b", "cancel": "#8c564b", "excluded": "#e377c2", "resume": "#17becf",
+          "interrupted": "#8c564b", "cancel": "#8c564b", "excluded": "#7b4173", "resume": "#17becf",
           "checkpoint": "#7f7f7f", "eval": "#bcbd22", "submitted": "#1f77b4"}
+LOSS, THROUGHPUT = "#1f77b4", "#e377c2"  # no event's colour: a test tells the curves apart by them
 # On the curves only what changes the run's course: checkpoints and evaluations would hide the data.
 ON_CURVES = ("stall", "straggler", "restart", "failed", "preempted", "interrupted", "excluded", "resume")
 
@@ -52,20 +53,32 @@ def curves(data: ReportData) -> bytes:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, layout="constrained")
     loss = [p for p in data.train if p["loss"] is not None]
     ips = [p for p in data.train if p["images_per_s"] is not None]
-    top.plot([p["time"] for p in loss], [p["loss"] for p in loss], color="#1f77b4", marker=".", linewidth=1.5)
+    top.plot([p["time"] for p in loss], [p["loss"] for p in loss], color=LOSS, marker=".", linewidth=1.5)
     top.set_ylabel("training loss")
     top.set_title("loss and throughput over time")
-    bottom.plot([p["time"] for p in ips], [p["images_per_s"] for p in ips], color="#2ca02c", marker=".",
+    bottom.plot([p["time"] for p in ips], [p["images_per_s"] for p in ips], color=THROUGHPUT, marker=".",
                 linewidth=1.5)
     bottom.set_ylabel("images / s (all ranks)")
     bottom.set_xlabel("seconds since the run started")
     for ax in (top, bottom):
-        ax.set_xlim(0, data.end() * 1.02)  # the whole run, as on the time line: start-up shows as the gap
+        ax.set_xlim(*_training_span(data))
         ax.grid(True, alpha=0.3)
         _mark_lines(ax, data.marks)
         if not data.train:
             ax.text(0.5, 0.5, "no train records", ha="center", va="center", transform=ax.transAxes)
     return _png(fig)
+
+
+def _training_span(data: ReportData) -> tuple[float, float]:
+    """The curves' time axis: from the first training record to the last
+    one or the last run-changing event, whichever is later (the time line
+    below shows the whole run, start-up included)."""
+    times = [p["time"] for p in data.train + data.step_times]
+    if not times:
+        return 0.0, data.end()
+    last = max([*times, *(m.time for m in data.marks if m.kind in ON_CURVES)])
+    pad = max(last - min(times), 1.0) * 0.03
+    return min(times) - pad, last + pad
 
 
 def _column(times: list[float], t: float) -> int:
