@@ -4,13 +4,13 @@
 `rank_report`, `eval`, `checkpoint`, `stop`, `resume`, `summary`).
 
 The metrics file is, first found: the one given (`ddpkit report --metrics`),
-`metrics.jsonl` in the run folder, or the `--metrics` path in the job's
-command as the run recorded it (spec.yaml)."""
+`metrics.jsonl` in the run folder (where `launch local` has ddpkit train
+write them), or the `--metrics` path in the job's command as the run
+recorded it (spec.yaml)."""
 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,7 @@ from typing import Any
 import yaml
 
 from ..runs import RunEvent, StoredRun
-
-METRICS_IN_FOLDER = "metrics.jsonl"
+from ..wire import METRICS_FLAG, flag_value
 
 
 class NoMetrics(LookupError):
@@ -66,7 +65,7 @@ def metrics_file(run: StoredRun, given: Path | None = None) -> Path:
         if not given.is_file():
             raise NoMetrics(f"--metrics {given}: no such file")
         return given
-    candidates = [run.folder.path / METRICS_IN_FOLDER]
+    candidates = [run.folder.metrics_file]
     named = _metrics_arg(run.folder.spec_file)
     if named is not None:
         candidates.append(named)
@@ -75,7 +74,7 @@ def metrics_file(run: StoredRun, given: Path | None = None) -> Path:
             return path
     looked = " or ".join(str(p) for p in candidates)
     raise NoMetrics(f"run {run.record.id} has no metrics records (looked in {looked}); run the job with "
-                    f"`-- --metrics {run.folder.path / METRICS_IN_FOLDER}`, or name the file with --metrics FILE")
+                    f"`-- --metrics {run.folder.metrics_file}`, or name the file with --metrics FILE")
 
 
 def _metrics_arg(spec_file: Path) -> Path | None:
@@ -85,13 +84,8 @@ def _metrics_arg(spec_file: Path) -> Path | None:
     except (OSError, yaml.YAMLError):
         return None
     args = ((spec or {}).get("command") or {}).get("args") or []
-    words = [str(a) for a in args] if isinstance(args, list) else shlex.split(str(args))
-    for i, word in enumerate(words):
-        if word == "--metrics" and i + 1 < len(words):
-            return Path(words[i + 1]).expanduser()
-        if word.startswith("--metrics="):
-            return Path(word.split("=", 1)[1]).expanduser()
-    return None
+    value = flag_value([str(a) for a in args], METRICS_FLAG) if isinstance(args, list) else None
+    return None if value is None else Path(value).expanduser()
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -222,7 +222,7 @@ class Trainer:
                       plan.total_steps, plan.steps_per_epoch, plan.global_batch, plan.lr, plan.warmup_steps)
         run, status = _Run(time.monotonic(), self.pos.step), RunStatus.FINISHED
         self.step_times = RankStepTimes(self.metrics, self.device, self.world, self.distributed, c.log_every,
-                                        plan.total_steps)
+                                        plan.total_steps, enabled=c.metrics is not None)
         try:
             while self.pos.step < plan.total_steps and status is RunStatus.FINISHED:
                 status = self._epoch(progress, run)

@@ -6,7 +6,8 @@ to rank 0, which writes one `step_times` metrics record.
 
 One small all-gather per interval, at the steps where rank 0 already waits
 for the loss; every rank runs the same steps (the stop agreement ends them
-together), so every rank takes part in each gather."""
+together), so every rank takes part in each gather. Without --metrics (the same
+command line on every rank) nothing is measured or gathered."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ RECORD_KIND = "step_times"
 
 class RankStepTimes:
     def __init__(self, metrics: Metrics, device: torch.device, world: int, distributed: bool, every: int,
-                 total: int) -> None:
+                 total: int, *, enabled: bool) -> None:
         self.metrics, self.device, self.world, self.distributed = metrics, device, world, distributed
-        self.every, self.total = every, total
+        self.every, self.total, self.enabled = every, total, enabled
         self._spent, self._steps, self._started = 0.0, 0, 0.0
 
     def begin(self) -> None:
@@ -34,6 +35,8 @@ class RankStepTimes:
     def end(self, step: int) -> None:
         """After the step numbered `step` (counted from 1): at the interval,
         gather and (rank 0) write the window's means."""
+        if not self.enabled:
+            return
         self._spent += time.monotonic() - self._started
         self._steps += 1
         if step % self.every == 0 or step == self.total:
