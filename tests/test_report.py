@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,13 @@ def test_a_run_without_metrics_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.splitlines() == [
         f"ddpkit report: run {folder.record().id} has no metrics records (looked in {folder.path / 'metrics.jsonl'}); "
         f"run the job with `-- --metrics {folder.path / 'metrics.jsonl'}`, or name the file with --metrics FILE"]
+
+
+def test_without_matplotlib_the_report_says_what_to_install(tmp_path: Path) -> None:
+    # matplotlib is an extra (`ddpkit[report]`); None in sys.modules makes its import fail as if absent.
+    code = "import sys; sys.modules['matplotlib'] = None; from ddpkit.cli import main; sys.exit(main(['report', 'x']))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DDPKIT_RUNS_DIR": str(tmp_path)})
+    assert done.returncode == ExitCode.PREFLIGHT
+    assert done.stderr.splitlines() == [
+        "ddpkit report: needs matplotlib, which is not installed here: pip install 'ddpkit[report]'"]

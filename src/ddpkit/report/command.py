@@ -28,6 +28,12 @@ def run(args: argparse.Namespace) -> int:
     from .data import NoMetrics
 
     try:
+        import matplotlib  # noqa: F401  (an extra: the training image has no use for it)
+    except ImportError:
+        print("ddpkit report: needs matplotlib, which is not installed here: pip install 'ddpkit[report]'",
+              file=sys.stderr)
+        return ExitCode.PREFLIGHT
+    try:
         return _report(args)
     except UnknownRun as exc:
         print(f"ddpkit report: {exc}", file=sys.stderr)
