@@ -129,7 +129,7 @@ class Trainer:
             optimizer, warmup_cosine(self.plan.warmup_steps, self.plan.total_steps))
         scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.stepper = Stepper(config, self.par, self.device, optimizer, scheduler, scaler)
-        self.metrics = Metrics(config.metrics, enabled=self.rank == 0)
+        self.metrics = Metrics(config.metrics, enabled=self.rank == 0, tensorboard=config.tensorboard)
         self.evaluator = Evaluator(self.par, self.test_loader, self.distributed, self.device,
                                    self.stepper.autocast, config.channels_last, self.metrics, self.log)
         self.checkpointer = Checkpointer(config, ctx, self.distributed,
@@ -222,7 +222,7 @@ class Trainer:
                       plan.total_steps, plan.steps_per_epoch, plan.global_batch, plan.lr, plan.warmup_steps)
         run, status = _Run(time.monotonic(), self.pos.step), RunStatus.FINISHED
         self.step_times = RankStepTimes(self.metrics, self.device, self.world, self.distributed, c.log_every,
-                                        plan.total_steps, enabled=c.metrics is not None)
+                                        plan.total_steps, enabled=c.metrics is not None or c.tensorboard is not None)
         try:
             while self.pos.step < plan.total_steps and status is RunStatus.FINISHED:
                 status = self._epoch(progress, run)
