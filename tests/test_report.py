@@ -209,3 +209,14 @@ def test_without_matplotlib_the_report_says_what_to_install(tmp_path: Path) -> N
     assert done.returncode == ExitCode.PREFLIGHT
     assert done.stderr.splitlines() == [
         "ddpkit report: needs matplotlib, which is not installed here: pip install 'ddpkit[report]'"]
+
+
+def test_tensorboard_without_its_package_is_one_line_and_exit_2() -> None:
+    # The package is an extra (`ddpkit[tensorboard]`); None in sys.modules makes it absent.
+    code = ("import sys; sys.modules['tensorboard'] = None; from ddpkit.cli import main; "
+            "sys.exit(main(['train', '--tensorboard', '/nonexistent/tb', '--max-steps', '1']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == ExitCode.BAD_INPUT and not Path("/nonexistent/tb").exists()
+    assert done.stderr.splitlines() == [
+        "ddpkit train: invalid options (nothing was started): --tensorboard /nonexistent/tb: the tensorboard "
+        "package is not installed here; pip install 'ddpkit[tensorboard]' (or drop the flag)"]
