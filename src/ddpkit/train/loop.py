@@ -269,9 +269,9 @@ class Trainer:
             loss = self.stepper.step(batches)
             pos.epoch_step += 1
             pos.step += 1
-            self.step_times.end(pos.step)
             pos.samples += plan.global_batch
             stall_model.progress(pos.step)  # the hang watchdog's pulse (attribute writes; its thread publishes)
+            self.step_times.end(pos.step)  # after the pulse: a rank waiting in its gather has reported the step
             if self._first_step_pending:
                 self._report_startup()
             self._show(progress, run, loss)
