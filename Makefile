@@ -37,9 +37,10 @@ render-compose: install
 render-all: render-slurm render-k8s render-ssh render-compose
 
 # 2 nodes x 2 processes on this machine (gloo, CPU, synthetic data), then every target into $(OUT)/.
+# The metrics go into the run folder (launch local's default), where `ddpkit report ddp-job` finds them.
 DEMO_ARGS = --model resnet18 --image-size 32 --data synthetic --synthetic-size 256 --eval-size 128 \
 	--batch-size 16 --epochs 1 --workers 0 --log-every 1 --progress bar \
-	--checkpoint-dir $(OUT)/demo/ckpt --metrics $(OUT)/demo/metrics.jsonl --log-dir $(OUT)/demo/logs
+	--checkpoint-dir $(OUT)/demo/ckpt --log-dir $(OUT)/demo/logs
 demo: install
 	rm -rf $(OUT)/demo
 	$(DDPKIT) launch local --nodes 2 --nproc-per-node 2 -- $(DEMO_ARGS)

@@ -33,6 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train", "runs"} | BASE,
     # runs: the run folders' layout and records; below launch, it starts and signals nothing.
     "runs": BASE,
+    # report: a run's page (`ddpkit report`); it reads run folders and draws, and starts nothing.
+    "report": {"runs"} | BASE,
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec"} | BASE,

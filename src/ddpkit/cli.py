@@ -40,6 +40,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("logs",), "ddpkit.launch.runctl:LOGS", "a run's node logs: --node N, --rank R, --tail N, --follow"),
     (("cancel",), "ddpkit.launch.runctl:CANCEL",
      "stop a run as Ctrl-C or pre-emption would: its nodes checkpoint first (Slurm: the spec's signal, then scancel)"),
+    (("report",), "ddpkit.report.command",
+     "a run's loss, throughput, per-rank step times and events as one HTML page with PNGs (no network needed)"),
 ]
 
 

@@ -30,6 +30,7 @@ DEVICES_PER_PROCESS_FLAG: Final = "--devices-per-process"
 RESUME_FLAG: Final = "--resume"
 CHECKPOINT_DIR_FLAG: Final = "--checkpoint-dir"
 KEEP_GLOBAL_BATCH_FLAG: Final = "--keep-global-batch-of"
+METRICS_FLAG: Final = "--metrics"
 
 
 def flag_value(args: list[str], flag: str) -> str | None:

@@ -38,7 +38,7 @@ from ..targets.sshnode import new_rdzv_id
 from ..text import plural
 from ..train.argcheck import check_command
 from . import proctree
-from .runargs import add_train_args, with_train_args
+from .runargs import add_train_args, with_metrics_into, with_train_args
 from .secrets import secret_values
 from .supervisor import (
     TORCHRUN_PREFIX_FLAG,
@@ -237,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
     secret_values(spec, "launch local")  # the agents inherit them with the rest of this environment
     run = RunFolder.create(name=spec.name, target="local", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
                            spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    # On this machine the run folder is where rank 0 runs: its metrics go there for `ddpkit report`.
+    spec = with_metrics_into(spec, run.metrics_file)
     return launch(spec, args.log_dir or run.logs_dir, args.grace, dedup=args.dedup, run=run)
 
 

@@ -1,11 +1,14 @@
 """What every launcher adds to the job on its command line, said once:
-`-- TRAIN ARGS` appended to the job's command."""
+`-- TRAIN ARGS` appended to the job's command; and where ddpkit train's
+metrics go when the run folder is on the machine that runs rank 0."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..spec import JobSpec
+from ..wire import METRICS_FLAG, TRAIN_MODULE, flag_value
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:
@@ -19,4 +22,14 @@ def with_train_args(spec: JobSpec, train_args: list[str]) -> JobSpec:
     if not extra:
         return spec
     command = spec.command.model_copy(update={"args": [*spec.command.args, *extra]})
+    return spec.model_copy(update={"command": command})
+
+
+def with_metrics_into(spec: JobSpec, path: Path) -> JobSpec:
+    """ddpkit train's metrics records into `path` (the run folder's, where
+    `ddpkit report` reads them), unless the job names its own file or is not
+    ddpkit train."""
+    if spec.command.module != TRAIN_MODULE or flag_value(spec.command.args, METRICS_FLAG) is not None:
+        return spec
+    command = spec.command.model_copy(update={"args": [*spec.command.args, METRICS_FLAG, str(path)]})
     return spec.model_copy(update={"command": command})

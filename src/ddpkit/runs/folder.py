@@ -6,6 +6,7 @@
         spec.yaml       the job as it ran (defaults, --set and flags applied)
         rendered/       the files the target rendered (Slurm: the sbatch script)
         logs/           the nodes' logs, unless the launcher was given --log-dir
+        metrics.jsonl   launch local: ddpkit train's metrics records, unless the job names its own file
 
 The runs root is $DDPKIT_RUNS_DIR, else ~/.ddpkit/runs, so `ddpkit runs`
 finds every run from any directory."""
@@ -29,6 +30,7 @@ EVENTS = "events.jsonl"
 SPEC = "spec.yaml"
 RENDERED = "rendered"
 LOGS = "logs"
+METRICS = "metrics.jsonl"
 
 
 def runs_root() -> Path:
@@ -94,6 +96,10 @@ class RunFolder:
     @property
     def rendered_dir(self) -> Path:
         return self.path / RENDERED
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS
 
     @property
     def spec_file(self) -> Path:

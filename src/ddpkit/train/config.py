@@ -80,6 +80,7 @@ class TrainConfig(StartupOptions):
     eval_size: int = 256
     log_dir: Path | None = None
     metrics: Path | None = None
+    tensorboard: Path | None = None
     rank_report_json: str | None = None
     rank_report_env: tuple[str, ...] = ()
     log_every: int = 10

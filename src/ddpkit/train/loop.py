@@ -36,6 +36,7 @@ from .evaluate import Evaluator
 from .faults import check_data
 from .models import build_model
 from .progress import Metrics, Progress, RunStatus, Summary, rank_logger
+from .rank_steps import RankStepTimes
 from .signals import StopAgreement, StopRequest, requeue_if_slurm
 from .startup import DistContext
 from .steps import Stepper
@@ -128,7 +129,7 @@ class Trainer:
             optimizer, warmup_cosine(self.plan.warmup_steps, self.plan.total_steps))
         scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.stepper = Stepper(config, self.par, self.device, optimizer, scheduler, scaler, self.rank)
-        self.metrics = Metrics(config.metrics, enabled=self.rank == 0)
+        self.metrics = Metrics(config.metrics, enabled=self.rank == 0, tensorboard=config.tensorboard)
         self.evaluator = Evaluator(self.par, self.test_loader, self.distributed, self.device,
                                    self.stepper.autocast, config.channels_last, self.metrics, self.log)
         self.checkpointer = Checkpointer(config, ctx, self.distributed,
@@ -220,6 +221,8 @@ class Trainer:
         self.log.info("plan: %d steps (%d per epoch), global batch %d, lr %.4g, warm-up %d steps",
                       plan.total_steps, plan.steps_per_epoch, plan.global_batch, plan.lr, plan.warmup_steps)
         run, status = _Run(time.monotonic(), self.pos.step), RunStatus.FINISHED
+        self.step_times = RankStepTimes(self.metrics, self.device, self.world, self.distributed, c.log_every,
+                                        plan.total_steps, enabled=c.metrics is not None or c.tensorboard is not None)
         try:
             while self.pos.step < plan.total_steps and status is RunStatus.FINISHED:
                 status = self._epoch(progress, run)
@@ -262,11 +265,13 @@ class Trainer:
         for _ in range(steps):
             if pos.step >= plan.total_steps:
                 return RunStatus.FINISHED  # --max-steps mid-epoch
+            self.step_times.begin()
             loss = self.stepper.step(batches)
             pos.epoch_step += 1
             pos.step += 1
             pos.samples += plan.global_batch
             stall_model.progress(pos.step)  # the hang watchdog's pulse (attribute writes; its thread publishes)
+            self.step_times.end(pos.step)  # after the pulse: a rank waiting in its gather has reported the step
             if self._first_step_pending:
                 self._report_startup()
             self._show(progress, run, loss)

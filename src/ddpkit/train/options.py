@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -111,6 +112,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-size", type=_positive, default=256, help="synthetic test-set size")
     g.add_argument("--log-dir", type=Path, help="every rank writes rank<R>.log here")
     g.add_argument("--metrics", type=Path, help="JSON Lines file rank 0 appends metrics to")
+    g.add_argument("--tensorboard", type=Path, metavar="DIR",
+                   help="rank 0 also writes the loss, throughput, per-rank step times and evaluations as "
+                        "TensorBoard events into DIR (needs the tensorboard package: ddpkit[tensorboard])")
     g.add_argument("--rank-report-json", metavar="PATH",
                    help="rank 0 writes every process's rank report record here as JSON "
                         "('-': one JSON line per process on stdout)")
@@ -132,6 +136,9 @@ def _local_problems(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
     if args.resume and args.resume != "auto" and not Path(args.resume).is_file():
         out.append(f"--resume {args.resume}: no such file (use auto, or a checkpoint file)")
+    if getattr(args, "tensorboard", None) is not None and importlib.util.find_spec("tensorboard") is None:
+        out.append(f"--tensorboard {args.tensorboard}: the tensorboard package is not installed here; "
+                   "pip install 'ddpkit[tensorboard]' (or drop the flag)")
     report_json = getattr(args, "rank_report_json", None)
     if report_json not in (None, "-") and Path(report_json).is_dir():
         out.append(f"--rank-report-json {report_json}: that is a folder; give a file path (or - for stdout)")

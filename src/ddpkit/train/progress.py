@@ -10,9 +10,12 @@ import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..text import plural
+
+if TYPE_CHECKING:
+    from .tensorboard_scalars import TensorBoardScalars
 
 
 def rank_logger(rank: int, log_dir: Path | None) -> logging.Logger:
@@ -34,22 +37,33 @@ def rank_logger(rank: int, log_dir: Path | None) -> logging.Logger:
 
 
 class Metrics:
-    """Appends one JSON object per line; rank 0 only (others get a no-op)."""
+    """Appends one JSON object per line; rank 0 only (others get a no-op).
+    With `tensorboard`, the same records' scalars go there too (--tensorboard)."""
 
-    def __init__(self, path: Path | None, enabled: bool) -> None:
+    def __init__(self, path: Path | None, enabled: bool, tensorboard: Path | None = None) -> None:
         self.file: TextIO | None = None
+        self.board: TensorBoardScalars | None = None
         if path is not None and enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115  open for the whole run; close() ends it
+        if tensorboard is not None and enabled:
+            from .tensorboard_scalars import TensorBoardScalars
+
+            self.board = TensorBoardScalars(tensorboard)
 
     def write(self, kind: str, **fields: Any) -> None:
+        record = {"kind": kind, "time": round(time.time(), 3), **fields}
         if self.file is not None:
-            self.file.write(json.dumps({"kind": kind, "time": round(time.time(), 3), **fields}) + "\n")
+            self.file.write(json.dumps(record) + "\n")
             self.file.flush()  # a killed run keeps every line it wrote
+        if self.board is not None:
+            self.board.record(kind, record)
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.board is not None:
+            self.board.close()
 
 
 class Progress:

@@ -1,0 +1,62 @@
+"""`ddpkit report RUN [-o FILE] [--metrics FILE]`: the run's page and its
+PNGs (docs/RUNS.md, "ddpkit report"). RUN is found the way `ddpkit status`
+finds it (ddpkit.runs.resolve); the page goes into the run folder unless -o
+names a file, and the PNGs beside it (<stem>-curves.png, ...)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..exitcodes import ExitCode
+from ..runs import UnknownRun, resolve
+
+DEFAULT_NAME = "report.html"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="a run id, a job name (its latest run) or a Slurm job id")
+    parser.add_argument("-o", "--output", type=Path, metavar="FILE",
+                        help=f"the HTML file (default: {DEFAULT_NAME} in the run folder); the PNGs go beside it")
+    parser.add_argument("--metrics", type=Path, metavar="FILE",
+                        help="the job's metrics JSONL (default: metrics.jsonl in the run folder, else the "
+                             "--metrics path of the job's command)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .data import NoMetrics
+
+    try:
+        import matplotlib  # noqa: F401  (an extra: the training image has no use for it)
+    except ImportError:
+        print("ddpkit report: needs matplotlib, which is not installed here: pip install 'ddpkit[report]'",
+              file=sys.stderr)
+        return ExitCode.PREFLIGHT
+    try:
+        return _report(args)
+    except UnknownRun as exc:
+        print(f"ddpkit report: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except NoMetrics as exc:
+        print(f"ddpkit report: {exc}", file=sys.stderr)
+        return ExitCode.FAILED
+    except OSError as exc:  # the output folder cannot be written
+        print(f"ddpkit report: cannot write the report: {exc}", file=sys.stderr)
+        return ExitCode.FAILED
+
+
+def _report(args: argparse.Namespace) -> int:
+    from . import data, page, plots  # matplotlib: only when a report is made
+
+    stored = resolve(args.run)
+    found = data.load(stored, args.metrics)
+    html_path: Path = args.output or stored.folder.path / DEFAULT_NAME
+    figures = {"curves": plots.curves(found), "heatmap": plots.heatmap(found), "timeline": plots.timeline(found)}
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    for name, png in figures.items():
+        (html_path.parent / f"{html_path.stem}-{name}.png").write_bytes(png)
+    html_path.write_text(page.render(found, figures), encoding="utf-8")
+    print(f"ddpkit report: wrote {html_path} ({len(found.train)} train and {len(found.step_times)} step-time "
+          f"records, {len(found.marks)} events; PNGs beside it)")
+    return ExitCode.OK

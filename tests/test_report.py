@@ -1,0 +1,222 @@
+"""`ddpkit report RUN` (docs/RUNS.md): the page of a real `launch local`
+run, opened in headless Chromium; the screenshot's pixels must show the
+plots where the page puts them, and Chromium's own network log must show
+no request made by the page. Units: the records a report reads (stalls
+and stragglers marked on their ranks), and a run without metrics refused
+in one line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from matplotlib import colormaps
+from PIL import Image
+
+from ddpkit.exitcodes import ExitCode
+from ddpkit.report import data as report_data
+from ddpkit.report import plots
+from ddpkit.runs import RunFolder, StoredRun, all_runs
+from tests.helpers.runs import TINY
+from tests.test_runs import ddpkit
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/system-deps.sh installs it)")
+WIDTH, HEIGHT = 1200, 2400
+_URL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?!data:)([a-z][a-z0-9+.-]*:)?//""", re.IGNORECASE)
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return int(hex_color[1:3], 16), int(hex_color[3:5], 16), int(hex_color[5:7], 16)
+
+
+def _rows_of(image: Image.Image, want: list[tuple[int, int, int]], tolerance: int = 12) -> list[int]:
+    """The row of every pixel within `tolerance` of one of the colours."""
+    px = image.convert("RGB").load()
+    assert px is not None
+    rows = []
+    for y in range(image.height):
+        for x in range(0, image.width, 2):  # every other column: enough, and twice as fast
+            r, g, b = px[x, y]
+            if any(abs(r - c[0]) <= tolerance and abs(g - c[1]) <= tolerance and abs(b - c[2]) <= tolerance
+                   for c in want):
+                rows.append(y)
+    return rows
+
+
+def _median(rows: list[int]) -> int:
+    return sorted(rows)[len(rows) // 2]
+
+
+def _screenshot(page: Path, out: Path, tmp: Path) -> list[str]:
+    """Chromium's screenshot of the page, and the URLs the page itself asked
+    the network for (its net log: the browser's own update and account
+    checks have no origin; what a page asks for has the page's file:// origin)."""
+    net_log = tmp / "net.json"
+    assert CHROMIUM is not None
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}", f"--log-net-log={net_log}",
+                           f"--screenshot={out}", f"--window-size={WIDTH},{HEIGHT}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and out.is_file(), done.stderr[-2000:]
+    log = json.loads(net_log.read_text())
+    start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    asked = []
+    for event in log["events"]:
+        params = event.get("params") or {}
+        if event["type"] == start and "url" in params and (params.get("initiator") != "not an origin"
+                                       or str(params.get("network_isolation_key", "")).startswith("file:")):
+            asked.append(str(params.get("url")))
+    return [u for u in asked if not u.startswith(("data:", "file:"))]
+
+
+@dataclass(frozen=True)
+class Finished:
+    runs_dir: Path
+    run: StoredRun
+    board: Path  # its --tensorboard DIR
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """One real launch local run (2 nodes x 1 process, 16 steps), shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("report")
+    runs_dir, board = tmp / "runs", tmp / "board"
+    done = ddpkit(runs_dir, "launch", "local", "--nodes", "2", "--nproc-per-node", "1", "--grace", "3",
+                  "--set", "name=rep", "--", *TINY, "--data", "synthetic", "--synthetic-size", "64", "--batch-size", "4",
+                  "--epochs", "2", "--eval-size", "16", "--log-every", "2", "--tensorboard", str(board), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = all_runs(runs_dir)
+    return Finished(runs_dir, run, board)
+
+
+@pytest.mark.slow
+def test_tensorboard_gets_the_same_scalars_from_rank_0_only(finished: Finished) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = finished.board.glob("events.out.tfevents.*")  # one writer: rank 0's
+    board = EventAccumulator(str(events))
+    board.Reload()
+    records = report_data.read_records(finished.run.folder.metrics_file)
+
+    def seen(tag: str) -> list[tuple[int, float]]:
+        return [(e.step, pytest.approx(e.value, rel=1e-6)) for e in board.Scalars(tag)]
+
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 8 and seen("train/loss") == [(r["step"], r["loss"]) for r in train]
+    assert seen("train/images_per_s") == [(r["step"], r["images_per_s"]) for r in train]
+    windows = [r for r in records if r["kind"] == "step_times"]
+    for rank in (0, 1):
+        assert seen(f"step_time_ms/rank{rank}") == [(r["step"], r["step_s"][rank] * 1000) for r in windows]
+    assert seen("eval/accuracy") == [(r["step"], r["accuracy"]) for r in records if r["kind"] == "eval"]
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_report_of_a_real_run_shows_its_plots_in_chromium_and_asks_the_network_nothing(
+        finished: Finished, tmp_path: Path) -> None:
+    runs_dir, run = finished.runs_dir, finished.run
+    metrics = run.folder.metrics_file  # launch local has ddpkit train write its records there
+    # A straggler judge's record naming rank 1 in the 5th window: the page must box it there.
+    windows = [r for r in report_data.read_records(metrics) if r["kind"] == "step_times"]
+    with metrics.open("a") as out:
+        out.write(json.dumps({"kind": "straggler", "time": windows[4]["time"], "rank": 1, "host": "h",
+                              "own_s": 0.2, "median_s": 0.1}) + "\n")
+
+    made = ddpkit(runs_dir, "report", "rep")  # found by the job's name, as `status` finds it
+    assert made.returncode == 0, made.stderr
+    page = run.folder.path / "report.html"
+    assert made.stdout.startswith(f"ddpkit report: wrote {page} (8 train and 8 step-time records"), made.stdout
+    html = page.read_text()
+    assert not _URL.findall(html) and "<script" not in html and "url(" not in html, "the page refers to something"
+    embedded = re.findall(r'<img id="(\w+)"[^>]* src="data:image/png;base64,([^"]+)"', html)
+    assert [name for name, _ in embedded] == ["curves", "heatmap", "timeline"]
+    for name, b64 in embedded:  # the PNGs beside the page are the ones it embeds
+        assert (run.folder.path / f"report-{name}.png").read_bytes() == base64.b64decode(b64)
+
+    shot = tmp_path / "shot.png"
+    assert _screenshot(page, shot, tmp_path) == []
+    image = Image.open(shot)
+    assert image.size == (WIDTH, HEIGHT)
+    loss = _rows_of(image, [_rgb(plots.LOSS)])
+    throughput = _rows_of(image, [_rgb(plots.THROUGHPUT)])
+    viridis = [tuple(round(255 * v) for v in colormaps["viridis"](i)[:3]) for i in range(0, 256, 8)]
+    heat = _rows_of(image, viridis, tolerance=6)  # type: ignore[arg-type]
+    straggler = _rows_of(image, [_rgb(plots.color("straggler"))])
+    assert len(loss) > 200 and len(throughput) > 200 and len(heat) > 20000, (len(loss), len(throughput), len(heat))
+    # In the page's order: loss above throughput above the heat map, the straggler's box inside the heat map.
+    assert _median(loss) < _median(throughput) < _median(heat)
+    assert len(straggler) > 100 and min(heat) <= _median(straggler) <= max(heat)
+
+    # The detector above can fail: a page that does load something is caught.
+    canary = tmp_path / "canary.html"
+    canary.write_text('<html><body><img src="http://127.0.0.1:9/x.png"><p>x</p></body></html>')
+    assert _screenshot(canary, tmp_path / "canary.png", tmp_path / "c") == ["http://127.0.0.1:9/x.png"]
+
+
+def test_stalls_and_stragglers_are_marked_on_their_ranks(tmp_path: Path) -> None:
+    folder = RunFolder.create(name="marks", target="local", nodes=2, nproc_per_node=1, spec_yaml="name: marks\n",
+                              root=tmp_path)
+    t0 = folder.record().started
+    lines = [{"kind": "rank_report", "time": t0 + 1, "rank": r, "node_rank": r, "host": f"h{r}", "pid": 10 + r,
+              "device": "cpu"} for r in (0, 1)]
+    lines += [{"kind": "train", "time": t0 + 2 + i, "step": 2 * i, "loss": 2.0 - i / 10, "images_per_s": 100.0}
+              for i in range(1, 4)]
+    lines += [{"kind": "step_times", "time": t0 + 2 + i, "step": 2 * i, "step_s": [0.01, 0.01 * i]}
+              for i in range(1, 4)]
+    lines += [{"kind": "straggler", "time": t0 + 4.5, "rank": 1, "own_s": 0.03, "median_s": 0.01},
+              {"kind": "stall", "time": t0 + 6, "idle_s": 60, "limit_s": 60, "stalled": [{"rank": 0, "step": 6}]},
+              {"kind": "stop", "time": t0 + 7, "signal": "SIGUSR2", "step": 6, "checkpoint": "/c/step6"}]
+    (folder.path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"kind": "tra')
+    stored = all_runs(tmp_path)[0]
+
+    data = report_data.load(stored)
+    assert [(m.kind, m.ranks) for m in data.marks] == [("start", ()), ("straggler", (1,)), ("stall", (0,)),
+                                                        ("preempted", ())]
+    from ddpkit.report.page import rank_rows
+
+    rows = rank_rows(data)
+    assert [row[:3] for row in rows] == [["0", "0", "h0"], ["1", "1", "h1"]]
+    assert [row[-2:] for row in rows] == [["-", '<span class="flag">6.0s</span>'],
+                                          ['<span class="flag">4.5s</span>', "-"]]
+    assert rows[1][5:7] == ["20.0", "30.0"]  # mean and slowest window, ms
+
+
+def test_a_run_without_metrics_is_one_line(tmp_path: Path) -> None:
+    folder = RunFolder.create(name="bare", target="local", nodes=1, nproc_per_node=1, spec_yaml="name: bare\n",
+                              root=tmp_path)
+    done = ddpkit(tmp_path, "report", "bare")
+    assert done.returncode == ExitCode.FAILED and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"ddpkit report: run {folder.record().id} has no metrics records (looked in {folder.path / 'metrics.jsonl'}); "
+        f"run the job with `-- --metrics {folder.path / 'metrics.jsonl'}`, or name the file with --metrics FILE"]
+
+
+def test_without_matplotlib_the_report_says_what_to_install(tmp_path: Path) -> None:
+    # matplotlib is an extra (`ddpkit[report]`); None in sys.modules makes its import fail as if absent.
+    code = "import sys; sys.modules['matplotlib'] = None; from ddpkit.cli import main; sys.exit(main(['report', 'x']))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DDPKIT_RUNS_DIR": str(tmp_path)})
+    assert done.returncode == ExitCode.PREFLIGHT
+    assert done.stderr.splitlines() == [
+        "ddpkit report: needs matplotlib, which is not installed here: pip install 'ddpkit[report]'"]
+
+
+def test_tensorboard_without_its_package_is_one_line_and_exit_2() -> None:
+    # The package is an extra (`ddpkit[tensorboard]`); None in sys.modules makes it absent.
+    code = ("import sys; sys.modules['tensorboard'] = None; from ddpkit.cli import main; "
+            "sys.exit(main(['train', '--tensorboard', '/nonexistent/tb', '--max-steps', '1']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == ExitCode.BAD_INPUT and not Path("/nonexistent/tb").exists()
+    assert done.stderr.splitlines() == [
+        "ddpkit train: invalid options (nothing was started): --tensorboard /nonexistent/tb: the tensorboard "
+        "package is not installed here; pip install 'ddpkit[tensorboard]' (or drop the flag)"]
