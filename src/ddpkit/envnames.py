@@ -93,6 +93,8 @@ DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-
 # The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.
 DDPKIT_WATCHDOG_STALL_S: Final = "DDPKIT_WATCHDOG_STALL_S"
 DDPKIT_WATCHDOG_FIRST_STEP_S: Final = "DDPKIT_WATCHDOG_FIRST_STEP_S"
+# Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/ELASTIC.md).
+DDPKIT_WATCHDOG_LOSS_S: Final = "DDPKIT_WATCHDOG_LOSS_S"
 # torch's NCCL flight recorder: ring-buffer entries, dump on a collective timeout, and the dump file prefix.
 TORCH_NCCL_TRACE_BUFFER_SIZE: Final = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 TORCH_NCCL_DUMP_ON_TIMEOUT: Final = "TORCH_NCCL_DUMP_ON_TIMEOUT"

@@ -58,6 +58,8 @@ JOB_ENV_SETTINGS = frozenset(
 )
 
 MAX_GPUS_PER_NODE = 64
+# watchdog.loss_s: the default, and the floor (3 heartbeats: each rank publishes one a second).
+LOSS_S, LOSS_FLOOR_S = 10.0, 3.0
 
 
 class Backend(str, Enum):
@@ -180,6 +182,11 @@ class WatchdogOptions(Strict):
         default=None, ge=1, le=86400,
         description="limit for the first steps and a checkpoint write (default 5 x stall_s)",
     )
+    loss_s: float = Field(
+        default=LOSS_S, ge=LOSS_FLOOR_S, le=3600,
+        description="seconds a node's ranks may send no heartbeat before the others act on it: an elastic job "
+                    "re-forms without it, a static job stops naming it (exit 14); torchrun's rendezvous "
+                    "keep-alive and last call derive from it (docs/ELASTIC.md)")
 
     def script_note(self, command: Command) -> str | None:
         """What a launcher says at start-up when the job runs the user's own
