@@ -16,6 +16,12 @@ from typing import Final
 # The module every target runs by default (command.module's default).
 TRAIN_MODULE: Final = "ddpkit.train"
 
+# watchdog.loss_s (the spec's default and floor; the trainer's default when
+# the job environment does not carry it): seconds of a node's silence before
+# the others act on it. The floor is three heartbeats (one a second).
+LOSS_S: Final = 10.0
+LOSS_FLOOR_S: Final = 3.0
+
 # ---- Trainer flags the renderer reads or writes ---------------------------------
 # The spec checks a job's --strategy / --devices-per-process against the
 # fields that size the GPU request; Kubernetes warns about --resume auto with

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .. import envnames
-from ..wire import DEVICES_PER_PROCESS_FLAG, STRATEGY_FLAG, TRAIN_MODULE, flag_value
+from ..wire import DEVICES_PER_PROCESS_FLAG, LOSS_FLOOR_S, LOSS_S, STRATEGY_FLAG, TRAIN_MODULE, flag_value
 from .compose import ComposeOptions
 from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, Mounts, NodePath, PythonModule, Strict, no_nul
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
@@ -58,8 +58,6 @@ JOB_ENV_SETTINGS = frozenset(
 )
 
 MAX_GPUS_PER_NODE = 64
-# watchdog.loss_s: the default, and the floor (3 heartbeats: each rank publishes one a second).
-LOSS_S, LOSS_FLOOR_S = 10.0, 3.0
 
 
 class Backend(str, Enum):
