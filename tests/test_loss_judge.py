@@ -37,12 +37,27 @@ def test_a_node_is_lost_when_every_rank_of_it_is_silent_past_loss_s() -> None:
     assert [(r.rank, r.node, r.host, r.silent_s) for r in lost[12]] == [(2, 1, "host1", 11.0), (3, 1, "host1", 11.0)]
 
 
-@pytest.mark.parametrize("phase", [Phase.SETUP, Phase.DONE])
-def test_one_silent_rank_among_live_ones_or_a_rank_not_training_is_no_lost_node(phase: Phase) -> None:
+def beat_as(b: Beat, phase: Phase, warm: bool) -> Beat:
+    return Beat(b.rank, b.seq, b.beats, b.step, phase, b.step_s, warm, b.node, b.pid, b.host)
+
+
+@pytest.mark.parametrize(("phase", "started", "lost"), [(Phase.DONE, True, False), (Phase.SETUP, False, False),
+                                                        (Phase.SETUP, True, True)])
+def test_a_finished_rank_or_one_starting_before_the_first_step_is_not_judged(phase: Phase, started: bool,
+                                                                              lost: bool) -> None:
+    """A frozen node's last heartbeat may still say setup when it froze
+    within a second of the first steps: once the job trained, it counts."""
     judge = Judge(3, S)
     for t in range(20):
-        # rank 1 frozen beside live rank 0 on node 0 (the stall verdict's case); rank 2 finished or starting
-        judge.observe([beat(0, t, 0), beat(1, min(t, 1), 0), beat(2, min(t, 1), 1, phase)], float(t))
+        live = [beat_as(beat(r, t, 0), Phase.BACKWARD if started else Phase.SETUP, started) for r in (0, 1)]
+        judge.observe([*live, beat_as(beat(2, min(t, 1), 1), phase, False)], float(t))
+    assert [r.rank for r in loss_judge.lost_ranks(judge, 19.0, 10.0)] == ([2] if lost else [])
+
+
+def test_one_silent_rank_beside_live_ones_of_its_node_is_no_lost_node() -> None:
+    judge = Judge(3, S)
+    for t in range(20):  # rank 1 frozen beside live rank 0 on node 0: the stall verdict's case
+        judge.observe([beat(0, t, 0), beat(1, min(t, 1), 0), beat(2, t, 1)], float(t))
     assert loss_judge.lost_ranks(judge, 19.0, 10.0) == []
 
 

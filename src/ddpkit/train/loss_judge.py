@@ -31,7 +31,7 @@ from .. import envnames
 from ..exitcodes import ExitCode
 from ..wire import LOSS_FLOOR_S, LOSS_S
 from .elastic import AgentRestarts
-from .stall_model import UNJUDGED, Judge
+from .stall_model import UNJUDGED, Judge, Phase
 
 # The report's per-rank line; launch/recovery.py matches "ddpkit watchdog: LOST rank R node N host H".
 LOST_LINE = ("ddpkit watchdog: LOST rank {rank} node {node} host {host} pid {pid}: no heartbeat for {silent_s:.0f}s "
@@ -71,13 +71,19 @@ def lost_ranks(judge: Judge, now: float, loss_s: float) -> list[LostRank]:
     at all, not merely no progress) for longer than loss_s, as the monitor's
     judge last saw them. A node counts whole: one silent rank among live
     ones of its node is a frozen process, the stall verdict's business.
-    Ranks still starting (setup) or finished (done) are not judged."""
+    Finished ranks (done) are not judged, nor ranks still starting (setup)
+    before the job's first step; once any rank finished a step every rank
+    had finished its setup (that step's all-reduce needed them all), so a
+    rank whose last heartbeat still says setup froze before it published
+    again (its thread publishes once a second)."""
     by_node: dict[int, list[LostRank]] = {}
     live_nodes: set[int] = set()
+    started = any(seen.beat.warm for seen in judge.seen.values())
     for seen in judge.seen.values():
         b = seen.beat
         silent = now - seen.alive_at
-        if b.phase in UNJUDGED or silent <= loss_s:
+        unjudged = b.phase is Phase.DONE or (b.phase in UNJUDGED and not started)
+        if unjudged or silent <= loss_s:
             live_nodes.add(b.node)
             continue
         by_node.setdefault(b.node, []).append(LostRank(b.rank, b.node, b.host, b.pid, b.step, b.phase.value,
