@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 # train/loss_judge.py LOST_LINE
-_LOST = re.compile(r"ddpkit watchdog: LOST rank (\d+) node (\d+) host (\S+) pid \d+: no heartbeat for (\d+)s")
+_LOST = re.compile(r"ddpkit watchdog: LOST rank (\d+) node (\d+) host (\S+) pid \d+: no heartbeat for (\d+(?:\.\d+)?)s")
 # train/elastic.py changed_line, printed by the new rank 0 once it resumed
 _REFORMED = re.compile(r"elastic: restart \d+ of at most \d+; world size (\d+)(?: -> (\d+))?")
 
@@ -28,11 +28,11 @@ class LostRank:
     rank: int
     node: int
     host: str
-    silent_s: int
+    silent_s: float
 
     @property
     def reason(self) -> str:
-        return (f"no heartbeat for {self.silent_s}s, noticed by the job's heartbeats (frozen, or cut off "
+        return (f"no heartbeat for {self.silent_s:.0f}s, noticed by the job's heartbeats (frozen, or cut off "
                 "without a reset)")
 
 
@@ -50,7 +50,7 @@ class Recovery:
             m = _LOST.search(body)
             if m is None:
                 return None
-            lost = LostRank(int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)))
+            lost = LostRank(int(m.group(1)), int(m.group(2)), m.group(3), float(m.group(4)))
             self.lost[lost.rank] = lost
             if lost.node in self.silent_since:
                 return None

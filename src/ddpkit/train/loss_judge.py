@@ -34,7 +34,7 @@ from .elastic import AgentRestarts
 from .stall_model import UNJUDGED, Judge, Phase
 
 # The report's per-rank line; launch/recovery.py matches "ddpkit watchdog: LOST rank R node N host H".
-LOST_LINE = ("ddpkit watchdog: LOST rank {rank} node {node} host {host} pid {pid}: no heartbeat for {silent_s:.0f}s "
+LOST_LINE = ("ddpkit watchdog: LOST rank {rank} node {node} host {host} pid {pid}: no heartbeat for {silent_s:.1f}s "
              "(limit {limit_s:g}s), last at step {step}, phase {phase}")
 NOTICED_BY = "heartbeat"  # how the loss was noticed (the metrics record and the launchers say so)
 KIND = "lost"  # the verdict's kind in the watchdog's verdict key, and the metrics record's
