@@ -61,6 +61,27 @@ def test_one_silent_rank_beside_live_ones_of_its_node_is_no_lost_node() -> None:
     assert loss_judge.lost_ranks(judge, 19.0, 10.0) == []
 
 
+def test_silence_counts_only_while_the_monitor_watched() -> None:
+    """Every rank paused (the monitor too) and thawed: the monitor wakes to
+    stale heartbeats everywhere and must give the others a fresh window."""
+    judge, watch = Judge(2, S), loss_judge.LossWatch(10.0, 1.0)
+    for t in [*range(5), *range(25, 40)]:  # paused from t=5 to t=25; node 1 publishes again at t=27
+        judge.observe([beat(0, t, 0), beat(1, t if t < 5 or t >= 27 else 4, 1)], float(t))
+        assert watch.observe(judge, float(t)) == [], t
+    for t in range(40, 52):  # then node 1 really goes silent: lost after 10 s of watching
+        judge.observe([beat(0, t, 0), beat(1, 39, 1)], float(t))
+        found = watch.observe(judge, float(t))
+    assert [r.rank for r in found] == [1]
+
+
+def test_stall_s_no_longer_than_loss_s_leaves_the_verdict_to_the_stall_rule() -> None:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ident = stall.Identity(0, 2, 1, 0, "h0", 5000)
+    store = stall.open_store("127.0.0.1", server.port)
+    assert stall.Watchdog(store, ident, Settings(stall_s=8.0), stall.Outputs(), loss_s=10.0).loss is None
+    assert stall.Watchdog(store, ident, Settings(stall_s=60.0), stall.Outputs(), loss_s=10.0).loss is not None
+
+
 def test_loss_s_from_env() -> None:
     assert loss_judge.loss_s_from_env({}) == 10.0
     assert loss_judge.loss_s_from_env({"DDPKIT_WATCHDOG_LOSS_S": "4.5"}) == 4.5
@@ -93,10 +114,11 @@ def test_the_store_protocol_three_nodes_one_silent(tmp_path: Path) -> None:
     dogs = [stall.Watchdog(stall.open_store("127.0.0.1", server.port), stall.Identity(r, 3, 1, r, f"h{r}", 5000 + r),
                            S, stall.Outputs(tmp_path, tmp_path / "m.jsonl"), exit=_exit, loss_s=5.0) for r in range(3)]
     PULSE.phase, PULSE.step = Phase.BACKWARD, 4
-    for t in range(7):  # rank 2 published once, at t=0: more than 5 s silent at t=6
+    for t in range(6):  # rank 2 published once, at t=0: 5 s silent at t=5 is not yet lost
         for dog in dogs[:2] if t else dogs:
             dog.publish(float(t))
         assert dogs[0]._check(float(t)) is None  # no stall: that limit is 60 s
+        assert dogs[0].loss is not None and dogs[0].loss.observe(dogs[0].judge, float(t)) == []  # type: ignore[arg-type]
     codes: dict[int, object] = {}
 
     def act(dog: stall.Watchdog) -> None:

@@ -66,7 +66,26 @@ class LostRank:
     silent_s: float
 
 
-def lost_ranks(judge: Judge, now: float, loss_s: float) -> list[LostRank]:
+class LossWatch:
+    """The monitor's loss rule over time: silence counts only while this
+    monitor itself was watching. A monitor that was not running (the whole
+    job paused, SIGSTOP on every rank, a VM frozen and thawed) sees every
+    heartbeat stale when it wakes, and the others' threads need a moment to
+    publish again: after such a gap each rank gets a fresh window."""
+
+    def __init__(self, loss_s: float, period_s: float) -> None:
+        self.loss_s, self.gap_s = loss_s, 3 * period_s
+        self._last: float | None = None
+        self._since = 0.0
+
+    def observe(self, judge: Judge, now: float) -> list[LostRank]:
+        if self._last is None or now - self._last > self.gap_s:
+            self._since = now
+        self._last = now
+        return lost_ranks(judge, now, self.loss_s, self._since)
+
+
+def lost_ranks(judge: Judge, now: float, loss_s: float, since: float = float("-inf")) -> list[LostRank]:
     """The ranks of every node whose ranks were all silent (no new heartbeat
     at all, not merely no progress) for longer than loss_s, as the monitor's
     judge last saw them. A node counts whole: one silent rank among live
@@ -81,7 +100,7 @@ def lost_ranks(judge: Judge, now: float, loss_s: float) -> list[LostRank]:
     started = any(seen.beat.warm for seen in judge.seen.values())
     for seen in judge.seen.values():
         b = seen.beat
-        silent = now - seen.alive_at
+        silent = now - max(seen.alive_at, since)
         unjudged = b.phase is Phase.DONE or (b.phase in UNJUDGED and not started)
         if unjudged or silent <= loss_s:
             live_nodes.add(b.node)

@@ -95,7 +95,10 @@ class Watchdog:
     def __init__(self, store: dist.Store, ident: Identity, settings: Settings, outputs: Outputs,
                  exit: Callable[[int], None] = os._exit, loss_s: float = LOSS_S) -> None:
         self.store, self.ident, self.settings, self.outputs = store, ident, settings, outputs
-        self.loss_s = loss_s  # a node silent this long is lost (train/loss_judge.py)
+        # A node silent this long is lost (train/loss_judge.py); with stall_s
+        # no longer than loss_s the stall verdict comes first, and alone.
+        period = settings.interval_s * max(1, ident.world // RANKS_PER_CHECK_S)  # as check_every below
+        self.loss = loss_judge.LossWatch(loss_s, period) if loss_s < settings.stall_s else None
         self.judge = Judge(ident.world, settings) if ident.rank in monitors(ident.world, ident.local_world) else None
         self._exit = exit
         self._stop = threading.Event()
@@ -184,9 +187,10 @@ class Watchdog:
     # ---- on a lost node (train/loss_judge.py) --------------------------------------------
     def _judge_loss(self, now: float) -> None:
         assert self.judge is not None
-        lost = loss_judge.lost_ranks(self.judge, now, self.loss_s)
-        if lost:
-            record = loss_judge.verdict_record(lost, self.loss_s, self.ident.rank, loss_judge.elastic_restarts_left())
+        lost = [] if self.loss is None else self.loss.observe(self.judge, now)
+        if lost and self.loss is not None:
+            record = loss_judge.verdict_record(lost, self.loss.loss_s, self.ident.rank,
+                                               loss_judge.elastic_restarts_left())
             self.store.compare_set(STALL_KEY, "", json.dumps(record))
 
     def on_lost(self, record: dict[str, Any]) -> None:
