@@ -71,8 +71,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held_worlds: str,
-              last_call_s: int | None = LAST_CALL_S, elastic: bool = True) -> Path:
-    """last_call_s None: the one derived from watchdog.loss_s (rdzv_timing.py)."""
+              last_call_s: int | None = LAST_CALL_S, elastic: bool = True, quick_keepalive: bool = True) -> Path:
+    """last_call_s None: the one derived from watchdog.loss_s (rdzv_timing.py).
+    quick_keepalive False: launch ssh's default keepalive (5 s x 3), so that
+    the job's own heartbeats (10 s) notice a cut-off host first."""
     spec = {
         "name": "elastic", "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
         "rendezvous": {"timeout_s": 120},
@@ -81,7 +83,7 @@ def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
                 "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": held_worlds},
         "ssh": {"workdir": str(folder), "log_dir": str(folder / "logs"), "grace_s": 3, "connect_timeout_s": 3,
-                "alive_interval_s": 1, "alive_count": 3},
+                **({"alive_interval_s": 1, "alive_count": 3} if quick_keepalive else {})},
     }
     if elastic:
         spec["elastic"] = {"min_nodes": 2, "max_restarts": 2, "max_node_failures": max_node_failures,
@@ -201,7 +203,7 @@ def test_a_static_job_stops_when_a_node_is_cut_off_naming_it(cluster: Cluster, t
     net, hosts = cluster
     ckpt, gate = tmp_path / "ckpt", tmp_path / "gate"
     gate.mkdir()
-    job = write_job(tmp_path, ckpt, gate, max_node_failures=1, held_worlds="3", elastic=False)
+    job = write_job(tmp_path, ckpt, gate, max_node_failures=1, held_worlds="3", elastic=False, quick_keepalive=False)
     lost = net[NODES[LOST]]
     out, err = tmp_path / "launcher.out", tmp_path / "launcher.err"
     proc = launch(net, hosts, tmp_path, job)
