@@ -46,13 +46,13 @@ from typing import Any, TypeVar
 import yaml
 from bench.common import ROOT, machine, spread
 
-from ddpkit.contract import CONTRACT, Target, elastic_env
+from ddpkit.contract import Target, elastic_env, rdzv_conf
 from ddpkit.launch import proctree
 from ddpkit.spec import JobSpec
 
 NODES, MIN_NODES = 3, 2
-ROW = CONTRACT[Target.SSH].elastic  # the SSH launcher's rendezvous timeouts
 SPEC = JobSpec.model_validate({"name": "bench", "nodes": NODES, "elastic": {"min_nodes": MIN_NODES}})
+CONF = rdzv_conf(SPEC, Target.SSH)  # the SSH launcher's rendezvous timeouts
 TARGETS = ("local", "ssh", "slurm")
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 HOSTS = ["node1", "node2", "node3"]
@@ -92,8 +92,8 @@ def start_agents(work: Path, args: list[str], last_call_s: int) -> list[subproce
     port = free_port()
     procs = []
     for node in range(NODES):
-        conf = (f"is_host={int(node == 0)},join_timeout=300,last_call_timeout={last_call_s},"
-                f"close_timeout={ROW.close_s}")
+        conf = ",".join(f"{k}={v}" for k, v in {**CONF, "is_host": int(node == 0), "join_timeout": 300,
+                                                   "last_call_timeout": last_call_s}.items())
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={MIN_NODES}:{NODES}",
                 "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                 "--rdzv-id=bench", f"--rdzv-conf={conf}", "--max-restarts=3", "-m", "ddpkit.train", *args]
@@ -387,9 +387,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=6000, help="synthetic samples (sets the run's length)")
     parser.add_argument("--checkpoint-every", type=int, default=20)
-    parser.add_argument("--last-call-s", type=int, default=ROW.last_call_s,
+    parser.add_argument("--last-call-s", type=int, default=CONF["last_call_timeout"],
                         help="elastic.last_call_s: how long a rendezvous with min_nodes waits for more "
-                             f"(default {ROW.last_call_s}, the targets' own)")
+                             f"(default {CONF['last_call_timeout']}, the SSH target's own)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     targets = args.targets.split(",")

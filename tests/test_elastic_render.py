@@ -80,7 +80,9 @@ def test_launch_line(target: Target) -> None:
         conf = dict(kv.split("=") for kv in f["rdzv-conf"].split(","))
         assert conf == {k: str(v) for k, v in rdzv_conf(spec, target).items()}
         assert int(conf["join_timeout"]) == spec.rendezvous.timeout_s
-        assert int(conf["last_call_timeout"]) >= 30
+        # the keep-alive, last call and close derive from watchdog.loss_s (default 10 s)
+        assert int(conf["keep_alive_interval"]) * int(conf["keep_alive_max_attempt"]) <= 10
+        assert 3 <= int(conf["last_call_timeout"]) <= 90
         # node 0 hosts the store: every node names the same endpoint, node 0's
         endpoints = {flags([a.resolve(controller_env(spec, target, i, job_id=4242) | {RDZV_ID: "x",
                                                                                          "DDPKIT_MASTER_ADDR": "h1"})
@@ -94,8 +96,41 @@ def test_last_call_is_the_specs_when_set(target: Target) -> None:
     env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
     conf = dict(kv.split("=") for kv in flags([a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))])
                 ["rdzv-conf"].split(","))
-    assert conf["last_call_timeout"] == "7" and int(conf["close_timeout"]) == CONTRACT[target].elastic.close_s
-    assert rdzv_conf(make(), target)["last_call_timeout"] == CONTRACT[target].elastic.last_call_s
+    assert conf["last_call_timeout"] == "7" and int(conf["close_timeout"]) == rdzv_conf(make(), target)["close_timeout"]
+    assert rdzv_conf(make(), target)["last_call_timeout"] == max(5, CONTRACT[target].elastic.last_call_floor_s)
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
+def test_rendezvous_timeouts_follow_loss_s(target: Target) -> None:
+    """A lost agent's keep-alive expires within loss_s (interval x attempts),
+    the last call is half of it and the close twice it, each with its floor,
+    in whole seconds (torchrun's get_as_int)."""
+    row = CONTRACT[target].elastic
+    for loss, interval, attempts, last_call, close in [(3, 1, 3, 3, 10), (10, 3, 3, 5, 20), (10.9, 3, 3, 5, 20),
+                                                        (60, 20, 3, 30, 120)]:
+        conf = rdzv_conf(make(watchdog={"loss_s": loss}), target)
+        assert conf["keep_alive_interval"] == interval and conf["keep_alive_max_attempt"] == attempts
+        assert conf["last_call_timeout"] == max(last_call, row.last_call_floor_s)
+        assert conf["close_timeout"] == max(close, row.close_floor_s)
+    assert target_env(make(watchdog={"loss_s": 4}), target)["DDPKIT_WATCHDOG_LOSS_S"] == "4"
+
+
+def test_torchs_rendezvous_handler_reads_every_key() -> None:
+    """Every --rdzv-conf key ddpkit renders is one torch's c10d handler reads
+    (an unknown key would be ignored without a word)."""
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    source = inspect.getsource(dynamic_rendezvous.create_handler)
+    for key in rdzv_conf(make(), Target.SSH):
+        name = key.removesuffix("_timeout")
+        assert f'"{key}"' in source or f'params, "{name}")' in source, key
+
+
+def test_loss_s_below_three_heartbeats_is_refused() -> None:
+    with pytest.raises(ValueError, match="loss_s"):
+        make(watchdog={"loss_s": 2})
 
 
 def test_last_call_below_one_second_is_refused() -> None:

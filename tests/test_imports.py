@@ -37,7 +37,8 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"runs"} | BASE,
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
-    "contract": {"quoting", "spec"} | BASE,
+    "contract": {"quoting", "spec", "rdzv_timing"} | BASE,
+    "rdzv_timing": set(),  # the rendezvous timeouts derived from watchdog.loss_s: arithmetic only
     "specfile": {"spec"} | BASE,
     "spec": BASE,
     "quoting": set(),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from . import envnames
+from .rdzv_timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive
 from .spec import JobSpec
 from .wire import (
     DEFAULT_PORT,
@@ -94,15 +95,16 @@ class ElasticRow:
     """How a target runs an elastic job (spec.elastic), or why it cannot.
 
     `rdzv_id` names this run of the job, so that agents of two runs never
-    meet in one rendezvous. `last_call_s` is how long a rendezvous that
-    has min_nodes waits for more (a node still starting, a replacement pod);
-    every membership change costs it once. `close_s`: how long agents wait
-    for the rendezvous to close when the job ends."""
+    meet in one rendezvous. Its timeouts derive from watchdog.loss_s
+    (rdzv_timing.derive); a row only raises their floors: the last call
+    (how long a rendezvous that has min_nodes waits for more, paid at every
+    membership change) and the close timeout (how long agents wait for the
+    rendezvous to close when the job ends)."""
 
     rdzv_id: Origin | None
     refusal: str = ""  # when rdzv_id is None: why, and what to use instead
-    last_call_s: int = 30
-    close_s: int = 60
+    last_call_floor_s: int = LAST_CALL_FLOOR_S
+    close_floor_s: int = CLOSE_FLOOR_S
 
 
 Origin = FromNode | Fixed
@@ -163,7 +165,7 @@ CONTRACT: dict[Target, ContractRow] = {
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=None, hosts=_numbered(1),
-        elastic=ElasticRow(FromNode(envnames.SLURM_JOB_ID), last_call_s=30)),
+        elastic=ElasticRow(FromNode(envnames.SLURM_JOB_ID))),
     Target.SLURM_SRUN: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
@@ -178,8 +180,10 @@ CONTRACT: dict[Target, ContractRow] = {
         hosts=_pytorchjob_hosts, controller_sets_unbuffered=True,
         # The name is unique in its namespace while the job exists, and the
         # store lives in this job's Master pod: no other run can reach it.
-        # 90 s of last call: a replaced pod is scheduled and pulls its image.
-        elastic=ElasticRow(Fixed.JOB_NAME, last_call_s=90, close_s=90)),
+        # 90 s of last call at least: a failed Worker pod restarts in place
+        # (restartPolicy OnFailure) and rejoins within it, so the others do not
+        # restart twice; 90 s to close, as the operator's own examples.
+        elastic=ElasticRow(Fixed.JOB_NAME, last_call_floor_s=90, close_floor_s=90)),
     Target.INDEXED_JOB: ContractRow(
         controller="kubernetes job controller", node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
@@ -214,21 +218,21 @@ CONTRACT: dict[Target, ContractRow] = {
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT, hosts=_ssh_hosts,
         # a fresh id per run: the launcher (launch ssh, launch.sh) passes it on every node's env prefix
-        elastic=ElasticRow(FromNode(envnames.DDPKIT_RDZV_ID), last_call_s=30)),
+        elastic=ElasticRow(FromNode(envnames.DDPKIT_RDZV_ID))),
     Target.COMPOSE: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; compose.cpu_test: gloo on CPU",
         default_port=DEFAULT_PORT, hosts=_numbered(0),
         # every `up` starts a fresh node0 container and so a fresh store
-        elastic=ElasticRow(Fixed.JOB_NAME, last_call_s=30)),
+        elastic=ElasticRow(Fixed.JOB_NAME)),
     Target.LOCAL: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
         hosts=lambda spec: ["127.0.0.1"] * spec.nodes,
         # a fresh id per run, in each agent's environment (launch local)
-        elastic=ElasticRow(FromNode(envnames.DDPKIT_RDZV_ID), last_call_s=30)),
+        elastic=ElasticRow(FromNode(envnames.DDPKIT_RDZV_ID))),
 }
 
 
@@ -284,11 +288,15 @@ def elastic_refusal(spec: JobSpec, target: Target) -> str | None:
 
 def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
     """torchrun's c10d --rdzv-conf for an elastic job on `target`: the
-    spec's join timeout, its last call (the target's when unset) and the
-    target's close timeout."""
+    spec's join timeout, then the keep-alive, last call (the spec's when
+    set) and close timeout derived from watchdog.loss_s with the target's
+    floors (rdzv_timing.derive; docs/ELASTIC.md says why each)."""
     row = CONTRACT[target].elastic
-    last_call = spec.elastic.last_call_s if spec.elastic is not None and spec.elastic.last_call_s else row.last_call_s
-    return {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": last_call, "close_timeout": row.close_s}
+    timing = derive(spec.watchdog.loss_s, row.last_call_floor_s, row.close_floor_s,
+                    spec.elastic.last_call_s if spec.elastic is not None else None)
+    return {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": timing.last_call_timeout,
+            "close_timeout": timing.close_timeout, "keep_alive_interval": timing.keep_alive_interval,
+            "keep_alive_max_attempt": timing.keep_alive_max_attempt}
 
 
 def controller_env(spec: JobSpec, target: Target, index: int) -> dict[str, str]:
@@ -386,6 +394,8 @@ def watchdog_env(spec: JobSpec, backend: str) -> dict[str, str]:
         env[envnames.DDPKIT_WATCHDOG_FIRST_STEP_S] = f"{wd.first_step_s:g}"
     if wd.straggler_factor != STRAGGLER_FACTOR:  # the job's default otherwise (rendered files stay as they were)
         env[envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR] = f"{wd.straggler_factor:g}"
+    if "loss_s" in wd.model_fields_set:  # the default is the trainer's own (stall_model.Settings)
+        env[envnames.DDPKIT_WATCHDOG_LOSS_S] = f"{wd.loss_s:g}"
     if backend == "nccl":
         env[envnames.TORCH_NCCL_TRACE_BUFFER_SIZE] = "2000"
         env[envnames.TORCH_NCCL_DUMP_ON_TIMEOUT] = "1"

@@ -97,6 +97,8 @@ DDPKIT_WATCHDOG_FIRST_STEP_S: Final = "DDPKIT_WATCHDOG_FIRST_STEP_S"
 DDPKIT_WATCHDOG_STRAGGLER_FACTOR: Final = "DDPKIT_WATCHDOG_STRAGGLER_FACTOR"
 # Test hook, read only by train/worktime.py: RANK:SECONDS[:FROM_STEP] sleeps in that rank's data loading.
 DDPKIT_TEST_SLOW_RANK: Final = "DDPKIT_TEST_SLOW_RANK"
+# Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/ELASTIC.md).
+DDPKIT_WATCHDOG_LOSS_S: Final = "DDPKIT_WATCHDOG_LOSS_S"
 # torch's NCCL flight recorder: ring-buffer entries, dump on a collective timeout, and the dump file prefix.
 TORCH_NCCL_TRACE_BUFFER_SIZE: Final = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 TORCH_NCCL_DUMP_ON_TIMEOUT: Final = "TORCH_NCCL_DUMP_ON_TIMEOUT"

@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     CHECKPOINT_DIR = 11   # --checkpoint-dir cannot be written on a rank that writes checkpoints
     DATA_MISSING = 12     # --data-dir does not exist (or lacks the dataset) on some node
     STALLED = 13          # the hang watchdog found a rank without progress: stacks dumped, every rank stopped
+    NODE_LOST = 14        # a node sent no heartbeat for watchdog.loss_s: elastic survivors re-form, a static job stops
     SOFTWARE = 70       # EX_SOFTWARE: an internal error in ddpkit (a template bug)
     PREEMPTED = 75      # EX_TEMPFAIL: checkpointed on a signal; run again with --resume auto
     INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped
@@ -33,4 +34,5 @@ class ExitCode(IntEnum):
 # reads the worker's code from the agent's report). Another program's code has
 # no meaning in this table, so its failure stays FAILED.
 WORKER_CODES = frozenset({ExitCode.BAD_INPUT, ExitCode.STARTUP, ExitCode.RESUME_MISMATCH, ExitCode.CHECKPOINT_DIR,
-                          ExitCode.DATA_MISSING, ExitCode.STALLED, ExitCode.PREEMPTED})
+                          ExitCode.DATA_MISSING, ExitCode.STALLED, ExitCode.NODE_LOST,
+                          ExitCode.PREEMPTED})

@@ -19,6 +19,11 @@ TRAIN_MODULE: Final = "ddpkit.train"
 # The straggler judge's default (spec watchdog.straggler_factor; train/straggler.py
 # uses it when the job environment does not say otherwise).
 STRAGGLER_FACTOR: Final = 1.33
+# watchdog.loss_s (the spec's default and floor; the trainer's default when
+# the job environment does not carry it): seconds of a node's silence before
+# the others act on it. The floor is three heartbeats (one a second).
+LOSS_S: Final = 10.0
+LOSS_FLOOR_S: Final = 3.0
 
 # ---- Trainer flags the renderer reads or writes ---------------------------------
 # The spec checks a job's --strategy / --devices-per-process against the

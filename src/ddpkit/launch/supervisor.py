@@ -37,6 +37,7 @@ from ..exitcodes import WORKER_CODES, ExitCode
 from ..runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup, Released, Source
 from .interrupt import interrupts_raise
+from .recovery import LostRank, Recovery
 from .stragglers import NamedStraggler, straggler_cell
 
 if TYPE_CHECKING:
@@ -109,9 +110,10 @@ class Status(Enum):
     EXCLUDED = "failed, excluded"  # elastic: the job went on without it
     REJOINED = "ok, rejoined"  # elastic: it failed, its host answered again, it joined and finished
     STALLED = "stalled"
+    LOST = "lost"  # its ranks sent no heartbeat for watchdog.loss_s: a static job stopped for it
 
 
-STATUS_STYLE = {Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
+STATUS_STYLE = {Status.LOST: "bold red", Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
                 Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow", Status.EXCLUDED: "yellow",
                 Status.STALLED: "bold red", Status.REJOINED: "green"}
 
@@ -151,7 +153,15 @@ class NodeReturned:
     node: NodeHandle
 
 
-Event = NodeExited | StopRequested | NodeReturned
+@dataclass(frozen=True)
+class NodeLost:
+    """The job's watchdog reported node `index` silent (launch/recovery.py):
+    stop what is left of it and treat it as a node that failed."""
+
+    index: int
+
+
+Event = NodeExited | StopRequested | NodeReturned | NodeLost
 
 
 class EventSource(Protocol):
@@ -205,6 +215,8 @@ class LinePrinter:
         self.stragglers: dict[int, NamedStraggler] = {}  # by rank: the first time the watchdog named it
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (torchrun's report)
         self.causes: dict[str, int] = {}  # each worker cause line (CAUSE_PREFIX), once, with its first node
+        self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
+        self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
         self._in_box: dict[int, int] = {}  # node index -> box rules seen, while torchrun's traceback is held back
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -221,6 +233,9 @@ class LinePrinter:
             if stall:
                 rank = int(stall.group(1))
                 self.stalled[rank] = StalledRank(rank, int(stall.group(2)), stall.group(3), stall.group(4))
+            lost = self.recovery.read(body, self.clock())
+            if lost is not None:
+                self.on_lost(lost)
             if body.startswith(CAUSE_PREFIX):  # a worker's (torchrun's agent never says it), prefixed or not
                 self.causes.setdefault(body, node.index)  # shown once, at the end (Supervisor.summary)
                 return
@@ -290,6 +305,7 @@ class LinePrinter:
         with self._lock:
             self.worker_codes.pop(index, None)
             self._in_box.pop(index, None)
+            self.recovery.forget(index)
 
     def cause_lines(self, first: int | None) -> list[str]:
         """Every worker cause line once, the first failed node's last."""
@@ -331,6 +347,7 @@ class Outcome:
     stalled: list[StalledRank] = field(default_factory=list)  # named by the job's hang watchdog
     stragglers: list[NamedStraggler] = field(default_factory=list)  # named by its straggler judge
     worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
+    lost: list[LostRank] = field(default_factory=list)  # ranks the job's watchdog found silent (launch/recovery.py)
 
     def node_code(self, node: NodeHandle) -> int | None:
         return node_code(node, self.worker_codes.get(node.index))
@@ -343,6 +360,8 @@ class Outcome:
             return ExitCode.STALLED
         if self.stop_request is not None:
             return self.stop_request.code
+        if self.first_failure is not None and any(x.node == self.first_failure.index for x in self.lost):
+            return ExitCode.NODE_LOST
         if self.first_failure is not None:
             code = self.node_code(self.first_failure)
             return code if code is not None and code > 0 else ExitCode.FAILED
@@ -378,6 +397,7 @@ class Supervisor:
         self.sources = list(sources)
         self.printer = LinePrinter(console, Dedup(ranks) if dedup else None)
         self.events: queue.Queue[Event] = queue.Queue()
+        self.printer.on_lost = lambda index: self.events.put(NodeLost(index))
         self.started: set[int] = set()
         self.run_folder = run
 
@@ -412,6 +432,8 @@ class Supervisor:
         self.printer.close()  # every node has ended: what is held is printed, before the summary
         outcome.stalled = self.printer.stalled_ranks()
         outcome.stragglers = self.printer.straggler_ranks()
+        outcome.lost = sorted(self.printer.recovery.lost.values(), key=lambda x: x.rank)
+        self._blame_lost(outcome)
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
         self._note_end(outcome)
         return outcome
@@ -450,6 +472,10 @@ class Supervisor:
                 self._rejoin(event.node, outcome)
                 running.add(event.node.index)
                 continue
+            if isinstance(event, NodeLost):
+                if event.index in running:
+                    self._stop_lost(event.index)
+                continue
             running.discard(event.node.index)
             if event.node.exit_code() != 0:
                 if self._excludes(event.node, outcome):
@@ -458,6 +484,22 @@ class Supervisor:
                 outcome.first_failure = event.node
                 self.note("failed", f"{self.reason(event.node)}: stopping every other node", event.node.index)
                 return
+
+    def _stop_lost(self, index: int) -> None:
+        """A node the job's watchdog found silent: stopped (TERM, then KILL:
+        a frozen process takes only KILL) on a thread of its own, since its
+        host may not answer; its exit then goes the way of any failed node's
+        (left out in an elastic job, the job stopped in a static one)."""
+        node = next(n for n in self.nodes if n.index == index)
+        self.note("lost", "no heartbeat (the job's watchdog): stopping what is left of it", index)
+        threading.Thread(target=node.stop, args=(self.grace_s,), name=f"stop lost {node.label}", daemon=True).start()
+
+    def _blame_lost(self, outcome: Outcome) -> None:
+        """A static job stopped for a lost node: that node failed first,
+        whichever exit (a survivor's NODE_LOST) reached the loop first."""
+        lost = {x.node for x in outcome.lost}
+        if outcome.first_failure is not None and outcome.first_failure.index not in lost:
+            outcome.first_failure = next((n for n in self.nodes if n.index in lost), outcome.first_failure)
 
     def _excludes(self, node: NodeHandle, outcome: Outcome) -> bool:
         """Elastic policy: the job goes on without a failed node while at
@@ -517,7 +559,7 @@ class Supervisor:
         if outcome.stalled and node.index in self.started:
             return Status.STOPPED  # its ranks left because the watchdog stopped the job, not by a fault of theirs
         if node is outcome.first_failure:
-            return Status.FAILED_FIRST
+            return Status.LOST if any(x.node == node.index for x in outcome.lost) else Status.FAILED_FIRST
         if node in outcome.excluded:
             return Status.EXCLUDED
         if node.index not in self.started:
@@ -573,6 +615,9 @@ class Supervisor:
         return "\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]])
 
     def reason(self, node: NodeHandle, outcome: Outcome | None = None) -> str:
+        lost = self.printer.recovery.of_node(node.index)
+        if lost is not None:
+            return lost.reason
         code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
         return node.lost_reason() if code == LOST else f"exit status {code}"
 
@@ -587,7 +632,8 @@ class Supervisor:
             return f"{text.title}: {outcome.stop_request.reason}; stopped every node"
         failed = outcome.first_failure
         if failed is None:
-            return f"{text.title}: every node finished" + self._rejoined_text(outcome) + self._excluded_text(outcome)
+            return (f"{text.title}: every node finished" + self._rejoined_text(outcome) + self._excluded_text(outcome)
+                    + self.printer.recovery.summary())
         # Both halves are read by scripts and tests: keep their wording.
         return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {self.reason(failed, outcome)}; "
                 f"every other node was stopped\n"

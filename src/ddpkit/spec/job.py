@@ -11,7 +11,15 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .. import envnames
-from ..wire import DEVICES_PER_PROCESS_FLAG, STRAGGLER_FACTOR, STRATEGY_FLAG, TRAIN_MODULE, flag_value
+from ..wire import (
+    DEVICES_PER_PROCESS_FLAG,
+    LOSS_FLOOR_S,
+    LOSS_S,
+    STRAGGLER_FACTOR,
+    STRATEGY_FLAG,
+    TRAIN_MODULE,
+    flag_value,
+)
 from .compose import ComposeOptions
 from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, Mounts, NodePath, PythonModule, Strict, no_nul
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
@@ -184,6 +192,12 @@ class WatchdogOptions(Strict):
         default=STRAGGLER_FACTOR, ge=0, le=100,
         description="a rank whose own work per step (data, forward, backward compute; not waiting) is more than "
                     "this many times the job's median is named a straggler (0: off)")
+
+    loss_s: float = Field(
+        default=LOSS_S, ge=LOSS_FLOOR_S, le=3600,
+        description="seconds a node's ranks may send no heartbeat before the others act on it: an elastic job "
+                    "re-forms without it, a static job stops naming it (exit 14); torchrun's rendezvous "
+                    "keep-alive and last call derive from it (docs/ELASTIC.md)")
 
     @field_validator("straggler_factor")
     @classmethod

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import envnames
 from ..exitcodes import ExitCode
 from .clock import CLOCK
 from .config import TrainConfig
@@ -124,6 +125,7 @@ def _report_membership(ctx: DistContext, trainer: Trainer, batch_note: str, *, k
 def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
     """The hang watchdog's thread (train/stall.py), after the rank report:
     from here on a rank without progress is found and the job stopped."""
+    from .loss_judge import loss_s_from_env
     from .stall import Identity, Outputs, start
     from .stall_model import Settings
     from .startup import StartupError
@@ -134,23 +136,37 @@ def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
         settings = Settings.from_env()
         factor_from_env()  # refused here, in one line, not on the watchdog's thread
         SlowHook.from_env(ctx.rank)  # the test hook, likewise
+        loss_s = loss_s_from_env()
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     if not ctx.distributed:
         return None  # one process: no peer waits for it, and no store to report to
-    dog = start(Identity(ctx.rank, ctx.world_size, ctx.local_world_size, ctx.node_rank, ctx.host, os.getpid()),
+    dog = start(Identity(ctx.rank, ctx.world_size, ctx.local_world_size, _launcher_node(ctx.node_rank), ctx.host,
+                         os.getpid()),
                 ctx.master_addr, ctx.master_port,
-                Outputs(config.log_dir, config.metrics, ctx.backend == "nccl"), settings)
+                Outputs(config.log_dir, config.metrics, ctx.backend == "nccl"), settings, loss_s)
     if ctx.rank == 0:
-        print(f"ddpkit watchdog: {watchdog_line(settings)}", file=sys.stderr, flush=True)
+        print(f"ddpkit watchdog: {watchdog_line(settings, loss_s)}", file=sys.stderr, flush=True)
     return dog
 
 
-def watchdog_line(settings: Settings) -> str:
+def _launcher_node(node_rank: int) -> int:
+    """The node index the launcher knows this node by (its summary's), where
+    ddpkit's own launchers say it: under c10d rendezvous torchrun's node rank
+    (GROUP_RANK) is assigned anew at every rendezvous, so the watchdog's
+    reports would name another node after an elastic restart."""
+    try:
+        return int(os.environ.get(envnames.DDPKIT_NODE_RANK, node_rank))
+    except ValueError:
+        return node_rank
+
+
+def watchdog_line(settings: Settings, loss_s: float | None = None) -> str:
     if not settings.enabled:
         return "off (watchdog.enabled: false)"
+    lost = "" if loss_s is None else f"; a node silent for {loss_s:g}s is lost (exit {int(ExitCode.NODE_LOST)})"
     return (f"on: a rank without progress for {settings.stall_s:g}s "
-            f"(first steps {settings.first_step_limit:g}s) stops the job with exit {int(ExitCode.STALLED)}")
+            f"(first steps {settings.first_step_limit:g}s) stops the job with exit {int(ExitCode.STALLED)}" + lost)
 
 
 def _finish_together() -> None:

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import envnames
 from ..exitcodes import ExitCode
+from ..wire import LOSS_S
+from . import loss_judge
 from .stall_model import PULSE, Beat, Judge, Phase, Settings, Suspect, Verdict, monitors
 from .straggler import Stragglers
 
@@ -92,8 +94,12 @@ class Watchdog:
     """One rank's watchdog thread (see the module docstring)."""
 
     def __init__(self, store: dist.Store, ident: Identity, settings: Settings, outputs: Outputs,
-                 exit: Callable[[int], None] = os._exit) -> None:
+                 exit: Callable[[int], None] = os._exit, loss_s: float = LOSS_S) -> None:
         self.store, self.ident, self.settings, self.outputs = store, ident, settings, outputs
+        # A node silent this long is lost (train/loss_judge.py); with stall_s
+        # no longer than loss_s the stall verdict comes first, and alone.
+        period = settings.interval_s * max(1, ident.world // RANKS_PER_CHECK_S)  # as check_every below
+        self.loss = loss_judge.LossWatch(loss_s, period) if loss_s < settings.stall_s else None
         self.judge = Judge(ident.world, settings) if ident.rank in monitors(ident.world, ident.local_world) else None
         self._exit = exit
         self._stop = threading.Event()
@@ -140,10 +146,15 @@ class Watchdog:
             verdict = self._check(now)
             if verdict is not None:
                 self.store.compare_set(STALL_KEY, "", json.dumps(_verdict_record(verdict, self.ident.rank)))
+            else:
+                self._judge_loss(now)
         if self._seq % self.check_every == 0:
             self.stragglers.check()
-        if self.store.check([STALL_KEY]):
-            self.on_stall(json.loads(self.store.get(STALL_KEY)))
+        if self.store.check([STALL_KEY]):  # the one verdict key: a stall, or a lost node
+            record = json.loads(self.store.get(STALL_KEY))
+            if record.get("kind") == loss_judge.KIND:
+                self.on_lost(record)
+            self.on_stall(record)
 
     def publish(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -178,6 +189,37 @@ class Watchdog:
             beats = [Beat.decode(r, self.store.get(k)) if self.store.check([k]) else None
                      for r, k in enumerate(self._keys)]
         return self.judge.observe(beats, now)
+
+    # ---- on a lost node (train/loss_judge.py) --------------------------------------------
+    def _judge_loss(self, now: float) -> None:
+        assert self.judge is not None
+        lost = [] if self.loss is None else self.loss.observe(self.judge, now)
+        if lost and self.loss is not None:
+            record = loss_judge.verdict_record(lost, self.loss.loss_s, self.ident.rank,
+                                               loss_judge.elastic_restarts_left())
+            self.store.compare_set(STALL_KEY, "", json.dumps(record))
+
+    def on_lost(self, record: dict[str, Any]) -> None:
+        """Every rank leaves with NODE_LOST: its main thread may wait in a
+        collective with the lost node that gloo cannot abort. The declarer
+        reports first; rank 0, whose process holds the store, leaves last
+        (once every other rank said it saw the verdict, or after ACK_WAIT_S).
+        Never returns."""
+        self._stop.set()
+        try:
+            if record["by"] == self.ident.rank:
+                loss_judge.report(record, self.outputs.metrics)
+            self.store.set(_ack(self.ident.rank), loss_judge.KIND)
+            if self.ident.rank == 0:
+                lost = {r["rank"] for r in record["lost"]}
+                keys = [_ack(r) for r in range(self.ident.world) if r not in lost]
+                deadline = time.monotonic() + ACK_WAIT_S
+                while time.monotonic() < deadline and not self.store.check(keys):
+                    time.sleep(0.1)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._exit(ExitCode.NODE_LOST)
 
     # ---- on a stall ----------------------------------------------------------------------
     def on_stall(self, record: dict[str, Any]) -> None:
@@ -418,11 +460,11 @@ def nccl_recorder_file(log_dir: Path | None, env: MutableMapping[str, str] = os.
 
 
 def start(ident: Identity, master_addr: str | None, master_port: int | None, outputs: Outputs,
-          settings: Settings | None = None) -> Watchdog | None:
+          settings: Settings | None = None, loss_s: float = LOSS_S) -> Watchdog | None:
     """Start this rank's watchdog thread; None when the settings turn it off."""
     settings = settings or Settings.from_env()
     if not settings.enabled:
         return None
-    dog = Watchdog(open_store(master_addr, master_port), ident, settings, outputs)
+    dog = Watchdog(open_store(master_addr, master_port), ident, settings, outputs, loss_s=loss_s)
     dog.start()
     return dog

@@ -1,0 +1,196 @@
+"""A lost node without a job: the rule (every rank of a node silent for
+loss_s), the verdict on a real TCPStore with three watchdogs ticked by hand
+(every live rank leaves with NODE_LOST, the declarer writes the `lost`
+record), and the supervisor's reading of the report (a static job's exit 14
+naming the node; an elastic job's closing line with the recovery time).
+The real thing (launch ssh, a link cut, a SIGSTOPped node): tests/test_elastic_ssh.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ddpkit.exitcodes import WORKER_CODES, ExitCode
+from ddpkit.launch.supervisor import Outcome, Status, Supervisor
+from ddpkit.train import loss_judge, stall
+from ddpkit.train.stall_model import PULSE, Beat, Judge, Phase, Settings
+
+S = Settings(stall_s=60.0)
+
+
+def beat(rank: int, seq: int, node: int, phase: Phase = Phase.BACKWARD) -> Beat:
+    return Beat(rank, seq, seq, 5, phase, 0.1, True, node, 1000 + rank, f"host{node}")
+
+
+def test_a_node_is_lost_when_every_rank_of_it_is_silent_past_loss_s() -> None:
+    judge = Judge(4, S)
+    lost = []
+    for t in range(13):
+        # node 1 (ranks 2, 3) stops at t=1; node 0 publishes on
+        judge.observe([beat(0, t, 0), beat(1, t, 0), beat(2, min(t, 1), 1), beat(3, min(t, 1), 1)], float(t))
+        lost.append(loss_judge.lost_ranks(judge, float(t), 10.0))
+    assert lost[:12] == [[]] * 12  # 10 s of silence at t=11 is not more than 10 s
+    assert [(r.rank, r.node, r.host, r.silent_s) for r in lost[12]] == [(2, 1, "host1", 11.0), (3, 1, "host1", 11.0)]
+
+
+def beat_as(b: Beat, phase: Phase, warm: bool) -> Beat:
+    return Beat(b.rank, b.seq, b.beats, b.step, phase, b.step_s, warm, b.node, b.pid, b.host)
+
+
+@pytest.mark.parametrize(("phase", "started", "lost"), [(Phase.DONE, True, False), (Phase.SETUP, False, False),
+                                                        (Phase.SETUP, True, True)])
+def test_a_finished_rank_or_one_starting_before_the_first_step_is_not_judged(phase: Phase, started: bool,
+                                                                              lost: bool) -> None:
+    """A frozen node's last heartbeat may still say setup when it froze
+    within a second of the first steps: once the job trained, it counts."""
+    judge = Judge(3, S)
+    for t in range(20):
+        live = [beat_as(beat(r, t, 0), Phase.BACKWARD if started else Phase.SETUP, started) for r in (0, 1)]
+        judge.observe([*live, beat_as(beat(2, min(t, 1), 1), phase, False)], float(t))
+    assert [r.rank for r in loss_judge.lost_ranks(judge, 19.0, 10.0)] == ([2] if lost else [])
+
+
+def test_one_silent_rank_beside_live_ones_of_its_node_is_no_lost_node() -> None:
+    judge = Judge(3, S)
+    for t in range(20):  # rank 1 frozen beside live rank 0 on node 0: the stall verdict's case
+        judge.observe([beat(0, t, 0), beat(1, min(t, 1), 0), beat(2, t, 1)], float(t))
+    assert loss_judge.lost_ranks(judge, 19.0, 10.0) == []
+
+
+def test_silence_counts_only_while_the_monitor_watched() -> None:
+    """Every rank paused (the monitor too) and thawed: the monitor wakes to
+    stale heartbeats everywhere and must give the others a fresh window."""
+    judge, watch = Judge(2, S), loss_judge.LossWatch(10.0, 1.0)
+    for t in [*range(5), *range(25, 40)]:  # paused from t=5 to t=25; node 1 publishes again at t=27
+        judge.observe([beat(0, t, 0), beat(1, t if t < 5 or t >= 27 else 4, 1)], float(t))
+        assert watch.observe(judge, float(t)) == [], t
+    for t in range(40, 52):  # then node 1 really goes silent: lost after 10 s of watching
+        judge.observe([beat(0, t, 0), beat(1, 39, 1)], float(t))
+        found = watch.observe(judge, float(t))
+    assert [r.rank for r in found] == [1]
+
+
+def test_stall_s_no_longer_than_loss_s_leaves_the_verdict_to_the_stall_rule() -> None:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ident = stall.Identity(0, 2, 1, 0, "h0", 5000)
+    store = stall.open_store("127.0.0.1", server.port)
+    assert stall.Watchdog(store, ident, Settings(stall_s=8.0), stall.Outputs(), loss_s=10.0).loss is None
+    assert stall.Watchdog(store, ident, Settings(stall_s=60.0), stall.Outputs(), loss_s=10.0).loss is not None
+
+
+def test_loss_s_from_env() -> None:
+    assert loss_judge.loss_s_from_env({}) == 10.0
+    assert loss_judge.loss_s_from_env({"DDPKIT_WATCHDOG_LOSS_S": "4.5"}) == 4.5
+    for bad in ("ten", "1"):
+        with pytest.raises(ValueError, match="DDPKIT_WATCHDOG_LOSS_S"):
+            loss_judge.loss_s_from_env({"DDPKIT_WATCHDOG_LOSS_S": bad})
+    assert ExitCode.NODE_LOST in WORKER_CODES  # launchers pass the worker's 14 on
+
+
+def test_an_elastic_worker_re_forms_a_static_one_stops() -> None:
+    assert loss_judge.elastic_restarts_left({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert not loss_judge.elastic_restarts_left({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "3"})
+    assert not loss_judge.elastic_restarts_left({"TORCHELASTIC_MAX_RESTARTS": "0"})
+
+
+class _Exited(Exception):
+    pass
+
+
+def _exit(code: int) -> None:
+    raise _Exited(code)
+
+
+def test_the_store_protocol_three_nodes_one_silent(tmp_path: Path) -> None:
+    """Three watchdogs (one rank per node) on a real TCPStore, ticked by hand
+    with the test's clock: rank 2 stops publishing; past loss_s rank 0
+    declares, ranks 0 and 1 leave with NODE_LOST, and the record says which
+    rank was lost and that its heartbeat showed it."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dogs = [stall.Watchdog(stall.open_store("127.0.0.1", server.port), stall.Identity(r, 3, 1, r, f"h{r}", 5000 + r),
+                           S, stall.Outputs(tmp_path, tmp_path / "m.jsonl"), exit=_exit, loss_s=5.0) for r in range(3)]
+    PULSE.phase, PULSE.step = Phase.BACKWARD, 4
+    for t in range(6):  # rank 2 published once, at t=0: 5 s silent at t=5 is not yet lost
+        for dog in dogs[:2] if t else dogs:
+            dog.publish(float(t))
+        assert dogs[0]._check(float(t)) is None  # no stall: that limit is 60 s
+        assert dogs[0].loss is not None and dogs[0].loss.observe(dogs[0].judge, float(t)) == []  # type: ignore[arg-type]
+    codes: dict[int, object] = {}
+
+    def act(dog: stall.Watchdog) -> None:
+        try:
+            dog.tick(7.0)
+        except _Exited as exc:
+            codes[dog.ident.rank] = exc.args[0]
+
+    act(dogs[1])  # rank 1 judges too (node 1's first rank) but has not seen rank 2 live for long: nothing yet
+    assert codes == {}
+    declarer = threading.Thread(target=act, args=(dogs[0],))
+    declarer.start()  # rank 0 declares, reports, and waits (it holds the store) for rank 1 to see the verdict
+    while not dogs[1].store.check([stall.STALL_KEY]):
+        assert declarer.is_alive(), codes
+    act(dogs[1])
+    declarer.join(timeout=60)
+    assert codes == {0: ExitCode.NODE_LOST, 1: ExitCode.NODE_LOST}
+    [record] = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert record["kind"] == "lost" and record["noticed_by"] == "heartbeat" and record["loss_s"] == 5.0
+    assert [(r["rank"], r["node"], r["host"]) for r in record["lost"]] == [(2, 2, "h2")]
+    assert record["action"] == "stop"  # no elastic agent here
+
+
+class _Node:
+    def __init__(self, index: int, code: int | None = 1) -> None:
+        self.index, self.host, self.label, self.code = index, f"h{index}", f"node{index}", code
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+
+LOST_LINE = ("[rank0]:ddpkit watchdog: LOST rank 2 node 2 host h2 pid 77: no heartbeat for 11s (limit 10s), "
+             "last at step 9, phase backward")
+
+
+def _supervisor(nodes: list[_Node]) -> tuple[Supervisor, list[int]]:
+    from rich.console import Console
+
+    console = Console(file=open("/dev/null", "w"), width=200)  # noqa: SIM115  (closed with the test process)
+    sup = Supervisor(nodes, console, 1.0)  # type: ignore[arg-type]  # _Node has what these calls read
+    sup.started = {n.index for n in nodes}
+    told: list[int] = []
+    sup.printer.on_lost = told.append
+    return sup, told
+
+
+def test_a_static_job_stopped_for_a_lost_node_names_it_and_exits_14() -> None:
+    nodes = [_Node(0), _Node(1), _Node(2, code=137)]
+    sup, told = _supervisor(nodes)
+    sup.printer.line(nodes[0], LOST_LINE)  # type: ignore[arg-type]
+    sup.printer.line(nodes[0], LOST_LINE)  # type: ignore[arg-type]  # the backup monitor's copy: told once
+    assert told == [2]
+    outcome = Outcome(first_failure=nodes[0], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[arg-type]
+    sup._blame_lost(outcome)  # a survivor's exit 14 reached the loop first: the lost node is still blamed
+    assert outcome.first_failure is nodes[2] and outcome.code == ExitCode.NODE_LOST
+    assert sup.status(nodes[2], outcome) is Status.LOST  # type: ignore[arg-type]
+    closing = sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
+    assert "node 2 (h2) failed first: no heartbeat for 11s, noticed by the job's heartbeats" in closing
+
+
+def test_an_elastic_job_that_went_on_says_how_long_recovery_took() -> None:
+    nodes = [_Node(0, code=0), _Node(1, code=0), _Node(2, code=137)]
+    sup, _ = _supervisor(nodes)
+    now = [100.0]
+    sup.printer.clock = lambda: now[0]
+    sup.printer.line(nodes[0], LOST_LINE)  # type: ignore[arg-type]  # at 100 s: silent since 89 s
+    now[0] = 120.0
+    sup.printer.line(nodes[0], "[rank0]:elastic: restart 1 of at most 3; world size 3 -> 2 (the checkpoint was "  # type: ignore[arg-type]
+                               "written by 3 ranks); global batch 8")
+    outcome = Outcome(excluded=[nodes[2]], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[list-item]
+    assert outcome.code == ExitCode.OK
+    closing = sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
+    assert ("every node finished but node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats (frozen, "
+            "or cut off without a reset)): excluded after it failed; the job went on with 2 of 3 nodes; recovery: "
+            "the others trained again 31s after the node went silent (world size 3 -> 2)") in closing, closing
