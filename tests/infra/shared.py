@@ -249,7 +249,9 @@ class SshPool:
         net.__enter__()
         try:
             net.wait_reachable()
-            hosts = sshd.SshHosts(net.hosts[1:], net.hosts[0], self.root / "sshhosts").__enter__()
+            folder = self.root / "sshhosts"
+            folder.mkdir(exist_ok=True)
+            hosts = sshd.SshHosts(net.hosts[1:], net.hosts[0], folder).__enter__()
         except BaseException:
             net.__exit__()
             raise
