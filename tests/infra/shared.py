@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,10 +68,30 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = RESTORE_S) 
         time.sleep(0.2)
 
 
+def _pids_in(hosts: list[netns.Host]) -> set[int]:
+    """Every process in `hosts`' network namespaces: `ip netns pids` for
+    all of them in one pass over /proc (it ran once per host, per test)."""
+    inodes = set()
+    for host in hosts:
+        try:
+            inodes.add(os.stat(f"/run/netns/{host.ns}").st_ino)
+        except FileNotFoundError:
+            continue
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.stat(f"/proc/{entry.name}/ns/net").st_ino in inodes:
+                    found.add(int(entry.name))
+            except OSError:
+                continue  # gone, or a kernel thread
+    return found
+
+
 def _kill_all_but(hosts: list[netns.Host], keep: set[int], what: str) -> None:
     """SIGKILL every process in `hosts` but `keep`, and wait until they are gone."""
     def strays() -> list[int]:
-        return [pid for host in hosts for pid in host.pids() if pid not in keep]
+        return sorted(_pids_in(hosts) - keep)
     for pid in strays():
         try:
             os.kill(pid, signal.SIGKILL)
@@ -198,13 +219,15 @@ class _SshLease:
         return {p.pid for p in self.hosts.procs if p.poll() is None}
 
     def snapshot(self) -> set[int]:
-        return {pid for host in self.net.hosts for pid in host.pids()}
+        return _pids_in(self.net.hosts)
 
     def restore(self, kept: object) -> None:
         assert isinstance(kept, set)
         _kill_all_but(self.net.hosts, kept | self._daemons(), "sshd")
-        for host in self.net.hosts:
-            self.net.set_link(host, up=True)
+        ups = "; ".join(f"ip -n {h.ns} link set {h.ifname} up" for h in self.net.hosts)
+        links = subprocess.run(["sh", "-ec", ups], capture_output=True, text=True, check=False)
+        if links.returncode != 0:
+            raise IsolationError(f"links of the sshd hosts not up again: {links.stderr.strip()}")
         self.net._write_hosts_files()
         self.hosts.write_known_hosts()
         self.hosts.write_ssh_config()
