@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers import matrix
 from tests.infra import docker_daemon
+from tests.infra.shared import restore_after_each_test, slurm_pool, ssh_pool  # noqa: F401  (fixtures)
 
 GPU_SKIP_REASON = "needs a CUDA GPU (none here)"
 

@@ -29,6 +29,7 @@ import yaml
 from ddpkit.launch import proctree
 from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.infra import netns, slurm_cluster
+from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import JobInfo, SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +43,9 @@ TRAIN = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", 
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    with SlurmCluster(tmp_path_factory.mktemp("slurm-elastic"), nodes=3) as c:
+def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
+    # take_node3_down kills node3's slurmd: the lease's restore starts it again and resumes the node
+    with slurm_pool.lease(nodes=3) as c:
         yield c
 
 

@@ -44,6 +44,7 @@ from ddpkit.launch import proctree
 from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 from tests.infra import netns, sshd
+from tests.infra.shared import SSH_NODES, SshPool
 
 _REASON = netns.available() or sshd.available()
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
@@ -62,12 +63,12 @@ Cluster = tuple[netns.Network, sshd.SshHosts]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    folder = tmp_path_factory.mktemp("elastichosts")
-    with netns.Network(["login", *NODES], prefix=f"dke{os.getpid() % 10000}") as net:
-        net.wait_reachable()
-        with sshd.SshHosts(net.hosts[1:], net.hosts[0], folder) as hosts:
-            yield net, hosts
+def cluster(ssh_pool: SshPool) -> Iterator[Cluster]:
+    # the worker's sshd hosts (tests/infra/shared.py); a test cuts node3's
+    # link or kills all its processes: the pool's restore undoes both
+    assert NODES == SSH_NODES
+    with ssh_pool.lease() as hosts:
+        yield hosts
 
 
 def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held_worlds: str,

@@ -4,7 +4,6 @@ same options against a real sshd on a namespace host."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from ddpkit.launch.hostkeys import Action, Checking, KeyState, changed_fix, policy_from, unknown_fix
 from tests.infra import netns, sshd
+from tests.infra.shared import SshPool
 
 
 def options(text: str, host: str = "h") -> paramiko.SSHConfigDict:
@@ -108,12 +108,9 @@ else:
 
 
 @pytest.fixture(scope="module")
-def one_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[netns.Network, sshd.SshHosts]]:
-    folder = tmp_path_factory.mktemp("hostkeys")
-    with netns.Network(["login", "node1"], prefix=f"dkh{os.getpid() % 10000}") as net:
-        net.wait_reachable()
-        with sshd.SshHosts(net.hosts[1:], net.hosts[0], folder) as hosts:
-            yield net, hosts
+def one_host(ssh_pool: SshPool) -> Iterator[tuple[netns.Network, sshd.SshHosts]]:
+    with ssh_pool.lease() as hosts:  # the worker's sshd hosts: this module uses login and node1
+        yield hosts
 
 
 def _probe(net: netns.Network, hosts: sshd.SshHosts, folder: Path, config: str) -> tuple[str, str]:

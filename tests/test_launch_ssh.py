@@ -18,6 +18,7 @@ import yaml
 
 from tests.helpers.rank_records import records
 from tests.infra import netns, sshd
+from tests.infra.shared import SSH_NODES, SshPool
 
 _REASON = netns.available() or sshd.available()
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
@@ -49,14 +50,11 @@ Cluster = tuple[netns.Network, sshd.SshHosts]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    folder = tmp_path_factory.mktemp("sshhosts")
-    # node3 names its NIC differently, so a spec naming eth0 is wrong there.
-    with netns.Network(["login", *NODES], prefix=f"dks{os.getpid() % 10000}",
-                       ifnames=["eth0", "eth0", "eth0", "ens5"]) as net:
-        net.wait_reachable()
-        with sshd.SshHosts(net.hosts[1:], net.hosts[0], folder) as hosts:
-            yield net, hosts
+def cluster(ssh_pool: SshPool) -> Iterator[Cluster]:
+    # the worker's sshd hosts (tests/infra/shared.py): node3 names its NIC ens5, so a spec naming eth0 is wrong there.
+    assert NODES == SSH_NODES
+    with ssh_pool.lease() as hosts:
+        yield hosts
 
 
 def write_job(folder: Path, name: str, *, args: list[str], script: Path | None = None,

@@ -36,6 +36,7 @@ import yaml
 
 from tests.helpers.runs import assert_bitwise_equal, final_model, metrics, processes_in
 from tests.infra import slurm_cluster
+from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +52,8 @@ SIGNAL_AFTER = 10  # steps: the trainer's handlers are installed and training ru
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as c:
+def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
+    with slurm_pool.lease(nodes=2) as c:
         yield c
 
 

@@ -23,6 +23,7 @@ import yaml
 from ddpkit.runs import RunState, all_runs
 from tests.helpers.runs import processes_in
 from tests.infra import slurm_cluster
+from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +35,8 @@ pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pyt
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as c:
+def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
+    with slurm_pool.lease(nodes=2) as c:
         yield c
 
 

@@ -38,6 +38,7 @@ import pytest
 from tests.helpers.matrix import DDPKIT, HOSTILE, NODE_NAMES, NODES, NPROC, TIMEOUT_S, check, run_ok, write_spec
 from tests.helpers.rank_records import Promise, differences
 from tests.infra import netns, slurm_cluster, sshd
+from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster
 
 # ---- launch local: no infrastructure ----
@@ -107,11 +108,11 @@ class Hosts:
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
+def hosts(slurm_pool: SlurmPool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     reason = slurm_cluster.available() or sshd.available()
     if reason:
         pytest.skip(reason)
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=NODES, prefix=f"tm{os.getpid() % 100000}") as c:
+    with slurm_pool.lease(nodes=NODES) as c:
         assert c.net is not None
         ssh_folder = tmp_path_factory.mktemp("sshd")
         with sshd.SshHosts([c.net[n] for n in NODE_NAMES], c.ctl, ssh_folder) as ssh_hosts:

@@ -5,7 +5,6 @@ names the rank, and leaves no process behind."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.infra import netns, slurm_cluster, sshd
+from tests.infra import netns, sshd
+from tests.infra.shared import SlurmPool, SshPool
 from tests.infra.slurm_cluster import SlurmCluster
 from tests.test_launch_ssh import DDPKIT, hostfile, job_processes
 
@@ -39,14 +39,9 @@ def wait_gone(marker: str, since: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[netns.Network, sshd.SshHosts]]:
-    reason = netns.available() or sshd.available()
-    if reason is not None:
-        pytest.skip(reason)
-    with netns.Network(["login", "node1", "node2"], prefix=f"dkw{os.getpid() % 10000}") as net:
-        net.wait_reachable()
-        with sshd.SshHosts(net.hosts[1:], net.hosts[0], tmp_path_factory.mktemp("wdssh")) as hosts:
-            yield net, hosts
+def ssh_cluster(ssh_pool: SshPool) -> Iterator[tuple[netns.Network, sshd.SshHosts]]:
+    with ssh_pool.lease() as hosts:  # login and node1..node3: this module uses node1 and node2
+        yield hosts
 
 
 def test_sigstop_under_launch_ssh(ssh_cluster: tuple[netns.Network, sshd.SshHosts], tmp_path: Path) -> None:
@@ -75,11 +70,8 @@ def test_sigstop_under_launch_ssh(ssh_cluster: tuple[netns.Network, sshd.SshHost
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    reason = slurm_cluster.available()
-    if reason is not None:
-        pytest.skip(reason)
-    with SlurmCluster(tmp_path_factory.mktemp("wdslurm")) as c:
+def slurm(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
+    with slurm_pool.lease(nodes=2) as c:
         yield c
 
 

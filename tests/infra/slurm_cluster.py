@@ -100,6 +100,7 @@ class SlurmCluster:
     prefix: str = field(default_factory=lambda: f"sl{os.getpid() % 100000}")
     net: netns.Network | None = field(default=None, init=False)
     _procs: list[subprocess.Popen[str]] = field(default_factory=list, init=False)
+    _slurmd: dict[str, subprocess.Popen[str]] = field(default_factory=dict, init=False)
 
     @property
     def node_names(self) -> list[str]:
@@ -139,16 +140,21 @@ class SlurmCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in reversed(self._procs):
+        # slurmctld first, then the slurmds, munged last (started first).
+        # After jobs ran, slurmctld often does not exit on SIGTERM at all
+        # ("Saving all slurm state", then a stuck RPC write): waiting 10 s
+        # for it cost every teardown 10 s. Its state is thrown away (a new
+        # cluster starts with -i in a new folder), so 2 s, then SIGKILL.
+        for proc in [*self._procs[1:], *self._procs[:1]]:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in reversed(self._procs):
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+        self._slurmd.clear()
         if self.net is not None:
             self.net.__exit__(None, None, None)
             self.net = None
@@ -228,9 +234,27 @@ PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINI
                               stdout=self._log("slurmctld"), stderr=subprocess.STDOUT)
         self._procs.append(ctld)
         for name in self.node_names:
-            proc = self.net[name].popen([_sbin("slurmd"), "-D", "-N", name, "-f", str(self.conf)], cgroup=True,
-                                        env=env, stdout=self._log(f"slurmd-{name}"), stderr=subprocess.STDOUT)
-            self._procs.append(proc)
+            self._start_slurmd(name)
+
+    def _start_slurmd(self, name: str) -> None:
+        assert self.net is not None
+        proc = self.net[name].popen([_sbin("slurmd"), "-D", "-N", name, "-f", str(self.conf)], cgroup=True,
+                                    env=self.env(), stdout=self._log(f"slurmd-{name}"), stderr=subprocess.STDOUT)
+        self._procs.append(proc)
+        self._slurmd[name] = proc
+
+    def daemon_pids(self) -> set[int]:
+        """The PIDs of slurmctld and the slurmds that run now."""
+        return {p.pid for p in self._procs if p.poll() is None}
+
+    def restart_dead_slurmds(self) -> list[str]:
+        """Start slurmd again on every node whose slurmd is gone (a test
+        killed the node's processes); the nodes restarted."""
+        dead = [name for name, proc in self._slurmd.items() if proc.poll() is not None]
+        for name in dead:
+            self._procs.remove(self._slurmd.pop(name))
+            self._start_slurmd(name)
+        return dead
 
     def wait_nodes_idle(self, timeout: float = 60) -> None:
         def idle() -> bool:
