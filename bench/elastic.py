@@ -363,8 +363,7 @@ def torchft_runs(args: argparse.Namespace, skipped: dict[str, str]) -> list[Meas
     out: list[Measurement] = []
     for loss in losses:
         try:
-            out += torchft_anchor.runs([loss], args.repeats, args.torchft_steps, args.checkpoint_every,
-                                       args.torchft_wrapper)
+            out += torchft_anchor.runs([loss], args.repeats, args.torchft_steps, args.checkpoint_every)
         except torchft_anchor.SurvivorsDied as exc:
             skipped[f"local/{loss}/torchft"] = str(exc)
     return out
@@ -390,8 +389,6 @@ def main() -> int:
     parser.add_argument("--fast-spec", type=json.loads, default={"watchdog": {"loss_s": 10}},
                         help="JSON merged into the spec for the ddpkit-fast variant")
     parser.add_argument("--torchft-steps", type=int, default=400, help="steps each torchft group trains at most")
-    parser.add_argument("--torchft-wrapper", choices=torchft_anchor.WRAPPERS, default="pure",
-                        help="torchft's gradient wrapper (bench/torchft_anchor.py --wrapper)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     for name, allowed in (("targets", TARGETS), ("losses", LOSSES), ("variants", VARIANTS)):
@@ -406,7 +403,8 @@ def main() -> int:
         "setup": {"nodes": NODES, "min_nodes": MIN_NODES, "nproc_per_node": 1, "last_call_s": args.last_call_s,
                   "checkpoint_every": args.checkpoint_every, "fast_spec": args.fast_spec,
                   "torchft": {"lighthouse": torchft_anchor.LIGHTHOUSE, "min_replicas": torchft_anchor.MIN_REPLICAS,
-                              "pg_timeout_s": torchft_anchor.PG_TIMEOUT_S, "wrapper": args.torchft_wrapper},
+                              "pg_timeout_s": torchft_anchor.PG_TIMEOUT_S,
+                              "max_restarts": torchft_anchor.MAX_RESTARTS},
                   "targets": args.targets, "losses": args.losses, "variants": args.variants},
         "runs": [asdict(r) for r in runs],
         "medians": summary(runs),

@@ -42,6 +42,7 @@ class Measurement:
     killed_at_step: int  # the last step completed before the loss
     resumed_from_step: int  # the step the survivors went on from
     discarded_in_flight: int = 0  # torchft: step attempts thrown away (not committed) after the loss
+    survivor_restarted: bool = False  # torchft: the survivor's worker died and its torchrun started it again
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:

@@ -22,7 +22,9 @@ torchft's settings, as documented (README's lighthouse command line and
 train_ddp.py): lighthouse --quorum_tick_ms 100 --join_timeout_ms 10000 and
 its default --heartbeat_timeout_ms 5000; --min_replicas 2 (the analog of
 bench/elastic.py's min_nodes 2); Manager heartbeat_interval 100 ms (default),
-timeout 30 s; ProcessGroupGloo timeout 5 s.
+timeout 30 s; ProcessGroupGloo timeout 5 s; each group's torchrun with
+--max-restarts 10 (torchft's torchx component), so a group whose worker dies
+is started again and heals from a peer.
 
     python -m bench.torchft_anchor [--losses crash,freeze] [--repeats 1] [--out bench/results]
 """
@@ -50,7 +52,7 @@ GROUPS, MIN_REPLICAS = 3, 2
 LIGHTHOUSE = {"quorum_tick_ms": 100, "join_timeout_ms": 10000, "heartbeat_timeout_ms": 5000}
 MANAGER_TIMEOUT_S, PG_TIMEOUT_S = 30, 5
 LOSSES = ("crash", "freeze")
-WRAPPERS = ("ddp", "pure")
+MAX_RESTARTS = 10  # torchft's torchx component runs each replica group's torchrun with --max_restarts=10
 
 
 def unavailable() -> str | None:
@@ -66,13 +68,12 @@ def unavailable() -> str | None:
 
 # ---- one replica group's worker (run by torchrun) ------------------------------------
 
-def worker(metrics: Path, steps: int, wrapper: str) -> None:
+def worker(metrics: Path, steps: int) -> None:
     import torch
     import torch.nn.functional as F
     from tests.helpers.tiny import cnn
     from torch import optim
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
-    from torchft.ddp import PureDistributedDataParallel
 
     replica = int(os.environ["REPLICA_GROUP_ID"])
     torch.manual_seed(0)
@@ -89,10 +90,12 @@ def worker(metrics: Path, steps: int, wrapper: str) -> None:
     manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=PG_TIMEOUT_S)), min_replica_size=1,
                       load_state_dict=load_state_dict, state_dict=state_dict, replica_id=f"bench_{replica}",
                       timeout=timedelta(seconds=MANAGER_TIMEOUT_S))
-    ddp = DistributedDataParallel(manager, model) if wrapper == "ddp" else PureDistributedDataParallel(manager, model)
+    ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     data = torch.Generator().manual_seed(replica)
     with metrics.open("a", buffering=1) as out:
+        out.write(json.dumps({"kind": "start", "step": manager.current_step(), "time": time.time(),
+                              "participants": 0}) + "\n")
         while manager.current_step() < steps:
             x, y = torch.randn(8, 3, 16, 16, generator=data), torch.randint(0, 10, (8,), generator=data)
             before = manager.current_step()
@@ -113,7 +116,7 @@ def attempts(metrics: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in metrics.read_text().split("\n")[:-1]]
 
 
-def start(work: Path, steps: int, wrapper: str) -> tuple[subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]:
+def start(work: Path, steps: int) -> tuple[subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]:
     port = free_port()
     exe = Path(sys.executable).with_name("torchft_lighthouse")
     flags = [f"--{k}={v}" for k, v in LIGHTHOUSE.items()]
@@ -126,8 +129,8 @@ def start(work: Path, steps: int, wrapper: str) -> tuple[subprocess.Popen[bytes]
                "REPLICA_GROUP_ID": str(g), "NUM_REPLICA_GROUPS": str(GROUPS),
                "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}"}
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1",
-                "-m", "bench.torchft_anchor", "--worker", str(work / f"g{g}.jsonl"), "--steps", str(steps),
-                "--wrapper", wrapper]
+                f"--max-restarts={MAX_RESTARTS}",
+                "-m", "bench.torchft_anchor", "--worker", str(work / f"g{g}.jsonl"), "--steps", str(steps)]
         with open(work / f"group{g}.out", "wb") as out:
             groups.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work))
     return lighthouse, groups
@@ -137,10 +140,10 @@ class SurvivorsDied(RuntimeError):
     """torchft's survivors exited instead of training on (the run has no figure)."""
 
 
-def run_once(loss: str, steps: int, kill_after: int, wrapper: str) -> Measurement:
+def run_once(loss: str, steps: int, kill_after: int) -> Measurement:
     """One run: three groups train together, the last is lost at a random step after `kill_after`."""
     with work_folder("ddpkit-bench-torchft-") as work:
-        lighthouse, groups = start(work, steps, wrapper)
+        lighthouse, groups = start(work, steps)
         survivor = work / "g0.jsonl"
         lost = [groups[-1].pid, *proctree.descendants(groups[-1].pid)]
         try:
@@ -157,10 +160,12 @@ def run_once(loss: str, steps: int, kill_after: int, wrapper: str) -> Measuremen
             for proc in [*groups, lighthouse]:
                 kill_tree(proc)
         before = [a for a in attempts(survivor) if a["time"] <= first["time"]]
-        killed_at = max(a["step"] for a in before if a["kind"] == "train" and a["participants"] == GROUPS)
-        discarded = sum(a["kind"] == "discarded" and a["time"] > lost_at for a in before)
+        killed_at = max(a["step"] for a in before if a["kind"] == "train" and a["time"] <= lost_at)
+        after = [a for a in before if a["time"] > lost_at]
         return Measurement("local", "torchft", loss, round(first["time"] - lost_at, 2),
-                           max(0, killed_at - (first["step"] - 1)), killed_at, first["step"] - 1, discarded)
+                           max(0, killed_at - (first["step"] - 1)), killed_at, first["step"] - 1,
+                           sum(a["kind"] == "discarded" for a in after),
+                           survivor_restarted=any(a["kind"] == "start" for a in after))
 
 
 def first_after(survivor: Path, lost_at: float, proc: subprocess.Popen[bytes], work: Path) -> dict[str, Any] | None:
@@ -174,8 +179,8 @@ def first_after(survivor: Path, lost_at: float, proc: subprocess.Popen[bytes], w
     return first
 
 
-def runs(losses: list[str], repeats: int, steps: int, kill_after: int, wrapper: str) -> list[Measurement]:
-    return [run_once(loss, steps, kill_after, wrapper) for loss in losses for _ in range(repeats)]
+def runs(losses: list[str], repeats: int, steps: int, kill_after: int) -> list[Measurement]:
+    return [run_once(loss, steps, kill_after) for loss in losses for _ in range(repeats)]
 
 
 def main() -> int:
@@ -185,13 +190,10 @@ def main() -> int:
     parser.add_argument("--kill-after", type=int, default=20, help="the loss comes at a random step from N to 2N")
     parser.add_argument("--losses", default=",".join(LOSSES), help=f"comma-separated, of {', '.join(LOSSES)}")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--wrapper", choices=WRAPPERS, default="pure",
-                        help="torchft's gradient wrapper: ddp (DistributedDataParallel: in torchft 0.2.0 a failed "
-                             "allreduce ends the survivors, see docs/ELASTIC.md) or pure (PureDistributedDataParallel)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, args.wrapper)
+        worker(args.worker, args.steps)
         return 0
     losses = args.losses.split(",")
     if set(losses) - set(LOSSES):
@@ -199,14 +201,15 @@ def main() -> int:
     if why := unavailable():
         print(f"torchft anchor skipped: {why}")
         return 3
-    measured = runs(losses, args.repeats, args.steps, args.kill_after, args.wrapper)
+    measured = runs(losses, args.repeats, args.steps, args.kill_after)
     for m in measured:
         print(f"torchft {m.loss:<7} loss -> first step {m.loss_to_first_step_s:6.2f} s, steps lost {m.steps_lost}, "
               f"discarded in flight {m.discarded_in_flight}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "torchft_anchor.json"
     path.write_text(json.dumps({"machine": machine(), "lighthouse": LIGHTHOUSE, "min_replicas": MIN_REPLICAS,
-                                "manager_timeout_s": MANAGER_TIMEOUT_S, "pg_timeout_s": PG_TIMEOUT_S, "wrapper": args.wrapper,
+                                "manager_timeout_s": MANAGER_TIMEOUT_S, "pg_timeout_s": PG_TIMEOUT_S,
+                                "max_restarts": MAX_RESTARTS,
                                 "runs": [asdict(m) for m in measured]}, indent=2) + "\n")
     print(f"wrote {path}")
     return 0
