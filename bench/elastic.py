@@ -363,7 +363,8 @@ def torchft_runs(args: argparse.Namespace, skipped: dict[str, str]) -> list[Meas
     out: list[Measurement] = []
     for loss in losses:
         try:
-            out += torchft_anchor.runs([loss], args.repeats, args.torchft_steps, args.checkpoint_every)
+            out += torchft_anchor.runs([loss], args.repeats, args.torchft_steps, args.checkpoint_every,
+                                       args.torchft_patch_comm_hook)
         except torchft_anchor.SurvivorsDied as exc:
             skipped[f"local/{loss}/torchft"] = str(exc)
     return out
@@ -389,6 +390,8 @@ def main() -> int:
     parser.add_argument("--fast-spec", type=json.loads, default={"watchdog": {"loss_s": 10}},
                         help="JSON merged into the spec for the ddpkit-fast variant")
     parser.add_argument("--torchft-steps", type=int, default=400, help="steps each torchft group trains at most")
+    parser.add_argument("--torchft-patch-comm-hook", action="store_true",
+                        help="the anchor with torchft's DDP comm hook mended (bench/torchft_anchor.py --patch-comm-hook)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     for name, allowed in (("targets", TARGETS), ("losses", LOSSES), ("variants", VARIANTS)):
@@ -404,7 +407,8 @@ def main() -> int:
                   "checkpoint_every": args.checkpoint_every, "fast_spec": args.fast_spec,
                   "torchft": {"lighthouse": torchft_anchor.LIGHTHOUSE, "min_replicas": torchft_anchor.MIN_REPLICAS,
                               "pg_timeout_s": torchft_anchor.PG_TIMEOUT_S,
-                              "max_restarts": torchft_anchor.MAX_RESTARTS},
+                              "max_restarts": torchft_anchor.MAX_RESTARTS,
+                              "patch_comm_hook": args.torchft_patch_comm_hook},
                   "targets": args.targets, "losses": args.losses, "variants": args.variants},
         "runs": [asdict(r) for r in runs],
         "medians": summary(runs),

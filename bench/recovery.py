@@ -35,7 +35,7 @@ class Measurement:
     """One run: a node lost at `killed_at_step`, the survivors trained again."""
 
     target: str
-    variant: str  # "torchrun-defaults", "ddpkit-fast", "torchft"
+    variant: str  # "torchrun-defaults", "ddpkit-fast", "torchft" ("torchft-patched": its comm hook mended)
     loss: str  # one of LOSSES
     loss_to_first_step_s: float  # from the loss to the survivors' first completed step
     steps_lost: int  # completed steps the survivors train again (rolled back to a checkpoint)
@@ -125,8 +125,9 @@ def table(runs: list[Measurement], variants: list[str]) -> str:
     from the loss to the survivors' first step (and steps lost), torchft's
     (the anchor, run on this machine) for the same loss kind, and each
     variant over torchft."""
-    anchors = {loss: cell["torchft"] for loss, cell in summary(runs).get("local", {}).items() if "torchft" in cell}
-    cells = summary([r for r in runs if r.variant != "torchft"])
+    anchors = {loss: cell.get("torchft") or cell["torchft-patched"]
+               for loss, cell in summary(runs).get("local", {}).items() if {"torchft", "torchft-patched"} & set(cell)}
+    cells = summary([r for r in runs if not r.variant.startswith("torchft")])
     for loss in anchors:  # torchft alone for a loss: its row still prints
         cells.setdefault("local", {}).setdefault(loss, {})
     head = f"{'target':<7} {'loss':<7} " + " ".join(f"{v + ' s (lost)':>24}" for v in variants)
