@@ -68,12 +68,14 @@ def unavailable() -> str | None:
 
 # ---- one replica group's worker (run by torchrun) ------------------------------------
 
-def tolerant_comm_hook(state: Any, bucket: Any) -> Any:
+def tolerant_comm_hook(state: Any, bucket):  # type: ignore[no-untyped-def]
     """torchft 0.2.0's DistributedDataParallel._comm_hook, but a failed
     allreduce gives the bucket back unreduced instead of tripping `assert
     fut._fut` (_ManagedWork.wait swallows the error, so the future chain is
     never set up; cf. meta-pytorch/torchft#294): the manager holds the error
-    and should_commit() says no, as torchft intends. Only with --patch-comm-hook."""
+    and should_commit() says no, as torchft intends. Only with --patch-comm-hook.
+    `bucket` has no annotation: DDP's register_comm_hook refuses any but
+    dist.GradBucket itself (and this module's annotations are strings)."""
     import torch
 
     work = state.allreduce(bucket.buffer())
