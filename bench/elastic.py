@@ -1,27 +1,38 @@
-"""Elastic recovery vs resubmitting by hand (issue 15's benchmark), per target.
+"""A lost node: how long until the survivors train again, per target, per kind
+of loss, per recovery path, beside torchft (issue 30's benchmark).
 
-A 3-node elastic job (min_nodes 2, one process per node, CPU/gloo). Mid-run,
-at a random step after the first checkpoint, the last node's torchrun agent
-and workers are SIGKILLed. Measured from the metrics file (rank 0's
-records, in the order they happened: one per step with its wall-clock
-time, and the `resume` record of each run that started from a checkpoint):
+A 3-node elastic job (min_nodes 2, one process per node, CPU/gloo, a
+checkpoint every --checkpoint-every steps). Mid-run, at a random step after
+the first checkpoint, the last node is lost (bench/recovery.py):
+- crash: its torchrun agent and workers SIGKILLed;
+- freeze: its agent and workers SIGSTOPped (nothing closes, nothing answers);
+- link: its host's link cut at the switch (ssh, slurm: namespace hosts).
 
-- loss -> resumed: from the kill to the first step the two survivors train;
-- steps lost: steps trained since the checkpoint the survivors resumed from;
-- by hand: a fresh static 2-node job from that same checkpoint on the same
-  target, from its launch (Slurm: its sbatch, so the queue is in it) to its
-  first step: what resubmitting costs once someone noticed, without the
-  noticing.
+Measured from rank 0's metrics file (one record per step with its wall-clock
+time, and a `resume` record for each run that started from a checkpoint):
+- loss -> first step: from the loss to the first step the survivors train;
+- steps lost: steps trained since the step the survivors resumed from.
+
+Variants (the same job, the same target):
+- torchrun-defaults: the spec set to torchrun's own rendezvous defaults
+  (TORCHRUN_DEFAULTS: keep-alive 5 s x 3, last call 30 s), what ddpkit
+  rendered before watchdog.loss_s derived them (a silent node is now
+  noticed at loss_s 15 there, where the stall verdict took 60 s before);
+- ddpkit-fast: the same spec with --fast-spec merged in (default
+  {"watchdog": {"loss_s": 10}}: issue 30's one setting); skipped, with the
+  reason, where this checkout's spec does not accept it;
+- torchft: bench/torchft_anchor.py on this machine (crash and freeze): the
+  anchor every target's row is divided by.
 
 Targets:
-- local: three torchrun elastic agents on this machine, with the rendezvous
-  timeouts and job environment ddpkit renders for SSH;
+- local: `ddpkit launch local` (three agents on this machine);
 - ssh: `ddpkit launch ssh` on three network-namespace hosts with sshd
   (tests/infra, root);
 - slurm: the rendered sbatch script (torchrun mode) on a real slurmctld and
   three slurmds (tests/infra, root).
 
-    python -m bench.elastic [--targets local,ssh,slurm] [--repeats 3] [--out bench/results]
+    python -m bench.elastic [--targets local,ssh,slurm] [--losses crash,freeze,link]
+        [--variants torchrun-defaults,ddpkit-fast,torchft] [--repeats 1] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -32,7 +43,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,32 +51,26 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
-from bench.common import ROOT, machine, spread
+from bench import torchft_anchor
+from bench.common import ROOT, machine
+from bench.recovery import LOSSES, Measurement, end_frozen, summary, table, take_away, wait_until, work_folder
+from pydantic import ValidationError
 
-from ddpkit.contract import Target, elastic_env, rdzv_conf
 from ddpkit.launch import proctree
 from ddpkit.spec import JobSpec
 
 NODES, MIN_NODES = 3, 2
-SPEC = JobSpec.model_validate({"name": "bench", "nodes": NODES, "elastic": {"min_nodes": MIN_NODES}})
-CONF = rdzv_conf(SPEC, Target.SSH)  # the SSH launcher's rendezvous timeouts
 TARGETS = ("local", "ssh", "slurm")
+VARIANTS = ("torchrun-defaults", "ddpkit-fast", "torchft")
+# loss_s 15 derives torchrun's default keep-alive (5 s interval, 3 attempts: rdzv_timing), and the last
+# call is torchrun's 30 s: the rendezvous of today's path before issue 30.
+TORCHRUN_DEFAULTS: dict[str, Any] = {"elastic": {"last_call_s": 30}, "watchdog": {"loss_s": 15}}
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 HOSTS = ["node1", "node2", "node3"]
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Recovery:
-    target: str
-    loss_to_resumed_s: float
-    steps_lost: int
-    resumed_from_step: int
-    killed_at_step: int
-    by_hand_launch_to_first_step_s: float
+LOST = 2  # the node taken away (node 0 hosts the rendezvous store and must survive)
 
 
 def train_args(ckpt: Path, metrics: Path, args: argparse.Namespace) -> list[str]:
@@ -75,31 +79,6 @@ def train_args(ckpt: Path, metrics: Path, args: argparse.Namespace) -> list[str]
             "--device", "cpu", "--backend", "gloo", "--checkpoint-dir", str(ckpt), "--checkpoint-every",
             str(args.checkpoint_every), "--keep", "1000", "--resume", "auto", "--metrics", str(metrics),
             "--log-every", "1", "--dist-timeout", "120"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def env(node: int) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
-            "DDPKIT_HOSTNAME": f"benchhost-node{node}", **elastic_env(SPEC)}
-
-
-def start_agents(work: Path, args: list[str], last_call_s: int) -> list[subprocess.Popen[bytes]]:
-    port = free_port()
-    procs = []
-    for node in range(NODES):
-        conf = ",".join(f"{k}={v}" for k, v in {**CONF, "is_host": int(node == 0), "join_timeout": 300,
-                                                   "last_call_timeout": last_call_s}.items())
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={MIN_NODES}:{NODES}",
-                "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--rdzv-id=bench", f"--rdzv-conf={conf}", "--max-restarts=3", "-m", "ddpkit.train", *args]
-        with open(work / f"node{node}.out", "wb") as out:
-            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env(node), cwd=work))
-    return procs
 
 
 @dataclass(frozen=True)
@@ -121,89 +100,20 @@ def steps(metrics: Path) -> list[tuple[int, float]]:
     return [(r.step, r.time) for r in records(metrics) if r.kind == "train"]
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    """Polls until `predicate` returns something truthy, and returns that; raises
-    TimeoutError(what) after `timeout` s (kept under the tests' 600 s limit, so a
-    bench smoke test fails with the reason rather than a timeout)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError(what)
-
-
-@contextmanager
-def work_folder(prefix: str) -> Iterator[Path]:
-    """One run's temporary folder. A timeout inside carries the last lines of
-    every `*.out` in it (the launcher's, the nodes', Slurm's): the folder is
-    gone by the time anyone reads the failure, and "no step to kill at" alone
-    says nothing of why."""
-    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
-        work = Path(tmp)
-        try:
-            yield work
-        except TimeoutError as exc:
-            tails = "".join(f"\n--- {p.name}, last lines:\n"
-                            + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
-                            for p in sorted(work.glob("*.out")))
-            raise TimeoutError(f"{exc}{tails}") from None
-
-
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    for pid in [*proctree.descendants(proc.pid), proc.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(30)
-
-
-def by_hand(work: Path, held: Path, args: argparse.Namespace) -> float:
-    """A fresh static 2-node job from the held checkpoint: launch to first step."""
-    metrics = work / "byhand.jsonl"
-    port, procs = free_port(), []
-    started = time.time()
-    for node in range(MIN_NODES):
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={MIN_NODES}", "--nproc-per-node=1",
-                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "ddpkit.train",
-                *train_args(held, metrics, args)]
-        with open(work / f"byhand{node}.out", "wb") as out:
-            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env(node), cwd=work))
-    try:
-        return wait_until(lambda: steps(metrics), 300, "the job started by hand never trained a step")[0][1] - started
-    finally:
-        for p in procs:
-            kill_tree(p)
-
-
 @dataclass(frozen=True)
 class Loss:
     killed_at: int  # the last step trained before the node was gone
-    lost_at: float  # wall clock once the kill was done
+    lost_at: float  # wall clock once the loss was done
     first_after: float  # wall clock of the survivors' first step
-    resumed: int  # the step of the checkpoint they resumed from
-
-
-def lose_a_node(metrics: Path, kill: Callable[[], None], every: int) -> Loss:
-    """Kill at a random step after the first checkpoint; wait for the
-    survivors' first step."""
-    kill_after = random.randint(every + 1, 3 * every)
-    wait_until(lambda: any(s >= kill_after for s, _ in steps(metrics)), 300, "no step to kill at")
-    kill()
-    lost_at = time.time()
-    loss = wait_until(lambda: after_loss(records(metrics), lost_at), 300, "the survivors never trained again")
-    assert loss is not None  # wait_until returns only a truthy value
-    return loss
+    resumed: int  # the step they resumed from
 
 
 def after_loss(written: list[Record], lost_at: float) -> Loss | None:
     """The survivors' run is told apart by its `resume` record, the first one
-    written after the kill (their workers start only once the loss is seen),
-    not by step times: the old world trains on while the kill is being done
+    written after the loss (their workers start only once the loss is seen),
+    not by step times: the old world trains on while the loss is being done
     (finding the processes takes longer than a step here), and a step it had
-    in flight is written after the kill. None until the survivors trained."""
+    in flight is written after it. None until the survivors trained."""
     for i, rec in enumerate(written):
         if rec.kind == "resume" and rec.time > lost_at:
             first = next((r for r in written[i + 1:] if r.kind == "train"), None)
@@ -214,56 +124,128 @@ def after_loss(written: list[Record], lost_at: float) -> Loss | None:
     return None
 
 
-def hold(ckpt: Path, step: int, work: Path) -> Path:
-    """A checkpoint folder holding only `step`'s checkpoint: what a job started by hand resumes from."""
-    held = work / "held"
-    held.mkdir()
-    shutil.copy2(ckpt / f"ckpt-{step:08d}.pt", held)
-    (held / "latest").write_text(f"ckpt-{step:08d}.pt\n")
-    return held
+@dataclass
+class Node:
+    """How to take the lost node away on a target, and to end what is left of it."""
+
+    pids: Callable[[], list[int]]  # its torchrun agent and workers
+    set_link: Callable[[bool], None] | None = None  # its host's link (netns targets)
+    frozen: list[int] | None = None
+
+    def lose(self, loss: str) -> None:
+        if loss == "link":
+            assert self.set_link is not None
+            self.set_link(False)
+        else:
+            self.frozen = self.pids()
+            take_away(self.frozen, loss)
+
+    def restore(self, loss: str) -> None:
+        if loss == "link" and self.set_link is not None:
+            self.set_link(True)
+        if self.frozen:
+            end_frozen(self.frozen)
 
 
-def recovery(target: str, loss: Loss, by_hand_s: float) -> Recovery:
-    return Recovery(target, round(loss.first_after - loss.lost_at, 2), loss.killed_at - loss.resumed, loss.resumed,
-                    loss.killed_at, round(by_hand_s, 2))
+def lose_a_node(metrics: Path, node: Node, loss: str, every: int) -> Loss:
+    """Take the node away at a random step after the first checkpoint; wait for the survivors' first step."""
+    at = random.randint(every + 1, 3 * every)
+    wait_until(lambda: any(s >= at for s, _ in steps(metrics)), 300, "no step to take the node away at")
+    try:
+        node.lose(loss)
+        lost_at = time.time()
+        found = wait_until(lambda: after_loss(records(metrics), lost_at), 400, "the survivors never trained again")
+    finally:
+        node.restore(loss)
+    assert found is not None  # wait_until returns only a truthy value
+    return found
 
 
-def local_run(args: argparse.Namespace) -> Recovery:
-    with work_folder("ddpkit-bench-elastic-") as work:
-        ckpt, metrics = work / "ckpt", work / "m.jsonl"
-        procs = start_agents(work, train_args(ckpt, metrics, args), args.last_call_s)
-        try:
-            loss = lose_a_node(metrics, lambda: kill_tree(procs[2]), args.checkpoint_every)
-            held = hold(ckpt, loss.resumed, work)
-        finally:
-            for p in procs:
-                kill_tree(p)
-        return recovery("local", loss, by_hand(work, held, args))
+def measured(target: str, variant: str, loss: str, found: Loss) -> Measurement:
+    return Measurement(target, variant, loss, round(found.first_after - found.lost_at, 2),
+                       found.killed_at - found.resumed, found.killed_at, found.resumed)
 
 
-# ---- launch ssh on namespace hosts, and a real Slurm cluster ----------------------
+# ---- the job spec, per variant -----------------------------------------------------
 
-def job_spec(work: Path, ckpt: Path, metrics: Path, args: argparse.Namespace, nodes: int,
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def fast_unavailable(fast: dict[str, Any]) -> str | None:
+    """Why the ddpkit-fast column cannot run in this checkout (its spec refuses the setting), or None."""
+    try:
+        JobSpec.model_validate(merged({"name": "bench", "nodes": NODES, "elastic": {"min_nodes": MIN_NODES}}, fast))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        return (f"this checkout's spec refuses {json.dumps(fast)} ({'.'.join(map(str, first['loc']))}: "
+                f"{first['msg']}): issue 30's fast path is not in it")
+    return None
+
+
+def job_spec(work: Path, ckpt: Path, metrics: Path, args: argparse.Namespace, variant: str,
              **extra: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "name": "bench", "nodes": nodes, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
+        "name": "bench", "nodes": NODES, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
         "rendezvous": {"timeout_s": 300},
+        "elastic": {"min_nodes": MIN_NODES, "max_restarts": 3, "max_node_failures": 1},
         "command": {"python": sys.executable, "module": "ddpkit.train", "args": train_args(ckpt, metrics, args)},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"},
         **extra,
     }
-    if nodes == NODES:
-        spec["elastic"] = {"min_nodes": MIN_NODES, "max_restarts": 3, "max_node_failures": 1,
-                           "last_call_s": args.last_call_s}
+    if args.last_call_s is not None:
+        spec["elastic"]["last_call_s"] = args.last_call_s
+    if variant == "ddpkit-fast":
+        spec = merged(spec, args.fast_spec)
+    elif variant == "torchrun-defaults":
+        spec = merged(spec, TORCHRUN_DEFAULTS)
     (work / "bench.yaml").write_text(yaml.safe_dump(spec))
     return spec
 
 
-def kill_trainer(host: Any) -> None:
-    """The node's torchrun agent and workers die; the host (sshd, slurmd) stays."""
+# ---- launch local ------------------------------------------------------------------
+
+def node_agent(launcher: int, node: int) -> list[int]:
+    """Node `node`'s torchrun agent under `launch local`, and its workers."""
     from tests.helpers.elastic_gate import agents_and_workers
 
-    proctree.signal_all(agents_and_workers(host.pids()), signal.SIGKILL)
+    for pid in proctree.descendants(launcher):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"DDPKIT_NODE_RANK={node}".encode() in environ:
+            found = agents_and_workers([pid])
+            if found:
+                return found
+    return []
+
+
+def local_run(args: argparse.Namespace, variant: str, loss: str) -> Measurement:
+    with work_folder("ddpkit-bench-elastic-") as work:
+        metrics = work / "m.jsonl"
+        job_spec(work, work / "ckpt", metrics, args, variant)
+        with (work / "launcher.out").open("w") as out:
+            proc = subprocess.Popen([DDPKIT, "launch", "local", "-f", str(work / "bench.yaml"), "--log-dir",
+                                     str(work / "logs")], stdout=out, stderr=subprocess.STDOUT, cwd=work)
+        try:
+            found = lose_a_node(metrics, Node(lambda: node_agent(proc.pid, LOST)), loss, args.checkpoint_every)
+        finally:
+            end_launcher(proc)
+        return measured("local", variant, loss, found)
+
+
+# ---- launch ssh on namespace hosts, and a real Slurm cluster ----------------------
+
+def host_node(net: Any, name: str) -> Node:
+    """The trainer on a namespace host (sshd, slurmd stay), and the host's link."""
+    from tests.helpers.elastic_gate import agents_and_workers
+
+    host = net[name]
+    return Node(lambda: agents_and_workers(host.pids()), lambda up: net.set_link(host, up))
 
 
 @contextmanager
@@ -280,17 +262,7 @@ def ssh_hosts() -> Iterator[tuple[Any, Any]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def launch_ssh(net: Any, hosts: Any, work: Path, nodes: int, tag: str) -> subprocess.Popen[str]:
-    hostfile = work / f"hostfile.{tag}"
-    hostfile.write_text("".join(f"{net[n].addr}\n" for n in HOSTS[:nodes]))
-    argv = [DDPKIT, "launch", "ssh", "-f", str(work / "bench.yaml"), "--hostfile", str(hostfile),
-            *hosts.launcher_flags()]
-    with (work / f"launcher.{tag}.out").open("w") as out:
-        proc: subprocess.Popen[str] = net["login"].popen(argv, cwd=str(work), stdout=out, stderr=subprocess.STDOUT)
-    return proc
-
-
-def end_launcher(proc: subprocess.Popen[str]) -> None:
+def end_launcher(proc: subprocess.Popen[Any]) -> None:
     """Ctrl-C's path: the launcher stops every node (within the grace chain) and exits."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
@@ -301,27 +273,23 @@ def end_launcher(proc: subprocess.Popen[str]) -> None:
             proc.wait()
 
 
-def ssh_run(args: argparse.Namespace, net: Any, hosts: Any) -> Recovery:
+def ssh_run(args: argparse.Namespace, net: Any, hosts: Any, variant: str, loss: str) -> Measurement:
     with work_folder("ddpkit-bench-elastic-ssh-") as work:
-        ckpt, metrics = work / "ckpt", work / "m.jsonl"
+        metrics = work / "m.jsonl"
         ssh = {"ssh": {"workdir": str(work), "log_dir": str(work / "logs"), "grace_s": 3, "connect_timeout_s": 3,
                        "alive_interval_s": 1, "alive_count": 3}}
-        job_spec(work, ckpt, metrics, args, NODES, **ssh)
-        proc = launch_ssh(net, hosts, work, NODES, "elastic")
+        job_spec(work, work / "ckpt", metrics, args, variant, **ssh)
+        hostfile = work / "hostfile"
+        hostfile.write_text("".join(f"{net[n].addr}\n" for n in HOSTS))
+        argv = [DDPKIT, "launch", "ssh", "-f", str(work / "bench.yaml"), "--hostfile", str(hostfile),
+                *hosts.launcher_flags()]
+        with (work / "launcher.out").open("w") as out:
+            proc = net["login"].popen(argv, cwd=str(work), stdout=out, stderr=subprocess.STDOUT)
         try:
-            loss = lose_a_node(metrics, lambda: kill_trainer(net[HOSTS[-1]]), args.checkpoint_every)
-            held = hold(ckpt, loss.resumed, work)
+            found = lose_a_node(metrics, host_node(net, HOSTS[LOST]), loss, args.checkpoint_every)
         finally:
             end_launcher(proc)
-        by_hand_metrics = work / "by-hand.jsonl"
-        job_spec(work, held, by_hand_metrics, args, MIN_NODES, **ssh)
-        started = time.time()
-        proc = launch_ssh(net, hosts, work, MIN_NODES, "by-hand")
-        try:
-            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job launched by hand never trained a step")
-        finally:
-            end_launcher(proc)
-        return recovery("ssh", loss, trained[0][1] - started)
+        return measured("ssh", variant, loss, found)
 
 
 @contextmanager
@@ -336,95 +304,133 @@ def slurm_cluster() -> Iterator[Any]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def sbatch(cluster: Any, work: Path) -> int:
-    done = subprocess.run([DDPKIT, "render", "slurm", "-f", str(work / "bench.yaml"), "-o", str(work)],
-                          capture_output=True, text=True, check=False, cwd=ROOT)
-    if done.returncode != 0:
-        raise RuntimeError(f"ddpkit render slurm failed: {done.stderr}")
-    return int(cluster.sbatch(work / "bench.sbatch"))
-
-
-def cancel(cluster: Any, job: int) -> None:
-    cluster.run(["scancel", str(job)])
-    cluster.wait(job, timeout=120)
-
-
-def slurm_run(args: argparse.Namespace, cluster: Any) -> Recovery:
+def slurm_run(args: argparse.Namespace, cluster: Any, variant: str, loss: str) -> Measurement:
     with work_folder("ddpkit-bench-elastic-slurm-job-") as work:
-        ckpt, metrics = work / "ckpt", work / "m.jsonl"
-        job_spec(work, ckpt, metrics, args, NODES, slurm={"requeue": False})
-        job = sbatch(cluster, work)
+        metrics = work / "m.jsonl"
+        job_spec(work, work / "ckpt", metrics, args, variant, slurm={"requeue": False})
+        done = subprocess.run([DDPKIT, "render", "slurm", "-f", str(work / "bench.yaml"), "-o", str(work)],
+                              capture_output=True, text=True, check=False, cwd=ROOT)
+        if done.returncode != 0:
+            raise RuntimeError(f"ddpkit render slurm failed: {done.stderr}")
+        job = int(cluster.sbatch(work / "bench.sbatch"))
         try:
-            loss = lose_a_node(metrics, lambda: kill_trainer(cluster.net[HOSTS[-1]]), args.checkpoint_every)
-            held = hold(ckpt, loss.resumed, work)
+            found = lose_a_node(metrics, host_node(cluster.net, HOSTS[LOST]), loss, args.checkpoint_every)
         finally:
-            cancel(cluster, job)
-        by_hand_metrics = work / "by-hand.jsonl"
-        job_spec(work, held, by_hand_metrics, args, MIN_NODES, slurm={"requeue": False})
-        started = time.time()
-        job = sbatch(cluster, work)
-        try:
-            trained = wait_until(lambda: steps(by_hand_metrics), 300, "the job submitted by hand never trained a step")
-        finally:
-            cancel(cluster, job)
-        return recovery("slurm", loss, trained[0][1] - started)
+            cluster.run(["scancel", str(job)])
+            cluster.wait(job, timeout=120)
+        return measured("slurm", variant, loss, found)
 
 
-def runs_on(target: str, args: argparse.Namespace) -> list[Recovery]:
+# ---- the plan: targets x losses x variants -----------------------------------------
+
+Run = Callable[[str, str], Measurement]  # (variant, loss) -> one measurement
+
+
+@contextmanager
+def target_runner(target: str, args: argparse.Namespace) -> Iterator[Run]:
+    """One target's hosts (built once for every run on it) and how to run there."""
     if target == "local":
-        return [local_run(args) for _ in range(args.repeats)]
-    if target == "ssh":
+        yield lambda variant, loss: local_run(args, variant, loss)
+    elif target == "ssh":
         with ssh_hosts() as (net, hosts):
-            return [ssh_run(args, net, hosts) for _ in range(args.repeats)]
-    with slurm_cluster() as cluster:
-        return [slurm_run(args, cluster) for _ in range(args.repeats)]
+            yield lambda variant, loss: ssh_run(args, net, hosts, variant, loss)
+    else:
+        with slurm_cluster() as cluster:
+            yield lambda variant, loss: slurm_run(args, cluster, variant, loss)
+
+
+def skipped_cell(target: str, variant: str, loss: str, args: argparse.Namespace) -> str | None:
+    if loss == "link" and target == "local":
+        return "local: one machine, no link to cut"
+    if variant == "ddpkit-fast":
+        return fast_unavailable(args.fast_spec)
+    return None
+
+
+def run_plan(args: argparse.Namespace) -> tuple[list[Measurement], dict[str, str]]:
+    runs: list[Measurement] = []
+    skipped: dict[str, str] = {}
+    ddpkit_variants = [v for v in args.variants if v != "torchft"]
+    for target in args.targets:
+        cells = [(v, loss) for loss in args.losses for v in ddpkit_variants]
+        todo = [(v, loss) for v, loss in cells if not note_skip(skipped, f"{target}/{loss}/{v}",
+                                                                skipped_cell(target, v, loss, args))]
+        if not todo:
+            continue
+        with target_runner(target, args) as run:
+            runs += [run(v, loss) for v, loss in todo for _ in range(args.repeats)]
+    if "torchft" in args.variants:
+        runs += torchft_runs(args, skipped)
+    return runs, skipped
+
+
+def torchft_runs(args: argparse.Namespace, skipped: dict[str, str]) -> list[Measurement]:
+    losses = [loss for loss in args.losses if loss in torchft_anchor.LOSSES]
+    if note_skip(skipped, "local/*/torchft", torchft_anchor.unavailable()):
+        return []
+    out: list[Measurement] = []
+    for loss in losses:
+        try:
+            out += torchft_anchor.runs([loss], args.repeats, args.torchft_steps, args.checkpoint_every,
+                                       args.torchft_patch_comm_hook)
+        except torchft_anchor.SurvivorsDied as exc:
+            skipped[f"local/{loss}/torchft"] = str(exc)
+    return out
+
+
+def note_skip(skipped: dict[str, str], key: str, reason: str | None) -> bool:
+    if reason:
+        skipped[key] = reason
+    return reason is not None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", default="local", help=f"comma-separated, of {', '.join(TARGETS)} "
                         "(ssh and slurm build hosts in network namespaces: root)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--losses", default="crash", help=f"comma-separated, of {', '.join(LOSSES)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--samples", type=int, default=6000, help="synthetic samples (sets the run's length)")
     parser.add_argument("--checkpoint-every", type=int, default=20)
-    parser.add_argument("--last-call-s", type=int, default=CONF["last_call_timeout"],
-                        help="elastic.last_call_s: how long a rendezvous with min_nodes waits for more "
-                             f"(default {CONF['last_call_timeout']}, the SSH target's own)")
+    parser.add_argument("--last-call-s", type=int, default=None,
+                        help="elastic.last_call_s for both ddpkit variants (default: the target's own)")
+    parser.add_argument("--fast-spec", type=json.loads, default={"watchdog": {"loss_s": 10}},
+                        help="JSON merged into the spec for the ddpkit-fast variant")
+    parser.add_argument("--torchft-steps", type=int, default=400, help="steps each torchft group trains at most")
+    parser.add_argument("--torchft-patch-comm-hook", action="store_true",
+                        help="the anchor with torchft's DDP comm hook mended (bench/torchft_anchor.py --patch-comm-hook)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    targets = args.targets.split(",")
-    unknown = sorted(set(targets) - set(TARGETS))
-    if unknown:
-        parser.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
-    runs = [r for target in targets for r in runs_on(target, args)]
+    for name, allowed in (("targets", TARGETS), ("losses", LOSSES), ("variants", VARIANTS)):
+        chosen = getattr(args, name).split(",")
+        if set(chosen) - set(allowed):
+            parser.error(f"unknown {name}: {', '.join(sorted(set(chosen) - set(allowed)))}; "
+                         f"choose from {', '.join(allowed)}")
+        setattr(args, name, chosen)
+    runs, skipped = run_plan(args)
     result = {
         "machine": machine(),
-        "setup": {"nodes": NODES, "min_nodes": MIN_NODES, "nproc_per_node": 1, "last_call_timeout_s": args.last_call_s,
-                  "heartbeat_expiry_s": 15, "checkpoint_every": args.checkpoint_every, "targets": targets},
+        "setup": {"nodes": NODES, "min_nodes": MIN_NODES, "nproc_per_node": 1, "last_call_s": args.last_call_s,
+                  "checkpoint_every": args.checkpoint_every, "fast_spec": args.fast_spec,
+                  "torchft": {"lighthouse": torchft_anchor.LIGHTHOUSE, "min_replicas": torchft_anchor.MIN_REPLICAS,
+                              "pg_timeout_s": torchft_anchor.PG_TIMEOUT_S,
+                              "max_restarts": torchft_anchor.MAX_RESTARTS,
+                              "patch_comm_hook": args.torchft_patch_comm_hook},
+                  "targets": args.targets, "losses": args.losses, "variants": args.variants},
         "runs": [asdict(r) for r in runs],
-        "by_target": {t: by_target([r for r in runs if r.target == t]) for t in targets},
+        "medians": summary(runs),
+        "skipped": skipped,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "elastic.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'target':<7} {'run':>3} {'loss->resumed s':>16} {'steps lost':>11} {'by hand: launch->first step s':>30} "
-          f"{'ratio':>6}")
-    for i, r in enumerate(runs):
-        ratio = r.loss_to_resumed_s / r.by_hand_launch_to_first_step_s
-        print(f"{r.target:<7} {i:>3} {r.loss_to_resumed_s:>16.1f} {r.steps_lost:>11} "
-              f"{r.by_hand_launch_to_first_step_s:>30.1f} {ratio:>6.2f}")
-    print("ratio: elastic recovery time / a fresh job's launch-to-first-step on the same target (the by-hand path "
-          "also needs someone to notice and resubmit)")
+    print(table(runs, [v for v in args.variants if v != "torchft"]))
+    print("median s from the loss to the survivors' first step (steps lost: trained again); "
+          "x/torchft: that over torchft's median on this machine for the same loss kind")
+    for key, reason in skipped.items():
+        print(f"skipped {key}: {reason}")
     print(f"wrote {args.out / 'elastic.json'}")
     return 0
-
-
-def by_target(runs: list[Recovery]) -> dict[str, Any]:
-    return {
-        "loss_to_resumed_s": spread(r.loss_to_resumed_s for r in runs),
-        "steps_lost": spread(r.steps_lost for r in runs),
-        "by_hand_launch_to_first_step_s": spread(r.by_hand_launch_to_first_step_s for r in runs),
-        "ratio": spread(r.loss_to_resumed_s / r.by_hand_launch_to_first_step_s for r in runs),
-    }
 
 
 if __name__ == "__main__":

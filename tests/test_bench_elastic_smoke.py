@@ -1,8 +1,8 @@
 """bench/elastic.py end to end with the tiniest settings, on every target:
-three elastic agents, one killed mid-run, and a static job started by hand
-from the checkpoint (tests/test_bench_smoke.py says what a smoke test
-asserts). A module of its own so that xdist runs it beside the other
-benchmarks' smoke tests: each run here trains three times.
+three elastic agents, one node lost mid-run, the survivors' first step timed
+(tests/test_bench_smoke.py says what a smoke test asserts); and the torchft
+anchor (bench/torchft_anchor.py) with one replica group killed. A module of
+its own so that xdist runs it beside the other benchmarks' smoke tests.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from bench import torchft_anchor
 
 from tests.helpers.elastic_gate import LAST_CALL_S
 from tests.test_bench_smoke import run_bench
@@ -19,14 +20,33 @@ from tests.test_bench_smoke import run_bench
 pytestmark = pytest.mark.slow
 
 
-def test_elastic_bench_times_recovery_and_resubmitting(tmp_path: Path) -> None:
-    """bench/elastic.py: three elastic agents here, one killed mid-run."""
-    run_bench("bench.elastic", "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4",
+def test_elastic_bench_times_recovery_per_loss_kind(tmp_path: Path) -> None:
+    """bench/elastic.py on `launch local`: node 2 crashed, torchrun's defaults; the fast column skips
+    with its reason where this checkout's spec has no watchdog.loss_s."""
+    run_bench("bench.elastic", "--losses", "crash", "--variants", "torchrun-defaults,ddpkit-fast",
+              "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4",
               "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
     data = json.loads((tmp_path / "elastic.json").read_text())
-    (run,) = data["runs"]
-    assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0
-    assert 0 <= run["steps_lost"] <= run["killed_at_step"] and data["machine"]["torch"]
+    runs = data["runs"]
+    assert {(r["target"], r["variant"], r["loss"]) for r in runs} <= {
+        ("local", "torchrun-defaults", "crash"), ("local", "ddpkit-fast", "crash")}, runs
+    for run in runs:
+        assert run["loss_to_first_step_s"] > 0 and 0 <= run["steps_lost"] <= run["killed_at_step"], run
+    assert len(runs) + len(data["skipped"]) == 2, data  # each column measured, or skipped with a reason
+    assert all(data["skipped"].values()) and data["machine"]["torch"]
+    assert data["medians"]["local"]["crash"]["torchrun-defaults"]["runs"] == 1
+
+
+def test_torchft_anchor_survives_a_killed_replica_group(tmp_path: Path) -> None:
+    """bench/torchft_anchor.py: a real lighthouse, three replica groups, the last SIGKILLed."""
+    reason = torchft_anchor.unavailable()
+    if reason:
+        pytest.skip(reason)
+    run_bench("bench.torchft_anchor", "--losses", "crash", "--repeats", "1", "--steps", "300",
+              "--kill-after", "5", "--out", str(tmp_path))
+    (run,) = json.loads((tmp_path / "torchft_anchor.json").read_text())["runs"]
+    assert run["variant"] == "torchft" and run["loss"] == "crash", run
+    assert run["loss_to_first_step_s"] > 0 and run["killed_at_step"] >= 5, run
 
 
 @pytest.mark.root
@@ -37,11 +57,11 @@ def test_elastic_bench_on_launch_ssh_and_real_slurm(tmp_path: Path) -> None:
     reason = netns.available() or sshd.available() or slurm_cluster.available()
     if reason or os.geteuid() != 0:
         pytest.skip(reason or "needs root")
-    run_bench("bench.elastic", "--targets", "ssh,slurm", "--repeats", "1", "--samples", "1600",
-              "--checkpoint-every", "4", "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
+    run_bench("bench.elastic", "--targets", "ssh,slurm", "--variants", "torchrun-defaults", "--repeats", "1",
+              "--samples", "1600", "--checkpoint-every", "4", "--last-call-s", str(LAST_CALL_S),
+              "--out", str(tmp_path))
     data = json.loads((tmp_path / "elastic.json").read_text())
     assert [r["target"] for r in data["runs"]] == ["ssh", "slurm"]
     for run in data["runs"]:
-        assert run["loss_to_resumed_s"] > 0 and run["by_hand_launch_to_first_step_s"] > 0, run
-        assert 0 <= run["steps_lost"] <= run["killed_at_step"], run
-    assert set(data["by_target"]) == {"ssh", "slurm"} and data["by_target"]["slurm"]["ratio"]["mean"] > 0
+        assert run["loss_to_first_step_s"] > 0 and 0 <= run["steps_lost"] <= run["killed_at_step"], run
+    assert set(data["medians"]) == {"ssh", "slurm"}
