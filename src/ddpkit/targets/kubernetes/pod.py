@@ -89,10 +89,19 @@ class Pod:
     annotations: dict[str, str]
 
 
+def pod_cpu(spec: JobSpec) -> str | None:
+    """The pod's CPU: k8s.cpu (a pod's own quantity, e.g. 500m) where set,
+    else resources.cpus_per_process for each of the node's processes."""
+    per_process = spec.resources.cpus_per_process
+    if spec.k8s.cpu is not None or per_process is None:
+        return spec.k8s.cpu
+    return str(per_process * spec.nproc_per_node)
+
+
 def resources(spec: JobSpec) -> Resources:
     """Requests equal limits (Guaranteed QoS: a training pod should not be
     the first one evicted); GPUs are limits only, as the device plugin wants."""
-    fixed = {k: v for k, v in (("cpu", spec.k8s.cpu), ("memory", spec.k8s.memory)) if v is not None}
+    fixed = {k: v for k, v in (("cpu", pod_cpu(spec)), ("memory", spec.resources.memory_per_node)) if v is not None}
     limits = dict(fixed)
     if spec.device == "cuda":
         limits[GPU_RESOURCE] = str(spec.gpus_per_node)
@@ -135,7 +144,7 @@ def mount_manifest(v: K8sVolume) -> dict[str, Any]:
 def pod_volumes(spec: JobSpec) -> list[dict[str, Any]]:
     """/dev/shm (memory-backed: DataLoader workers and NCCL need more than
     the runtime's 64 MiB) and the spec's volumes, in every kind alike."""
-    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.k8s.shm_size}}
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}}
     return [shm, *(volume_manifest(v) for v in spec.k8s.volumes)]
 
 
