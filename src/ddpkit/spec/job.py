@@ -17,7 +17,7 @@ from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, Mounts, NodePath,
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
 from .image import container_image
 from .k8s import K8sOptions
-from .resources import Resources, deprecation_notes, with_old_spellings
+from .resources import Resources, move_old_spellings
 from .secrets import Secret, SecretEntry, duplicate_names
 from .slurm import SlurmOptions
 from .ssh import SshOptions
@@ -309,19 +309,12 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _resources(self) -> JobSpec:
-        # The old per-target spellings (slurm.cpus_per_process, k8s.memory,
-        # k8s.shm_size) move in and are cleared: targets read spec.resources only.
-        notes = deprecation_notes(self.slurm, self.k8s)
-        if notes:
-            merged = with_old_spellings(self.resources, self.slurm, self.k8s)
-            self.slurm.cpus_per_process = self.k8s.memory = self.k8s.shm_size = None
-            self.resources = merged
-            self._deprecations = notes
+        self._deprecations = move_old_spellings(self) or self._deprecations  # targets read spec.resources only
         return self
 
     @property
     def deprecations(self) -> list[str]:
-        """One note for each old spelling the input used (printed by specfile.warn_env)."""
+        """A note for each old spelling the input used (printed by specfile.warn_env)."""
         return list(self._deprecations)
 
     @property

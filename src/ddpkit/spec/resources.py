@@ -24,7 +24,7 @@ CPU, e.g. 500m), `compose.cpus_per_node` (a fraction of the host's CPUs),
 from __future__ import annotations
 
 from decimal import ROUND_CEILING, Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import Field, model_validator
 
@@ -83,6 +83,26 @@ def deprecation_notes(slurm: SlurmOptions, k8s: K8sOptions) -> list[str]:
     """One line for each old spelling the spec uses."""
     return [f"note: {old} is deprecated; write resources.{MOVED[old]} (one spelling that every target maps)"
             for old, value in _old_values(slurm, k8s).items() if value is not None]
+
+
+class WithResources(Protocol):
+    """What move_old_spellings reads and writes of a JobSpec (job.py imports this module)."""
+
+    slurm: SlurmOptions
+    k8s: K8sOptions
+    resources: Resources
+
+
+def move_old_spellings(spec: WithResources) -> list[str]:
+    """Move each old spelling's value into spec.resources and clear the old
+    field, so that targets read one place and the run folder's spec.yaml has
+    one spelling; the notes for the user (JobSpec.deprecations)."""
+    notes = deprecation_notes(spec.slurm, spec.k8s)
+    if notes:
+        merged = with_old_spellings(spec.resources, spec.slurm, spec.k8s)
+        spec.slurm.cpus_per_process = spec.k8s.memory = spec.k8s.shm_size = None
+        spec.resources = merged
+    return notes
 
 
 def slurm_size(quantity: str) -> str:
