@@ -105,7 +105,7 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     check_spec(spec)
     module = kind_module(spec)
     info = module.INFO
-    the_pod = pod.pod(spec, pod.container(spec, info, doctor=doctor), labels(spec), gang.pod_annotations(spec, info))
+    the_pod = pod.pod_view(spec, pod.container(spec, info, doctor=doctor), labels(spec), gang.pod_annotations(spec, info))
     level = pod.security_level(the_pod)
     # The two notes a platform engineer needs before applying (the CLI
     # prints them on stderr, so `ddpkit render k8s > job.yaml` stays clean YAML).

@@ -221,7 +221,7 @@ def container(spec: JobSpec, info: KindInfo, *, doctor: bool = False) -> Contain
     )
 
 
-def pod(spec: JobSpec, cont: Container, labels: dict[str, str], annotations: dict[str, str]) -> Pod:
+def pod_view(spec: JobSpec, cont: Container, labels: dict[str, str], annotations: dict[str, str]) -> Pod:
     return Pod(
         container=cont, fields=pod_fields(spec), volumes=pod_volumes(spec),
         node_selector=dict(spec.k8s.node_selector),
