@@ -14,6 +14,7 @@ import pytest
 
 from ddpkit.cli import main
 from ddpkit.exitcodes import ExitCode
+from ddpkit.render import default_template_dir
 from tests.test_startup import ROOT
 
 SPEC = str(ROOT / "examples" / "cpu-smoke.yaml")
@@ -62,6 +63,21 @@ def test_templates_that_are_not_there_are_one_line(tmp_path: Path, capsys: pytes
     line = one_line(err)
     assert line.startswith(f"ddpkit: --templates {empty}: has no slurm/job.sbatch.j2; copy it from "), line
     assert line.endswith("templates/slurm/job.sbatch.j2, or leave --templates out"), line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_stale_copy_of_the_templates_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy made for another version names a variable this one does not pass
+    (the k8s templates read views, not `spec`): the user's copy, exit 2."""
+    copy = tmp_path / "templates"
+    shutil.copytree(default_template_dir(), copy)
+    (copy / "k8s" / "pytorchjob.yaml.j2").write_text("# job {{ spec.name }}\n")
+    code, out, err = run_cli(["render", "k8s", "-f", SPEC, "--templates", str(copy), "-o", str(tmp_path / "o")],
+                             capsys)
+    assert (code, out) == (ExitCode.BAD_INPUT, "")
+    line = one_line(err)
+    assert line.startswith(f"ddpkit: --templates {copy}: k8s/pytorchjob.yaml.j2: 'spec' is undefined"), line
+    assert line.endswith("templates/k8s/pytorchjob.yaml.j2, or leave --templates out"), line
     assert not (tmp_path / "o").exists()
 
 

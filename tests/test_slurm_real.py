@@ -537,7 +537,7 @@ def test_submitted_job_is_a_run_that_status_reads_and_cancel_checkpoints(cluster
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 # What makes an example fit this 2-node, 8-CPU, GPU-less cluster.
 FIT = ["slurm.partition=debug", "device=cpu", "backend=gloo", "nodes=2", "nproc_per_node=2",
-       "slurm.cpus_per_process=2", "slurm.mem=1M"]
+       "resources.cpus_per_process=2", "slurm.mem=1M"]
 RESERVATION = "ddpkit-res"
 
 

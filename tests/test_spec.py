@@ -39,6 +39,7 @@ def test_examples_are_valid(example: Path) -> None:
         ("k8s.shm_size=lots", "k8s.shm_size: 'lots' is not a Kubernetes quantity"),
         ("k8s.memory=4Gi", "shm_size 8Gi (the default) is more than memory 4Gi: a memory-backed /dev/shm counts "
                            "against the pod's memory limit; lower shm_size or raise memory"),
+        ("resources.memory_per_node=4Gi", "shm_size 8Gi (the default) is more than memory 4Gi"),
         ("k8s.kind=deployment", "k8s.kind: Input should be 'pytorchjob', 'indexed-job', 'trainjob' or 'jobset'"),
         ("command.module=a b", "command.module: 'a b' is not a dotted python module name"),
         ("master_port=80", "master_port: Input should be greater than or equal to 1024"),
@@ -59,9 +60,9 @@ def test_set_keeps_strings_byte_exact() -> None:
 def test_set_keeps_annotated_text_fields_byte_exact() -> None:
     # Fields typed `SlurmTime | None`, `K8sQuantity`, ... are text too: YAML
     # would read 04:00:00 as 14400 (sexagesimal) and 0755 as 493.
-    spec = load_spec(None, overrides=["slurm.time=04:00:00", "slurm.account=0755", "k8s.shm_size=010",
+    spec = load_spec(None, overrides=["slurm.time=04:00:00", "slurm.account=0755", "resources.shm_size=010",
                                       "k8s.namespace=no", "slurm.container.workdir=/null", "k8s.queue=off"])
-    assert (spec.slurm.time, spec.slurm.account, spec.k8s.shm_size) == ("04:00:00", "0755", "010")
+    assert (spec.slurm.time, spec.slurm.account, spec.resources.shm_size) == ("04:00:00", "0755", "010")
     assert (spec.k8s.namespace, spec.slurm.container.workdir, spec.k8s.queue) == ("no", "/null", "off")
 
 
@@ -172,7 +173,7 @@ def test_shm_size_may_equal_memory_in_any_unit_but_not_pass_it() -> None:
 
     assert quantity_value("8Gi") == 8 * 2**30 and quantity_value("1.5G") == 1_500_000_000
     assert quantity_value("500m") * 2 == 1
-    assert load_spec(None, overrides=["k8s.shm_size=1024Mi", "k8s.memory=1Gi"]).k8s.memory == "1Gi"
+    assert load_spec(None, overrides=["k8s.shm_size=1024Mi", "k8s.memory=1Gi"]).resources.memory_per_node == "1Gi"
     with pytest.raises(SpecError, match=r"shm_size 1025Mi is more than memory 1Gi"):
         load_spec(None, overrides=["k8s.shm_size=1025Mi", "k8s.memory=1Gi"])
 

@@ -341,11 +341,10 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
 
 
 def cpus_per_process(spec: JobSpec, target: Target | None) -> int | None:
-    """The CPUs one training process gets, where the spec says: Slurm's
-    cpus_per_process, a Kubernetes pod's cpu or compose's cpus_per_node
-    shared by the node's processes (at least 1); None where it does not."""
-    if target in (Target.SLURM, Target.SLURM_SRUN):
-        return spec.slurm.cpus_per_process
+    """The CPUs one training process gets, where the spec says:
+    resources.cpus_per_process, or where a target's own field overrides it
+    (a Kubernetes pod's cpu, compose's cpus_per_node) that shared by the
+    node's processes (at least 1); None where it does not."""
     per_node: float | None = None
     if target in (Target.PYTORCHJOB, Target.INDEXED_JOB, Target.TRAINJOB, Target.JOBSET) and spec.k8s.cpu:
         cpu = spec.k8s.cpu.strip()
@@ -355,7 +354,7 @@ def cpus_per_process(spec: JobSpec, target: Target | None) -> int | None:
             return None
     elif target is Target.COMPOSE:
         per_node = spec.compose.cpus_per_node
-    return None if per_node is None else max(1, int(per_node // spec.nproc_per_node))
+    return spec.resources.cpus_per_process if per_node is None else max(1, int(per_node // spec.nproc_per_node))
 
 
 def omp_env(spec: JobSpec, target: Target | None) -> dict[str, str]:

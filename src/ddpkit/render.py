@@ -181,6 +181,10 @@ def render_files(outputs: list[OutputFile], template_dir: Path | None = None) ->
             raise TemplatesError(f"--templates {template_dir}: has no {name}; copy it from "
                                  f"{default_template_dir() / name}, or leave --templates out") from None
         except jinja2.UndefinedError as exc:
+            if template_dir is not None:  # a copy made for another version's variables: the user's to refresh
+                raise TemplatesError(f"--templates {template_dir}: {out.template}: {exc} (a copy from another "
+                                     f"ddpkit version); copy it again from {default_template_dir() / out.template}, "
+                                     "or leave --templates out") from None
             raise RenderError(f"{out.template}: {exc}") from exc
         if out.kind == "shell":
             check_shell(out.name, text)

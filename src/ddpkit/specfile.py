@@ -228,8 +228,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 
 def warn_env(spec: JobSpec, who: str) -> None:
     """A warning line on stderr for each env: value that looks like a
-    credential (spec.secrets.token_like_env): not an error, the job runs."""
-    for line in env_warnings(spec.env):
+    credential (spec.secrets.token_like_env), and a note for each old
+    spelling the spec used (spec.deprecations): not errors, the job runs."""
+    for line in [*spec.deprecations, *env_warnings(spec.env)]:
         print(f"{who}: {line}", file=sys.stderr)
 
 

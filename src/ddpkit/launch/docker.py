@@ -30,6 +30,7 @@ from ..runs import NodeLog, RunFolder
 from ..spec import JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
 from ..targets import mounts
+from ..targets.limits import Limits, limits
 from ..text import plural
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
@@ -134,7 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after a node failed: stop the other containers with this timeout, then kill "
                              "(default 10); after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
                              "(preemption.checkpoint_s)")
-    parser.add_argument("--shm-size", default="1g", help="/dev/shm size per container (DataLoader workers use it)")
+    parser.add_argument("--shm-size", help="deprecated: resources.shm_size (/dev/shm per container, 8Gi by default)")
     parser.add_argument("--log-dir", type=Path, metavar="DIR",
                         help="keep each node's whole output in DIR/node<I>.log (the containers are removed at the "
                              "end; default: the run folder's logs/, see `ddpkit runs`)")
@@ -189,9 +190,9 @@ def _ensure_image(client: DockerClient, image: str) -> str | None:
 class DockerLaunch:
     """One run: its network, its containers, and their teardown."""
 
-    def __init__(self, client: DockerClient, spec: JobSpec, shm_size: str, log_dir: Path | None = None,
+    def __init__(self, client: DockerClient, spec: JobSpec, lim: Limits, log_dir: Path | None = None,
                  run_id: str | None = None) -> None:
-        self.client, self.spec, self.shm_size, self.log_dir = client, spec, shm_size, log_dir
+        self.client, self.spec, self.limits, self.log_dir = client, spec, lim, log_dir
         # The run folder's id when there is one: `docker ps --filter label=io.ddpkit.run=<id>`
         # and the network ddpkit-<name>-<id> name the same run as `ddpkit runs`.
         self.run_id = run_id or uuid.uuid4().hex[:8]
@@ -215,7 +216,8 @@ class DockerLaunch:
         # init: docker's tini is PID 1 and passes the stop signal on. torchrun
         # as PID 1 ignores SIGTERM until it has installed its handler, so a
         # Ctrl-C during start-up waited out the whole grace before SIGKILL.
-        host_config = self.client.api.create_host_config(shm_size=self.shm_size, init=True,
+        host_config = self.client.api.create_host_config(shm_size=self.limits.shm_size, init=True,
+                                                         nano_cpus=self.limits.nano_cpus, mem_limit=self.limits.memory,
                                                          binds=mounts.binds(self.spec),
                                                          device_requests=_gpu_requests(self.spec, p.index))
         created = self.client.api.create_container(
@@ -247,6 +249,16 @@ def daemon_unreachable(env: Mapping[str, str]) -> str:
             "or set DOCKER_HOST to a running daemon; nothing was started")
 
 
+def _limits(spec: JobSpec, shm_size: str | None) -> Limits:
+    """The spec's limits; the old --shm-size flag still wins, with a note."""
+    lim = limits(spec)
+    if shm_size is None:
+        return lim
+    print("launch docker: note: --shm-size is deprecated; write resources.shm_size in the spec "
+          "(or --set resources.shm_size=8Gi)", file=sys.stderr)
+    return Limits(shm_size, lim.cpus, lim.memory)
+
+
 def run(args: argparse.Namespace) -> int:
     import docker.client
     import docker.errors
@@ -272,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     run = RunFolder.create(name=spec.name, target="docker", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
                            spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
-    launch = DockerLaunch(client, spec, args.shm_size, args.log_dir or run.logs_dir, run_id=run.record().id)
+    launch = DockerLaunch(client, spec, _limits(spec, args.shm_size), args.log_dir or run.logs_dir,
+                          run_id=run.record().id)
     console.print(f"launch docker: {plural(spec.nodes, 'container')} of {spec.image} x {plural(spec.nproc_per_node, 'process')} "
                   f"on network {launch.network_name}, master node0", markup=False)
     note = spec.watchdog.script_note(spec.command)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..spec import JobSpec
 from ..targets.slurm import cpus_per_task, tasks_per_node
+from ..targets.slurm import mem as slurm_mem
 
 Runner = Callable[[list[str]], str]
 
@@ -220,13 +221,14 @@ def _size_problems(spec: JobSpec, nodes: list[Node], where: str) -> list[str]:
     found = []
     cpus, most_cpus = _cpus_per_node(spec), max(n.cpus for n in nodes)
     if cpus > most_cpus:
-        found.append(f"slurm.cpus_per_process: the job asks for {cpus} CPUs per node but the nodes of {where} have at"
-                     f" most {most_cpus}; lower slurm.cpus_per_process")
+        found.append(f"resources.cpus_per_process: the job asks for {cpus} CPUs per node but the nodes of {where} "
+                     f"have at most {most_cpus}; lower resources.cpus_per_process")
     most_mem = max(n.memory_mb for n in nodes)
     # RealMemory=1 is Slurm's "not configured": nothing to compare with.
-    if spec.slurm.mem and most_mem > 1 and megabytes(spec.slurm.mem) > most_mem:
-        found.append(f"slurm.mem: {spec.slurm.mem} per node is more than any node of {where} has"
-                     f" ({most_mem}M); pass --set slurm.mem={most_mem}M or less")
+    mem, field = slurm_mem(spec), "slurm.mem" if spec.slurm.mem is not None else "resources.memory_per_node"
+    if mem and most_mem > 1 and megabytes(mem) > most_mem:
+        found.append(f"{field}: {mem} per node is more than any node of {where} has"
+                     f" ({most_mem}M); pass --set {field}={most_mem}{'M' if field == 'slurm.mem' else 'Mi'} or less")
     return found
 
 

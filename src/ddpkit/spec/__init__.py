@@ -11,6 +11,7 @@ The package, by concern:
   secrets.py  secrets: (values written nowhere) and the token-shaped env: warning
   grace.py    the pre-emption grace chain
   image.py    an image in each Slurm container runtime's syntax
+  resources.py  resources: (CPUs, memory, /dev/shm) in one spelling every target maps
 
 Every name other modules use is imported from here (`from ddpkit.spec import
 JobSpec`), never from a submodule, so the files can move again.
@@ -88,6 +89,7 @@ from .k8s import (
     VolumeSource,
     kubernetes_volume_spelling,
 )
+from .resources import Resources, deprecation_notes, docker_size, slurm_size
 from .secrets import K8sSecretRef, Secret, env_warnings, token_like_env
 from .slurm import (
     SBATCH_OWNED,
@@ -117,3 +119,4 @@ __all__ = [
     "apptainer_image", "chain_margin", "chain_problem", "checkpoint_within", "container_image", "enroot_image",
     "env_warnings", "grace_chain", "kubernetes_volume_spelling", "sbatch_directive_problem", "token_like_env"
 ]
+__all__ += ["Resources", "deprecation_notes", "docker_size", "slurm_size"]

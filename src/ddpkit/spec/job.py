@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from .. import envnames
 from ..wire import (
@@ -25,6 +25,7 @@ from .fields import ENV_NAME, IFNAME, Argv, ImageRef, JobName, Mounts, NodePath,
 from .grace import GraceChain, Preemption, chain_problem, grace_chain
 from .image import container_image
 from .k8s import K8sOptions
+from .resources import Resources, move_old_spellings
 from .secrets import Secret, SecretEntry, duplicate_names
 from .slurm import SlurmOptions
 from .ssh import SshOptions
@@ -260,6 +261,8 @@ class JobSpec(Strict):
         "compose, launch docker, ssh.docker and Slurm's container runtimes bind them; Kubernetes needs a "
         "k8s.volumes entry at each DST; targets without a container accept only SRC equal to DST"))
     compose: ComposeOptions = Field(default_factory=ComposeOptions)
+    resources: Resources = Field(default_factory=Resources, description=(
+        "CPUs per process, memory and /dev/shm per node, mapped by every target (GPUs: the device rule)"))
     elastic: Elastic | None = Field(default=None, description="absent: a fixed set of nodes (a lost node ends the job)")
     watchdog: WatchdogOptions = Field(default_factory=WatchdogOptions)
     preemption: Preemption = Field(default_factory=Preemption)
@@ -327,6 +330,18 @@ class JobSpec(Strict):
         if problem:
             raise ValueError(problem)
         return self
+
+    _deprecations: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _resources(self) -> JobSpec:
+        self._deprecations = move_old_spellings(self) or self._deprecations  # targets read spec.resources only
+        return self
+
+    @property
+    def deprecations(self) -> list[str]:
+        """A note for each old spelling the input used (printed by specfile.warn_env)."""
+        return list(self._deprecations)
 
     @property
     def secret_names(self) -> list[str]:

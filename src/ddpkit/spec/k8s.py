@@ -19,7 +19,6 @@ from .fields import (
     Strict,
     each,
     matching,
-    quantity_value,
     rule,
 )
 
@@ -125,7 +124,7 @@ class K8sVolume(Strict):
         if len(given) != 1:
             raise ValueError(f"volume {self.name!r}: set exactly one of {', '.join(VOLUME_SOURCES)} (got {given or 'none'})")
         if self.mount_path.rstrip("/") == "/dev/shm":
-            raise ValueError("/dev/shm is mounted by ddpkit (k8s.shm_size); mount elsewhere")
+            raise ValueError("/dev/shm is mounted by ddpkit (resources.shm_size); mount elsewhere")
         return self
 
     @property
@@ -151,9 +150,10 @@ LocalQueueName = Annotated[str, AfterValidator(matching(
 class K8sOptions(Strict):
     kind: Literal["pytorchjob", "indexed-job", "trainjob", "jobset"] = "pytorchjob"
     namespace: K8sNamespace = "default"
-    shm_size: K8sQuantity = Field(default="8Gi", description="size of the memory-backed /dev/shm")
-    cpu: K8sQuantity | None = Field(default=None, description="CPU request and limit per pod, e.g. '8'")
-    memory: K8sQuantity | None = Field(default=None, description="memory request and limit per pod, e.g. 64Gi")
+    shm_size: K8sQuantity | None = Field(default=None, description="deprecated: resources.shm_size")
+    cpu: K8sQuantity | None = Field(default=None, description=(
+        "CPU request and limit per pod, e.g. 500m; default: resources.cpus_per_process x nproc_per_node"))
+    memory: K8sQuantity | None = Field(default=None, description="deprecated: resources.memory_per_node")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     image_pull_secrets: SecretNames = Field(default_factory=list)
@@ -205,10 +205,6 @@ class K8sOptions(Strict):
             raise ValueError("scheduler: a TrainJob cannot choose its scheduler (its runtime patch has no "
                              "schedulerName); set podGroupPolicy.volcano in the ClusterTrainingRuntime, or use "
                              "another kind")
-        if self.memory is not None and quantity_value(self.shm_size) > quantity_value(self.memory):
-            given = "" if "shm_size" in self.model_fields_set else " (the default)"
-            raise ValueError(f"shm_size {self.shm_size}{given} is more than memory {self.memory}: a memory-backed "
-                             "/dev/shm counts against the pod's memory limit; lower shm_size or raise memory")
         if self.queue is not None and self.scheduler == "volcano":
             raise ValueError("queue (Kueue) and scheduler: volcano are two gang schedulers for one job; choose one")
         if self.scheduler == "volcano" and VOLCANO_GROUP_ANNOTATION in self.pod_annotations:

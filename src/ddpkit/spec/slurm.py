@@ -29,8 +29,8 @@ SLURM_HOSTLIST = re.compile(r"^[A-Za-z0-9_.,\[\]-]+$")
 # would silently win over them (sbatch keeps the last) and break the job.
 SBATCH_OWNED = {
     "job-name": "name", "nodes": "nodes", "ntasks": "nproc_per_node", "ntasks-per-node": "nproc_per_node",
-    "cpus-per-task": "slurm.cpus_per_process", "gpus": "nproc_per_node", "gpus-per-node": "slurm.gpu_request",
-    "gpus-per-task": "slurm.gpu_request", "gres": "slurm.gpu_request", "mem": "slurm.mem", "time": "slurm.time",
+    "cpus-per-task": "resources.cpus_per_process", "gpus": "nproc_per_node", "gpus-per-node": "slurm.gpu_request",
+    "gpus-per-task": "slurm.gpu_request", "gres": "slurm.gpu_request", "mem": "resources.memory_per_node", "time": "slurm.time",
     "partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos", "exclusive": "slurm.exclusive",
     "output": "slurm.output", "requeue": "slurm.requeue", "no-requeue": "slurm.requeue", "signal": "slurm.signal_seconds",
     "open-mode": "slurm.requeue", "dependency": "slurm.dependency", "constraint": "slurm.constraint",
@@ -98,10 +98,9 @@ class SlurmOptions(Strict):
     account: SlurmWord | None = None
     qos: SlurmWord | None = None
     time: SlurmTime | None = Field(default=None, description="wall time, e.g. 04:00:00 or 1-00:00:00")
-    mem: SlurmMem | None = Field(default=None, description="memory per node, e.g. 64G")
-    cpus_per_process: int | None = Field(
-        default=None, ge=1, description="CPUs for each training process; each mode derives its --cpus-per-task"
-    )
+    mem: SlurmMem | None = Field(
+        default=None, description="memory per node in Slurm's syntax (0: all of it); default: resources.memory_per_node")
+    cpus_per_process: int | None = Field(default=None, ge=1, description="deprecated: resources.cpus_per_process")
     cpus_per_task: int | None = Field(default=None, description="replaced by cpus_per_process (refused)")
     gpu_request: Literal["gpus-per-node", "gres"] = Field(
         default="gpus-per-node", description="how GPUs are asked for: --gpus-per-node=N or --gres=gpu:N"
@@ -131,9 +130,9 @@ class SlurmOptions(Strict):
             # Not mapped: it meant CPUs per node in torchrun mode and per
             # process in srun mode, so no one reading fits both modes.
             raise ValueError(
-                "slurm.cpus_per_task is replaced by slurm.cpus_per_process (CPUs for each training process; "
+                "slurm.cpus_per_task is replaced by resources.cpus_per_process (CPUs for each training process; "
                 "ddpkit derives --cpus-per-task for either mode). It meant per node in torchrun mode, per process "
-                f"in srun mode: set slurm.cpus_per_process to {value} / nproc_per_node if you used torchrun mode, "
+                f"in srun mode: set resources.cpus_per_process to {value} / nproc_per_node if you used torchrun mode, "
                 f"or to {value} if you used srun mode"
             )
         return value

@@ -29,6 +29,7 @@ from ..spec import JobSpec
 from ..specfile import SpecError
 from ..text import plural
 from . import mounts
+from .limits import compose_limits
 
 NAME = "compose"
 FILENAME = "compose.yaml"
@@ -95,7 +96,8 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     refusal = elastic_refusal(spec, Target.COMPOSE)
     if refusal:
         raise SpecError([refusal])
-    variables = {"spec": spec, "services": services(spec, doctor=doctor), "volumes": mounts.binds(spec)}
+    variables = {"spec": spec, "services": services(spec, doctor=doctor), "volumes": mounts.binds(spec),
+                 "limits": compose_limits(spec)}
     warning = None if doctor else mounts.container_checkpoint_warning(spec, "compose")
     return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml",
                        notes=(*notes(spec), *([warning] if warning else [])))]
@@ -108,6 +110,7 @@ def _unescape(value: object) -> object:
 
 def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     doc = yaml.safe_load(rendered.files[FILENAME])
+    lim = compose_limits(spec)
     for svc in services(spec, doctor=doctor):
         got = doc["services"][svc.name]
         command = [_unescape(c) for c in got["command"]]
@@ -115,7 +118,8 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
         from_shell = tuple(k for k, v in got["environment"].items() if v is None)
         if (command != svc.command or env != svc.environment or from_shell != svc.secrets or got["image"] != spec.image
                 or got.get("restart") != svc.restart or _reserved_gpus(got) != svc.gpus
-                or [_unescape(v) for v in got.get("volumes", [])] != mounts.binds(spec)):
+                or [_unescape(v) for v in got.get("volumes", [])] != mounts.binds(spec)
+                or (got.get("shm_size"), got.get("cpus"), got.get("mem_limit")) != (lim.shm_size, lim.cpus, lim.memory)):
             raise RenderError(f"{FILENAME}: service {svc.name} does not match the job spec")
 
 

@@ -10,7 +10,8 @@ way everywhere:
   host's folders as they are: a mount whose source is its target is
   honoured as it stands, one that moves a folder is refused;
 - Kubernetes mounts volumes, not host folders: each mount's target must be
-  a k8s.volumes mount_path (kubernetes.py asks `k8s_unmatched`).
+  a k8s.volumes mount_path (`refusal` asks `k8s_unmatched` for the
+  Kubernetes kinds).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from ..contract import (
 )
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
 from ..render import OutputFile, Rendered, RenderError, shell_argv
-from ..spec import JobSpec, container_image
+from ..spec import JobSpec, container_image, slurm_size
 from ..specfile import SpecError
 from ..wire import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
 from . import mounts
@@ -46,12 +46,20 @@ def tasks_per_node(spec: JobSpec) -> int:
 
 
 def cpus_per_task(spec: JobSpec) -> int | None:
-    """--cpus-per-task from slurm.cpus_per_process: a torchrun task is a
+    """--cpus-per-task from resources.cpus_per_process: a torchrun task is a
     whole node's processes, an srun task is one process."""
-    per_process = spec.slurm.cpus_per_process
+    per_process = spec.resources.cpus_per_process
     if per_process is None:
         return None
     return per_process * (spec.nproc_per_node if spec.slurm.mode == "torchrun" else 1)
+
+
+def mem(spec: JobSpec) -> str | None:
+    """--mem: slurm.mem in Slurm's own syntax (0: all of the node's memory)
+    where set, else resources.memory_per_node (64Gi -> 64G)."""
+    if spec.slurm.mem is not None:
+        return spec.slurm.mem
+    return None if spec.resources.memory_per_node is None else slurm_size(spec.resources.memory_per_node)
 
 
 def gpu_option(spec: JobSpec) -> list[str]:
@@ -68,7 +76,7 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     s = spec.slurm
     out = [f"--job-name={spec.name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec)}",
            *gpu_option(spec)]
-    optional = {"cpus-per-task": cpus_per_task(spec), "mem": s.mem, "time": s.time,
+    optional = {"cpus-per-task": cpus_per_task(spec), "mem": mem(spec), "time": s.time,
                 "partition": s.partition, "account": s.account, "qos": s.qos}
     out += [f"--{key}={value}" for key, value in optional.items() if value is not None]
     if s.exclusive:

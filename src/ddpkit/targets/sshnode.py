@@ -25,6 +25,7 @@ from ..quoting import bash_c, shell_word
 from ..render import shell_argv, template
 from ..spec import JobSpec
 from . import mounts
+from .limits import limits
 
 NODE_RANK = envnames.DDPKIT_NODE_RANK
 MASTER_ADDR = envnames.DDPKIT_MASTER_ADDR
@@ -63,6 +64,11 @@ def docker_argv(spec: JobSpec, env: dict[str, str]) -> list[Arg]:
     if spec.device == "cuda":
         argv += [Arg.of("--gpus"), Arg.of("all")]
     argv += [Arg.of("--network"), Arg.of("host"), Arg.of("--ipc"), Arg.of("host")]
+    lim = limits(spec)  # /dev/shm is the host's (--ipc host): only CPUs and memory apply
+    if lim.cpus is not None:
+        argv.append(Arg.of(f"--cpus={lim.cpus:g}"))
+    if lim.memory is not None:
+        argv.append(Arg.of(f"--memory={lim.memory}"))
     for key in [*env, *spec.secret_names, NODE_RANK, *([RDZV_ID] if spec.elastic else [])]:
         argv += [Arg.of("-e"), Arg.of(key)]  # value comes from the exported environment
     for bind in mounts.binds(spec):
