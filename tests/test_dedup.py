@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ddpkit.launch.dedup import Dedup, Released, Source, ranges
-from ddpkit.launch.supervisor import LinePrinter
+from ddpkit.launch.nodeoutput import LinePrinter
 
 WARN = "UserWarning: something every rank says"
 

@@ -152,7 +152,7 @@ def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Pa
     """The containers are removed at the end: with --log-dir the node's whole
     output, torchrun's traceback included, stays in DIR/node<I>.log."""
     from ddpkit.launch.docker import ContainerNode, NodePlan
-    from ddpkit.launch.supervisor import LinePrinter
+    from ddpkit.launch.nodeoutput import LinePrinter
 
     # no rank prefix: launch docker and launch ssh run torchrun without --log-line-prefix-template
     text = "\n".join([CAUSE, CAUSE, *torchrun_report(12, 1)]) + "\n"

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from ddpkit import envnames
 from ddpkit.contract import Target, target_env
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch.supervisor import LinePrinter, Outcome, Status, Supervisor
+from ddpkit.launch.nodeoutput import LinePrinter
+from ddpkit.launch.supervisor import Outcome, Status, Supervisor
 from ddpkit.spec import JobSpec
 from ddpkit.train import stall
 from ddpkit.train.stall_model import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress

@@ -34,9 +34,10 @@ from ..targets.limits import Limits, limits
 from ..text import plural
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
+from .nodeoutput import LOST, LinePrinter, add_dedup_argument, node_log
 from .runargs import add_train_args, with_train_args
 from .secrets import secret_values
-from .supervisor import LOST, LinePrinter, Outcome, RunText, Supervisor, add_dedup_argument, node_log
+from .supervisor import Outcome, RunText, Supervisor
 
 if TYPE_CHECKING:
     from docker.client import DockerClient

@@ -38,18 +38,10 @@ from ..targets.sshnode import new_rdzv_id
 from ..text import plural
 from ..train.argcheck import check_command
 from . import proctree
+from .nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .secrets import secret_values
-from .supervisor import (
-    TORCHRUN_PREFIX_FLAG,
-    ElasticPolicy,
-    LinePrinter,
-    NodeHandle,
-    RunText,
-    Supervisor,
-    add_dedup_argument,
-    node_log,
-)
+from .supervisor import ElasticPolicy, RunText, Supervisor
 
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed
 

@@ -33,11 +33,12 @@ from ..targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_comman
 from ..train.argcheck import check_command
 from .conn import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
+from .nodeoutput import NodeHandle, add_dedup_argument
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
 from .runargs import add_train_args, with_train_args
 from .secrets import secret_values, stdin_payload
 from .ssh_nodes import SshNode, safe_name
-from .supervisor import ElasticPolicy, NodeHandle, RunText, Supervisor, add_dedup_argument
+from .supervisor import ElasticPolicy, RunText, Supervisor
 
 PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
 

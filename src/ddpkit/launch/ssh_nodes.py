@@ -19,8 +19,8 @@ import paramiko
 from ..targets.sshnode import NodeCommand, parse_pgid
 from .alive import Heartbeat
 from .conn import ConnectError, Endpoint, SshSettings, close, connect
+from .nodeoutput import LOST, LinePrinter
 from .preflight import GO
-from .supervisor import LOST, LinePrinter
 
 DROPPED = LOST  # paramiko's exit status when a channel closes without one
 
