@@ -529,3 +529,64 @@ def test_launch_ssh_refuses_an_unset_secret_before_connecting(cluster: Cluster, 
     assert out.stderr.splitlines() == ["ddpkit: launch ssh: secrets ['RUN_SECRET'] not set in this environment; "
                                        "export them first (the values are read from here and written into no "
                                        "file) (nothing was written or started)"]
+
+
+LINES_SCRIPT = """\
+import os, sys, time
+rank, n = os.environ["RANK"], 0
+while True:
+    print(f"LINE rank={rank} n={n}", flush=True)
+    n += 1
+    time.sleep(0.2)
+"""
+
+
+def run_cmd(net: netns.Network, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """A run command as the user types it on the login host, beside the launcher."""
+    return net["login"].run([DDPKIT, *argv], env=env, timeout=180)
+
+
+def test_runs_status_logs_and_cancel_follow_a_running_launch_ssh_run(cluster: Cluster, tmp_path: Path) -> None:
+    """docs/RUNS.md on a live `launch ssh` run of 2 nodes x 2 ranks: listed
+    running, its status, rank 3's last 5 lines (node 1's log holds them),
+    then `cancel`: the launcher stops every node (exit 130), the run is
+    recorded cancelled and nothing of the job is left on the hosts."""
+    net, hosts = cluster
+    script = tmp_path / "lines.py"
+    script.write_text(LINES_SCRIPT)
+    job = write_job(tmp_path, "runs-ssh", args=[], script=script, extra={"nodes": 2, "nproc_per_node": 2})
+    hf = tmp_path / "hostfile"
+    hf.write_text(f"{net['node1'].addr} slots=2\n{net['node2'].addr} slots=2\n")
+    env = {**os.environ, "DDPKIT_RUNS_DIR": str(tmp_path / "runs")}
+    argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hf), *hosts.launcher_flags()]
+    with (tmp_path / "launcher.out").open("w") as out:
+        launcher = net["login"].popen(argv, cwd=str(tmp_path), env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        node1_log = tmp_path / "logs"
+        deadline = time.monotonic() + 120
+        while not any("LINE rank=3 n=5" in p.read_text(errors="replace") for p in node1_log.glob("*node1*")):
+            assert launcher.poll() is None, (tmp_path / "launcher.out").read_text()[-3000:]
+            assert time.monotonic() < deadline, "rank 3 printed no 6th line within 120 s"
+            time.sleep(0.2)
+        listed = run_cmd(net, env, "runs")
+        assert re.search(r"runs-ssh\s*│\s*ssh\s*│\s*running\s*│\s*2x2", listed.stdout), listed.stdout
+        status = run_cmd(net, env, "status", "runs-ssh")
+        assert status.returncode == 0 and re.search(r"^run \w{6}: running$", status.stdout, re.M), status
+        assert "job       runs-ssh, ssh: 2 nodes x 2 processes" in status.stdout, status.stdout
+        logs = run_cmd(net, env, "logs", "runs-ssh", "--rank", "3", "--tail", "5")
+        assert logs.returncode == 0, logs
+        assert "showing node 1, which holds rank 3" in logs.stderr, logs.stderr
+        lines = logs.stdout.splitlines()
+        assert len(lines) == 5 and all(re.match(r"\[node1\] .*LINE rank=[23] n=\d+$", x) for x in lines), lines
+        cancel = run_cmd(net, env, "cancel", "runs-ssh")
+        assert cancel.returncode == 0, cancel
+        assert cancel.stdout.splitlines()[-1].endswith("cancelled (launcher exit code 130)"), cancel.stdout
+        assert launcher.wait(timeout=60) == 130
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    said = (tmp_path / "launcher.out").read_text()
+    assert said.rstrip().splitlines()[-1] == "launch ssh: interrupted: every node was stopped", said[-2000:]
+    after = run_cmd(net, env, "status", "runs-ssh")
+    assert re.search(r"^run \w{6}: cancelled, exit code 130$", after.stdout, re.M), after.stdout
+    assert job_processes(str(tmp_path)) == []
