@@ -57,7 +57,7 @@ def rendered_run_is_followed(env: dict[str, str]) -> None:
     """The rendered run, after `up`: its state and node 1's last lines from
     docker compose itself, as `ddpkit status` and `ddpkit logs` show them."""
     status = run_ok([DDPKIT, "status", "targets"], env=env)
-    assert re.search(r"^run \w{6}: finished$", status, re.M), status
+    assert re.search(r"^run \w{6}: finished, exit code 0$", status, re.M), status
     where = ", ".join(f"node{i} exited (0)" for i in range(NODES))
     assert f"where     {where} (docker compose)" in status, status
     logs = run_ok([DDPKIT, "logs", "targets", "--node", "1", "--tail", "3"], env=env).splitlines()
