@@ -84,7 +84,7 @@ def record_render(spec: JobSpec, target: str, rendered: Rendered, written: list[
         run.write(rec)
         run.event("files", ", ".join(applied.files))
         return rec
-    except (RunsDirError, OSError) as exc:
+    except (RunsDirError, OSError, ValueError) as exc:
         print(f"ddpkit render: no run recorded ({exc}); the files are written all the same", file=sys.stderr)
         return None
 
