@@ -54,14 +54,16 @@ def test_docker_compose(docker_daemon: Docker, tmp_path: Path) -> None:
 
 
 def rendered_run_is_followed(env: dict[str, str]) -> None:
-    """The rendered run, after `up`: its state and node 1's last lines from
-    docker compose itself, as `ddpkit status` and `ddpkit logs` show them."""
+    """The rendered run, after `up`: its state and node 0's last lines (rank 0
+    prints the summary; the other nodes print a line or two) from docker
+    compose itself, as `ddpkit status` and `ddpkit logs` show them."""
     status = run_ok([DDPKIT, "status", "targets"], env=env)
     assert re.search(r"^run \w{6}: finished, exit code 0$", status, re.M), status
     where = ", ".join(f"node{i} exited (0)" for i in range(NODES))
     assert f"where     {where} (docker compose)" in status, status
-    logs = run_ok([DDPKIT, "logs", "targets", "--node", "1", "--tail", "3"], env=env).splitlines()
-    assert len(logs) == 3 and all(line.startswith("node1-1") for line in logs), logs
+    logs = run_ok([DDPKIT, "logs", "targets", "--node", "0", "--tail", "3"], env=env).splitlines()
+    assert len(logs) == 3 and all(line.startswith("node0-1") for line in logs), logs
+    assert "| ddpkit train" not in logs[-1] and "  checkpoint " in logs[-1], logs  # rank 0 summary's last line
 
 
 @pytest.mark.root
