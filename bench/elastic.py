@@ -196,12 +196,12 @@ def job_spec(work: Path, ckpt: Path, metrics: Path, args: argparse.Namespace, va
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"},
         **extra,
     }
-    if args.last_call_s is not None:
-        spec["elastic"]["last_call_s"] = args.last_call_s
     if variant == "ddpkit-fast":
         spec = merged(spec, args.fast_spec)
     elif variant == "torchrun-defaults":
         spec = merged(spec, TORCHRUN_DEFAULTS)
+    if args.last_call_s is not None:  # asked for: it wins over the variant's own
+        spec["elastic"]["last_call_s"] = args.last_call_s
     (work / "bench.yaml").write_text(yaml.safe_dump(spec))
     return spec
 
