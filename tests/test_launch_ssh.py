@@ -485,12 +485,14 @@ def test_secrets_reach_every_rank_on_stdin_never_in_argv_or_files(cluster: Clust
     it. The rank report prints it (the test asks): node 0's output is the one
     place it may show, on those record lines only."""
     net, hosts = cluster
-    canary = subprocess.Popen(["sh", "-c", "sleep 60", SECRET_MARK.decode()])  # the argv scan below can see one
+    # The argv scan below can see one: a shell waiting on its builtin `read`
+    # (a forked child would show the shell's argv until its exec: CI saw it).
+    canary = subprocess.Popen(["sh", "-c", "read line", SECRET_MARK.decode()], stdin=subprocess.PIPE)
     try:
         assert argv_holding(SECRET_MARK) == [str(canary.pid)]
     finally:
         canary.kill()
-        canary.wait()
+        canary.communicate()
     job = write_job(tmp_path, "secret", args=[*TRAIN_ARGS, "--max-steps=1", "--rank-report-json=-",
                                               "--rank-report-env=RUN_SECRET"], extra={"secrets": ["RUN_SECRET"]})
     hf = hostfile(tmp_path, net)

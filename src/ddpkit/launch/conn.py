@@ -24,6 +24,9 @@ from .hostfile import HostEntry, parse_host
 from .hostkeys import Action, Checking, HostKeyPolicy, KeyState, changed_fix, policy_from, unknown_fix
 
 DEFAULT_CONFIG = Path("~/.ssh/config")
+# What a session on a host that dropped or was cut off raises: paramiko
+# raises EOFError, not an SSHException, when the transport dies under a call.
+SSH_ERRORS = (OSError, EOFError, paramiko.SSHException)
 # paramiko's transport thread logs a failed handshake (a host that resets the
 # connection while it boots) as a traceback, which Python's last-resort
 # handler prints; connect() already turns the failure into a ConnectError.
@@ -230,7 +233,7 @@ def connect(endpoint: Endpoint, settings: SshSettings, *, _opened: list[paramiko
             f"{endpoint}: {endpoint.hostname!r} does not resolve ({exc.strerror}); check the spelling, or give "
             "its address, or a HostName for it in ~/.ssh/config",
         ) from None
-    except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
+    except SSH_ERRORS as exc:  # TimeoutError is an OSError
         client.close()
         raise ConnectError(
             "unreachable",

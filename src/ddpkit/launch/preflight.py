@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import paramiko
 
 from ..spec import JobSpec
-from .conn import ConnectError, Endpoint, SshSettings, close, connect
+from .conn import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 
 MARK = "@@ddpkit:"
 READY = f"{MARK}ready"
@@ -151,7 +151,7 @@ def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings, start: str) -
     except TimeoutError:
         facts.problem("checks", f"no answer to the checks within {timeout:g} s; the login shell may be stuck "
                       "in the host's rc files (try: ssh HOST true), or the host is overloaded")
-    except (paramiko.SSHException, OSError) as exc:
+    except SSH_ERRORS as exc:
         facts.problem("unreachable", f"connection failed during the checks: {str(exc) or type(exc).__name__}")
     return facts
 

@@ -18,7 +18,7 @@ import paramiko
 
 from ..targets.sshnode import NodeCommand, parse_pgid
 from .alive import Heartbeat
-from .conn import ConnectError, Endpoint, SshSettings, close, connect
+from .conn import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 from .nodeoutput import LOST, LinePrinter
 from .preflight import GO
 
@@ -64,7 +64,7 @@ class SshNode:
         self._printer = printer
         try:
             self.channel.sendall(GO + self.secrets)
-        except (OSError, paramiko.SSHException) as exc:
+        except SSH_ERRORS as exc:
             printer.line(self, f"ddpkit: could not start: {exc}")
             self.status = DROPPED
             self.started.set()
@@ -85,7 +85,7 @@ class SshNode:
             try:
                 for raw in self.stream:
                     self._line(raw.decode("utf-8", "replace").rstrip("\r\n"), log)
-            except (OSError, paramiko.SSHException) as exc:
+            except SSH_ERRORS as exc:
                 self._line(f"ddpkit: connection lost: {exc}", log)
             self.status = self.channel.recv_exit_status()
             if self.status == DROPPED:
@@ -144,8 +144,8 @@ class SshNode:
             _, stdout, _ = client.exec_command(self.command.stop(self.pgid, grace_s),
                                                timeout=self.settings.timeout_s + grace_s + 60)
             stdout.channel.recv_exit_status()
-        except (OSError, paramiko.SSHException) as exc:
-            return f"{self.label}: stop failed: {exc}"
+        except SSH_ERRORS as exc:  # the transport looked alive, the host was cut off under it
+            return f"{self.label}: stop failed: {exc or type(exc).__name__}"
         finally:
             if fresh:
                 close(client)
