@@ -74,7 +74,7 @@ LOST = 2  # the node taken away (node 0 hosts the rendezvous store and must surv
 
 
 def train_args(ckpt: Path, metrics: Path, args: argparse.Namespace) -> list[str]:
-    return ["--model", "tests.helpers.tiny:cnn", "--image-size", "16", "--workers", "0", "--progress", "plain",
+    return ["--model", "tiny", "--image-size", "16", "--workers", "0", "--progress", "plain",
             "--synthetic-size", str(args.samples), "--batch-size", "8", "--epochs", "1", "--no-eval",
             "--device", "cpu", "--backend", "gloo", "--checkpoint-dir", str(ckpt), "--checkpoint-every",
             str(args.checkpoint_every), "--keep", "1000", "--resume", "auto", "--metrics", str(metrics),

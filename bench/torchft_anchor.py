@@ -6,7 +6,7 @@ process (`torchft_lighthouse`), and 3 replica groups of 1 process each, every
 one started by `torchrun --standalone` as torchft's README does. Each group
 builds a `Manager` (its per-step quorum through the lighthouse) with
 torchft's `DistributedDataParallel` and `Optimizer` wrappers around the same
-tiny CNN and batch as bench/elastic.py (tests.helpers.tiny:cnn, 16 px,
+tiny CNN and batch as bench/elastic.py (`--model tiny`, 16 px,
 batch 8). Mid-run, once all three take part in the steps, the last group's
 torchrun agent and worker are SIGKILLed (crash) or SIGSTOPped (freeze).
 
@@ -89,9 +89,10 @@ def tolerant_comm_hook(state: Any, bucket):  # type: ignore[no-untyped-def]
 def worker(metrics: Path, steps: int, patch: bool) -> None:
     import torch
     import torch.nn.functional as F
-    from tests.helpers.tiny import cnn
     from torch import optim
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    from ddpkit.train.tiny import cnn
 
     if patch:
         DistributedDataParallel._comm_hook = staticmethod(tolerant_comm_hook)  # type: ignore[method-assign]

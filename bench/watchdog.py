@@ -42,7 +42,7 @@ from ddpkit.train import stall
 from ddpkit.train.stall_model import PULSE, Beat, Judge, Phase, Settings, mark, progress
 
 STEP_S = 0.010  # the step the heartbeat's cost is compared with
-TRAIN = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", "0", "--progress", "plain",
+TRAIN = ["--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain",
          "--log-every", "1", "--data", "synthetic", "--synthetic-size", "400000", "--batch-size", "4",
          "--epochs", "1"]
 

@@ -19,7 +19,7 @@ else compose=(docker-compose); fi
 
 [ "${SKIP_BUILD:-0}" = 1 ] || tag=$(bash docker/build.sh cpu "$tag" | tail -n 1)
 # Tiny settings: a real DDP run (forward, all-reduce, step) in seconds per node.
-args=${ARGS:-'["--model=resnet18","--data=synthetic","--image-size=16","--synthetic-size=64","--batch-size=8","--epochs=1","--workers=0","--no-eval"]'}
+args=${ARGS:-'["--model=tiny","--data=synthetic","--image-size=16","--synthetic-size=64","--batch-size=8","--epochs=1","--workers=0","--no-eval"]'}
 "$py" -m ddpkit.cli render compose -f examples/cpu-smoke.yaml --nodes "$nodes" --nproc-per-node "$nproc" \
   --image "$tag" -o "$out" --set "command.args=$args"
 file=$out/compose.yaml

@@ -27,10 +27,10 @@ from tests.infra.docker_daemon import REPO, Docker, docker_daemon, remove_leftov
 JOB = "docker-launch-test"
 
 VENV_BIN = Path(sys.executable).parent
-TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=32", "--batch-size=8",
+TINY = ["--model=tiny", "--data=synthetic", "--image-size=16", "--synthetic-size=32", "--batch-size=8",
         "--epochs=1", "--workers=0", "--no-eval"]
 # The same, running long enough to be stopped from outside mid-run.
-LONG = [*TINY[:-3], "--epochs=1000", "--workers=0", "--no-eval", "--log-every=1"]
+LONG = [*TINY[:-3], "--epochs=100000", "--workers=0", "--no-eval", "--log-every=1"]
 
 
 def _tool(name: str) -> str:

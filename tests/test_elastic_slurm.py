@@ -37,7 +37,7 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python")
 _reason = slurm_cluster.available()
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
 
-TRAIN = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", "0", "--progress", "plain",
+TRAIN = ["--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain",
          "--synthetic-size", "96", "--batch-size", "4", "--epochs", "2", "--no-eval", "--lr", "0.05",
          "--base-batch", "8", "--seed", "0", "--checkpoint-every", "4", "--keep", "100", "--resume", "auto"]
 

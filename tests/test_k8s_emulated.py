@@ -37,7 +37,7 @@ from tests.infra.docker_daemon import REPO, Docker
 # The fixture, by its name, so that pytest finds it in this module.
 docker_daemon = daemon_infra.docker_daemon
 
-TINY = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=24", "--batch-size=8",
+TINY = ["--model=tiny", "--data=synthetic", "--image-size=16", "--synthetic-size=24", "--batch-size=8",
         "--epochs=1", "--workers=0", "--no-eval"]
 
 

@@ -24,7 +24,7 @@ _REASON = netns.available() or sshd.available()
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
 
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
-TRAIN_ARGS = ["--model=resnet18", "--data=synthetic", "--image-size=32", "--synthetic-size=48",
+TRAIN_ARGS = ["--model=tiny", "--data=synthetic", "--image-size=32", "--synthetic-size=48",
               "--batch-size=4", "--no-eval", "--progress=plain"]
 NODES = ["node1", "node2", "node3"]
 

@@ -93,13 +93,13 @@ class Run:
 def submit(cluster: SlurmCluster, folder: Path, name: str, mode: str) -> Run:
     """Render the job with the real CLI, as a user would, and sbatch it."""
     folder.mkdir(parents=True)
-    args = ["--model=tests.helpers.tiny:cnn", "--image-size=8", "--workers=0", "--progress=plain",
+    args = ["--model=tiny", "--image-size=8", "--workers=0", "--progress=plain",
             "--data=synthetic", "--synthetic-size=1600", "--batch-size=4", f"--epochs={EPOCHS}", "--no-eval",
             "--log-every=1", f"--checkpoint-dir={folder / 'ckpt'}", f"--metrics={folder / 'metrics.jsonl'}",
             "--resume=auto"]
     spec = {"name": name, "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
             "command": {"python": PYTHON, "module": "ddpkit.train", "args": args},
-            # one thread: the same float results in either mode (and tests.helpers.tiny on the path)
+            # one thread: the same float results in either mode
             "env": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
             "slurm": {"mode": mode}, "preemption": {"checkpoint_s": 20}}
     (folder / "job.yaml").write_text(yaml.safe_dump(spec))

@@ -478,7 +478,7 @@ def test_submitted_job_is_a_run_that_status_reads_and_cancel_checkpoints(cluster
     signal, not scancel, made it), then scancels the requeued job."""
     folder, runs_dir = tmp_path / "job", tmp_path / "runs"
     folder.mkdir()
-    args = ["--model=tests.helpers.tiny:cnn", "--image-size=8", "--workers=0", "--progress=plain", "--data=synthetic",
+    args = ["--model=tiny", "--image-size=8", "--workers=0", "--progress=plain", "--data=synthetic",
             "--synthetic-size=64", "--batch-size=4", "--epochs=100000", "--no-eval", "--log-every=1",
             f"--checkpoint-dir={folder / 'ckpt'}", f"--metrics={folder / 'metrics.jsonl'}", "--resume=auto"]
     spec = {"name": "runs-cancel", "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def single_process_accuracy(state: dict, size: int) -> int:
-    model = build_model("tests.helpers.tiny:cnn", 10, 8)
+    model = build_model("tiny", 10, 8)
     model.load_state_dict(state)
     model.eval()
     data = SyntheticImages(size, 8, 10, seed=0, split=1)
@@ -75,7 +75,7 @@ def test_dataparallel_with_balanced_batch_runs_in_one_process(tmp_path: Path) ->
 
 def test_cifar10_from_torchvision_format_on_resident_data(tmp_path: Path) -> None:
     write_cifar10(tmp_path / "data", per_batch=8, test=9)
-    out = run_ok(alone(tmp_path, ["--model", "tests.helpers.tiny:cnn", "--workers", "0", "--data", "cifar10",
+    out = run_ok(alone(tmp_path, ["--model", "ddpkit.train.tiny:cnn", "--workers", "0", "--data", "cifar10",
                                   "--data-dir", str(tmp_path / "data"), "--gpu-resident-data", "--batch-size", "8",
                                   "--metrics", str(tmp_path / "m.jsonl")]))
     assert "5 steps" in out

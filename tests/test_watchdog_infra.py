@@ -22,7 +22,7 @@ from tests.test_launch_ssh import DDPKIT, hostfile, job_processes
 ROOT = Path(__file__).resolve().parents[1]
 STALL_TRAINER = str(ROOT / "tests" / "helpers" / "stall_trainer.py")
 STALL_S = 8
-TRAIN = ["--model=tests.helpers.tiny:cnn", "--data=synthetic", "--image-size=8", "--synthetic-size=400000",
+TRAIN = ["--model=tiny", "--data=synthetic", "--image-size=8", "--synthetic-size=400000",
          "--batch-size=4", "--epochs=1", "--no-eval", "--progress=plain", "--log-every=1"]
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -100,7 +100,7 @@ class Launch:
 
 
 def test_sigstop_of_one_worker_stops_the_job_and_names_the_rank(tmp_path: Path) -> None:
-    job = Launch(tmp_path, "tests.helpers.tiny:cnn", "--synthetic-size", "200000", "--epochs", "1")
+    job = Launch(tmp_path, "tiny", "--synthetic-size", "200000", "--epochs", "1")
     try:
         job.wait_for(r"\[node0 rank0\].*step 3\b")  # training, past the first steps
         job.remember_pids()

@@ -40,7 +40,7 @@ NODE_NAMES = [f"node{i + 1}" for i in range(NODES)]
 # variables in both forms and a literal `$$`: each would change if any shell,
 # YAML file, compose file or kubelet on the way expanded or re-quoted it.
 HOSTILE = "it's \"q\" $(echo INJECTED) `echo TICK` $HOME ${HOME} $$ \\n\nsecond\tline '\"'"
-TRAIN_ARGS = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=48", "--batch-size=4",
+TRAIN_ARGS = ["--model=tiny", "--data=synthetic", "--image-size=16", "--synthetic-size=48", "--batch-size=4",
               "--max-steps=1", "--workers=0", "--no-eval", "--progress=plain",
               "--rank-report-json=-", "--rank-report-env=HOSTILE"]
 TIMEOUT_S = 420

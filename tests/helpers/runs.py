@@ -18,7 +18,7 @@ from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--model", "tests.helpers.tiny:cnn", "--image-size", "8", "--workers", "0", "--progress", "plain"]
+TINY = ["--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain"]
 
 
 def _env(node: int) -> dict[str, str]:

@@ -16,6 +16,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 SMALL_IMAGE_MAX = 64
+# Built-in models that are not torchvision ResNets, by name: their factory.
+BUILT_IN = {"tiny": "ddpkit.train.tiny:cnn"}
 
 
 class ModelError(ValueError):
@@ -81,14 +83,14 @@ def _factory(spec: str) -> Callable[..., nn.Module]:
 
 
 def is_torchvision_resnet(name: str) -> bool:
-    """A bare name (resnet18, ...) is a torchvision ResNet; `module:fn` is the user's factory."""
-    return ":" not in name
+    """A bare name (resnet18, ...) but a built-in one is a torchvision ResNet; `module:fn` is the user's factory."""
+    return ":" not in name and name not in BUILT_IN
 
 
 def build_model(name: str, num_classes: int, image_size: int) -> StagedModel:
     if is_torchvision_resnet(name):
         return StagedModel(_resnet_stages(name, num_classes, image_size))
-    model = _factory(name)(num_classes=num_classes)
+    model = _factory(BUILT_IN.get(name, name))(num_classes=num_classes)
     if isinstance(model, StagedModel):
         return model
     # an nn.Sequential's children are its stages; any other module is one stage

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..wire import CHECKPOINT_DIR_FLAG, DEVICES_PER_PROCESS_FLAG, KEEP_GLOBAL_BATCH_FLAG, RESUME_FLAG, STRATEGY_FLAG
 
-MODELS = ("resnet18", "resnet34", "resnet50")
+MODELS = ("resnet18", "resnet34", "resnet50", "tiny")  # tiny: models.BUILT_IN
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -52,7 +52,8 @@ class DefaultsFormatter(argparse.HelpFormatter):
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--model", default="resnet18",
-                   help="resnet18|resnet34|resnet50, or package.module:factory called as factory(num_classes=N)")
+                   help="resnet18|resnet34|resnet50 (torchvision), tiny (a few thousand parameters, for smoke runs of "
+                        "the plumbing), or package.module:factory called as factory(num_classes=N)")
     g.add_argument("--num-classes", type=_positive, default=10, help="classes of the model's output layer")
     g.add_argument("--image-size", type=_positive, default=32,
                    help="input side in pixels; <= 64 uses the small-image ResNet stem (3x3 conv, no maxpool)")
