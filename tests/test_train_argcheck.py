@@ -87,7 +87,7 @@ def test_launch_local_checks_the_args_after_dash_dash_too(tmp_path: Path,
     ([TYPO], "unrecognized argument --modle=resnet50 (did you mean --model?)"),
     (["--modle", "resnet50"], "unrecognized argument --modle (did you mean --model?)"),
     (["--model", "resnt50"], "--model 'resnt50' (did you mean resnet50?): use one of resnet18, resnet34, "
-                             "resnet50 or package.module:factory"),
+                             "resnet50, tiny or package.module:factory"),
     (["--data", "cifar"], "argument --data: invalid choice: 'cifar' (choose from 'synthetic', 'cifar10', "
                           "'imagefolder')"),
     (["--data", "cifar10"], "--data cifar10 needs --data-dir DIR"),
