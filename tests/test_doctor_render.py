@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddpkit.spec import doctor_mode
 from ddpkit.specfile import load_spec
 from ddpkit.targets import TARGETS, render
 from ddpkit.targets.compose import FILENAME as COMPOSE_FILE
@@ -25,7 +26,7 @@ def changed_lines(before: str, after: str) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_doctor_swaps_the_program_and_nothing_else(target: str) -> None:
     spec = load_spec(EXAMPLE)
-    job, doc = render(spec, target), render(spec, target, doctor=True)
+    job, doc = render(spec, target), render(doctor_mode(spec), target)
     assert sorted(job.files) == sorted(doc.files)
     program = spec.command.argv()  # ['-m', 'ddpkit.train', '--model=resnet18', ...]
     touched = 0
@@ -41,7 +42,7 @@ def test_doctor_swaps_the_program_and_nothing_else(target: str) -> None:
 def test_compose_doctor_command_is_the_same_torchrun_line() -> None:
     spec = load_spec(EXAMPLE)
     job = yaml.safe_load(render(spec, "compose").files[COMPOSE_FILE])
-    doc = yaml.safe_load(render(spec, "compose", doctor=True).files[COMPOSE_FILE])
+    doc = yaml.safe_load(render(doctor_mode(spec), "compose").files[COMPOSE_FILE])
     program = len(spec.command.argv())
     for name, svc in job["services"].items():
         dsvc = doc["services"][name]

@@ -17,7 +17,7 @@ import yaml
 
 from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
 from ddpkit.render import RenderError
-from ddpkit.spec import JobSpec
+from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.targets import compose, kubernetes, render
 from ddpkit.targets.sshnode import RDZV_ID, new_rdzv_id, node_command
 from tests.emulators import controller_env
@@ -156,7 +156,7 @@ def test_keep_global_batch_tells_train_the_full_world() -> None:
     words = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"}) for a in torchrun_argv(spec, sources(spec, Target.SSH))]
     assert words[-4:] == ["--epochs", "1", "--keep-global-batch-of", "6"]
     doctor = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"})
-              for a in torchrun_argv(spec, sources(spec, Target.SSH), doctor=True)]
+              for a in torchrun_argv(doctor_mode(spec), sources(spec, Target.SSH))]
     assert "--keep-global-batch-of" not in doctor
 
 

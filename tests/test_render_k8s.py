@@ -22,7 +22,7 @@ import yaml
 from ddpkit.cli import main as cli_main
 from ddpkit.contract import Target, sources, torchrun_argv
 from ddpkit.render import RenderError
-from ddpkit.spec import JobSpec
+from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.specfile import SpecError, load_spec
 from ddpkit.targets import kubernetes, render
 from tests.emulators import check_views, controller_env, node_views
@@ -42,7 +42,7 @@ def make_spec(kind: str = "pytorchjob", **fields: Any) -> JobSpec:
 
 
 def render_docs(spec: JobSpec, *, doctor: bool = False) -> list[dict[str, Any]]:
-    text = render(spec, "k8s", doctor=doctor).files[kubernetes.filename(spec)]
+    text = render(doctor_mode(spec) if doctor else spec, "k8s").files[kubernetes.filename(spec)]
     return [d for d in yaml.safe_load_all(text) if d is not None]
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ddpkit.contract import Target
 from ddpkit.render import RenderError
-from ddpkit.spec import JobSpec
+from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.specfile import load_spec
 from ddpkit.targets import render, slurm
 from ddpkit.wire import slurm_port_for_job
@@ -31,7 +31,7 @@ def spec_for(*overrides: str) -> JobSpec:
 
 
 def script_text(spec: JobSpec, *, doctor: bool = False) -> str:
-    return render(spec, "slurm", doctor=doctor).files["tj.sbatch"]
+    return render(doctor_mode(spec) if doctor else spec, "slurm").files["tj.sbatch"]
 
 
 # ---- directives -----------------------------------------------------------------

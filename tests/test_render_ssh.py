@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.spec import JobSpec
+from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.specfile import build_spec, load_spec
 from ddpkit.targets import render
 from ddpkit.targets import sshnode as remote
@@ -72,7 +72,7 @@ def test_payload_reads_back_as_the_launchers_command(value: str) -> None:
 
 def test_doctor_swaps_only_the_command() -> None:
     spec = build_spec({"name": "job", "nodes": 2, "command": {"args": ["--epochs=1"]}})
-    plain, doctor = launcher(spec), render(spec, "ssh", doctor=True).files["launch.sh"]
+    plain, doctor = launcher(spec), render(doctor_mode(spec), "ssh").files["launch.sh"]
     differing = [a for a, b in zip(plain.splitlines(), doctor.splitlines()) if a != b]
     assert len(differing) == 1 and differing[0].startswith(("NODE_PAYLOAD=", "python3 -m torch"))
     assert "-m ddpkit.doctor" in variable(doctor, "NODE_PAYLOAD")

@@ -15,7 +15,7 @@ from .exitcodes import ExitCode
 from .launch.applied import RENDER_TARGETS, record_render
 from .render import Rendered, RenderError, TemplatesError
 from .runs import RunsDirError
-from .spec import JobSpec
+from .spec import JobSpec, doctor_mode
 from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args, warn_env
 from .targets import TARGETS, render
 from .train.argcheck import TrainArgsError, check_command, unknown_options_line
@@ -47,10 +47,12 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 
 def _cmd_render(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
-    check_command(spec.command.module, spec.command.args, doctor=args.doctor)
+    if args.doctor:
+        spec = doctor_mode(spec)
+    check_command(spec.command.module, spec.command.args)
     warn_env(spec, "ddpkit render")
-    rendered = render(spec, args.target, doctor=args.doctor, template_dir=args.templates)
-    note = None if args.doctor else spec.watchdog.script_note(spec.command)
+    rendered = render(spec, args.target, template_dir=args.templates)
+    note = spec.watchdog.script_note(spec.command)
     if note:
         print(f"ddpkit render: {note}", file=sys.stderr)
     written: list[Path] = []

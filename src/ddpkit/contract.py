@@ -448,15 +448,15 @@ def rendezvous_args(spec: JobSpec, src: Sources) -> list[Arg]:
     return argv + [Arg.of("--max-restarts=0")]
 
 
-def elastic_train_args(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
+def elastic_train_args(spec: JobSpec) -> list[Arg]:
     """keep_global_batch: tell ddpkit train the world its global batch is
     sized for (the full job), so it accumulates gradients on fewer nodes."""
-    if doctor or spec.elastic is None or not spec.elastic.keep_global_batch:
+    if spec.elastic is None or not spec.elastic.keep_global_batch:
         return []
     return [Arg.of(KEEP_GLOBAL_BATCH_FLAG), Arg.of(spec.world_size)]
 
 
-def torchrun_argv(spec: JobSpec, src: Sources, *, doctor: bool = False) -> list[Arg]:
+def torchrun_argv(spec: JobSpec, src: Sources) -> list[Arg]:
     """The one launch line every per-node target runs."""
     argv = [
         Arg.of(spec.command.python),
@@ -467,8 +467,8 @@ def torchrun_argv(spec: JobSpec, src: Sources, *, doctor: bool = False) -> list[
     ]
     argv += rendezvous_args(spec, src)
     argv += stop_args(spec)
-    argv += [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
-    argv += elastic_train_args(spec, doctor=doctor)
+    argv += [Arg.of(a) for a in spec.command.argv()]
+    argv += elastic_train_args(spec)
     return argv
 
 
@@ -484,7 +484,7 @@ def stop_args(spec: JobSpec) -> list[Arg]:
     return [Arg.of(f"--signals-to-handle={signals}"), Arg.of(f"--shutdown-timeout={spec.grace.shutdown_s}")]
 
 
-def process_argv(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
+def process_argv(spec: JobSpec) -> list[Arg]:
     """The per-process line for launchers that start every rank themselves
     (Slurm srun mode): no torchrun, the entrypoint reads the launcher's variables."""
-    return [Arg.of(spec.command.python)] + [Arg.of(a) for a in spec.command.argv(doctor=doctor)]
+    return [Arg.of(spec.command.python)] + [Arg.of(a) for a in spec.command.argv()]

@@ -26,7 +26,7 @@ from ..contract import Target, master_port
 from ..exitcodes import ExitCode
 from ..quoting import shell_word
 from ..runs import NodeLog, RunFolder
-from ..spec import JobSpec
+from ..spec import JobSpec, doctor_mode
 from ..specfile import dump_yaml
 from ..targets.mounts import refuse_mounts
 from ..targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_command, node_env
@@ -76,7 +76,6 @@ class Plan:
     endpoints: list[Endpoint]
     master_addr: str
     master_port: int
-    doctor: bool
     rdzv_id: str | None = None  # an elastic job's rendezvous id: one per run of `launch ssh`
     # The secrets' values from this environment (launch.secrets), sent to each
     # node on its session's stdin; empty for a dry run, which sends nothing.
@@ -84,7 +83,7 @@ class Plan:
     log_dir: Path | None = None  # the run folder's logs/ when the spec leaves ssh.log_dir unset
 
     def command(self, rank: int) -> NodeCommand:
-        return node_command(self.spec, rank, self.master_addr, doctor=self.doctor, rdzv_id=self.rdzv_id)
+        return node_command(self.spec, rank, self.master_addr, rdzv_id=self.rdzv_id)
 
     def log_path(self, rank: int) -> Path:
         host = safe_name(self.endpoints[rank].alias)
@@ -106,7 +105,7 @@ def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) ->
     endpoints = [endpoint_for(e, settings) for e in entries]
     port = master_port(spec, Target.SSH)
     assert port is not None  # SSH always has a fixed port
-    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, args.doctor, new_rdzv_id(spec))
+    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, new_rdzv_id(spec))
 
 
 def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
@@ -124,7 +123,7 @@ def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
         via = f" via {ep.jump}" if ep.jump else ""
         out.write(f"# node {rank}: {ep}{via}, log {plan.log_path(rank)}\n")
         line = plan.command(rank).start if full else launch_line(
-            spec, rank, plan.master_addr, doctor=plan.doctor, rdzv_id=plan.rdzv_id)
+            spec, rank, plan.master_addr, rdzv_id=plan.rdzv_id)
         out.write(line + "\n")
     if not full:
         out.write("# --dry-run --full: the exact command sent to each host\n")
@@ -199,7 +198,7 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFol
         return ExitCode.PREFLIGHT
     print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
-    note = None if plan.doctor else plan.spec.watchdog.script_note(plan.spec.command)
+    note = plan.spec.watchdog.script_note(plan.spec.command)
     if note:
         print(f"launch ssh: {note}", file=sys.stderr, flush=True)
     runs = node_runs(plan, facts, settings)
@@ -231,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
         own.append(f"ssh.grace_s={args.grace}")
     spec = spec_from_args(argparse.Namespace(**{**vars(args), "overrides": own}))
     spec = with_train_args(spec, args.train_args)
-    check_command(spec.command.module, spec.command.args, doctor=args.doctor)
+    if args.doctor:
+        spec = doctor_mode(spec)
+    check_command(spec.command.module, spec.command.args)
     refuse_mounts(spec, Target.SSH)
     warn_env(spec, "launch ssh")
     # a dry run shows commands, which hold the secrets' names only

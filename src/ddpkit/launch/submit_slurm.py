@@ -22,7 +22,7 @@ from pathlib import Path
 from ..exitcodes import ExitCode
 from ..render import Rendered
 from ..runs import RunFolder, RunState, SlurmJob
-from ..spec import JobSpec
+from ..spec import JobSpec, doctor_mode
 from ..targets import render
 from ..train.argcheck import check_command
 from . import slurm_checks
@@ -256,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
     from ..specfile import spec_from_args, warn_env
 
     spec = spec_from_args(args)
-    check_command(spec.command.module, spec.command.args, doctor=args.doctor)
+    if args.doctor:
+        spec = doctor_mode(spec)
+    check_command(spec.command.module, spec.command.args)
     # sbatch exports this environment to the job: a secret unset here would be unset on every rank.
     warn_env(spec, "submit slurm")
     secret_values(spec, "submit slurm")
@@ -266,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             return ExitCode.PREFLIGHT
     if not args.no_check and (refused := check_cluster(spec)):
         return refused
-    rendered = render(spec, "slurm", doctor=args.doctor)
+    rendered = render(spec, "slurm")
     # The run folder before sbatch: a job that was submitted is always recorded.
     run = new_run(spec, rendered)
     folder = args.dir.resolve()
@@ -293,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
     print(f"ddpkit: run {run.path.name} (ddpkit status {job_id}, ddpkit logs {job_id}, ddpkit cancel {job_id})",
           file=sys.stderr, flush=True)
-    note = None if args.doctor else spec.watchdog.script_note(spec.command)
+    note = spec.watchdog.script_note(spec.command)
     if note:
         print(f"ddpkit: {note}", file=sys.stderr, flush=True)
     if not args.follow:

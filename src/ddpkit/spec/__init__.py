@@ -12,6 +12,7 @@ The package, by concern:
   grace.py    the pre-emption grace chain
   image.py    an image in each Slurm container runtime's syntax
   resources.py  resources: (CPUs, memory, /dev/shm) in one spelling every target maps
+  doctor_mode.py  the job with `ddpkit doctor` as its command (render/launch --doctor)
 
 Every name other modules use is imported from here (`from ddpkit.spec import
 JobSpec`), never from a submodule, so the files can move again.
@@ -19,6 +20,7 @@ JobSpec`), never from a submodule, so the files can move again.
 
 from ..wire import TRAIN_MODULE
 from .compose import ComposeNetworkName, ComposeOptions
+from .doctor_mode import DOCTOR_MODULE, doctor_mode
 from .fields import (
     DNS1035,
     DNS1123_LABEL,
@@ -119,4 +121,4 @@ __all__ = [
     "apptainer_image", "chain_margin", "chain_problem", "checkpoint_within", "container_image", "enroot_image",
     "env_warnings", "grace_chain", "kubernetes_volume_spelling", "sbatch_directive_problem", "token_like_env"
 ]
-__all__ += ["Resources", "deprecation_notes", "docker_size", "slurm_size"]
+__all__ += ["DOCTOR_MODULE", "doctor_mode", "Resources", "deprecation_notes", "docker_size", "slurm_size"]

@@ -139,10 +139,8 @@ class Command(Strict):
             self.module = TRAIN_MODULE
         return self
 
-    def argv(self, *, doctor: bool = False) -> list[str]:
+    def argv(self) -> list[str]:
         """The program part of the launch line: ['-m', mod, *args] or [script, *args]."""
-        if doctor:
-            return ["-m", "ddpkit.doctor"]
         if self.module:
             return ["-m", self.module, *self.args]
         return [str(self.script), *self.args]

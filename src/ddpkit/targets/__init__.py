@@ -26,11 +26,11 @@ class TargetRenderer(Protocol):
         """The CLI word: `ddpkit render <name>`."""
         ...
 
-    def build(self, spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+    def build(self, spec: JobSpec) -> list[OutputFile]:
         """The files to render: template, variables, kind (shell / yaml / text)."""
         ...
 
-    def verify(self, spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+    def verify(self, spec: JobSpec, rendered: Rendered) -> None:
         """Read the rendered files back; raise RenderError if they disagree with the spec."""
         ...
 
@@ -48,12 +48,12 @@ def register(target: TargetRenderer) -> None:
     TARGETS[target.NAME] = target
 
 
-def render(spec: JobSpec, target: str, *, doctor: bool = False, template_dir: Path | None = None) -> Rendered:
+def render(spec: JobSpec, target: str, *, template_dir: Path | None = None) -> Rendered:
     """{filename: text} for one CLI target (slurm, k8s, ssh, compose), each
     file checked (bash -n / YAML parse) and verified against the spec."""
     if target not in TARGETS:
         raise KeyError(f"unknown target {target!r}; choose one of {', '.join(sorted(TARGETS))}")
     module = TARGETS[target]
-    rendered = render_files(module.build(spec, doctor=doctor), template_dir)
-    module.verify(spec, rendered, doctor=doctor)
+    rendered = render_files(module.build(spec), template_dir)
+    module.verify(spec, rendered)
     return rendered

@@ -72,8 +72,8 @@ def notes(spec: JobSpec) -> tuple[str, ...]:
             "Container Toolkit); set compose.cpu_test: true for a gloo test on CPU",)
 
 
-def services(spec: JobSpec, *, doctor: bool = False) -> list[Service]:
-    argv = torchrun_argv(spec, sources(spec, Target.COMPOSE), doctor=doctor)
+def services(spec: JobSpec) -> list[Service]:
+    argv = torchrun_argv(spec, sources(spec, Target.COMPOSE))
     out = []
     for index, host in enumerate(hosts_for(spec, Target.COMPOSE)):
         injected = controller_env(spec, Target.COMPOSE, index)
@@ -92,13 +92,13 @@ def elastic_restart(spec: JobSpec, index: int) -> str | None:
     return f"on-failure:{spec.elastic.max_restarts}"
 
 
-def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+def build(spec: JobSpec) -> list[OutputFile]:
     refusal = elastic_refusal(spec, Target.COMPOSE)
     if refusal:
         raise SpecError([refusal])
-    variables = {"spec": spec, "services": services(spec, doctor=doctor), "volumes": mounts.binds(spec),
+    variables = {"spec": spec, "services": services(spec), "volumes": mounts.binds(spec),
                  "limits": compose_limits(spec)}
-    warning = None if doctor else mounts.container_checkpoint_warning(spec, "compose")
+    warning = mounts.container_checkpoint_warning(spec, "compose")
     return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml",
                        notes=(*notes(spec), *([warning] if warning else [])))]
 
@@ -108,10 +108,10 @@ def _unescape(value: object) -> object:
     return compose_unliteral(value) if isinstance(value, str) else value
 
 
-def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+def verify(spec: JobSpec, rendered: Rendered) -> None:
     doc = yaml.safe_load(rendered.files[FILENAME])
     lim = compose_limits(spec)
-    for svc in services(spec, doctor=doctor):
+    for svc in services(spec):
         got = doc["services"][svc.name]
         command = [_unescape(c) for c in got["command"]]
         env = {k: _unescape(v) for k, v in got["environment"].items() if v is not None}

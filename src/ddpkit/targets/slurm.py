@@ -140,13 +140,13 @@ def container_prefix(spec: JobSpec) -> list[str]:
     return [*out, container_image(spec.image, c.runtime)]
 
 
-def task_argv(spec: JobSpec, *, doctor: bool = False) -> str:
+def task_argv(spec: JobSpec) -> str:
     """The task command as shell text. torchrun mode wraps the launch line in
     `bash -c '<line>'` so "${SLURM_NODEID}" expands in each task."""
     if spec.slurm.mode == "torchrun":
-        line = "exec " + shell_argv(torchrun_argv(spec, sources(spec, Target.SLURM), doctor=doctor))
+        line = "exec " + shell_argv(torchrun_argv(spec, sources(spec, Target.SLURM)))
         return bash_c(line)
-    return shell_argv(process_argv(spec, doctor=doctor))
+    return shell_argv(process_argv(spec))
 
 
 def exports(spec: JobSpec) -> dict[str, str]:
@@ -182,18 +182,18 @@ class Plan:
         return [single_quoted(o) if "," in o else shell_word(o) for o in self.srun_options]
 
 
-def plan(spec: JobSpec, *, doctor: bool = False) -> Plan:
+def plan(spec: JobSpec) -> Plan:
     return Plan(spec, sbatch_directives(spec), exports(spec), srun_options(spec),
-                container_prefix(spec), task_argv(spec, doctor=doctor))
+                container_prefix(spec), task_argv(spec))
 
 
-def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+def build(spec: JobSpec) -> list[OutputFile]:
     refusal = elastic_refusal(spec, target_for(spec)) or mounts.refusal(spec, target_for(spec))
     if refusal:
         raise SpecError([refusal])
     runtime = spec.slurm.container.runtime
-    warning = None if runtime == "none" or doctor else mounts.container_checkpoint_warning(spec, f"slurm {runtime}")
-    return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec, doctor=doctor)}, "shell", 0o755,
+    warning = None if runtime == "none" else mounts.container_checkpoint_warning(spec, f"slurm {runtime}")
+    return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec)}, "shell", 0o755,
                        notes=(warning,) if warning else ())]
 
 
@@ -230,7 +230,7 @@ def read_exports(text: str, names: list[str]) -> dict[str, str]:
     return dict(zip(names, out.decode("utf-8", "surrogateescape").split("\0")[:-1]))
 
 
-def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+def verify(spec: JobSpec, rendered: Rendered) -> None:
     name = filename(spec)
     text = rendered.files[name]
     if not text.startswith("#!/bin/bash\n"):
@@ -243,7 +243,7 @@ def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
     missing = {k: v for k, v in expected.items() if env.get(k) != v}
     if missing:
         raise RenderError(f"{name}: exports differ from the job env for {sorted(missing)}")
-    p = plan(spec, doctor=doctor)
+    p = plan(spec)
     if p.task not in text:
         raise RenderError(f"{name}: the task command is missing")
     # the step options and the container words (the image in the runtime's syntax)

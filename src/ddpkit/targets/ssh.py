@@ -21,24 +21,24 @@ NAME = "ssh"
 FILENAME = "launch.sh"
 
 
-def variables(spec: JobSpec, *, doctor: bool = False) -> dict[str, object]:
+def variables(spec: JobSpec) -> dict[str, object]:
     return {
         "spec": spec,
         "hosts": list(spec.ssh.hosts),
         "connect_timeout": max(1, round(spec.ssh.connect_timeout_s)),
         "interrupt_ticks": math.ceil(spec.grace.launcher_grace_s * 10),
         "alive_interval": max(1, round(spec.ssh.alive_interval_s)),
-        "start_payload": start_payload(spec, doctor=doctor, watch_stdin=False),
+        "start_payload": start_payload(spec, watch_stdin=False),
         "stop_payload": stop_payload(spec),
     }
 
 
-def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+def build(spec: JobSpec) -> list[OutputFile]:
     refusal = mounts.refusal(spec, Target.SSH)
     if refusal:
         raise SpecError([refusal])
-    warning = mounts.container_checkpoint_warning(spec, "ssh.docker") if spec.ssh.docker and not doctor else None
-    return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec, doctor=doctor), "shell", 0o755,
+    warning = mounts.container_checkpoint_warning(spec, "ssh.docker") if spec.ssh.docker else None
+    return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec), "shell", 0o755,
                        notes=(warning,) if warning else ())]
 
 
@@ -51,11 +51,11 @@ def _assigned_word(text: str, name: str) -> str | None:
     return first_shell_word(text[text.index(marker) + len(marker):])
 
 
-def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+def verify(spec: JobSpec, rendered: Rendered) -> None:
     """The payloads must read back as exactly the commands the Python
     launcher sends, so the two launchers cannot drift apart."""
     text = rendered.files[FILENAME]
-    expected = variables(spec, doctor=doctor)
+    expected = variables(spec)
     for name, key in (("NODE_PAYLOAD", "start_payload"), ("STOP_PAYLOAD", "stop_payload")):
         if _assigned_word(text, name) != expected[key]:
             raise RenderError(f"{FILENAME}: {name} does not match the job's remote command")

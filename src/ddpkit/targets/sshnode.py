@@ -78,15 +78,15 @@ def docker_argv(spec: JobSpec, env: dict[str, str]) -> list[Arg]:
     return argv + [Arg.of(spec.image)]
 
 
-def launch_argv(spec: JobSpec, *, doctor: bool = False) -> list[Arg]:
+def launch_argv(spec: JobSpec) -> list[Arg]:
     src = dataclasses.replace(sources(spec, Target.SSH), master_addr=FromNode(MASTER_ADDR))
-    argv = torchrun_argv(spec, src, doctor=doctor)
+    argv = torchrun_argv(spec, src)
     if spec.ssh.docker:
         argv = docker_argv(spec, node_env(spec)) + argv
     return argv
 
 
-def node_script(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True) -> str:
+def node_script(spec: JobSpec, *, watch_stdin: bool = True) -> str:
     return template("ssh/node.sh.j2").render(
         spec=spec,
         env=node_env(spec),
@@ -95,7 +95,7 @@ def node_script(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True
         watch_stdin=watch_stdin,
         grace_s=spec.ssh.grace_s,
         grace_ticks=math.ceil(spec.ssh.grace_s * 10),
-        argv=launch_argv(spec, doctor=doctor),
+        argv=launch_argv(spec),
     )
 
 
@@ -117,10 +117,10 @@ def stop_script(spec: JobSpec) -> str:
 BASH = "bash --norc"
 
 
-def start_payload(spec: JobSpec, *, doctor: bool = False, watch_stdin: bool = True) -> str:
+def start_payload(spec: JobSpec, *, watch_stdin: bool = True) -> str:
     """The command after the env prefix. `setsid -w` gives the node its own
     process group (and waits for it, so the exit status comes back)."""
-    script = node_script(spec, doctor=doctor, watch_stdin=watch_stdin)
+    script = node_script(spec, watch_stdin=watch_stdin)
     return "setsid -w " + bash_c(script, f"ddpkit-{spec.name}", bash=BASH)
 
 
@@ -142,14 +142,14 @@ def new_rdzv_id(spec: JobSpec) -> str | None:
     return f"{spec.name}-{secrets.token_hex(6)}"
 
 
-def launch_line(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: bool = False,
+def launch_line(spec: JobSpec, node_rank: int, master_addr: str, *,
                 rdzv_id: str | None = None) -> str:
     """The node's launch line as a person reads it (the env prefix and the
     torchrun line, without the process-group and clean-up shell around it)."""
-    return f"{env_prefix(node_rank, master_addr, rdzv_id)} {shell_argv(launch_argv(spec, doctor=doctor))}"
+    return f"{env_prefix(node_rank, master_addr, rdzv_id)} {shell_argv(launch_argv(spec))}"
 
 
-def node_command(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: bool = False,
+def node_command(spec: JobSpec, node_rank: int, master_addr: str, *,
                  rdzv_id: str | None = None) -> NodeCommand:
     """rdzv_id: the run's id (new_rdzv_id), the same on every node; required
     for an elastic job."""
@@ -157,7 +157,7 @@ def node_command(spec: JobSpec, node_rank: int, master_addr: str, *, doctor: boo
         raise ValueError("an elastic job needs the run's rendezvous id on every node (new_rdzv_id)")
     prefix = env_prefix(node_rank, master_addr, rdzv_id)
     return NodeCommand(
-        start=f"{prefix} {start_payload(spec, doctor=doctor)}",
+        start=f"{prefix} {start_payload(spec)}",
         stop_template=f"{NODE_RANK}={int(node_rank)} {stop_payload(spec)}",
     )
 

@@ -106,10 +106,10 @@ def train_args_problem(args: Sequence[str]) -> str | None:
     return "; ".join(found) if found else None
 
 
-def check_command(module: str | None, args: Sequence[str], *, doctor: bool = False) -> None:
+def check_command(module: str | None, args: Sequence[str]) -> None:
     """Raises TrainArgsError when a job that runs ddpkit.train has arguments
     it would refuse; another program's arguments are its own business."""
-    if doctor or module != TRAIN_MODULE:
+    if module != TRAIN_MODULE:
         return
     problem = train_args_problem(args)
     if problem:

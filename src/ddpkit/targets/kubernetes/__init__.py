@@ -79,8 +79,8 @@ def kind_module(spec: JobSpec) -> KindModule:
     return KINDS[spec.k8s.kind]
 
 
-def container(spec: JobSpec, *, doctor: bool = False) -> Container:
-    return pod.container(spec, kind_module(spec).INFO, doctor=doctor)
+def container(spec: JobSpec) -> Container:
+    return pod.container(spec, kind_module(spec).INFO)
 
 
 def pod_specs(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -101,15 +101,15 @@ def check_spec(spec: JobSpec) -> None:
         raise SpecError(problems)
 
 
-def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
+def build(spec: JobSpec) -> list[OutputFile]:
     check_spec(spec)
     module = kind_module(spec)
     info = module.INFO
-    the_pod = pod.pod_view(spec, pod.container(spec, info, doctor=doctor), labels(spec), gang.pod_annotations(spec, info))
+    the_pod = pod.pod_view(spec, pod.container(spec, info), labels(spec), gang.pod_annotations(spec, info))
     level = pod.security_level(the_pod)
     # The two notes a platform engineer needs before applying (the CLI
     # prints them on stderr, so `ddpkit render k8s > job.yaml` stays clean YAML).
-    warning = None if doctor else resume_warning(spec)
+    warning = resume_warning(spec)
     notes = (*([warning] if warning else []), f"meets Pod Security level {level.value}")
     variables: dict[str, Any] = {
         "job": meta(spec, info, gang.object_labels(spec, labels(spec)), level.value),
@@ -120,12 +120,12 @@ def build(spec: JobSpec, *, doctor: bool = False) -> list[OutputFile]:
     return [OutputFile(filename(spec), info.template, variables, "yaml", notes=notes)]
 
 
-def verify(spec: JobSpec, rendered: Rendered, *, doctor: bool = False) -> None:
+def verify(spec: JobSpec, rendered: Rendered) -> None:
     """Parse the file back and apply the controllers' own rules."""
     name = filename(spec)
     module = kind_module(spec)
     docs = [d for d in yaml.safe_load_all(rendered.files[name]) if d is not None]
-    want = pod.container(spec, module.INFO, doctor=doctor)
+    want = pod.container(spec, module.INFO)
     pods = pod_specs(docs, module.INFO.kind)
     problems = pod.check_pod_security(rendered.files[name], pods) + gang.verify_gang(docs, pods, spec, module.INFO)
     problems += pod.check_pods(pods, spec) + _metadata_problems(docs, spec)

@@ -203,7 +203,7 @@ def secret_problems(spec: JobSpec) -> list[str]:
             "with a key of each name), or give each entry its own k8s: {secret: NAME, key: KEY}"]
 
 
-def container(spec: JobSpec, info: KindInfo, *, doctor: bool = False) -> Container:
+def container(spec: JobSpec, info: KindInfo) -> Container:
     """The training container. Its env is the job env of the kind's contract
     row (the PyTorchJob operator appends PYTHONUNBUFFERED=1 itself)."""
     port = master_port(spec, info.target)
@@ -211,7 +211,7 @@ def container(spec: JobSpec, info: KindInfo, *, doctor: bool = False) -> Contain
         name=info.container,
         image=spec.image,
         pull_policy=spec.k8s.image_pull_policy,
-        command=torchrun_argv(spec, sources(spec, info.target), doctor=doctor),
+        command=torchrun_argv(spec, sources(spec, info.target)),
         env=target_env(spec, info.target),
         resources=resources(spec),
         port=Port(info.port_name, int(port)) if info.port_name and port is not None else None,
