@@ -58,6 +58,15 @@ def test_each_node_gets_its_rank_and_name() -> None:
         assert "--master-addr=127.0.0.1" in node.argv and f"--master-port={spec.master_port}" in node.argv
         assert node.argv[-2:] == ["-m", "ddpkit.train"]
         assert node.argv[3:5] == ["--tee=3", f"--log-dir=/logs/node{i}"]
+        assert not any("is_host" in word for word in node.argv)  # static: no c10d store to place
+
+
+def test_node_0_alone_hosts_an_elastic_jobs_store() -> None:
+    """Every local agent sees 127.0.0.1 in the endpoint: only node 0 is told to host the c10d store."""
+    spec = local_spec(parse("--nodes", "3", "--set", "elastic.min_nodes=2"))
+    for i, node in enumerate(build_nodes(spec, Path("/logs"))):
+        (conf,) = [word for word in node.argv if word.startswith("--rdzv-conf=")]
+        assert conf.endswith(f",is_host={int(i == 0)}") and conf.count("is_host") == 1, conf
 
 
 def test_bad_input_exits_2_before_starting_anything() -> None:

@@ -17,7 +17,7 @@ rule, stop signals, flag names, the device rule) lives in wire.py, which
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -79,6 +79,9 @@ class Sources:
     master_port: Part
     rdzv_id: Part | None = None  # the elastic rendezvous id (None: the target cannot run elastic)
     target: Target | None = None  # whose row these came from (elastic: its rendezvous timeouts)
+    # "1" on the node that hosts the c10d store, "0" elsewhere: only where every
+    # agent sees its own host in the endpoint (launch local), so each would try to host it.
+    store_host: Part | None = None
 
 
 class Fixed(str, Enum):
@@ -429,7 +432,8 @@ def rendezvous_args(spec: JobSpec, src: Sources) -> list[Arg]:
             Arg.of("--rdzv-backend=c10d"),
             Arg.of("--rdzv-endpoint=", src.master_addr, ":", src.master_port),
             Arg.of("--rdzv-id=", src.rdzv_id),
-            Arg.of("--rdzv-conf=" + _conf_word(rdzv_conf(spec, target))),
+            Arg.of("--rdzv-conf=" + _conf_word(rdzv_conf(spec, target)),
+                   *(() if src.store_host is None else (",is_host=", src.store_host))),
             Arg.of(f"--max-restarts={spec.elastic.max_restarts}"),
         ]
     if spec.rendezvous.backend == "static":
@@ -456,12 +460,15 @@ def elastic_train_args(spec: JobSpec) -> list[Arg]:
     return [Arg.of(KEEP_GLOBAL_BATCH_FLAG), Arg.of(spec.world_size)]
 
 
-def torchrun_argv(spec: JobSpec, src: Sources) -> list[Arg]:
-    """The one launch line every per-node target runs."""
+def torchrun_argv(spec: JobSpec, src: Sources, agent_flags: Sequence[Arg] = ()) -> list[Arg]:
+    """The one launch line every per-node target runs. `agent_flags`: what a
+    launcher asks of torchrun's agent for itself (launch local's --tee and
+    log folder), placed where torchrun reads its own options."""
     argv = [
         Arg.of(spec.command.python),
         Arg.of("-m"),
         Arg.of("torch.distributed.run"),
+        *agent_flags,
         Arg.of(f"--nnodes={nnodes(spec)}"),
         Arg.of(f"--nproc-per-node={spec.nproc_per_node}"),
     ]

@@ -17,6 +17,7 @@ times (docs/ELASTIC.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import envnames
-from ..contract import Target, job_env, sources, torchrun_argv
+from ..contract import Arg, Sources, Target, job_env, sources, torchrun_argv
 from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
@@ -160,17 +161,24 @@ def local_spec(args: argparse.Namespace) -> JobSpec:
     return spec.model_copy(update={"command": command})
 
 
-def with_tee(argv: list[str], log_dir: Path) -> list[str]:
+def tee_flags(log_dir: Path) -> list[Arg]:
     """torchrun --tee: each local rank's output goes through its own log
     file, so lines of two ranks never interleave, and carries a
     `[rank<global rank>]:` prefix that the supervisor's printer turns into
     its own `[node<I> rank<R>]`."""
-    at = argv.index("torch.distributed.run") + 1
-    return [*argv[:at], "--tee=3", f"--log-dir={log_dir}", TORCHRUN_PREFIX_FLAG, *argv[at:]]
+    return [Arg.of("--tee=3"), Arg.of(f"--log-dir={log_dir}"), Arg.of(TORCHRUN_PREFIX_FLAG)]
+
+
+def node_sources(src: Sources, node: int, elastic: bool) -> Sources:
+    """Every agent here sees its own host in the rendezvous endpoint
+    (127.0.0.1), so each would try to host the c10d store and whichever
+    starts first wins. Node 0 must hold it (the others may be lost), so
+    say who does."""
+    return dataclasses.replace(src, store_host=str(int(node == 0))) if elastic else src
 
 
 def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> list[Node]:
-    argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
+    src = sources(spec, Target.LOCAL)
     env = job_env(spec)
     if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
         env.pop(envnames.OMP_NUM_THREADS, None)
@@ -186,20 +194,10 @@ def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> lis
         # DDPKIT_HOSTNAME: N nodes share one machine, so each names itself
         # for the rank report's one-host-one-node check.
         env = {**base, envnames.DDPKIT_NODE_RANK: str(i), envnames.DDPKIT_HOSTNAME: f"{host}-node{i}"}
-        words = [a.resolve(env) for a in argv]
-        if rdzv_id is not None:
-            words = [_store_on_node0(w, i) for w in words]
-        nodes.append(Node(i, with_tee(words, log_root / f"node{i}"), env, f"{host}-node{i}",
+        argv = torchrun_argv(spec, node_sources(src, i, rdzv_id is not None), tee_flags(log_root / f"node{i}"))
+        nodes.append(Node(i, [a.resolve(env) for a in argv], env, f"{host}-node{i}",
                           log=log_root / f"node{i}" / AGENT_LOG))
     return nodes
-
-
-def _store_on_node0(word: str, node: int) -> str:
-    """Every agent here sees its own host in the rendezvous endpoint
-    (127.0.0.1), so each would try to host the c10d store and whichever
-    starts first wins. Node 0 must hold it (the others may be lost), so
-    say who does."""
-    return f"{word},is_host={int(node == 0)}" if word.startswith("--rdzv-conf=") else word
 
 
 @dataclass
