@@ -31,6 +31,7 @@ from ..spec import JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
 from ..targets import mounts
 from ..targets.limits import Limits, limits
+from ..targets.refusals import refuse
 from ..text import plural
 from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
@@ -266,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     spec = docker_spec(args)
+    refuse(spec, Target.COMPOSE)  # the containers run compose's launch line
     check_command(spec.command.module, spec.command.args)
     warn_env(spec, "launch docker")
     secrets = secret_values(spec, "launch docker")

@@ -34,7 +34,7 @@ from ..contract import Arg, Sources, Target, job_env, sources, torchrun_argv
 from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
-from ..targets.mounts import refuse_mounts
+from ..targets.refusals import refuse
 from ..targets.sshnode import new_rdzv_id
 from ..text import plural
 from ..train.argcheck import check_command
@@ -222,7 +222,7 @@ def stop(nodes: list[Node], grace: float) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = local_spec(args)
     check_command(spec.command.module, spec.command.args)
-    refuse_mounts(spec, Target.LOCAL)
+    refuse(spec, Target.LOCAL)
     warn_env(spec, "launch local")
     secret_values(spec, "launch local")  # the agents inherit them with the rest of this environment
     run = RunFolder.create(name=spec.name, target="local", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,

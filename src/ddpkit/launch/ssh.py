@@ -28,7 +28,7 @@ from ..quoting import shell_word
 from ..runs import NodeLog, RunFolder
 from ..spec import JobSpec, doctor_mode
 from ..specfile import dump_yaml
-from ..targets.mounts import refuse_mounts
+from ..targets.refusals import refuse
 from ..targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_command, node_env
 from ..train.argcheck import check_command
 from .conn import Endpoint, SshSettings, endpoint_for
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     if args.doctor:
         spec = doctor_mode(spec)
     check_command(spec.command.module, spec.command.args)
-    refuse_mounts(spec, Target.SSH)
+    refuse(spec, Target.SSH)
     warn_env(spec, "launch ssh")
     # a dry run shows commands, which hold the secrets' names only
     values = {} if args.dry_run else secret_values(spec, "launch ssh")

@@ -16,7 +16,6 @@ from .. import envnames
 from ..contract import (
     Target,
     controller_env,
-    elastic_refusal,
     hosts_for,
     one_host_gpus,
     sources,
@@ -26,10 +25,10 @@ from ..contract import (
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
-from ..specfile import SpecError
 from ..text import plural
 from . import mounts
 from .limits import compose_limits
+from .refusals import refuse
 
 NAME = "compose"
 FILENAME = "compose.yaml"
@@ -93,9 +92,7 @@ def elastic_restart(spec: JobSpec, index: int) -> str | None:
 
 
 def build(spec: JobSpec) -> list[OutputFile]:
-    refusal = elastic_refusal(spec, Target.COMPOSE)
-    if refusal:
-        raise SpecError([refusal])
+    refuse(spec, Target.COMPOSE)
     variables = {"spec": spec, "services": services(spec), "volumes": mounts.binds(spec),
                  "limits": compose_limits(spec)}
     warning = mounts.container_checkpoint_warning(spec, "compose")

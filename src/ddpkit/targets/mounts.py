@@ -23,7 +23,6 @@ from pathlib import PurePosixPath
 from ..contract import Target
 from ..spec import JobSpec
 from ..spec.fields import MountParts
-from ..specfile import SpecError
 from ..wire import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
 
 
@@ -46,13 +45,6 @@ def refusal(spec: JobSpec, target: Target) -> str | None:
     if target == Target.LOCAL:
         return remap_refusal(spec, "launch local")
     return None
-
-
-def refuse_mounts(spec: JobSpec, target: Target) -> None:
-    """`refusal` raised as the input error launchers and targets report (exit 2)."""
-    problem = refusal(spec, target)
-    if problem:
-        raise SpecError([problem])
 
 
 def binds(spec: JobSpec) -> list[str]:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from .. import envnames
 from ..contract import (
     Target,
-    elastic_refusal,
     process_argv,
     sources,
     target_env,
@@ -25,9 +24,9 @@ from ..contract import (
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
 from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec, container_image, slurm_size
-from ..specfile import SpecError
 from ..wire import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
 from . import mounts
+from .refusals import refuse
 
 NAME = "slurm"
 TEMPLATE = "slurm/job.sbatch.j2"
@@ -188,9 +187,7 @@ def plan(spec: JobSpec) -> Plan:
 
 
 def build(spec: JobSpec) -> list[OutputFile]:
-    refusal = elastic_refusal(spec, target_for(spec)) or mounts.refusal(spec, target_for(spec))
-    if refusal:
-        raise SpecError([refusal])
+    refuse(spec, target_for(spec))
     runtime = spec.slurm.container.runtime
     warning = None if runtime == "none" else mounts.container_checkpoint_warning(spec, f"slurm {runtime}")
     return [OutputFile(filename(spec), TEMPLATE, {"plan": plan(spec)}, "shell", 0o755,

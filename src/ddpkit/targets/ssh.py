@@ -13,8 +13,8 @@ from ..contract import Target
 from ..quoting import first_shell_word
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
-from ..specfile import SpecError
 from . import mounts
+from .refusals import refuse
 from .sshnode import start_payload, stop_payload
 
 NAME = "ssh"
@@ -34,9 +34,7 @@ def variables(spec: JobSpec) -> dict[str, object]:
 
 
 def build(spec: JobSpec) -> list[OutputFile]:
-    refusal = mounts.refusal(spec, Target.SSH)
-    if refusal:
-        raise SpecError([refusal])
+    refuse(spec, Target.SSH)
     warning = mounts.container_checkpoint_warning(spec, "ssh.docker") if spec.ssh.docker else None
     return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec), "shell", 0o755,
                        notes=(warning,) if warning else ())]

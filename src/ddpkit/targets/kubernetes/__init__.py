@@ -24,11 +24,11 @@ from typing import Any, Protocol
 
 import yaml
 
-from ...contract import Target, elastic_refusal
+from ...contract import Target
 from ...render import OutputFile, Rendered, RenderError
 from ...spec import DNS1035, JobSpec
 from ...specfile import SpecError
-from .. import mounts
+from ..refusals import refuse
 from . import gang, indexed_job, jobset, pod, pytorchjob, trainjob
 from .base import DNS_LABEL_MAX, Kind, KindInfo, filename, labels, meta, name_problems
 from .gang import job_object
@@ -92,11 +92,8 @@ def check_spec(spec: JobSpec) -> None:
     """Input problems only Kubernetes has: raised as SpecError (exit 2)
     before anything is rendered."""
     module = kind_module(spec)
-    refusal = elastic_refusal(spec, module.INFO.target)
-    if refusal:  # first: nothing below can build this job's launch line
-        raise SpecError([refusal])
-    problems = [p for p in [mounts.refusal(spec, module.INFO.target)] if p]
-    problems += pod.secret_problems(spec) + name_problems(spec, module.INFO) + module.problems(spec)
+    refuse(spec, module.INFO.target)  # first: the checks below build the launch line
+    problems = pod.secret_problems(spec) + name_problems(spec, module.INFO) + module.problems(spec)
     if problems:
         raise SpecError(problems)
 
