@@ -7,6 +7,7 @@ its own so that xdist runs it beside the other benchmarks' smoke tests.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -14,15 +15,34 @@ from pathlib import Path
 import pytest
 from bench import torchft_anchor
 
+from ddpkit.spec import JobSpec
 from tests.helpers.elastic_gate import LAST_CALL_S
 from tests.test_bench_smoke import run_bench
 
 pytestmark = pytest.mark.slow
 
 
+def test_each_variant_gets_its_rendezvous_settings(tmp_path: Path) -> None:
+    """The two ddpkit columns differ only where the bench says: torchrun's own defaults pinned, or
+    --fast-spec merged in; an asked-for --last-call-s wins over both (the smoke runs below run one
+    variant each, so the other's spec is checked here)."""
+    from bench import elastic
+
+    args = argparse.Namespace(fast_spec={"watchdog": {"loss_s": 10}}, last_call_s=None, samples=1600,
+                              checkpoint_every=4, batch_size=None)
+    specs = {v: elastic.job_spec(tmp_path, tmp_path / "ckpt", tmp_path / "m", args, v)
+             for v in ("torchrun-defaults", "ddpkit-fast")}
+    assert (specs["torchrun-defaults"]["watchdog"], specs["torchrun-defaults"]["elastic"]["last_call_s"]) == (
+        {"loss_s": 15}, 30)
+    assert specs["ddpkit-fast"]["watchdog"] == {"loss_s": 10} and "last_call_s" not in specs["ddpkit-fast"]["elastic"]
+    assert all(JobSpec.model_validate(spec).elastic is not None for spec in specs.values())
+    args.last_call_s = 7
+    assert elastic.job_spec(tmp_path, tmp_path / "ckpt", tmp_path / "m", args,
+                            "torchrun-defaults")["elastic"]["last_call_s"] == 7
+
+
 def test_elastic_bench_times_recovery_per_loss_kind(tmp_path: Path) -> None:
-    """bench/elastic.py on `launch local`: node 2 crashed, ddpkit's fast path (watchdog.loss_s; the
-    pinned torchrun-defaults variant runs on ssh and Slurm below)."""
+    """bench/elastic.py on `launch local`: node 2 crashed, ddpkit's fast path (watchdog.loss_s)."""
     run_bench("bench.elastic", "--losses", "crash", "--variants", "ddpkit-fast",
               "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4",
               "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
@@ -48,17 +68,21 @@ def test_torchft_anchor_survives_a_killed_replica_group(tmp_path: Path) -> None:
 
 @pytest.mark.root
 def test_elastic_bench_on_launch_ssh_and_real_slurm(tmp_path: Path) -> None:
-    """bench/elastic.py's real targets: namespace hosts with sshd, and slurmctld with three slurmds."""
+    """bench/elastic.py's real targets: namespace hosts with sshd, and slurmctld with three slurmds,
+    each losing a node both ways only a real host can (frozen, and its link cut; a crash is the same
+    code path as on launch local above), on ddpkit's fast path, the default a user gets."""
     from tests.infra import netns, slurm_cluster, sshd
 
     reason = netns.available() or sshd.available() or slurm_cluster.available()
     if reason or os.geteuid() != 0:
         pytest.skip(reason or "needs root")
-    run_bench("bench.elastic", "--targets", "ssh,slurm", "--variants", "torchrun-defaults", "--repeats", "1",
+    run_bench("bench.elastic", "--targets", "ssh,slurm", "--losses", "freeze,link", "--variants", "ddpkit-fast",
+              "--repeats", "1",
               "--samples", "1600", "--checkpoint-every", "4", "--last-call-s", str(LAST_CALL_S),
               "--out", str(tmp_path))
     data = json.loads((tmp_path / "elastic.json").read_text())
-    assert [r["target"] for r in data["runs"]] == ["ssh", "slurm"]
+    assert [(r["target"], r["loss"]) for r in data["runs"]] == [
+        ("ssh", "freeze"), ("ssh", "link"), ("slurm", "freeze"), ("slurm", "link")]
     for run in data["runs"]:
         assert run["loss_to_first_step_s"] > 0 and 0 <= run["steps_lost"] <= run["killed_at_step"], run
     assert set(data["medians"]) == {"ssh", "slurm"}

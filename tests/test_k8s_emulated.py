@@ -13,6 +13,7 @@ fails or its rank report does not match.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import time
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddpkit import envnames
 from ddpkit.contract import hosts_for
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
@@ -190,9 +192,15 @@ def test_a_wrong_variable_in_the_template_fails_the_run(docker_daemon: Docker) -
 # ---- a shared checkpoint volume: resume after a pod is lost ----
 
 CKPT = "/ckpt/run"
-RESUME_ARGS = ["--model=resnet18", "--data=synthetic", "--image-size=16", "--synthetic-size=128", "--batch-size=8",
+RESUME_ARGS = ["--model=tiny", "--data=synthetic", "--image-size=16", "--synthetic-size=128", "--batch-size=8",
                "--epochs=3", "--workers=0", "--no-eval", f"--checkpoint-dir={CKPT}", "--checkpoint-every=4",
                "--resume=auto"]
+# 24 steps, the first checkpoint at step 4. Rank 0's every step takes STEP_S
+# (the trainer's test hook: a slow data loader; rank 1 waits for it), so the
+# 20 steps after that checkpoint outlast the kill's poll (run_pods: up to 2 s
+# per container) many times over, however fast the tiny model trains.
+STEP_S = 0.5
+SLOW_STEPS = {envnames.DDPKIT_TEST_SLOW_RANK: f"0:{STEP_S}"}
 
 
 def kill_after_first_checkpoint(volume_dir: Path, victim: int) -> Callable[[list[Any]], int | None]:
@@ -222,7 +230,7 @@ def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(
                      overrides=["k8s.kind=jobset", "k8s.backoff_limit=1", "command.args=" + json.dumps(RESUME_ARGS)],
                      nodes=2, nproc_per_node=1)
     assert kubernetes.resume_warning(spec) is None, "the example mounts a shared checkpoint claim"
-    pods_ = pods(spec, rendered(spec))
+    pods_ = [dataclasses.replace(p, env=p.env | SLOW_STEPS) for p in pods(spec, rendered(spec))]
     assert all(p.claims.get("/ckpt") == ("smoke-checkpoints", False) and p.user == "1000" for p in pods_)
     sdk: Any = importlib.import_module("docker")
     client = sdk.DockerClient(base_url=docker_daemon.host)
