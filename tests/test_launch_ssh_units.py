@@ -122,9 +122,11 @@ def test_stop_command_is_bound_to_one_pgid() -> None:
 
 
 def test_stop_terms_then_kills_a_group_that_ignores_term(tmp_path: Path) -> None:
-    stubborn = subprocess.Popen(["setsid", "bash", "-c", "trap '' TERM; sleep 60 & wait; sleep 60"],
-                                stdout=subprocess.DEVNULL)
+    # "ready" once the trap is set: a stop that came first would meet a bash that TERM still ends
+    stubborn = subprocess.Popen(["setsid", "bash", "-c", "trap '' TERM; sleep 60 & echo ready; wait; sleep 60"],
+                                stdout=subprocess.PIPE, text=True)
     try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
         job = spec(ssh={"grace_s": 0.3})
         cmd = remote.node_command(job, 0, "h")
         subprocess.run(["sh", "-c", cmd.stop(stubborn.pid)], check=True, timeout=30)
