@@ -175,3 +175,42 @@ def test_every_rendered_target_sets_omp_num_threads(target: str) -> None:
 
     rendered = render(_omp_spec(image="ddpkit:cpu", device="cpu", backend="gloo"), target)
     assert any("OMP_NUM_THREADS" in text for text in rendered.files.values()), list(rendered.files)
+
+
+# ---- resolve: the contract once, as one typed plan ----
+
+def test_resolve_gathers_what_the_piecemeal_calls_gave() -> None:
+    """The plan is the same line, environment, hosts and port the separate calls give."""
+    from ddpkit.contract import resolve, sources, target_env, torchrun_argv
+
+    for target in Target:
+        spec = spec_for(target, 3, 2, "c10d")
+        plan = resolve(spec, target)
+        assert (plan.target, plan.hosts, plan.port) == (target, hosts_for(spec, target), master_port(spec, target))
+        assert plan.env == target_env(spec, target)
+        if target is not Target.SLURM_SRUN:  # srun starts each process: no torchrun line
+            assert plan.argv == torchrun_argv(spec, sources(spec, target))
+
+
+def test_resolve_says_what_ddpkit_injects_and_where_a_launcher_adds_its_own() -> None:
+    from ddpkit.contract import FromNode, resolve
+
+    spec = spec_for(Target.COMPOSE, 3, 1)
+    assert [v["DDPKIT_NODE_RANK"] for v in resolve(spec, Target.COMPOSE).node_vars] == ["0", "1", "2"]
+    assert resolve(spec_for(Target.SLURM, 3, 1), Target.SLURM).node_vars == ()  # Slurm injects its own
+    srun = resolve(spec_for(Target.SLURM_SRUN, 2, 1), Target.SLURM_SRUN)
+    assert "torch.distributed.run" not in [a.resolve({}) for a in srun.argv]
+    ssh = resolve(spec_for(Target.SSH, 2, 1), Target.SSH, ["a", "b"], master_addr=FromNode("MASTER_ADDR"))
+    assert ssh.hosts == ["a", "b"] and ssh.sources.master_addr == FromNode("MASTER_ADDR")
+
+
+def test_resolve_gives_an_elastic_jobs_timeouts_only_where_it_can_run() -> None:
+    from ddpkit.contract import resolve
+
+    elastic = JobSpec.model_validate({"name": "job", "nodes": 3, "elastic": {"min_nodes": 2}})
+    assert resolve(elastic, Target.PYTORCHJOB).rdzv_conf is not None
+    local = resolve(elastic, Target.LOCAL, store_host="1")
+    env = {"DDPKIT_NODE_RANK": "0", "DDPKIT_RDZV_ID": "run-1"}
+    conf = next(w for w in (a.resolve(env) for a in local.argv) if w.startswith("--rdzv-conf="))
+    assert conf.endswith(",is_host=1") and local.rdzv_conf is not None
+    assert resolve(spec_for(Target.PYTORCHJOB, 3, 1), Target.PYTORCHJOB).rdzv_conf is None

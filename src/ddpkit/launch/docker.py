@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import envnames
-from ..contract import Target, controller_env, hosts_for, job_env, one_host_gpus, sources, torchrun_argv
+from ..contract import Target, job_env, one_host_gpus, resolve
 from ..exitcodes import ExitCode
 from ..runs import NodeLog, RunFolder
 from ..spec import JobSpec
@@ -152,12 +152,13 @@ def docker_spec(args: argparse.Namespace) -> JobSpec:
 def plan(spec: JobSpec, secrets: dict[str, str] | None = None) -> list[NodePlan]:
     """secrets: their values (launch.secrets), handed to the Docker API with
     the rest of each container's environment; no file holds them."""
-    argv = torchrun_argv(spec, sources(spec, Target.COMPOSE))
+    launch = resolve(spec, Target.COMPOSE)  # compose's nodes and launch line, one container each
+    # job_env, not compose's: compose.cpus_per_node (its OpenMP count) is a limit launch docker does not set
     base_env = job_env(spec) | {envnames.PYTHONUNBUFFERED: "1"} | (secrets or {})
     plans = []
-    for index, host in enumerate(hosts_for(spec, Target.COMPOSE)):
-        injected = controller_env(spec, Target.COMPOSE, index)
-        plans.append(NodePlan(index, host, [a.resolve(injected) for a in argv], base_env | injected))
+    for index, host in enumerate(launch.hosts):
+        injected = launch.node_vars[index]
+        plans.append(NodePlan(index, host, [a.resolve(injected) for a in launch.argv], base_env | injected))
     return plans
 
 

@@ -17,7 +17,6 @@ times (docs/ELASTIC.md).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import socket
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import envnames
-from ..contract import Arg, Sources, Target, job_env, sources, torchrun_argv
+from ..contract import Arg, LaunchPlan, Target, resolve
 from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
@@ -169,17 +168,19 @@ def tee_flags(log_dir: Path) -> list[Arg]:
     return [Arg.of("--tee=3"), Arg.of(f"--log-dir={log_dir}"), Arg.of(TORCHRUN_PREFIX_FLAG)]
 
 
-def node_sources(src: Sources, node: int, elastic: bool) -> Sources:
-    """Every agent here sees its own host in the rendezvous endpoint
-    (127.0.0.1), so each would try to host the c10d store and whichever
-    starts first wins. Node 0 must hold it (the others may be lost), so
-    say who does."""
-    return dataclasses.replace(src, store_host=str(int(node == 0))) if elastic else src
+def node_plan(spec: JobSpec, node: int, log_root: Path) -> LaunchPlan:
+    """Node `node`'s launch line, its agent's output teed under `log_root`.
+    Every agent here sees its own host in the rendezvous endpoint
+    (127.0.0.1), so each would try to host an elastic job's c10d store and
+    whichever starts first would win. Node 0 must hold it (the others may
+    be lost), so each is told whether it does."""
+    store_host = str(int(node == 0)) if spec.elastic is not None else None
+    return resolve(spec, Target.LOCAL, store_host=store_host, agent_flags=tee_flags(log_root / f"node{node}"))
 
 
 def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> list[Node]:
-    src = sources(spec, Target.LOCAL)
-    env = job_env(spec)
+    plans = [node_plan(spec, i, log_root) for i in range(spec.nodes)]
+    env = dict(plans[0].env)
     if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
         env.pop(envnames.OMP_NUM_THREADS, None)
     base = {**os.environ, **env, envnames.PYTHONUNBUFFERED: "1"}
@@ -190,12 +191,11 @@ def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> lis
         base[envnames.DDPKIT_RUN_ID] = run_id
     host = socket.gethostname()
     nodes = []
-    for i in range(spec.nodes):
+    for i, plan in enumerate(plans):
         # DDPKIT_HOSTNAME: N nodes share one machine, so each names itself
         # for the rank report's one-host-one-node check.
-        env = {**base, envnames.DDPKIT_NODE_RANK: str(i), envnames.DDPKIT_HOSTNAME: f"{host}-node{i}"}
-        argv = torchrun_argv(spec, node_sources(src, i, rdzv_id is not None), tee_flags(log_root / f"node{i}"))
-        nodes.append(Node(i, [a.resolve(env) for a in argv], env, f"{host}-node{i}",
+        env = {**base, **plan.node_vars[i], envnames.DDPKIT_HOSTNAME: f"{host}-node{i}"}
+        nodes.append(Node(i, [a.resolve(env) for a in plan.argv], env, f"{host}-node{i}",
                           log=log_root / f"node{i}" / AGENT_LOG))
     return nodes
 

@@ -13,15 +13,7 @@ from typing import Any
 import yaml
 
 from .. import envnames
-from ..contract import (
-    Target,
-    controller_env,
-    hosts_for,
-    one_host_gpus,
-    sources,
-    target_env,
-    torchrun_argv,
-)
+from ..contract import LaunchPlan, Target, one_host_gpus, resolve
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
@@ -51,12 +43,11 @@ def cpu_test(spec: JobSpec) -> bool:
     return spec.device == "cpu" or spec.compose.cpu_test
 
 
-def compose_env(spec: JobSpec) -> dict[str, str]:
+def compose_env(spec: JobSpec, plan: LaunchPlan) -> dict[str, str]:
     """The job env of every service; a cuda job's CPU test runs gloo."""
-    env = target_env(spec, Target.COMPOSE)
     if spec.device == "cuda" and spec.compose.cpu_test:
-        env[envnames.DDPKIT_BACKEND] = "gloo"
-    return env
+        return plan.env | {envnames.DDPKIT_BACKEND: "gloo"}
+    return plan.env
 
 
 def notes(spec: JobSpec) -> tuple[str, ...]:
@@ -72,12 +63,13 @@ def notes(spec: JobSpec) -> tuple[str, ...]:
 
 
 def services(spec: JobSpec) -> list[Service]:
-    argv = torchrun_argv(spec, sources(spec, Target.COMPOSE))
+    plan = resolve(spec, Target.COMPOSE)
+    env = compose_env(spec, plan)
     out = []
-    for index, host in enumerate(hosts_for(spec, Target.COMPOSE)):
-        injected = controller_env(spec, Target.COMPOSE, index)
+    for index, host in enumerate(plan.hosts):
+        injected = plan.node_vars[index]
         gpus = () if cpu_test(spec) else tuple(one_host_gpus(spec, index))
-        out.append(Service(host, [a.resolve(injected) for a in argv], compose_env(spec) | injected,
+        out.append(Service(host, [a.resolve(injected) for a in plan.argv], env | injected,
                            elastic_restart(spec, index), gpus, tuple(spec.secret_names)))
     return out
 

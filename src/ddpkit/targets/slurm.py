@@ -14,13 +14,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .. import envnames
-from ..contract import (
-    Target,
-    process_argv,
-    sources,
-    target_env,
-    torchrun_argv,
-)
+from ..contract import LaunchPlan, Target, resolve
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
 from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec, container_image, slurm_size
@@ -139,19 +133,19 @@ def container_prefix(spec: JobSpec) -> list[str]:
     return [*out, container_image(spec.image, c.runtime)]
 
 
-def task_argv(spec: JobSpec) -> str:
+def task_argv(launch: LaunchPlan) -> str:
     """The task command as shell text. torchrun mode wraps the launch line in
-    `bash -c '<line>'` so "${SLURM_NODEID}" expands in each task."""
-    if spec.slurm.mode == "torchrun":
-        line = "exec " + shell_argv(torchrun_argv(spec, sources(spec, Target.SLURM)))
-        return bash_c(line)
-    return shell_argv(process_argv(spec))
+    `bash -c '<line>'` so "${SLURM_NODEID}" expands in each task; srun mode
+    runs the process line itself."""
+    if launch.target is Target.SLURM:
+        return bash_c("exec " + shell_argv(launch.argv))
+    return shell_argv(launch.argv)
 
 
-def exports(spec: JobSpec) -> dict[str, str]:
+def exports(launch: LaunchPlan) -> dict[str, str]:
     """`export NAME=value` lines: the job env. PYTHONUNBUFFERED (from the
     job env) is exported first, as it always was."""
-    env = target_env(spec, target_for(spec))
+    env = launch.env
     # torchrun's signals and shutdown timeout are flags on its line (contract.stop_args).
     return {envnames.PYTHONUNBUFFERED: env[envnames.PYTHONUNBUFFERED]} | env
 
@@ -182,8 +176,9 @@ class Plan:
 
 
 def plan(spec: JobSpec) -> Plan:
-    return Plan(spec, sbatch_directives(spec), exports(spec), srun_options(spec),
-                container_prefix(spec), task_argv(spec))
+    launch = resolve(spec, target_for(spec))
+    return Plan(spec, sbatch_directives(spec), exports(launch), srun_options(spec),
+                container_prefix(spec), task_argv(launch))
 
 
 def build(spec: JobSpec) -> list[OutputFile]:
@@ -235,12 +230,11 @@ def verify(spec: JobSpec, rendered: Rendered) -> None:
     got = parse_directives(text)
     if got != sbatch_directives(spec):
         raise RenderError(f"{name}: #SBATCH lines {got} do not match the spec {sbatch_directives(spec)}")
-    expected = exports(spec)
-    env = read_exports(text, list(expected))
-    missing = {k: v for k, v in expected.items() if env.get(k) != v}
+    p = plan(spec)
+    env = read_exports(text, list(p.exports))
+    missing = {k: v for k, v in p.exports.items() if env.get(k) != v}
     if missing:
         raise RenderError(f"{name}: exports differ from the job env for {sorted(missing)}")
-    p = plan(spec)
     if p.task not in text:
         raise RenderError(f"{name}: the task command is missing")
     # the step options and the container words (the image in the runtime's syntax)

@@ -14,13 +14,12 @@ the preflight's GO, launch.sh from its own environment).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import secrets
 from dataclasses import dataclass
 
 from .. import envnames
-from ..contract import Arg, FromNode, Target, sources, target_env, torchrun_argv
+from ..contract import Arg, FromNode, LaunchPlan, Target, resolve
 from ..quoting import bash_c, shell_word
 from ..render import shell_argv, template
 from ..spec import JobSpec
@@ -47,9 +46,15 @@ class NodeCommand:
         return f"env {PGID}={int(pgid)}{ticks} {self.stop_template}"
 
 
+def launch_plan(spec: JobSpec) -> LaunchPlan:
+    """The contract on SSH hosts: the launcher hands each node the master's
+    address in its env prefix (env_prefix), so the line reads it there."""
+    return resolve(spec, Target.SSH, master_addr=FromNode(MASTER_ADDR))
+
+
 def node_env(spec: JobSpec) -> dict[str, str]:
     """The job environment every node exports (contract.target_env)."""
-    return target_env(spec, Target.SSH)
+    return launch_plan(spec).env
 
 
 def container_name(spec: JobSpec) -> Arg:
@@ -78,24 +83,24 @@ def docker_argv(spec: JobSpec, env: dict[str, str]) -> list[Arg]:
     return argv + [Arg.of(spec.image)]
 
 
-def launch_argv(spec: JobSpec) -> list[Arg]:
-    src = dataclasses.replace(sources(spec, Target.SSH), master_addr=FromNode(MASTER_ADDR))
-    argv = torchrun_argv(spec, src)
-    if spec.ssh.docker:
-        argv = docker_argv(spec, node_env(spec)) + argv
-    return argv
+def launch_argv(spec: JobSpec, plan: LaunchPlan | None = None) -> list[Arg]:
+    """The torchrun line, in the job's container where ssh.docker says so
+    (`plan`: the job's launch_plan, where the caller has it already)."""
+    plan = plan or launch_plan(spec)
+    return docker_argv(spec, plan.env) + plan.argv if spec.ssh.docker else plan.argv
 
 
 def node_script(spec: JobSpec, *, watch_stdin: bool = True) -> str:
+    plan = launch_plan(spec)
     return template("ssh/node.sh.j2").render(
         spec=spec,
-        env=node_env(spec),
+        env=plan.env,
         secrets=spec.secret_names,
         workdir=None if spec.ssh.docker else spec.ssh.workdir,
         watch_stdin=watch_stdin,
         grace_s=spec.ssh.grace_s,
         grace_ticks=math.ceil(spec.ssh.grace_s * 10),
-        argv=launch_argv(spec),
+        argv=launch_argv(spec, plan),
     )
 
 

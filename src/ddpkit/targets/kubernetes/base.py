@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ...contract import Target, hosts_for, k8s_service_name, master_port
+from ...contract import Target, hosts_for, k8s_service_name, resolve
 from ...spec import JobSpec
 
 Kind = Literal["pytorchjob", "indexed-job", "trainjob", "jobset"]
@@ -70,10 +70,11 @@ def pss_comment(level: str) -> str:
 
 
 def meta(spec: JobSpec, info: KindInfo, object_labels: dict[str, str], level: str) -> Meta:
+    launch = resolve(spec, info.target)
     return Meta(
         name=spec.name, namespace=spec.k8s.namespace, nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
-        labels=labels(spec), object_labels=object_labels, hosts=hosts_for(spec, info.target),
-        port=master_port(spec, info.target), service=k8s_service_name(spec), pss_comment=pss_comment(level),
+        labels=labels(spec), object_labels=object_labels, hosts=launch.hosts,
+        port=launch.port, service=k8s_service_name(spec), pss_comment=pss_comment(level),
         backoff_limit=backoff_limit(spec), ttl_seconds_after_finished=spec.k8s.ttl_seconds_after_finished,
         active_deadline_s=spec.k8s.active_deadline_s,
     )

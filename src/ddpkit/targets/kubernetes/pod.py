@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...contract import Arg, master_port, sources, target_env, torchrun_argv
+from ...contract import Arg, resolve
 from ...quoting import kubelet_unliteral
 from ...render import RenderError, k8s_arg
 from ...spec import JobSpec, K8sVolume
@@ -206,13 +206,14 @@ def secret_problems(spec: JobSpec) -> list[str]:
 def container(spec: JobSpec, info: KindInfo) -> Container:
     """The training container. Its env is the job env of the kind's contract
     row (the PyTorchJob operator appends PYTHONUNBUFFERED=1 itself)."""
-    port = master_port(spec, info.target)
+    launch = resolve(spec, info.target)
+    port = launch.port
     return Container(
         name=info.container,
         image=spec.image,
         pull_policy=spec.k8s.image_pull_policy,
-        command=torchrun_argv(spec, sources(spec, info.target)),
-        env=target_env(spec, info.target),
+        command=launch.argv,
+        env=launch.env,
         resources=resources(spec),
         port=Port(info.port_name, int(port)) if info.port_name and port is not None else None,
         mounts=container_mounts(spec),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...contract import Target, hosts_for, master_port, rdzv_conf
+from ...contract import Target, resolve
 from ...spec import JobSpec
 from .base import KindInfo, single
 from .pod import Container, check_container
@@ -65,12 +65,12 @@ def restart_policy(spec: JobSpec) -> str:
 
 def elastic_policy(spec: JobSpec) -> ElasticPolicy | None:
     e = spec.elastic
-    if e is None:
+    launch = resolve(spec, INFO.target)
+    if e is None or launch.rdzv_conf is None:
         return None
     return ElasticPolicy(
         min_replicas=e.min_nodes, max_replicas=spec.nodes, max_restarts=e.max_restarts,
-        rdzv_host=hosts_for(spec, INFO.target)[0], rdzv_port=master_port(spec, INFO.target), rdzv_id=spec.name,
-        rdzv_conf=rdzv_conf(spec, INFO.target),
+        rdzv_host=launch.hosts[0], rdzv_port=launch.port, rdzv_id=spec.name, rdzv_conf=launch.rdzv_conf,
     )
 
 
