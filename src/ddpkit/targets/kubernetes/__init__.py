@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from ...contract import Target
+from ...contract import Target, resolve
 from ...render import OutputFile, Rendered, RenderError
 from ...spec import DNS1035, JobSpec
 from ...specfile import SpecError
@@ -102,14 +102,15 @@ def build(spec: JobSpec) -> list[OutputFile]:
     check_spec(spec)
     module = kind_module(spec)
     info = module.INFO
-    the_pod = pod.pod_view(spec, pod.container(spec, info), labels(spec), gang.pod_annotations(spec, info))
+    launch = resolve(spec, info.target)  # once: the pod's container and the job's hosts and port read it
+    the_pod = pod.pod_view(spec, pod.container(spec, info, launch), labels(spec), gang.pod_annotations(spec, info))
     level = pod.security_level(the_pod)
     # The two notes a platform engineer needs before applying (the CLI
     # prints them on stderr, so `ddpkit render k8s > job.yaml` stays clean YAML).
     warning = resume_warning(spec)
     notes = (*([warning] if warning else []), f"meets Pod Security level {level.value}")
     variables: dict[str, Any] = {
-        "job": meta(spec, info, gang.object_labels(spec, labels(spec)), level.value),
+        "job": meta(spec, launch, gang.object_labels(spec, labels(spec)), level.value),
         "pod": the_pod,
         "gang": gang.gang(spec, info),
         "obj": module.view(spec),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ...contract import Target, hosts_for, k8s_service_name, resolve
+from ...contract import LaunchPlan, Target, hosts_for, k8s_service_name
 from ...spec import JobSpec
 
 Kind = Literal["pytorchjob", "indexed-job", "trainjob", "jobset"]
@@ -69,8 +69,7 @@ def pss_comment(level: str) -> str:
     return f"{PSS_PREFIX}{level}"
 
 
-def meta(spec: JobSpec, info: KindInfo, object_labels: dict[str, str], level: str) -> Meta:
-    launch = resolve(spec, info.target)
+def meta(spec: JobSpec, launch: LaunchPlan, object_labels: dict[str, str], level: str) -> Meta:
     return Meta(
         name=spec.name, namespace=spec.k8s.namespace, nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
         labels=labels(spec), object_labels=object_labels, hosts=launch.hosts,

@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...contract import Arg, resolve
+from ...contract import Arg, LaunchPlan, resolve
 from ...quoting import kubelet_unliteral
 from ...render import RenderError, k8s_arg
 from ...spec import JobSpec, K8sVolume
@@ -203,10 +203,10 @@ def secret_problems(spec: JobSpec) -> list[str]:
             "with a key of each name), or give each entry its own k8s: {secret: NAME, key: KEY}"]
 
 
-def container(spec: JobSpec, info: KindInfo) -> Container:
+def container(spec: JobSpec, info: KindInfo, launch: LaunchPlan | None = None) -> Container:
     """The training container. Its env is the job env of the kind's contract
     row (the PyTorchJob operator appends PYTHONUNBUFFERED=1 itself)."""
-    launch = resolve(spec, info.target)
+    launch = launch or resolve(spec, info.target)
     port = launch.port
     return Container(
         name=info.container,
