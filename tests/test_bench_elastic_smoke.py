@@ -42,7 +42,8 @@ def test_each_variant_gets_its_rendezvous_settings(tmp_path: Path) -> None:
 
 
 def test_elastic_bench_times_recovery_per_loss_kind(tmp_path: Path) -> None:
-    """bench/elastic.py on `launch local`: node 2 crashed, ddpkit's fast path (watchdog.loss_s)."""
+    """bench/elastic.py on `launch local`: node 2 crashed, ddpkit's fast path (watchdog.loss_s; the
+    pinned torchrun-defaults variant runs on ssh and Slurm below)."""
     run_bench("bench.elastic", "--losses", "crash", "--variants", "ddpkit-fast",
               "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4",
               "--last-call-s", str(LAST_CALL_S), "--out", str(tmp_path))
@@ -68,21 +69,19 @@ def test_torchft_anchor_survives_a_killed_replica_group(tmp_path: Path) -> None:
 
 @pytest.mark.root
 def test_elastic_bench_on_launch_ssh_and_real_slurm(tmp_path: Path) -> None:
-    """bench/elastic.py's real targets: namespace hosts with sshd, and slurmctld with three slurmds,
-    each losing a node both ways only a real host can (frozen, and its link cut; a crash is the same
-    code path as on launch local above), on ddpkit's fast path, the default a user gets."""
+    """bench/elastic.py's real targets: namespace hosts with sshd, and slurmctld with three slurmds
+    (node 2 crashed, the pinned torchrun-defaults variant; launch local above runs the fast path)."""
     from tests.infra import netns, slurm_cluster, sshd
 
     reason = netns.available() or sshd.available() or slurm_cluster.available()
     if reason or os.geteuid() != 0:
         pytest.skip(reason or "needs root")
-    run_bench("bench.elastic", "--targets", "ssh,slurm", "--losses", "freeze,link", "--variants", "ddpkit-fast",
+    run_bench("bench.elastic", "--targets", "ssh,slurm", "--losses", "crash", "--variants", "torchrun-defaults",
               "--repeats", "1",
               "--samples", "1600", "--checkpoint-every", "4", "--last-call-s", str(LAST_CALL_S),
               "--out", str(tmp_path))
     data = json.loads((tmp_path / "elastic.json").read_text())
-    assert [(r["target"], r["loss"]) for r in data["runs"]] == [
-        ("ssh", "freeze"), ("ssh", "link"), ("slurm", "freeze"), ("slurm", "link")]
+    assert [(r["target"], r["loss"]) for r in data["runs"]] == [("ssh", "crash"), ("slurm", "crash")]
     for run in data["runs"]:
         assert run["loss_to_first_step_s"] > 0 and 0 <= run["steps_lost"] <= run["killed_at_step"], run
     assert set(data["medians"]) == {"ssh", "slurm"}
