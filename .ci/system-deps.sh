@@ -3,7 +3,7 @@
 # tests that need them skip with a one-line reason).
 set -euo pipefail
 [ "$(id -u)" -eq 0 ] || { echo "system-deps: not root, skipping"; exit 0; }
-packages=(iproute2 procps util-linux openssh-server openssh-client pdsh slurm-wlm munge docker.io mmdebstrap chromium)
+packages=(iproute2 procps util-linux openssh-server openssh-client pdsh slurm-wlm munge slurmdbd mariadb-server docker.io mmdebstrap chromium)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

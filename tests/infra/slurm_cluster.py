@@ -9,9 +9,13 @@ which every network namespace can reach.
 Choices, and why:
 - ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: no cgroup
   plugin, so nothing depends on the cgroup layout of the test machine.
-- No slurmdbd: accounting_storage/none. Finished jobs stay visible to
-  `scontrol show job` for MinJobAge seconds, which is what tests and
-  `ddpkit submit slurm --follow` read the final state from.
+- No slurmdbd by default: accounting_storage/none. Finished jobs stay
+  visible to `scontrol show job` for MinJobAge seconds, which is what tests
+  and `ddpkit submit slurm --follow` read the final state from.
+  `accounting=True` adds what a site with accounting runs: a MariaDB server
+  and slurmdbd on the controller's host (its own loopback, its own data
+  folder), the cluster added with sacctmgr, and slurmctld storing jobs
+  there (accounting_storage/slurmdbd), so `sacct` answers for ended jobs.
 - CPUs per node are declared (8) rather than detected, with
   SlurmdParameters=config_overrides, so two 2-task jobs fit on the same
   nodes at once on a 2-core machine.
@@ -44,7 +48,9 @@ from . import netns
 
 VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
+ACCOUNTING_DAEMONS = ("slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")
 CPUS_PER_NODE = 8
+DB_USER, DB_PASS, DB_PORT, DBD_PORT = "slurm", "ddpkit-test", 3306, 6819
 
 
 def available() -> str | None:
@@ -55,6 +61,15 @@ def available() -> str | None:
     missing = [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
     if missing:
         return f"needs Slurm and munge ({', '.join(missing)} missing: apt-get install slurm-wlm munge)"
+    return None
+
+
+def accounting_available() -> str | None:
+    """None when a cluster with accounting can be built here, else a skip reason."""
+    missing = [d for d in ACCOUNTING_DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
+    if missing:
+        return (f"needs slurmdbd and MariaDB ({', '.join(missing)} missing: "
+                "apt-get install slurmdbd mariadb-server)")
     return None
 
 
@@ -98,9 +113,11 @@ class SlurmCluster:
     workdir: Path
     nodes: int = 2
     prefix: str = field(default_factory=lambda: f"sl{os.getpid() % 100000}")
+    accounting: bool = False  # slurmdbd + MariaDB (see the module docstring)
     net: netns.Network | None = field(default=None, init=False)
     _procs: list[subprocess.Popen[str]] = field(default_factory=list, init=False)
     _slurmd: dict[str, subprocess.Popen[str]] = field(default_factory=dict, init=False)
+    _db_procs: list[subprocess.Popen[str]] = field(default_factory=list, init=False)  # MariaDB, slurmdbd
 
     @property
     def node_names(self) -> list[str]:
@@ -132,6 +149,8 @@ class SlurmCluster:
             self.net.wait_reachable()
             self._start_munge()
             self._write_conf()
+            if self.accounting:
+                self._start_accounting()
             self._start_slurm()
             self.wait_nodes_idle()
         except BaseException:
@@ -145,7 +164,8 @@ class SlurmCluster:
         # ("Saving all slurm state", then a stuck RPC write): waiting 10 s
         # for it cost every teardown 10 s. Its state is thrown away (a new
         # cluster starts with -i in a new folder), so 2 s, then SIGKILL.
-        for proc in [*self._procs[1:], *self._procs[:1]]:
+        # With accounting: slurmdbd and MariaDB after the Slurm daemons that write to them.
+        for proc in [*self._procs[1:], *reversed(self._db_procs), *self._procs[:1]]:
             if proc.poll() is None:
                 proc.terminate()
             try:
@@ -154,6 +174,7 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+        self._db_procs.clear()
         self._slurmd.clear()
         if self.net is not None:
             self.net.__exit__(None, None, None)
@@ -206,7 +227,7 @@ PlugStackConfig={w}/plugstack.conf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+{self._accounting_conf()}
 JobCompType=jobcomp/none
 SwitchType=switch/none
 MpiDefault=none
@@ -226,6 +247,71 @@ SlurmdTimeout=30
 {nodes}
 PartitionName=debug Nodes={','.join(self.node_names)} Default=YES MaxTime=INFINITE State=UP
 """)
+
+    def _accounting_conf(self) -> str:
+        if not self.accounting:
+            return "AccountingStorageType=accounting_storage/none"
+        # AccountingStoragePass: with munge, the socket that authenticates to slurmdbd (this cluster's munged)
+        return (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\n"
+                f"AccountingStoragePort={DBD_PORT}\nAccountingStoragePass={self.munge_socket}")
+
+    def _start_accounting(self) -> None:
+        """MariaDB, then slurmdbd, both in the controller's namespace (127.0.0.1
+        there is this cluster's alone); the cluster added once slurmdbd answers."""
+        db = self.workdir / "mariadb"
+        sock = db / "mysqld.sock"
+        init = subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={db}",
+                               "--auth-root-authentication-method=normal", "--skip-test-db"],
+                              capture_output=True, text=True, check=False, timeout=120)
+        if init.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db failed: {init.stdout}{init.stderr}")
+        mariadb = self.ctl.popen(
+            [_sbin("mariadbd"), "--no-defaults", "--user=root", f"--datadir={db}", f"--socket={sock}",
+             f"--pid-file={db / 'mysqld.pid'}", f"--port={DB_PORT}", "--bind-address=127.0.0.1",
+             "--skip-log-bin", "--innodb-buffer-pool-size=16M"],
+            stdout=self._log("mariadbd"), stderr=subprocess.STDOUT)
+        self._db_procs.append(mariadb)
+        _wait_for(lambda: sock.exists() or mariadb.poll() is not None, 60, "the MariaDB socket")
+        grant = (f"CREATE USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASS}'; "
+                 f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1';")
+        made = self.ctl.run(["mariadb", "--no-defaults", f"--socket={sock}", "-u", "root", "-e", grant])
+        if made.returncode != 0:
+            raise RuntimeError(f"MariaDB user: {made.stderr} (log {self.workdir / 'mariadbd.out'})")
+        # slurmdbd reads slurmdbd.conf beside slurm.conf, and only when SlurmUser alone may read it.
+        dbd_conf = self.workdir / "slurmdbd.conf"
+        dbd_conf.write_text(f"""\
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={DBD_PORT}
+SlurmUser=root
+PidFile={self.workdir}/slurmdbd.pid
+LogFile={self.workdir}/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={DB_PORT}
+StorageUser={DB_USER}
+StoragePass={DB_PASS}
+StorageLoc=slurm_acct_db
+""")
+        dbd_conf.chmod(0o600)
+        dbd = self.ctl.popen([_sbin("slurmdbd"), "-D"], env=self.env(), stdout=self._log("slurmdbd"),
+                             stderr=subprocess.STDOUT)
+        self._db_procs.append(dbd)
+
+        said: list[str] = []
+
+        def cluster_added() -> bool:
+            if dbd.poll() is not None:
+                raise RuntimeError(f"slurmdbd exited; log {self.workdir / 'slurmdbd.log'}")
+            done = self.run(["sacctmgr", "-i", "add", "cluster", "ddpkit-test"])
+            said[:] = [done.stdout + done.stderr]
+            return done.returncode == 0
+        try:
+            _wait_for(cluster_added, 60, f"slurmdbd to answer sacctmgr (logs in {self.workdir})", period=0.5)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; sacctmgr said: {said[0].strip() if said else 'nothing'}") from None
 
     def _start_slurm(self) -> None:
         assert self.net is not None
