@@ -487,8 +487,14 @@ def test_secrets_reach_every_rank_on_stdin_never_in_argv_or_files(cluster: Clust
     net, hosts = cluster
     # The argv scan below can see one: a shell waiting on its builtin `read`
     # (a forked child would show the shell's argv until its exec: CI saw it).
+    # Popen returns once exec closed its error pipe, which the kernel does before it sets the new
+    # argv's bounds: /proc/PID/cmdline can read empty for a moment (CI6 saw it). Wait for it to show.
     canary = subprocess.Popen(["sh", "-c", "read line", SECRET_MARK.decode()], stdin=subprocess.PIPE)
     try:
+        cmdline, deadline = Path(f"/proc/{canary.pid}/cmdline"), time.monotonic() + 10
+        while SECRET_MARK not in cmdline.read_bytes():
+            assert time.monotonic() < deadline and canary.poll() is None, "the canary's argv never showed"
+            time.sleep(0.01)
         assert argv_holding(SECRET_MARK) == [str(canary.pid)]
     finally:
         canary.kill()
