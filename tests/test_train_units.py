@@ -4,7 +4,9 @@ activation checkpointing, CIFAR-10 reader, device-resident loader, flag checks."
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +14,12 @@ import pytest
 import torch
 
 from ddpkit.train.balanced_dp import chunk_sizes
-from ddpkit.train.data import DeviceResidentLoader, ResumableSampler, ShardSampler, SyntheticImages, read_cifar10
+from ddpkit.train.data import DeviceResidentLoader, ResumableSampler, ShardSampler, SyntheticImages, read_cifar10, train_loader
 from ddpkit.train.loop import warmup_cosine
 from ddpkit.train.main import add_arguments, run
 from ddpkit.train.models import build_model
+
+from .helpers.held_lock_data import LOCK, HeldLockData
 
 
 def write_cifar10(root: Path, per_batch: int = 6, test: int = 7) -> None:
@@ -174,3 +178,29 @@ def test_plural_counts() -> None:
 
     assert [plural(1, "epoch"), plural(2, "epoch"), plural(3, "process"), plural(0, "node")] == [
         "1 epoch", "2 epochs", "3 processes", "0 nodes"]
+
+
+def test_loader_workers_do_not_inherit_a_lock_another_thread_holds() -> None:
+    """A thread of the rank holds a lock while the workers start (the watchdog,
+    gloo and the store client run threads by the first batch). Workers forked
+    from the rank would get the lock held by no one and wait out the deadline;
+    the fork server's workers start clean, so every item gets the lock."""
+    data = HeldLockData(size=8, wait_s=5.0)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with LOCK:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10), "the holder thread never took the lock"
+    try:
+        loader = train_loader(data, ResumableSampler(data, 1, 0, seed=0), batch_size=4, workers=2, pin=False)
+        got, parents = zip(*[(flags.flatten().tolist(), ppids.tolist()) for flags, ppids in loader])
+    finally:
+        release.set()
+        holder.join()
+    assert [flag for batch in got for flag in batch] == [1.0] * 8
+    assert os.getpid() not in {pid for batch in parents for pid in batch}  # started by the server, not forked here

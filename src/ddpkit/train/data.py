@@ -7,11 +7,14 @@ uninterrupted run would have, whatever the number of loader workers.
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -72,19 +75,18 @@ class ArrayImages(Dataset[Sample]):
         self.images, self.labels, self.train, self.seed = images, labels, train, seed
         self.mean = torch.tensor(mean).view(3, 1, 1)
         self.std = torch.tensor(std).view(3, 1, 1)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.item(index, epoch=0)
+
+    def item(self, index: int, epoch: int) -> tuple[torch.Tensor, int]:
         image = torch.from_numpy(self.images[index]).permute(2, 0, 1).float().div_(255)
         image = (image - self.mean) / self.std
         if self.train:
-            image = augment(image, sample_generator(self.seed, self.epoch, index))
+            image = augment(image, sample_generator(self.seed, epoch, index))
         return image, int(self.labels[index])
 
 
@@ -114,17 +116,17 @@ class FlipFolder(Dataset[Sample]):
         tf = transforms.Compose([transforms.Resize(image_size), transforms.CenterCrop(image_size),
                                  transforms.ToTensor(), transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
         self.inner = datasets.ImageFolder(str(root), transform=tf)
-        self.train, self.seed, self.epoch = train, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.train, self.seed = train, seed
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.item(index, epoch=0)
+
+    def item(self, index: int, epoch: int) -> tuple[torch.Tensor, int]:
         image, label = self.inner[index]
-        if self.train and bool(torch.randint(0, 2, (1,), generator=sample_generator(self.seed, self.epoch, index))):
+        if self.train and bool(torch.randint(0, 2, (1,), generator=sample_generator(self.seed, epoch, index))):
             image = image.flip(-1)
         return image, label
 
@@ -279,13 +281,84 @@ class DeviceResidentLoader:
         return out
 
 
+@runtime_checkable
+class EpochItems(Protocol):
+    """A dataset whose training items depend on the epoch (its augmentation seeds)."""
+
+    def item(self, index: int, epoch: int) -> Sample: ...
+
+
+class EpochTagged(Sampler[tuple[int, int]]):
+    """The sampler's indices, each with the epoch it belongs to.
+
+    The epoch travels with every index to the loader workers, which keep their
+    own copy of the dataset for the whole run (persistent workers): a
+    set_epoch on the rank's copy would never reach them."""
+
+    def __init__(self, sampler: ResumableSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.sampler.epoch
+        return ((epoch, index) for index in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class ByEpoch(Dataset[Sample]):
+    """`dataset`, indexed by (epoch, index): what EpochTagged yields."""
+
+    def __init__(self, dataset: Dataset[Sample]) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return dataset_size(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Sample:
+        epoch, index = key
+        if isinstance(self.dataset, EpochItems):
+            return self.dataset.item(index, epoch)
+        return self.dataset[index]
+
+
+def worker_context(dataset: Dataset[Sample], workers: int) -> BaseContext | None:
+    """Loader workers start from a fork server, never by forking the rank.
+
+    By the time the first batch is asked for, a rank runs other threads: the
+    hang watchdog's, gloo's or NCCL's, the store client's. A fork copies the
+    locks those threads hold at that instant, unlocked by nobody in the child,
+    and a worker that touches one waits forever (seen here: a rank stalled at
+    step 0 on workers that never sent a batch). The fork server is a fresh,
+    single-threaded interpreter with torch and the dataset's module imported
+    once (preload). It starts now, beside the rest of the set-up; each worker
+    is forked from it, once per run (persistent workers: a worker receives the
+    dataset pickled, 150 MB for CIFAR-10, so once per epoch would cost seconds)."""
+    if workers == 0:
+        return None
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_preload(dataset))
+    forkserver.ensure_running()
+    return ctx
+
+
+def _preload(dataset: Dataset[Sample]) -> list[str]:
+    """What a worker needs imported to unpickle `dataset` (torch comes with any of them)."""
+    modules = [__name__, type(dataset).__module__]
+    if isinstance(dataset, FlipFolder):
+        modules.append("torchvision.datasets")  # ImageFolder: seconds per worker if not preloaded
+    return list(dict.fromkeys(modules))
+
+
 def train_loader(dataset: Dataset[Sample], sampler: ResumableSampler, batch_size: int, workers: int,
                  pin: bool) -> DataLoader[Sample]:
     # drop_last: every rank runs the same number of steps, so collectives stay matched
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      drop_last=True, pin_memory=pin, persistent_workers=False)
+    return DataLoader(ByEpoch(dataset), batch_size=batch_size, sampler=EpochTagged(sampler),
+                      num_workers=workers, drop_last=True, pin_memory=pin, persistent_workers=workers > 0,
+                      multiprocessing_context=worker_context(dataset, workers))
 
 
 def eval_loader(dataset: Dataset[Sample], num_replicas: int, rank: int, batch_size: int, workers: int) -> DataLoader[Sample]:
     return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(dataset_size(dataset), num_replicas, rank),
-                      num_workers=workers)
+                      num_workers=workers, persistent_workers=workers > 0,
+                      multiprocessing_context=worker_context(dataset, workers))

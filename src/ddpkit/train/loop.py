@@ -255,8 +255,6 @@ class Trainer:
     def _start_epoch(self) -> tuple[Any, int]:
         """The epoch's batches from the current global sample on, and how many steps they make."""
         steps = self._steps_left_in_epoch()
-        if hasattr(self.train_set, "set_epoch"):
-            self.train_set.set_epoch(self.pos.epoch)
         return iter(self.loader), steps
 
     def _epoch(self, progress: Progress, run: _Run) -> RunStatus:
