@@ -134,18 +134,35 @@ class Checkpointer:
         mark(Phase.CHECKPOINT)
         path = None
         if self.ctx.rank == 0:
-            s = self.state
-            payload = {"model": s.par.raw.state_dict(), "optimizer": optim_state,
-                       "scheduler": s.scheduler.state_dict(), "scaler": s.scaler.state_dict(),
-                       "position": vars(pos).copy(), "rng": rngs, "world_size": self.ctx.world_size,
-                       "global_batch": self.global_batch,
-                       "args": self.config.as_record()}
+            payload = self._payload(pos, self.state.par.raw.state_dict(), optim_state, rngs)
             path = ckpt.write_checkpoint(directory, pos.step, payload, self.config.keep)
             self.metrics.write("checkpoint", step=pos.step, path=str(path))
         if self.distributed:
             dist.barrier()  # nobody runs ahead (or exits) before the file is complete
         self.last = directory / ckpt.checkpoint_name(pos.step)
         return path
+
+    def save_from_memory(self, pos: Position, model: dict[str, Any], reason: str) -> Path | None:
+        """Rank 0 alone, without a collective (a peer is gone): this rank's state
+        of the last completed step, which every DDP rank holds whole. Its own
+        RNG state only: a restart on another world size restarts the streams anyway."""
+        directory = self.config.checkpoint_dir
+        if directory is None or self.config.zero:  # ZeRO: this rank holds one shard of the optimizer
+            return None
+        payload = self._payload(pos, model, self.state.optimizer.state_dict(), [ckpt.rng_state(self.ctx.device)])
+        payload["from_memory"] = reason
+        path = ckpt.write_checkpoint(directory, pos.step, payload, self.config.keep)
+        self.metrics.write("checkpoint", step=pos.step, path=str(path), from_memory=reason)
+        self.last = path
+        return path
+
+    def _payload(self, pos: Position, model: dict[str, Any], optim_state: dict[str, Any] | None,
+                 rngs: list[Any]) -> dict[str, Any]:
+        s = self.state
+        return {"model": model, "optimizer": optim_state,
+                "scheduler": s.scheduler.state_dict(), "scaler": s.scaler.state_dict(),
+                "position": vars(pos).copy(), "rng": rngs, "world_size": self.ctx.world_size,
+                "global_batch": self.global_batch, "args": self.config.as_record()}
 
     # ---- resume: rank 0 chooses, every rank checks the same file ---------------
     def _choose(self) -> ResumeChoice:
@@ -226,11 +243,12 @@ class Checkpointer:
         if len(rngs) == self.ctx.world_size:
             ckpt.set_rng_state(rngs[rank], self.ctx.device)
         else:
-            self.log.warning("checkpoint was written by %d ranks, this run has %d: RNG streams restart",
+            self.log.warning("checkpoint holds the RNG states of %d ranks, this run has %d: RNG streams restart",
                              len(rngs), self.ctx.world_size)
             seed_all(c.seed + rank + 1_000 * pos.step)
-        self.log.info("resumed from %s at step %d (epoch %d, step %d of the epoch, global sample %d of the epoch)",
-                      path, pos.step, pos.epoch, pos.epoch_step, pos.samples)
+        origin = f" (written from rank 0's memory: {state['from_memory']})" if "from_memory" in state else ""
+        self.log.info("resumed from %s at step %d (epoch %d, step %d of the epoch, global sample %d of the epoch)%s",
+                      path, pos.step, pos.epoch, pos.epoch_step, pos.samples, origin)
         return pos, path, old_batch
 
 

@@ -32,8 +32,10 @@ from .checkpointer import Checkpointer, Position, TrainState, check_checkpoint_d
 from .clock import CLOCK, StartupClock
 from .config import TrainConfig
 from .data import DeviceResidentLoader, ResumableSampler, build_datasets, data_problem, eval_loader, train_loader
+from .elastic import AgentRestarts
 from .evaluate import Evaluator
 from .faults import check_data
+from .last_step import LastStep, failure_reason
 from .models import build_model
 from .progress import Metrics, Progress, RunStatus, Summary, rank_logger
 from .rank_steps import RankStepTimes
@@ -57,6 +59,12 @@ class Plan:
     global_batch: int
     lr: float
     warmup_steps: int
+
+
+def _restartable(config: TrainConfig) -> bool:
+    """An agent will start this rank's workers again (it has restarts left to
+    give), and they resume from --checkpoint-dir: the last step is worth writing."""
+    return AgentRestarts.from_env() is not None and config.checkpoint_dir is not None and not config.zero
 
 
 def exit_code(status: RunStatus) -> int:
@@ -140,6 +148,8 @@ class Trainer:
         # may create a process group: every rank gets here at the same point
         self.agreement = StopAgreement.for_run(self.stop, self.distributed)
         self.pos, self.resumed_from, saved_batch = self.checkpointer.resume(self.plan.global_batch)
+        self.last_step = LastStep(self.checkpointer, self.par.raw, lambda: self.pos,
+                                  enabled=self.rank == 0 and _restartable(config), log=self.log)
         if self.resumed_from is not None:
             self._replan(saved_batch)
             self.metrics.write("resume", step=self.pos.step, epoch=self.pos.epoch, checkpoint=str(self.resumed_from))
@@ -226,6 +236,10 @@ class Trainer:
         try:
             while self.pos.step < plan.total_steps and status is RunStatus.FINISHED:
                 status = self._epoch(progress, run)
+        except Exception as exc:
+            # most often a collective whose peer died: the restart resumes from this
+            self.last_step.write(failure_reason(exc))
+            raise
         finally:
             progress.close()
         # Not in the finally: after an error a peer may be gone, and waiting
@@ -264,10 +278,13 @@ class Trainer:
             if pos.step >= plan.total_steps:
                 return RunStatus.FINISHED  # --max-steps mid-epoch
             self.step_times.begin()
-            loss = self.stepper.step(batches)
-            pos.epoch_step += 1
-            pos.step += 1
-            pos.samples += plan.global_batch
+            self.last_step.begin()
+            loss = self.stepper.compute(batches)
+            with self.last_step.advancing():
+                self.stepper.update()
+                pos.epoch_step += 1
+                pos.step += 1
+                pos.samples += plan.global_batch
             stall_model.progress(pos.step)  # the hang watchdog's pulse (attribute writes; its thread publishes)
             self.step_times.end(pos.step)  # after the pulse: a rank waiting in its gather has reported the step
             if self._first_step_pending:

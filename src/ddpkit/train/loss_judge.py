@@ -126,6 +126,12 @@ def verdict_record(lost: list[LostRank], loss_s: float, by: int, elastic: bool) 
             "action": "re-form" if elastic else "stop", "lost": [asdict(r) for r in lost]}
 
 
+def reason(record: dict[str, Any]) -> str:
+    """The verdict in a few words (the checkpoint written for it says this)."""
+    nodes = ", ".join(f"node {n} ({h})" for n, h in dict.fromkeys((r["node"], r["host"]) for r in record["lost"]))
+    return f"lost {nodes}: no heartbeat for {record['loss_s']:g}s, noticed by the {record['noticed_by']}s"
+
+
 def report_lines(record: dict[str, Any]) -> list[str]:
     lost = [LostRank(**r) for r in record["lost"]]
     nodes = ", ".join(f"node {n} ({h})" for n, h in dict.fromkeys((r.node, r.host) for r in lost))

@@ -94,6 +94,8 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     dog = _watchdog(ctx, fit.config)
     try:
         trainer = Trainer(fit.config, ctx, stop)
+        if dog is not None:
+            dog.last_words = trainer.last_step.write
         _report_membership(ctx, trainer, fit.note, keeps_batch=config.keep_global_batch_of is not None)
         summary = trainer.run()
     finally:

@@ -116,6 +116,9 @@ class Watchdog:
         # Stragglers ride on this thread: every rank publishes its own work, rank 0 judges (train/straggler.py).
         self.stragglers = Stragglers(store, ident.rank, ident.world, ident.node, ident.host, outputs.metrics)
         self._thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
+        # Called with the reason before this rank leaves on a verdict: rank 0
+        # writes its last completed step there (train/last_step.py).
+        self.last_words: Callable[[str], object] | None = None
 
     def start(self) -> None:
         self.publish()  # at once: the monitors see every rank from its start
@@ -210,6 +213,7 @@ class Watchdog:
             if record["by"] == self.ident.rank:
                 loss_judge.report(record, self.outputs.metrics)
             self.store.set(_ack(self.ident.rank), loss_judge.KIND)
+            self._last_words(loss_judge.reason(record))
             if self.ident.rank == 0:
                 lost = {r["rank"] for r in record["lost"]}
                 keys = [_ack(r) for r in range(self.ident.world) if r not in lost]
@@ -227,6 +231,8 @@ class Watchdog:
         self._stop.set()
         try:  # whatever fails here (the store's host gone), this rank still exits
             self.store.set(_ack(self.ident.rank), json.dumps(asdict(self._dump())))
+            suspects = ", ".join(str(r["rank"]) for r in record.get("suspects", []))
+            self._last_words(f"the job stalled: no progress for {record.get('idle_s')}s (rank(s) {suspects})")
             if record["by"] == self.ident.rank:
                 self._report(record)
                 self.store.set(RELEASED_KEY, "1")
@@ -236,6 +242,10 @@ class Watchdog:
             sys.stdout.flush()
             sys.stderr.flush()
             self._exit(ExitCode.STALLED)
+
+    def _last_words(self, reason: str) -> None:
+        if self.last_words is not None:
+            self.last_words(reason)
 
     def _wait_for(self, key: str, seconds: float) -> bool:
         deadline = time.monotonic() + seconds

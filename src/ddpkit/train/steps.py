@@ -50,6 +50,12 @@ class Stepper:
 
     def step(self, batches: Batches) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns the loss (on the device)."""
+        loss = self.compute(batches)
+        self.update()
+        return loss
+
+    def compute(self, batches: Batches) -> torch.Tensor:
+        """The step's gradients (forward, backward, all-reduce): the model is not changed yet."""
         c, par = self.config, self.par
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=par.output_device)
@@ -72,8 +78,11 @@ class Stepper:
                     self._backward(loss)
             total += loss.detach().float()
         self.work.step_done()
+        return total
+
+    def update(self) -> None:
+        """The optimizer, the scaler and the learning rate move on to the next step."""
         mark(Phase.OPTIMIZER)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        return total
