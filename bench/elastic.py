@@ -161,9 +161,23 @@ def lose_a_node(metrics: Path, node: Node, loss: str, every: int) -> Loss:
     return found
 
 
-def measured(target: str, variant: str, loss: str, found: Loss) -> Measurement:
+def restart_breakdown(metrics: Path, lost_at: float) -> dict[str, float]:
+    """Where the survivors' time went: until their new workers' processes
+    started, then the new rank 0's start-up phases (its `startup` record)."""
+    lines = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
+    startups = [r for r in map(json.loads, lines) if r.get("kind") == "startup"
+                and r["stamps"]["process_start"] > lost_at - 1]
+    if not startups:
+        return {}
+    first = startups[0]
+    return {"to new workers": round(first["stamps"]["process_start"] - lost_at, 2),
+            **{phase: round(seconds, 2) for phase, seconds in first["phases"].items()}}
+
+
+def measured(target: str, variant: str, loss: str, found: Loss, metrics: Path) -> Measurement:
     return Measurement(target, variant, loss, round(found.first_after - found.lost_at, 2),
-                       found.killed_at - found.resumed, found.killed_at, found.resumed)
+                       found.killed_at - found.resumed, found.killed_at, found.resumed,
+                       restart_s=restart_breakdown(metrics, found.lost_at))
 
 
 # ---- the job spec, per variant -----------------------------------------------------
@@ -235,7 +249,7 @@ def local_run(args: argparse.Namespace, variant: str, loss: str) -> Measurement:
             found = lose_a_node(metrics, Node(lambda: node_agent(proc.pid, LOST)), loss, args.checkpoint_every)
         finally:
             end_launcher(proc)
-        return measured("local", variant, loss, found)
+        return measured("local", variant, loss, found, metrics)
 
 
 # ---- launch ssh on namespace hosts, and a real Slurm cluster ----------------------
@@ -289,7 +303,7 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any, variant: str, loss: 
             found = lose_a_node(metrics, host_node(net, HOSTS[LOST]), loss, args.checkpoint_every)
         finally:
             end_launcher(proc)
-        return measured("ssh", variant, loss, found)
+        return measured("ssh", variant, loss, found, metrics)
 
 
 @contextmanager
@@ -318,7 +332,7 @@ def slurm_run(args: argparse.Namespace, cluster: Any, variant: str, loss: str) -
         finally:
             cluster.run(["scancel", str(job)])
             cluster.wait(job, timeout=120)
-        return measured("slurm", variant, loss, found)
+        return measured("slurm", variant, loss, found, metrics)
 
 
 # ---- the plan: targets x losses x variants -----------------------------------------
@@ -427,6 +441,9 @@ def main() -> int:
     print(table(runs, [v for v in args.variants if v != "torchft"]))
     print("median s from the loss to the survivors' first step (steps lost: trained again); "
           "x/torchft: that over torchft's median on this machine for the same loss kind")
+    for r in runs:
+        if r.restart_s:
+            print(f"{r.target} {r.variant} {r.loss}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.restart_s.items()))
     for key, reason in skipped.items():
         print(f"skipped {key}: {reason}")
     print(f"wrote {args.out / 'elastic.json'}")

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,6 +43,9 @@ class Measurement:
     resumed_from_step: int  # the step the survivors went on from
     discarded_in_flight: int = 0  # torchft: step attempts thrown away (not committed) after the loss
     survivor_restarted: bool = False  # torchft: the survivor's worker died and its torchrun started it again
+    # ddpkit: where the time went, s: "to new workers" (the loss seen, the rendezvous, the agent's restart),
+    # then the new rank 0's start-up phases (imports, rendezvous, model, data, ..., first step)
+    restart_s: dict[str, float] = field(default_factory=dict)
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
