@@ -6,13 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from ddpkit.launch import proctree
 from ddpkit.train.balanced_dp import chunk_sizes
 from ddpkit.train.data import DeviceResidentLoader, ResumableSampler, ShardSampler, SyntheticImages, read_cifar10, train_loader
 from ddpkit.train.loop import warmup_cosine
@@ -204,3 +209,42 @@ def test_loader_workers_do_not_inherit_a_lock_another_thread_holds() -> None:
         holder.join()
     assert [flag for batch in got for flag in batch] == [1.0] * 8
     assert os.getpid() not in {pid for batch in parents for pid in batch}  # started by the server, not forked here
+
+
+LOADER_THEN_WAIT = """
+import sys, time
+from ddpkit.train.data import ResumableSampler, SyntheticImages, train_loader
+data = SyntheticImages(16, 8, 4, seed=0)
+loader = train_loader(data, ResumableSampler(data, 1, 0, seed=0), batch_size=4, workers=2, pin=False)
+next(iter(loader))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_loader_workers_and_their_server_end_with_the_rank(sig: int) -> None:
+    """A rank that dies without cleaning up (SIGKILL; the watchdog's os._exit)
+    or is told to go takes its fork server and loader workers with it: they
+    would otherwise keep each other alive for good (train/loader_procs.py)."""
+    proc = subprocess.Popen([sys.executable, "-c", LOADER_THEN_WAIT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        left = proctree.descendants(proc.pid)
+        assert len(left) >= 3, left  # the server and two workers (and the resource tracker)
+        proc.send_signal(sig)
+        proc.wait(30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(pid) for pid in left):
+            time.sleep(0.05)
+        assert not [pid for pid in left if _alive(pid)], "left behind by the rank"
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -7,18 +7,17 @@ uninterrupted run would have, whatever the number of loader workers.
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
-from multiprocessing import forkserver
-from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from . import loader_procs
 
 # One sample of every dataset here: a (C,H,W) image and its class index.
 Sample = tuple[torch.Tensor, int]
@@ -322,43 +321,31 @@ class ByEpoch(Dataset[Sample]):
         return self.dataset[index]
 
 
-def worker_context(dataset: Dataset[Sample], workers: int) -> BaseContext | None:
-    """Loader workers start from a fork server, never by forking the rank.
-
-    By the time the first batch is asked for, a rank runs other threads: the
-    hang watchdog's, gloo's or NCCL's, the store client's. A fork copies the
-    locks those threads hold at that instant, unlocked by nobody in the child,
-    and a worker that touches one waits forever (seen here: a rank stalled at
-    step 0 on workers that never sent a batch). The fork server is a fresh,
-    single-threaded interpreter with torch and the dataset's module imported
-    once (preload). It starts now, beside the rest of the set-up; each worker
-    is forked from it, once per run (persistent workers: a worker receives the
-    dataset pickled, 150 MB for CIFAR-10, so once per epoch would cost seconds)."""
-    if workers == 0:
-        return None
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(_preload(dataset))
-    forkserver.ensure_running()
-    return ctx
-
-
 def _preload(dataset: Dataset[Sample]) -> list[str]:
-    """What a worker needs imported to unpickle `dataset` (torch comes with any of them)."""
+    """What a loader worker needs imported to unpickle `dataset` (torch comes with any of them)."""
     modules = [__name__, type(dataset).__module__]
     if isinstance(dataset, FlipFolder):
         modules.append("torchvision.datasets")  # ImageFolder: seconds per worker if not preloaded
     return list(dict.fromkeys(modules))
 
 
+def _workers(dataset: Dataset[Sample], workers: int) -> dict[str, Any]:
+    """The DataLoader's worker arguments: from the fork server, for the whole
+    run (train/loader_procs.py says why). Persistent: a worker receives the
+    dataset pickled, 150 MB for CIFAR-10, so once per epoch would cost seconds."""
+    if workers == 0:
+        return {"num_workers": 0}
+    return {"num_workers": workers, "persistent_workers": True, "worker_init_fn": loader_procs.worker_init,
+            "multiprocessing_context": loader_procs.worker_context(_preload(dataset))}
+
+
 def train_loader(dataset: Dataset[Sample], sampler: ResumableSampler, batch_size: int, workers: int,
                  pin: bool) -> DataLoader[Sample]:
     # drop_last: every rank runs the same number of steps, so collectives stay matched
-    return DataLoader(ByEpoch(dataset), batch_size=batch_size, sampler=EpochTagged(sampler),
-                      num_workers=workers, drop_last=True, pin_memory=pin, persistent_workers=workers > 0,
-                      multiprocessing_context=worker_context(dataset, workers))
+    return DataLoader(ByEpoch(dataset), batch_size=batch_size, sampler=EpochTagged(sampler), drop_last=True,
+                      pin_memory=pin, **_workers(dataset, workers))
 
 
 def eval_loader(dataset: Dataset[Sample], num_replicas: int, rank: int, batch_size: int, workers: int) -> DataLoader[Sample]:
     return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(dataset_size(dataset), num_replicas, rank),
-                      num_workers=workers, persistent_workers=workers > 0,
-                      multiprocessing_context=worker_context(dataset, workers))
+                      **_workers(dataset, workers))
