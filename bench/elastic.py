@@ -83,7 +83,7 @@ def train_args(ckpt: Path, metrics: Path, args: argparse.Namespace) -> list[str]
 
 @dataclass(frozen=True)
 class Record:
-    kind: str  # "train" (a step) or "resume" (a run started from the checkpoint at `step`)
+    kind: str  # "train" (a step), "checkpoint" (written at `step`) or "resume" (a run started from one)
     step: int
     time: float
 
@@ -93,7 +93,7 @@ def records(metrics: Path) -> list[Record]:
         return []
     lines = metrics.read_text().split("\n")[:-1]  # complete lines only
     return [Record(r["kind"], r["step"], r["time"]) for r in map(json.loads, lines)
-            if r.get("kind") in ("train", "resume")]
+            if r.get("kind") in ("train", "resume", "checkpoint")]
 
 
 def steps(metrics: Path) -> list[tuple[int, float]]:
@@ -119,7 +119,9 @@ def after_loss(written: list[Record], lost_at: float) -> Loss | None:
             first = next((r for r in written[i + 1:] if r.kind == "train"), None)
             if first is None:
                 return None
-            killed_at = max(r.step for r in written[:i] if r.kind == "train")
+            # a step's checkpoint (the one written at the loss, too) says it was completed, also when
+            # its `train` record was still in the buffer of a rank that left by os._exit
+            killed_at = max(r.step for r in written[:i] if r.kind in ("train", "checkpoint"))
             return Loss(killed_at, lost_at, first.time, rec.step)
     return None
 
