@@ -48,14 +48,11 @@ class Stepper:
         for buf, old in zip(self._bn_buffers(), saved):
             buf.copy_(old)
 
-    def step(self, batches: Batches) -> torch.Tensor:
-        """One optimizer step over grad_accum micro-batches; returns the loss (on the device)."""
-        loss = self.compute(batches)
-        self.update()
-        return loss
-
+    # One optimizer step is compute() then update(): the loop keeps a guard over
+    # the update alone (train/last_step.py), never over the all-reduce's wait.
     def compute(self, batches: Batches) -> torch.Tensor:
-        """The step's gradients (forward, backward, all-reduce): the model is not changed yet."""
+        """The step's gradients over grad_accum micro-batches (forward, backward,
+        all-reduce); returns the loss (on the device). The model is not changed yet."""
         c, par = self.config, self.par
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=par.output_device)
