@@ -99,6 +99,8 @@ DDPKIT_WATCHDOG_STRAGGLER_FACTOR: Final = "DDPKIT_WATCHDOG_STRAGGLER_FACTOR"
 DDPKIT_TEST_SLOW_RANK: Final = "DDPKIT_TEST_SLOW_RANK"
 # The rank whose DataLoader fork server and workers these are (train/loader_procs.py): they end with it.
 DDPKIT_LOADER_RANK_PID: Final = "DDPKIT_LOADER_RANK_PID"
+# The fork server's own pid, which its workers inherit (train/loader_procs.py).
+DDPKIT_LOADER_SERVER_PID: Final = "DDPKIT_LOADER_SERVER_PID"
 # Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/ELASTIC.md).
 DDPKIT_WATCHDOG_LOSS_S: Final = "DDPKIT_WATCHDOG_LOSS_S"
 # torch's NCCL flight recorder: ring-buffer entries, dump on a collective timeout, and the dump file prefix.

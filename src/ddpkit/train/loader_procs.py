@@ -31,48 +31,52 @@ from multiprocessing.context import BaseContext
 from .. import envnames
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process as soon as its parent ends (Linux; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-
-def _rank_gone() -> bool:
-    """The rank that started the server ended already (before the death signal was set)."""
-    pid = os.environ.get(envnames.DDPKIT_LOADER_RANK_PID)
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
+def die_with_parent(parent_var: str) -> None:
+    """SIGKILL this process as soon as its parent ends (Linux; elsewhere
+    nothing). The parent is the pid in $parent_var: if this process's parent
+    is another one by now, it already ended (the orphan was handed on at once,
+    even while the old parent waits as a zombie), so this process ends now."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if str(os.getppid()) != os.environ.get(parent_var):
+        os._exit(0)
 
 
 def worker_init(worker_id: int) -> None:
     """Each loader worker: ends with the fork server that forked it."""
     del worker_id
-    die_with_parent()
-    if _rank_gone():
-        os._exit(0)
+    die_with_parent(envnames.DDPKIT_LOADER_SERVER_PID)
 
 
 def worker_context(preload: list[str]) -> BaseContext:
     """The fork server's context, the server started now with `preload` imported."""
     os.environ[envnames.DDPKIT_LOADER_RANK_PID] = str(os.getpid())
+    # multiprocessing's resource tracker (started with the server, from this
+    # interpreter's -W options) reclaims the queues' semaphores after a rank
+    # that left by os._exit or a signal, and warns about "leaked semaphore
+    # objects" in the job's log each time: expected there, so not said.
+    if TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(TRACKER_QUIET)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__, *preload])
     forkserver.ensure_running()
     return ctx
 
 
-# In the fork server (the first module it preloads): end with the rank.
-if os.environ.get(envnames.DDPKIT_LOADER_RANK_PID) == str(os.getppid()) and "multiprocessing.forkserver" in sys.modules \
-        and multiprocessing.parent_process() is None and sys.argv[:1] == ["-c"]:
-    die_with_parent()
-    if _rank_gone():
-        os._exit(0)
+def _in_fork_server() -> bool:
+    """This process is a fork server started by worker_context (it runs
+    multiprocessing.forkserver's main from `python -c`, as no other process does)."""
+    return (envnames.DDPKIT_LOADER_RANK_PID in os.environ and sys.argv[:1] == ["-c"]
+            and "multiprocessing.forkserver" in sys.modules and multiprocessing.parent_process() is None
+            and envnames.DDPKIT_LOADER_SERVER_PID not in os.environ)
+
+
+# In the fork server (the first module it preloads): end with the rank, and
+# tell the workers forked from here which pid is theirs to end with.
+if _in_fork_server():
+    os.environ[envnames.DDPKIT_LOADER_SERVER_PID] = str(os.getpid())
+    die_with_parent(envnames.DDPKIT_LOADER_RANK_PID)
