@@ -222,9 +222,11 @@ def test_a_node_lost_between_checkpoints_costs_at_most_the_step_in_flight(tmp_pa
     assert written % 4 != 0 and written > step and written == trained, (written, step, trained)
     assert records[resumed]["step"] == written and records[resumed]["checkpoint"].endswith(f"ckpt-{written:08d}.pt")
     survivors = "\n".join(p.read_text(errors="replace") for p in job.logs[:2])
-    why = "RuntimeError: Connection closed by peer" if loss == "crash" else "lost node 2"
-    assert f"at step {written}" in survivors and f"(written from rank 0's memory: {why}" in survivors, \
-        survivors[-4000:]
+    # crash: gloo's words for the closed connection vary ("Connection closed by peer", "Read error ...
+    # Connection reset by peer"); freeze: the heartbeat verdict
+    why = r"RuntimeError: .*by peer" if loss == "crash" else r"lost node 2 \(testhost-node2\): no heartbeat"
+    assert f"at step {written}" in survivors, survivors[-4000:]
+    assert re.search(rf"\(written from rank 0's memory: {why}", survivors), survivors[-4000:]
 
     # an uninterrupted 2-node run from the file written at the loss ends at the same parameters, bit for bit
     held, ref = tmp_path / "held", tmp_path / "ref"

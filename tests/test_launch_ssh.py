@@ -539,11 +539,15 @@ def test_launch_ssh_refuses_an_unset_secret_before_connecting(cluster: Cluster, 
                                        "file) (nothing was written or started)"]
 
 
+# Two ranks of a node share its log: each line goes out in one write (print()
+# writes the text and its newline separately, and the other rank's line could
+# land between them: CI10).
 LINES_SCRIPT = """\
 import os, sys, time
 rank, n = os.environ["RANK"], 0
 while True:
-    print(f"LINE rank={rank} n={n}", flush=True)
+    sys.stdout.write(f"LINE rank={rank} n={n}\\n")
+    sys.stdout.flush()
     n += 1
     time.sleep(0.2)
 """

@@ -45,8 +45,12 @@ GUARD_WAIT_S = 10.0
 def failure_reason(exc: BaseException) -> str:
     """What the main thread met, in one line (a gloo error is a page of C++ context)."""
     lines = str(exc).strip().splitlines()
-    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0])[:200] if lines else ""  # gloo's "[.../pair.cc:561] "
-    return f"{type(exc).__name__}: {first}".rstrip(": ")
+    first = lines[0] if lines else ""
+    # gloo's source positions ("[.../pair.cc:561] "), DDP's wrapping of its hook's error, its boilerplate
+    first = re.sub(r"\[/[^\]]*\]\s*", "", first)
+    first = first.replace("Got the following error when running the callback: RuntimeError: ", "")
+    first = first.split(". This is typically caused")[0]
+    return f"{type(exc).__name__}: {first[:200]}".rstrip(": ")
 
 
 class LastStep:
