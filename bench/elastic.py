@@ -88,11 +88,15 @@ class Record:
     time: float
 
 
-def records(metrics: Path) -> list[Record]:
+def metric_records(metrics: Path) -> list[dict[str, Any]]:
+    """Rank 0's metrics records, complete lines only (it may be writing the last one)."""
     if not metrics.exists():
         return []
-    lines = metrics.read_text().split("\n")[:-1]  # complete lines only
-    return [Record(r["kind"], r["step"], r["time"]) for r in map(json.loads, lines)
+    return [json.loads(line) for line in metrics.read_text().split("\n")[:-1]]
+
+
+def records(metrics: Path) -> list[Record]:
+    return [Record(r["kind"], r["step"], r["time"]) for r in metric_records(metrics)
             if r.get("kind") in ("train", "resume", "checkpoint")]
 
 
@@ -166,8 +170,7 @@ def lose_a_node(metrics: Path, node: Node, loss: str, every: int) -> Loss:
 def restart_breakdown(metrics: Path, lost_at: float) -> dict[str, float]:
     """Where the survivors' time went: until their new workers' processes
     started, then the new rank 0's start-up phases (its `startup` record)."""
-    lines = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
-    startups = [r for r in map(json.loads, lines) if r.get("kind") == "startup"
+    startups = [r for r in metric_records(metrics) if r.get("kind") == "startup"
                 and r["stamps"]["process_start"] > lost_at - 1]
     if not startups:
         return {}

@@ -179,11 +179,7 @@ def test_a_lost_node_leaves_two_that_finish_from_the_checkpoint(tmp_path: Path, 
 def freeze_node(job: Job, node: int) -> None:
     """The node goes silent: its agent and every process under it SIGSTOPped (job.kill ends them)."""
     agent = job.procs[node]
-    for pid in [agent.pid, *proctree.descendants(agent.pid)]:
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:
-            pass
+    proctree.signal_all([agent.pid, *proctree.descendants(agent.pid)], signal.SIGSTOP)
 
 
 @pytest.mark.slow

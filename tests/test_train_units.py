@@ -243,6 +243,8 @@ def test_loader_workers_and_their_server_end_with_the_rank(sig: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Running, not a zombie (proctree.alive counts zombies: an orphan waits as
+    one until its new parent reaps it, which is not this test's concern)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:

@@ -64,7 +64,6 @@ class LastStep:
         persistent = set(model.state_dict().keys()) if enabled else set()
         self._names = [name for name, _ in model.named_buffers() if name in persistent]
         self._before: dict[str, torch.Tensor] | None = None  # buffers before the step in flight
-        self._written: int | None = None
 
     def begin(self) -> None:
         """A step starts: keep the buffers its forward pass will change (a few KB for a ResNet)."""
@@ -88,15 +87,13 @@ class LastStep:
             return None
         try:
             pos = Position(**vars(self.position()))
-            last = self.checkpointer.last
-            if pos.step == 0 or self._written == pos.step or (last is not None and last.name == checkpoint_name(
-                    pos.step)):
+            last = self.checkpointer.last  # also the file written here before, for this step
+            if pos.step == 0 or (last is not None and last.name == checkpoint_name(pos.step)):
                 return None  # nothing trained yet, or this step is on disk already
             model = self.model.state_dict()
             if self._before is not None:
                 model.update(self._before)
             path = self.checkpointer.save_from_memory(pos, model, reason)
-            self._written = pos.step
             if path is not None:
                 self.log.warning("wrote the last completed step from memory: %s (step %d; %s)", path, pos.step,
                                  reason)
