@@ -206,6 +206,9 @@ def compose_logs(rec: RunRecord, cli: list[str], node: int | None, tail: int | N
     return words + ([] if node is None else [f"node{node}"])  # services are node<I> (templates/compose)
 
 
+ACTIVE_CONTAINER = ("running", "restarting", "paused", "created")
+
+
 def compose_state(rec: RunRecord) -> Answer:
     cli = compose_cli()
     words = compose_base(rec, cli or ["docker", "compose"]) + ["ps", "--all", "--format", "json"]
@@ -220,10 +223,14 @@ def compose_state(rec: RunRecord) -> Answer:
         return Answer(RunState.RENDERED, None, f"no containers: start them with `{shlex.join(compose_base(rec, cli))} up`")
     states = {str(r.get("Service")): (str(r.get("State")), int(r.get("ExitCode") or 0)) for r in rows}
     summary = ", ".join(f"{svc} {st}" + (f" ({code})" if st == "exited" else "") for svc, (st, code) in sorted(states.items()))
-    if any(st in ("running", "restarting", "paused", "created") for st, _ in states.values()):
+    node0, code = states.get("node0", ("exited", 1))
+    # node0 decides once it has exited, as `up --exit-code-from node0` does. An elastic job
+    # (`up -d`) can end on the survivors while a lost node's container is still paused or running.
+    if node0 != "exited" and any(st in ACTIVE_CONTAINER for st, _ in states.values()):
         return Answer(RunState.RUNNING, None, f"{summary} (docker compose)")
-    code = states.get("node0", ("exited", 1))[1]  # node0 decides, as `up --exit-code-from node0` does
-    return Answer(RunState.FINISHED if code == 0 else RunState.FAILED, code, f"{summary} (docker compose)")
+    left = sorted(svc for svc, (st, _) in states.items() if st in ACTIVE_CONTAINER)
+    tail = f"; {', '.join(left)} left: `{shlex.join(compose_base(rec, cli))} down` removes them" if left else ""
+    return Answer(RunState.FINISHED if code == 0 else RunState.FAILED, code, f"{summary} (docker compose){tail}")
 
 
 def _json_rows(text: str) -> list[dict[str, Any]]:

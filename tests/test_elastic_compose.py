@@ -1,0 +1,167 @@
+"""An elastic job in the rendered compose file, on the session's Docker
+daemon and CPU image (tests/infra/docker_daemon.py): 3 services (nodes),
+min_nodes 2, run as the file's header says (`up -d`, `wait node0`, `down`).
+Right after the 3-node world's first checkpoint (tests/helpers/elastic_gate.py,
+the repo's tests bind-mounted into the image) node 2's container is lost:
+
+- paused (`docker pause`: every process in it frozen by the cgroup freezer,
+  its connections open, nothing answers): the two others must notice it by
+  its heartbeats within watchdog.loss_s (the `lost` record says so, no stall
+  is declared), re-form without it and finish with world size 2, resumed
+  from the held checkpoint;
+- killed (`docker kill`: SIGKILL to every process in it, connections
+  closed): the two others re-form at once and finish.
+
+Either way node 0 exits 0 (what `docker compose wait node0` reports to the
+user), and `down` leaves nothing of the job on the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers.elastic_gate import GATE_DIR, GATE_WORLD, held_step, release
+from tests.helpers.matrix import DDPKIT, run_ok
+from tests.infra import docker_daemon as daemon_infra
+from tests.infra.docker_daemon import REPO, Docker
+from tests.test_targets_matrix_docker import compose_cli
+
+docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+JOB = "elastic-compose-test"  # the compose project: its containers are named and labelled by it
+LOST = 2  # node 0 hosts the rendezvous store and must stay
+LOSS_S = 10  # watchdog.loss_s's default
+TRAIN = ["--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain", "--synthetic-size", "96",
+         "--batch-size", "4", "--epochs", "2", "--no-eval", "--device", "cpu", "--backend", "gloo", "--lr", "0.05",
+         "--base-batch", "8", "--seed", "0", "--checkpoint-every", "4", "--keep", "100", "--resume", "auto",
+         "--log-every", "1"]
+
+
+def write_job(folder: Path, image: str) -> Path:
+    """The job as a user writes it (the defaults for loss_s and the rendezvous
+    timings); the gate module comes from the repo's tests, mounted read-only."""
+    spec = {
+        "name": JOB, "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo", "image": image,
+        "rendezvous": {"timeout_s": 120},
+        "elastic": {"min_nodes": 2, "max_restarts": 2},
+        "command": {"python": "python3", "module": "tests.helpers.elastic_gate",
+                    "args": [*TRAIN, "--checkpoint-dir", "/job/ckpt", "--metrics", "/job/metrics.jsonl"]},
+        "env": {"PYTHONPATH": "/repo", "OMP_NUM_THREADS": "1", GATE_DIR: "/job/gate", GATE_WORLD: "3"},
+        "mounts": [f"{REPO / 'tests'}:/repo/tests:ro", f"{folder / 'job'}:/job"],
+    }
+    (folder / "job" / "gate").mkdir(parents=True)
+    path = folder / "elastic.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+class Compose:
+    """docker compose on the rendered file, as its header says to run it."""
+
+    def __init__(self, docker: Docker, folder: Path) -> None:
+        self.docker, self.folder = docker, folder
+        self.argv = [*compose_cli(docker), "-f", str(folder / "compose.yaml")]
+
+    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.argv, *args], env=self.docker.env, cwd=self.folder, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+
+    def container(self, service: str) -> str:
+        done = self("ps", "-a", "-q", service)
+        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+        return done.stdout.split()[0]
+
+    def state(self, service: str) -> dict[str, Any]:
+        out = subprocess.run(["docker", "inspect", "--format", "{{json .State}}", self.container(service)],
+                             env=self.docker.env, capture_output=True, text=True, check=True).stdout
+        return dict(json.loads(out))
+
+    def ended(self) -> str | None:
+        """Why waiting for the gate is pointless (node 0 exited), or None."""
+        state = self.state("node0")
+        return None if state["Running"] else f"node0 exited {state['ExitCode']}\n{self.logs()[-4000:]}"
+
+    def logs(self) -> str:
+        return self("logs", "--no-color", "--timestamps").stdout
+
+    def left(self) -> str:
+        """Containers and networks of the project still on the daemon."""
+        label = f"label=com.docker.compose.project={JOB}"
+        ps = subprocess.run(["docker", "ps", "-a", "-q", "--filter", label], env=self.docker.env,
+                            capture_output=True, text=True, check=True).stdout
+        nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", label], env=self.docker.env,
+                              capture_output=True, text=True, check=True).stdout
+        return ps + nets
+
+
+def records(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "job" / "metrics.jsonl").read_text().splitlines()]
+
+
+def first_step_after(recs: list[dict[str, Any]], lost: dict[str, Any]) -> float:
+    """Wall-clock time of the survivors' first step after their resume."""
+    resume = next(i for i in range(recs.index(lost), len(recs)) if recs[i]["kind"] == "resume")
+    return float(next(r for r in recs[resume:] if r["kind"] == "train")["time"])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("loss", ["paused", "killed"])
+def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path: Path, loss: str) -> None:
+    assert docker_daemon.image is not None
+    job = write_job(tmp_path, docker_daemon.image)
+    env = {**docker_daemon.env, "DDPKIT_RUNS_DIR": str(tmp_path / "runs")}
+    run_ok([DDPKIT, "render", "compose", "-f", str(job), "-o", str(tmp_path)], env=env)
+    header = (tmp_path / "compose.yaml").read_text()
+    assert "# Run: docker compose -f compose.yaml up -d && docker compose -f compose.yaml wait node0" in header
+    compose = Compose(docker_daemon, tmp_path)
+    gate = tmp_path / "job" / "gate"
+    try:
+        up = compose("up", "-d", "--no-color", timeout=300)
+        assert up.returncode == 0, up.stderr
+        step = held_step(gate, 3, compose.ended)
+        lost = compose.container(f"node{LOST}")
+        subprocess.run(["docker", "pause" if loss == "paused" else "kill", lost], env=docker_daemon.env,
+                       check=True, capture_output=True)
+        lost_at = time.time()
+        release(gate, 3)
+        waited = compose("wait", "node0", timeout=420)
+        node1 = compose.state("node1")
+        output = compose.logs()
+        status = run_ok([DDPKIT, "status", JOB], env=env)
+    finally:
+        down = compose("down", "--remove-orphans", "--timeout", "5", timeout=180)
+    assert waited.returncode == 0 and waited.stdout.split()[-1:] == ["0"], (waited.stdout + waited.stderr
+                                                                          + output[-6000:])
+    assert node1["ExitCode"] == 0 and not node1["Running"], node1
+    assert down.returncode == 0 and compose.left() == "", down.stderr
+    # `ddpkit status`: node 0 decides, and a lost node's container still there is named
+    assert re.search(r"^run \w{6}: finished, exit code 0$", status, re.M), status
+    where = " ".join(status.split())  # the line may wrap at the console's width
+    if loss == "paused":
+        assert "node0 exited (0), node1 exited (0), node2 paused (docker compose); node2 left: " in where, status
+    else:
+        assert "node0 exited (0), node1 exited (0), node2 exited (137) (docker compose) " in where + " ", status
+        assert "left:" not in where, status
+    # the two others re-formed without node 2 and went on from the held checkpoint with world size 2
+    assert f"ckpt-{step:08d}.pt at step {step}" in output, output[-6000:]
+    assert re.search(r"elastic: restart \d of at most 2; world size 3 -> 2", output), output[-6000:]
+    recs = records(tmp_path)
+    assert not [r for r in recs if r["kind"] == "stall"], recs
+    assert recs[-1]["kind"] == "summary", recs[-3:]  # rank 0 of the 2-node world ended the run
+    if loss == "paused":
+        # found by its heartbeats, not by a collective timing out (30 min)
+        [record] = [r for r in recs if r["kind"] == "lost"]
+        assert record["noticed_by"] == "heartbeat" and record["action"] == "re-form", record
+        assert record["loss_s"] == LOSS_S and {r["node"] for r in record["lost"]} == {LOST}, record
+        took = first_step_after(recs, record) - lost_at
+        print(f"paused: {took:.1f}s from the pause to the others' first step")
+        assert took < LOSS_S + 110, took
