@@ -29,9 +29,13 @@ Targets:
 - ssh: `ddpkit launch ssh` on three network-namespace hosts with sshd
   (tests/infra, root);
 - slurm: the rendered sbatch script (torchrun mode) on a real slurmctld and
-  three slurmds (tests/infra, root).
+  three slurmds (tests/infra, root);
+- compose: the rendered compose file under `docker compose up -d` on a Docker
+  daemon (DOCKER_HOST's, or one started as root), three containers of the CPU
+  image; the lost container killed (`docker kill`), paused (`docker pause`)
+  or cut off its network (`docker network disconnect`).
 
-    python -m bench.elastic [--targets local,ssh,slurm] [--losses crash,freeze,link]
+    python -m bench.elastic [--targets local,ssh,slurm,compose] [--losses crash,freeze,link]
         [--variants torchrun-defaults,ddpkit-fast,torchft] [--repeats 1] [--out bench/results]
 """
 
@@ -51,7 +55,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from bench import torchft_anchor
@@ -63,7 +67,7 @@ from ddpkit.launch import proctree
 from ddpkit.spec import JobSpec
 
 NODES, MIN_NODES = 3, 2
-TARGETS = ("local", "ssh", "slurm")
+TARGETS = ("local", "ssh", "slurm", "compose")
 VARIANTS = ("torchrun-defaults", "ddpkit-fast", "torchft")
 # loss_s 15 derives torchrun's default keep-alive (5 s interval, 3 attempts: rdzv_timing), and the last
 # call is torchrun's 30 s: the rendezvous of today's path before issue 30.
@@ -130,9 +134,17 @@ def after_loss(written: list[Record], lost_at: float) -> Loss | None:
     return None
 
 
+class Lost(Protocol):
+    """How to take the lost node away on a target, and to end what is left of it."""
+
+    def lose(self, loss: str) -> None: ...
+
+    def restore(self, loss: str) -> None: ...
+
+
 @dataclass
 class Node:
-    """How to take the lost node away on a target, and to end what is left of it."""
+    """A node that is processes on a host: its agent and workers, and the host's link."""
 
     pids: Callable[[], list[int]]  # its torchrun agent and workers
     set_link: Callable[[bool], None] | None = None  # its host's link (netns targets)
@@ -153,7 +165,7 @@ class Node:
             end_frozen(self.frozen)
 
 
-def lose_a_node(metrics: Path, node: Node, loss: str, every: int) -> Loss:
+def lose_a_node(metrics: Path, node: Lost, loss: str, every: int) -> Loss:
     """Take the node away at a random step after the first checkpoint; wait for the survivors' first step."""
     at = random.randint(every + 1, 3 * every)
     wait_until(lambda: any(s >= at for s, _ in steps(metrics)), 300, "no step to take the node away at")
@@ -340,6 +352,77 @@ def slurm_run(args: argparse.Namespace, cluster: Any, variant: str, loss: str) -
         return measured("slurm", variant, loss, found, metrics)
 
 
+# ---- docker compose: the rendered file on a Docker daemon ----------------------------
+
+@dataclass
+class Container:
+    """A node that is a container: killed (SIGKILL to all in it: not restarted, as `docker kill`
+    is a stop by hand), paused (the cgroup freezer), or cut off its network."""
+
+    docker_env: dict[str, str]
+    container: str
+
+    def lose(self, loss: str) -> None:
+        if loss != "link":
+            self.docker("kill" if loss == "crash" else "pause", self.container)
+            return
+        networks = self.docker("inspect", "--format", "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} "
+                               "{{end}}", self.container)
+        for network in networks.split():
+            self.docker("network", "disconnect", network, self.container)
+
+    def restore(self, loss: str) -> None:
+        pass  # `down` stops and removes it, paused or cut off
+
+    def docker(self, *words: str) -> str:
+        return subprocess.run(["docker", *words], env=self.docker_env, check=True, capture_output=True,
+                              text=True).stdout
+
+
+
+@contextmanager
+def docker_host(image: str | None) -> Iterator[tuple[dict[str, str], str]]:
+    """A Docker daemon (DOCKER_HOST's, or one started here as root) and the CPU image of this
+    checkout (docker/build.sh, as `make image-cpu`) unless `image` names one."""
+    from tests.infra import docker_daemon
+
+    daemon = docker_daemon.start_daemon()
+    try:
+        yield daemon.env, image or docker_daemon.build_image(daemon)
+    finally:
+        docker_daemon.stop_daemon(daemon)  # only one started here
+
+
+def compose_run(args: argparse.Namespace, docker_env: dict[str, str], image: str, variant: str,
+                loss: str) -> Measurement:
+    from ddpkit.launch.applied import compose_cli
+
+    with work_folder("ddpkit-bench-elastic-compose-") as work:
+        metrics = work / "m.jsonl"
+        inside = Path("/job")  # the work folder, bind-mounted into every container
+        command = {"python": "python3", "module": "ddpkit.train",
+                   "args": train_args(inside / "ckpt", inside / metrics.name, args)}
+        job_spec(work, work / "ckpt", metrics, args, variant, command=command, image=image,
+                        env={"OMP_NUM_THREADS": "1"}, mounts=[f"{work}:{inside}"])
+        done = subprocess.run([DDPKIT, "render", "compose", "-f", str(work / "bench.yaml"), "-o", str(work)],
+                              capture_output=True, text=True, check=False, cwd=ROOT, env=docker_env)
+        if done.returncode != 0:
+            raise RuntimeError(f"ddpkit render compose failed: {done.stderr}")
+        compose = [*compose_cli(), "-f", str(work / "compose.yaml")]
+        try:
+            subprocess.run([*compose, "up", "-d"], env=docker_env, check=True, capture_output=True, cwd=work)
+            lost = subprocess.run([*compose, "ps", "-q", f"node{LOST}"], env=docker_env, check=True,
+                                  capture_output=True, text=True, cwd=work).stdout.split()[0]
+            found = lose_a_node(metrics, Container(docker_env, lost), loss, args.checkpoint_every)
+        finally:
+            with (work / "compose.out").open("w") as out:  # the nodes' last lines, should a wait time out
+                subprocess.run([*compose, "logs", "--no-color"], env=docker_env, stdout=out,
+                               stderr=subprocess.STDOUT, check=False, cwd=work)
+            subprocess.run([*compose, "down", "--timeout", "5"], env=docker_env, capture_output=True,
+                           check=False, cwd=work)
+        return measured("compose", variant, loss, found, metrics)
+
+
 # ---- the plan: targets x losses x variants -----------------------------------------
 
 Run = Callable[[str, str], Measurement]  # (variant, loss) -> one measurement
@@ -353,6 +436,9 @@ def target_runner(target: str, args: argparse.Namespace) -> Iterator[Run]:
     elif target == "ssh":
         with ssh_hosts() as (net, hosts):
             yield lambda variant, loss: ssh_run(args, net, hosts, variant, loss)
+    elif target == "compose":
+        with docker_host(args.image) as (docker_env, image):
+            yield lambda variant, loss: compose_run(args, docker_env, image, variant, loss)
     else:
         with slurm_cluster() as cluster:
             yield lambda variant, loss: slurm_run(args, cluster, variant, loss)
@@ -406,7 +492,7 @@ def note_skip(skipped: dict[str, str], key: str, reason: str | None) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", default="local", help=f"comma-separated, of {', '.join(TARGETS)} "
-                        "(ssh and slurm build hosts in network namespaces: root)")
+                        "(ssh and slurm build hosts in network namespaces: root; compose needs a Docker daemon)")
     parser.add_argument("--losses", default="crash", help=f"comma-separated, of {', '.join(LOSSES)}")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--repeats", type=int, default=1)
@@ -419,6 +505,8 @@ def main() -> int:
     parser.add_argument("--torchft-steps", type=int, default=400, help="steps each torchft group trains at most")
     parser.add_argument("--torchft-patch-comm-hook", action="store_true",
                         help="the anchor with torchft's DDP comm hook mended (bench/torchft_anchor.py --patch-comm-hook)")
+    parser.add_argument("--image", help="compose: the CPU image to run (default: build this checkout's, as "
+                        "`make image-cpu` does)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     for name, allowed in (("targets", TARGETS), ("losses", LOSSES), ("variants", VARIANTS)):

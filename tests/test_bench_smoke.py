@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def run_bench(module: str, *args: str) -> None:
+def run_bench(module: str, *args: str, env: dict[str, str] | None = None) -> None:
     done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 

@@ -14,6 +14,9 @@ the repo's tests bind-mounted into the image) node 2's container is lost:
 
 Either way node 0 exits 0 (what `docker compose wait node0` reports to the
 user), and `down` leaves nothing of the job on the daemon.
+
+Also here, as it needs the same daemon and image: bench/elastic.py's compose
+target, smoke-sized (tests/test_bench_smoke.py says what a smoke test asserts).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tests.helpers.elastic_gate import GATE_DIR, GATE_WORLD, held_step, release
 from tests.helpers.matrix import DDPKIT, run_ok
 from tests.infra import docker_daemon as daemon_infra
 from tests.infra.docker_daemon import REPO, Docker
+from tests.test_bench_smoke import run_bench
 from tests.test_targets_matrix_docker import compose_cli
 
 docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
@@ -165,3 +169,21 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
         took = first_step_after(recs, record) - lost_at
         print(f"paused: {took:.1f}s from the pause to the others' first step")
         assert took < LOSS_S + 110, took
+
+
+@pytest.mark.timeout(600)
+def test_the_recovery_bench_times_a_container_cut_off_its_network(docker_daemon: Docker, tmp_path: Path) -> None:
+    """bench/elastic.py on compose: node 2's container disconnected from the job's network (the
+    link kind; the tests above pause and kill it), ddpkit's fast path."""
+    assert docker_daemon.image is not None
+    run_bench("bench.elastic", "--targets", "compose", "--losses", "link", "--variants", "ddpkit-fast",
+              "--repeats", "1", "--samples", "1600", "--checkpoint-every", "4", "--image", docker_daemon.image,
+              "--out", str(tmp_path), env=docker_daemon.env)
+    data = json.loads((tmp_path / "elastic.json").read_text())
+    (run,) = data["runs"]
+    assert (run["target"], run["variant"], run["loss"]) == ("compose", "ddpkit-fast", "link"), run
+    assert run["loss_to_first_step_s"] > 0 and 0 <= run["steps_lost"] <= run["killed_at_step"], run
+    assert run["restart_s"]["to new workers"] > 0, run
+    assert not data["skipped"] and data["medians"]["compose"]["link"]["ddpkit-fast"]["runs"] == 1, data
+    assert subprocess.run(["docker", "ps", "-a", "-q", "--filter", "label=com.docker.compose.project=bench"],
+                          env=docker_daemon.env, capture_output=True, text=True, check=True).stdout == ""
