@@ -72,8 +72,12 @@ class Compose:
     """docker compose on the rendered file, as its header says to run it."""
 
     def __init__(self, docker: Docker, folder: Path) -> None:
+        from docker.client import DockerClient
+
         self.docker, self.folder = docker, folder
         self.argv = [*compose_cli(docker), "-f", str(folder / "compose.yaml")]
+        # state polls through the API: a CLI process per poll would cost a loaded machine's CPU
+        self.client = DockerClient(base_url=docker.host)
 
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.argv, *args], env=self.docker.env, cwd=self.folder, capture_output=True,
@@ -85,9 +89,9 @@ class Compose:
         return done.stdout.split()[0]
 
     def state(self, service: str) -> dict[str, Any]:
-        out = subprocess.run(["docker", "inspect", "--format", "{{json .State}}", self.container(service)],
-                             env=self.docker.env, capture_output=True, text=True, check=True).stdout
-        return dict(json.loads(out))
+        [container] = self.client.containers.list(all=True, filters={
+            "label": [f"com.docker.compose.project={JOB}", f"com.docker.compose.service={service}"]})
+        return dict(container.attrs["State"])
 
     def ended(self) -> str | None:
         """Why waiting for the gate is pointless (node 0 exited), or None."""
@@ -97,14 +101,11 @@ class Compose:
     def logs(self) -> str:
         return self("logs", "--no-color", "--timestamps").stdout
 
-    def left(self) -> str:
+    def left(self) -> list[str]:
         """Containers and networks of the project still on the daemon."""
-        label = f"label=com.docker.compose.project={JOB}"
-        ps = subprocess.run(["docker", "ps", "-a", "-q", "--filter", label], env=self.docker.env,
-                            capture_output=True, text=True, check=True).stdout
-        nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", label], env=self.docker.env,
-                              capture_output=True, text=True, check=True).stdout
-        return ps + nets
+        label = {"label": f"com.docker.compose.project={JOB}"}
+        return [str(c.name) for c in self.client.containers.list(all=True, filters=label)] + [
+            str(n.name) for n in self.client.networks.list(filters=label)]
 
 
 def records(folder: Path) -> list[dict[str, Any]]:
@@ -146,7 +147,7 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
     assert waited.returncode == 0 and waited.stdout.split()[-1:] == ["0"], (waited.stdout + waited.stderr
                                                                           + output[-6000:])
     assert node1["ExitCode"] == 0 and not node1["Running"], node1
-    assert down.returncode == 0 and compose.left() == "", down.stderr
+    assert down.returncode == 0 and compose.left() == [], down.stderr
     # `ddpkit status`: node 0 decides, and a lost node's container still there is named
     assert re.search(r"^run \w{6}: finished, exit code 0$", status, re.M), status
     where = " ".join(status.split())  # the line may wrap at the console's width
