@@ -379,7 +379,6 @@ class Container:
                               text=True).stdout
 
 
-
 @contextmanager
 def docker_host(image: str | None) -> Iterator[tuple[dict[str, str], str]]:
     """A Docker daemon (DOCKER_HOST's, or one started here as root) and the CPU image of this
@@ -403,7 +402,7 @@ def compose_run(args: argparse.Namespace, docker_env: dict[str, str], image: str
         command = {"python": "python3", "module": "ddpkit.train",
                    "args": train_args(inside / "ckpt", inside / metrics.name, args)}
         job_spec(work, work / "ckpt", metrics, args, variant, command=command, image=image,
-                        env={"OMP_NUM_THREADS": "1"}, mounts=[f"{work}:{inside}"])
+                 env={"OMP_NUM_THREADS": "1"}, mounts=[f"{work}:{inside}"])
         done = subprocess.run([DDPKIT, "render", "compose", "-f", str(work / "bench.yaml"), "-o", str(work)],
                               capture_output=True, text=True, check=False, cwd=ROOT, env=docker_env)
         if done.returncode != 0:
