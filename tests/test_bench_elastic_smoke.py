@@ -56,15 +56,20 @@ def test_elastic_bench_times_recovery_per_loss_kind(tmp_path: Path) -> None:
 
 
 def test_torchft_anchor_survives_a_killed_replica_group(tmp_path: Path) -> None:
-    """bench/torchft_anchor.py: a real lighthouse, three replica groups, the last SIGKILLed."""
+    """bench/torchft_anchor.py: a real lighthouse, three replica groups, the last SIGKILLed; torchft
+    with its comm hook mended (--patch-comm-hook), whose survivors train on without a restart. As
+    shipped, every survivor's worker dies and must be restarted by its torchrun before a quorum of
+    two forms again (docs/ELASTIC.md): in CI16 one survivor never came back within 300 s, and that
+    path measures torchft's restart, not the anchor's machinery."""
     reason = torchft_anchor.unavailable()
     if reason:
         pytest.skip(reason)
     run_bench("bench.torchft_anchor", "--losses", "crash", "--repeats", "1", "--steps", "300",
-              "--kill-after", "5", "--out", str(tmp_path))
+              "--kill-after", "5", "--patch-comm-hook", "--out", str(tmp_path))
     (run,) = json.loads((tmp_path / "torchft_anchor.json").read_text())["runs"]
-    assert run["variant"] == "torchft" and run["loss"] == "crash", run
+    assert run["variant"] == "torchft-patched" and run["loss"] == "crash", run
     assert run["loss_to_first_step_s"] > 0 and run["killed_at_step"] >= 5, run
+    assert not run["survivor_restarted"], run  # trained through the loss, as torchft intends
 
 
 @pytest.mark.root
