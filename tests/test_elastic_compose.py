@@ -26,17 +26,20 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
+from ddpkit.launch.applied import compose_cli
 from tests.helpers.elastic_gate import GATE_DIR, GATE_WORLD, held_step, release
 from tests.helpers.matrix import DDPKIT, run_ok
 from tests.infra import docker_daemon as daemon_infra
 from tests.infra.docker_daemon import REPO, Docker
 from tests.test_bench_smoke import run_bench
-from tests.test_targets_matrix_docker import compose_cli
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
 
 docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -75,7 +78,7 @@ class Compose:
         from docker.client import DockerClient
 
         self.docker, self.folder = docker, folder
-        self.argv = [*compose_cli(docker), "-f", str(folder / "compose.yaml")]
+        self.argv = [*compose_cli(), "-f", str(folder / "compose.yaml")]
         # state polls through the API: a CLI process per poll would cost a loaded machine's CPU
         self.client = DockerClient(base_url=docker.host)
 
@@ -83,15 +86,13 @@ class Compose:
         return subprocess.run([*self.argv, *args], env=self.docker.env, cwd=self.folder, capture_output=True,
                               text=True, timeout=timeout, check=False)
 
-    def container(self, service: str) -> str:
-        done = self("ps", "-a", "-q", service)
-        assert done.returncode == 0 and done.stdout.strip(), done.stderr
-        return done.stdout.split()[0]
-
-    def state(self, service: str) -> dict[str, Any]:
+    def container(self, service: str) -> Container:
         [container] = self.client.containers.list(all=True, filters={
             "label": [f"com.docker.compose.project={JOB}", f"com.docker.compose.service={service}"]})
-        return dict(container.attrs["State"])
+        return container
+
+    def state(self, service: str) -> dict[str, Any]:
+        return dict(self.container(service).attrs["State"])
 
     def ended(self) -> str | None:
         """Why waiting for the gate is pointless (node 0 exited), or None."""
@@ -134,8 +135,10 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
         assert up.returncode == 0, up.stderr
         step = held_step(gate, 3, compose.ended)
         lost = compose.container(f"node{LOST}")
-        subprocess.run(["docker", "pause" if loss == "paused" else "kill", lost], env=docker_daemon.env,
-                       check=True, capture_output=True)
+        if loss == "paused":
+            lost.pause()  # docker pause
+        else:
+            lost.kill()  # docker kill: SIGKILL
         lost_at = time.time()
         release(gate, 3)
         waited = compose("wait", "node0", timeout=420)

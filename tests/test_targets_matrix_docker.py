@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from ddpkit.launch.applied import compose_cli
 from tests.helpers.matrix import DDPKIT, IN_IMAGE, NODES, TIMEOUT_S, check, run_ok, write_spec
 from tests.infra import docker_daemon as daemon_infra
 from tests.infra.docker_daemon import REPO, Docker
@@ -23,14 +23,6 @@ docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
 
 
 # ---- Docker: the session's daemon and CPU image ----
-
-def compose_cli(docker: Docker) -> list[str]:
-    """Compose v2 as a docker plugin, else the binary the test extras install."""
-    probe = subprocess.run(["docker", "compose", "version"], env=docker.env, capture_output=True, check=False)
-    if probe.returncode == 0:
-        return ["docker", "compose"]
-    return [str(Path(sys.executable).with_name("docker-compose"))]
-
 
 @pytest.mark.root
 @pytest.mark.slow
@@ -41,7 +33,7 @@ def test_docker_compose(docker_daemon: Docker, tmp_path: Path) -> None:
     env = {**docker_daemon.env, "DDPKIT_RUNS_DIR": str(tmp_path / "runs")}
     run_ok([DDPKIT, "render", "compose", "-f", str(job), "-o", str(tmp_path)], env=env)
     # The project is the file's `name:` (the job's), which `ddpkit status` and `logs` ask compose about.
-    compose = [*compose_cli(docker_daemon), "-f", str(tmp_path / "compose.yaml")]
+    compose = [*compose_cli(), "-f", str(tmp_path / "compose.yaml")]  # as `ddpkit status` finds it
     started = time.monotonic()
     try:
         output = run_ok([*compose, "up", "--no-color", "--exit-code-from", "node0"], env=docker_daemon.env,
