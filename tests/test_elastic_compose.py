@@ -172,7 +172,7 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
         assert record["loss_s"] == LOSS_S and {r["node"] for r in record["lost"]} == {LOST}, record
         took = first_step_after(recs, record) - lost_at
         print(f"paused: {took:.1f}s from the pause to the others' first step")
-        assert took < LOSS_S + 110, took
+        assert took < LOSS_S + 290, took
 
 
 @pytest.mark.timeout(600)

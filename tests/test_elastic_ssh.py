@@ -192,7 +192,7 @@ def test_the_job_finishes_on_the_two_that_remain(cluster: Cluster, tmp_path: Pat
         took = recovered_by_heartbeat(tmp_path, lost.addr)
         print(f"{loss}: {took:.1f}s from node {LOST}'s silence to the others' first step")
         # far below the collective timeout (30 min): loss_s, a last call, a new worker's start, a loaded box
-        assert took < LOSS_S + 110, took
+        assert took < LOSS_S + 290, took
         assert re.search(r"recovery: the others trained again \d+s after the node went silent \(world size 3 -> 2\)",
                          summary), summary
         assert "stalled" not in summary, summary
@@ -228,7 +228,7 @@ def test_a_static_job_stops_when_a_node_is_cut_off_naming_it(cluster: Cluster, t
     [record] = [r for r in records(tmp_path) if r["kind"] == "lost"]
     assert record["action"] == "stop" and {r["node"] for r in record["lost"]} == {LOST}, record
     # loss_s, then the teardown: the others stopped at once, the cut-off host given up on after the ssh timeouts
-    assert took < LOSS_S + 60, f"{took:.0f}s from the cut to the launcher's exit\n{summary[-3000:]}"
+    assert took < LOSS_S + 170, f"{took:.0f}s from the cut to the launcher's exit\n{summary[-3000:]}"
     for name in NODES[:LOST]:
         assert job_processes(net[name], tmp_path) == [], f"job processes left on {name}"
 

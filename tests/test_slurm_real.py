@@ -457,7 +457,9 @@ def test_follow_gives_up_on_a_job_that_can_never_start(cluster: SlurmCluster, tm
     reason = re.search(rf"job {job_id} PENDING \((\w+)\)", done.stderr)
     assert reason and reason.group(1) in {"PartitionConfig", "PartitionNodeLimit"}, done.stderr
     assert f"job {job_id} can never start: Slurm holds it with reason {reason.group(1)}" in done.stderr
-    assert elapsed < 30, elapsed
+    # given up at the first poll that shows the reason (POLL_S), not left queued until the 180 s the
+    # subprocess is given; the CLI's start and slurmctld's first pass take a loaded 2-core machine a while
+    assert elapsed < 120, elapsed
     assert cluster.wait(job_id, timeout=30).state == "CANCELLED"
 
 

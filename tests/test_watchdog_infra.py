@@ -32,8 +32,8 @@ def stall_env(mark: Path, rank: int) -> dict[str, str]:
 
 
 def wait_gone(marker: str, since: float) -> float:
-    """Seconds from `since` until no process of the job is left (or 60 s more)."""
-    while job_processes(marker) and time.time() < since + STALL_S + 60:
+    """Seconds from `since` until no process of the job is left (or 120 s more)."""
+    while job_processes(marker) and time.time() < since + STALL_S + 120:
         time.sleep(0.2)
     return time.time() - since
 
@@ -63,7 +63,7 @@ def test_sigstop_under_launch_ssh(ssh_cluster: tuple[netns.Network, sshd.SshHost
     stopped_at, pid = mark.read_text().split()
     took = wait_gone(str(tmp_path), float(stopped_at))
     assert out.returncode == 13, text[-4000:]
-    assert took < STALL_S + 30, f"{took:.0f}s from SIGSTOP to the last process gone\n{text[-4000:]}"
+    assert took < STALL_S + 60, f"{took:.0f}s from SIGSTOP to the last process gone\n{text[-4000:]}"
     assert job_processes(str(tmp_path)) == []
     assert f"STALL rank 1 node 1 host node2 pid {pid}: step" in text, text[-4000:]
     assert "the hang watchdog found stalled rank(s): rank 1 (node 1, node2)" in " ".join(out.stderr.split())
@@ -95,6 +95,6 @@ def test_sigstop_under_real_slurm(slurm: SlurmCluster, tmp_path: Path, mode: str
     stopped_at, pid = mark.read_text().split()
     took = wait_gone(str(tmp_path), float(stopped_at))
     assert info.state == "FAILED", text[-4000:]
-    assert took < STALL_S + 30, f"{took:.0f}s from SIGSTOP to the last process gone\n{text[-4000:]}"
+    assert took < STALL_S + 60, f"{took:.0f}s from SIGSTOP to the last process gone\n{text[-4000:]}"
     assert job_processes(str(tmp_path)) == []
     assert f"STALL rank 3 node 1 host node2 pid {pid}: step" in text, text[-4000:]

@@ -107,14 +107,14 @@ def test_sigstop_of_one_worker_stops_the_job_and_names_the_rank(tmp_path: Path) 
         frozen = job.worker_pid(3)
         os.kill(frozen, signal.SIGSTOP)
         t0 = time.monotonic()
-        code = job.finish(timeout=STALL_S + 90)  # the bound is asserted below; this only ends a broken run
+        code = job.finish(timeout=STALL_S + 150)  # the bound is asserted below; this only ends a broken run
         took = time.monotonic() - t0
         left = [pid for pid in sorted(job.pids) if not _gone(pid)]
     finally:
         job.cleanup()
     text = job.text
     assert code == ExitCode.STALLED, text
-    assert took < STALL_S + 30, f"{took:.0f}s from SIGSTOP to the end of the job\n{text}"
+    assert took < STALL_S + 60, f"{took:.0f}s from SIGSTOP to the end of the job\n{text}"
     assert left == [], text
     assert "the hang watchdog found stalled rank(s): rank 3 (node 1" in text
     assert re.search(r"node1\s*│\s*\S+\s*│\s*stalled", text), text
@@ -132,7 +132,7 @@ def test_python_loop_in_forward_is_shown_in_the_stack_dump(tmp_path: Path) -> No
     try:
         job.wait_for(r"\[node0 rank0\].*step 3\b")
         job.remember_pids()
-        code = job.finish(timeout=STALL_S + 90)
+        code = job.finish(timeout=STALL_S + 150)
         left = [pid for pid in sorted(job.pids) if not _gone(pid)]
     finally:
         job.cleanup()
