@@ -121,6 +121,16 @@ def _environment_restored() -> Iterator[None]:
         os.environ.update(saved)
 
 
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """The Docker daemon and image are set up before pytest-timeout's clock
+    starts for the first test that needs them (tryfirst: this wrapper is
+    outside its): a cold image build on a loaded machine is not that test's
+    time. The set-up has limits of its own (tests/infra/docker_daemon.py)."""
+    docker_daemon.prepare(item)
+    yield
+
+
 _MODULE_SECONDS: defaultdict[str, float] = defaultdict(float)
 _MODULE_TESTS: defaultdict[str, set[str]] = defaultdict(set)
 # The targets matrix's tests: nodeid -> (outcome, marked root), for the run's closing check.
@@ -165,10 +175,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _MODULE_SECONDS:
         return
     terminalreporter.section("time per test module (setup + call + teardown)")
-    total = sum(_MODULE_SECONDS.values())
+    docker_setup = docker_daemon.setup_seconds(os.environ.get(docker_daemon.RUN_VAR, ""))
+    total = sum(_MODULE_SECONDS.values()) + (docker_setup or 0.0)
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
         share = 100 * seconds / total if total else 0.0
         terminalreporter.write_line(f"{seconds:8.1f}s {share:5.1f}%  {len(_MODULE_TESTS[module]):4d} tests  {module}")
+    if docker_setup is not None:
+        share = 100 * docker_setup / total if total else 0.0
+        terminalreporter.write_line(f"{docker_setup:8.1f}s {share:5.1f}%             Docker daemon and CPU image set-up "
+                                    "(before the first test that needed them, outside its time)")
     terminalreporter.write_line(f"{total:8.1f}s in all (test time summed over workers; wall time is in the closing line)")
 
 

@@ -12,6 +12,13 @@ worker to need it starts the daemon and builds the image while holding a
 file lock, and records the run it did it for (RUN_VAR, set once by the
 controller); the others find the record and use both. The controller stops
 the daemon when every worker is done (stop_if_started_by, from conftest).
+
+The build is paid before the first test that needs it starts its clock
+(conftest's pytest_runtest_protocol calls prepare() outside pytest-timeout's
+limit): on a loaded 2-core machine the cold build took 4 to 10 minutes, which a
+test's own limit is not meant to hold. Its steps carry their own limits
+(WHEELHOUSE_LIMIT_S, BUILD_LIMIT_S), and so does the wait for another worker's
+build (LOCK_LIMIT_S): a stuck build fails, it never hangs the run.
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ REPO = Path(__file__).resolve().parents[2]
 STATE = Path("/tmp/ddpkit-test-dockerd")
 IMAGE = "ddpkit:cpu-test"
 RUN_VAR = "DDPKIT_TEST_RUN"  # one value per pytest run, the same in every xdist worker
-RECORD = STATE / "run.json"  # {"run": ..., "host": ..., "pid": ..., "image": ...}: what this run set up
+RECORD = STATE / "run.json"  # {"run", "host", "pid", "image", "seconds"}: what this run set up, and how long it took
+WHEELHOUSE_LIMIT_S = 900  # `make wheelhouse`: about 90 s here, most of it reading 3 GB of wheels
+BUILD_LIMIT_S = 1800  # docker/build.sh cpu, stand-in base included: 4 to 10 minutes on a loaded 2-core machine
+BUILD_LOG = STATE / "build.log"  # the image build's output, for when it fails
+FAILED = STATE / "failed.json"  # {"run": ..., "why": ...}: this run's set-up failed; not tried again
+LOCK_LIMIT_S = WHEELHOUSE_LIMIT_S + BUILD_LIMIT_S + 300  # another worker's set-up, start to end
 
 
 @dataclass
@@ -107,13 +119,23 @@ def stop_daemon(docker: Docker) -> None:
 
 
 def build_image(docker: Docker) -> str:
-    """`make wheelhouse` + docker/build.sh cpu (offline, stand-in base when needed)."""
-    subprocess.run(["make", "-s", "wheelhouse"], cwd=REPO, env=docker.env, check=True,
-                   stdout=subprocess.DEVNULL)
+    """`make wheelhouse` + docker/build.sh cpu (offline, stand-in base when
+    needed). Their output goes to BUILD_LOG (it runs outside any test's
+    capture); a failure names the step and ends with the log's last lines."""
     env = docker.env | {"OFFLINE": "1"}
-    out = subprocess.run(["bash", "docker/build.sh", "cpu", IMAGE], cwd=REPO, env=env, check=True,
-                         stdout=subprocess.PIPE, text=True)
-    return out.stdout.strip().splitlines()[-1]
+    with BUILD_LOG.open("w") as log:
+        for argv, limit in ((["make", "-s", "wheelhouse"], WHEELHOUSE_LIMIT_S),
+                            (["bash", "docker/build.sh", "cpu", IMAGE], BUILD_LIMIT_S)):
+            log.write(f"$ {' '.join(argv)}\n")
+            log.flush()
+            try:
+                done = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                                      timeout=limit, check=True)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+                tail = "\n".join(BUILD_LOG.read_text(errors="replace").splitlines()[-20:])
+                raise RuntimeError(f"{' '.join(argv)}: {err}; the end of {BUILD_LOG}:\n{tail}") from None
+            log.write(done.stdout)
+    return done.stdout.strip().splitlines()[-1]
 
 
 def remove_leftover_jobs(docker: Docker, job: str | None = None) -> None:
@@ -131,22 +153,50 @@ def remove_leftover_jobs(docker: Docker, job: str | None = None) -> None:
 
 def _set_up_for(run: str) -> Docker:
     """The daemon and image of `run`: set up by the first caller (under the
-    lock), read back from RECORD by every later one, in any worker."""
+    lock), read back from RECORD by every later one, in any worker. A set-up
+    that failed is not tried again in the same run (FAILED says why): every
+    test that needs it fails at once, naming the cause."""
     STATE.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(STATE / "setup.lock")):
+    with FileLock(str(STATE / "setup.lock"), timeout=LOCK_LIMIT_S):
+        if FAILED.exists() and json.loads(FAILED.read_text())["run"] == run:
+            raise RuntimeError(f"the Docker set-up failed earlier in this run: {json.loads(FAILED.read_text())['why']}")
         if RECORD.exists():
             record = json.loads(RECORD.read_text())
             if record["run"] == run and _answers(record["host"]):
                 return Docker(record["host"], record["pid"], record["image"])
+        started = time.monotonic()
         daemon = start_daemon()
         try:
             remove_leftover_jobs(daemon)
             daemon.image = build_image(daemon)
-        except BaseException:
+        except BaseException as err:
             stop_daemon(daemon)
+            FAILED.write_text(json.dumps({"run": run, "why": f"{type(err).__name__}: {err}"}))
             raise
-        RECORD.write_text(json.dumps({"run": run, "host": daemon.host, "pid": daemon.pid, "image": daemon.image}))
+        RECORD.write_text(json.dumps({"run": run, "host": daemon.host, "pid": daemon.pid, "image": daemon.image,
+                                      "seconds": round(time.monotonic() - started, 1)}))
         return daemon
+
+
+def setup_seconds(run: str) -> float | None:
+    """How long `run`'s set-up took, when it did one (for the run's time table:
+    it ran outside every test)."""
+    if not RECORD.exists():
+        return None
+    record = json.loads(RECORD.read_text())
+    return float(record["seconds"]) if record["run"] == run else None
+
+
+def prepare(item: pytest.Item) -> None:
+    """Set up the daemon and image for a test that uses them, before its
+    clock starts (conftest). A failure is left to the fixture, which reports
+    it inside the test, against that test (FAILED: without building again)."""
+    if "docker_daemon" not in getattr(item, "fixturenames", ()) or _why_not() is not None:
+        return
+    try:
+        _set_up_for(os.environ[RUN_VAR])
+    except Exception:  # reported by the fixture, in the test
+        return
 
 
 def stop_if_started_by(run: str) -> None:
