@@ -15,8 +15,8 @@ the daemon when every worker is done (stop_if_started_by, from conftest).
 
 The build is paid before the first test that needs it starts its clock
 (conftest's pytest_runtest_protocol calls prepare() outside pytest-timeout's
-limit): on a loaded 2-core machine the cold build took 4 to 10 minutes, which a
-test's own limit is not meant to hold. Its steps carry their own limits
+limit): the cold build took 2.5 minutes on the idle 2-core machine and 6 to 10
+in whole-suite runs, which a test's own limit is not meant to hold. Its steps carry their own limits
 (WHEELHOUSE_LIMIT_S, BUILD_LIMIT_S), and so does the wait for another worker's
 build (LOCK_LIMIT_S): a stuck build fails, it never hangs the run.
 """
@@ -41,8 +41,8 @@ STATE = Path("/tmp/ddpkit-test-dockerd")
 IMAGE = "ddpkit:cpu-test"
 RUN_VAR = "DDPKIT_TEST_RUN"  # one value per pytest run, the same in every xdist worker
 RECORD = STATE / "run.json"  # {"run", "host", "pid", "image", "seconds"}: what this run set up, and how long it took
-WHEELHOUSE_LIMIT_S = 900  # `make wheelhouse`: about 90 s here, most of it reading 3 GB of wheels
-BUILD_LIMIT_S = 1800  # docker/build.sh cpu, stand-in base included: 4 to 10 minutes on a loaded 2-core machine
+WHEELHOUSE_LIMIT_S = 900  # `make wheelhouse`: about 90 s in a suite run, copying 3 GB of wheels
+BUILD_LIMIT_S = 1800  # docker/build.sh cpu, stand-in base included: 2.5 to 10 minutes here
 BUILD_LOG = STATE / "build.log"  # the image build's output, for when it fails
 FAILED = STATE / "failed.json"  # {"run": ..., "why": ...}: this run's set-up failed; not tried again
 LOCK_LIMIT_S = WHEELHOUSE_LIMIT_S + BUILD_LIMIT_S + 300  # another worker's set-up, start to end
