@@ -158,8 +158,9 @@ def _set_up_for(run: str) -> Docker:
     test that needs it fails at once, naming the cause."""
     STATE.mkdir(parents=True, exist_ok=True)
     with FileLock(str(STATE / "setup.lock"), timeout=LOCK_LIMIT_S):
-        if FAILED.exists() and json.loads(FAILED.read_text())["run"] == run:
-            raise RuntimeError(f"the Docker set-up failed earlier in this run: {json.loads(FAILED.read_text())['why']}")
+        failed = json.loads(FAILED.read_text()) if FAILED.exists() else {}
+        if failed.get("run") == run:
+            raise RuntimeError(f"the Docker set-up failed earlier in this run: {failed['why']}")
         if RECORD.exists():
             record = json.loads(RECORD.read_text())
             if record["run"] == run and _answers(record["host"]):
@@ -187,12 +188,18 @@ def setup_seconds(run: str) -> float | None:
     return float(record["seconds"]) if record["run"] == run else None
 
 
+_prepared = False  # this process has waited for the set-up once: later tests find it done (or FAILED)
+
+
 def prepare(item: pytest.Item) -> None:
     """Set up the daemon and image for a test that uses them, before its
-    clock starts (conftest). A failure is left to the fixture, which reports
-    it inside the test, against that test (FAILED: without building again)."""
-    if "docker_daemon" not in getattr(item, "fixturenames", ()) or _why_not() is not None:
+    clock starts (conftest); once per process, as the session fixture reads
+    it. A failure is left to the fixture, which reports it inside the test,
+    against that test (FAILED: without building again)."""
+    global _prepared
+    if _prepared or "docker_daemon" not in getattr(item, "fixturenames", ()) or _why_not() is not None:
         return
+    _prepared = True
     try:
         _set_up_for(os.environ[RUN_VAR])
     except Exception:  # reported by the fixture, in the test
