@@ -13,7 +13,6 @@ A loss kind is how a node goes:
 from __future__ import annotations
 
 import signal
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -76,12 +75,6 @@ def work_folder(prefix: str) -> Iterator[Path]:
                             + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
                             for p in sorted(work.rglob("*.out")))
             raise TimeoutError(f"{exc}{tails}") from None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:

@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, machine
-from bench.recovery import Measurement, end_frozen, free_port, kill_tree, take_away, wait_until, work_folder
+from bench.recovery import Measurement, end_frozen, kill_tree, take_away, wait_until, work_folder
 
 from ddpkit.launch import proctree
+from ddpkit.launch.local import free_port
 
 GROUPS, MIN_REPLICAS = 3, 2
 LIGHTHOUSE = {"quorum_tick_ms": 100, "join_timeout_ms": 10000, "heartbeat_timeout_ms": 5000}

@@ -82,7 +82,14 @@ def slurm_port_for_job(job_id: int) -> int:
     of SLURM_PORT_BASE..SLURM_PORT_LAST that is not in SLURM_PORT_SKIPS.
     The batch script computes the same in bash (templates/slurm; the two are
     compared in tests/test_render_slurm.py)."""
-    port = SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+    return quiet_port(job_id)
+
+
+def quiet_port(n: int) -> int:
+    """The (n mod SLURM_PORT_SPAN)-th port of SLURM_PORT_BASE..SLURM_PORT_LAST
+    not in SLURM_PORT_SKIPS: below the ephemeral range, so no process's
+    outgoing connection and no kernel-assigned listener holds it."""
+    port = SLURM_PORT_BASE + n % SLURM_PORT_SPAN
     for skip in SLURM_PORT_SKIPS:  # sorted: each skip below shifts the port up by one
         if port >= skip:
             port += 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,12 +38,14 @@ from ..targets.refusals import refuse
 from ..targets.sshnode import new_rdzv_id
 from ..text import plural
 from ..train.argcheck import check_command
+from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, quiet_port
 from . import proctree
 from .nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .secrets import secret_values
 from .supervisor import ElasticPolicy, RunText, Supervisor
 
+FREE_PORT_TRIES = 200  # each a random pick among 22762 ports
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed
 
 
@@ -136,9 +139,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on this host, drawn from the range below the ephemeral one
+    (wire.quiet_port). A kernel-assigned port (bind to 0) is free now, but it
+    is one of the ephemeral range's: until torchrun's store binds it, any
+    process's outgoing connection may take it, and inside a container
+    Docker's embedded DNS listens on one (a pod of the Kubernetes matrix
+    failed with EADDRINUSE on the host's pick)."""
+    draw = random.SystemRandom()
+    for _ in range(FREE_PORT_TRIES):
+        port = quiet_port(draw.randrange(SLURM_PORT_SPAN))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))  # every address, as torchrun's store binds
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port among {FREE_PORT_TRIES} tried in {SLURM_PORT_BASE}-{SLURM_PORT_LAST}")
 
 
 def local_spec(args: argparse.Namespace) -> JobSpec:
