@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -194,3 +197,112 @@ def test_an_elastic_job_that_went_on_says_how_long_recovery_took() -> None:
     assert ("every node finished but node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats (frozen, "
             "or cut off without a reset)): excluded after it failed; the job went on with 2 of 3 nodes; recovery: "
             "the others trained again 31s after the node went silent (world size 3 -> 2)") in closing, closing
+
+
+
+class _ScriptedNode(_Node):
+    """A node whose run is a thread: `play(node, printer, sup)` prints its
+    lines and returns its exit code, or None to run until stopped (a frozen
+    node: `stop` ends it with SIGKILL's 137, the only signal it takes)."""
+
+    def __init__(self, index: int, play: Play, sup: Callable[[], Supervisor]) -> None:
+        super().__init__(index, code=None)
+        self.play, self.sup, self.stopped = play, sup, threading.Event()
+
+    def start(self, printer: Any, exited: Callable[[], None]) -> None:
+        def run() -> None:
+            code = self.play(self, printer, self.sup())
+            if code is None:
+                self.stopped.wait(30)
+            self.code = 137 if code is None else code
+            exited()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def stop(self, grace_s: float) -> str | None:
+        self.stopped.set()
+        return None
+
+    def lost_reason(self) -> str:
+        return "connection closed without an exit status"
+
+
+Play = Callable[[_ScriptedNode, Any, Supervisor], "int | None"]
+
+
+def _elastic_run(plays: list[Play]) -> tuple[Supervisor, Outcome]:
+    """A 3-node elastic run (min_nodes 2, a failed node excluded at once)
+    of scripted nodes, through the supervisor's own loop."""
+    from rich.console import Console
+
+    from ddpkit.launch.supervisor import ElasticPolicy
+
+    held: list[Supervisor] = []
+    nodes = [_ScriptedNode(i, play, lambda: held[0]) for i, play in enumerate(plays)]
+    console = Console(file=open("/dev/null", "w"), width=200)  # noqa: SIM115  (closed with the test process)
+    policy = ElasticPolicy(min_nodes=2, max_node_failures=1, reviver=None)  # type: ignore[arg-type]  # never revives
+    held.append(Supervisor(nodes, console, 1.0, elastic=policy))  # type: ignore[arg-type]  # _ScriptedNode suffices
+    return held[0], held[0].run()
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "the supervisor never got there"
+        time.sleep(0.01)
+
+
+def _closing(sup: Supervisor, outcome: Outcome) -> str:
+    return sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
+
+
+def test_a_killed_node_reported_silent_afterwards_failed_with_its_exit_status() -> None:
+    """SIGKILL ends node 2 (137), the launcher sees it and the job goes on;
+    then a survivor's watchdog also finds node 2's ranks silent (their
+    heartbeats stopped with them). The exit status came first: it is how
+    node 2 failed (in CI the summary named the heartbeats instead)."""
+    def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
+        _until(lambda: sup.failures[2] == 1)  # node 2's exit was handled
+        if node.index == 1:
+            printer.line(node, LOST_LINE)
+        return 0
+
+    sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: 137])
+    assert 2 in sup.printer.recovery.silent_since  # the LOST line was read, after the exit
+    assert outcome.code == ExitCode.OK and outcome.lost == []
+    assert "every node finished but node 2 (h2: exit status 137): excluded after it failed" in _closing(sup, outcome)
+    assert sup.status(sup.nodes[2], outcome) is Status.EXCLUDED
+
+
+def test_a_frozen_node_stopped_for_its_silence_failed_by_the_heartbeats() -> None:
+    """The other order: node 2 answers nothing until the job's watchdog
+    reports it silent and the supervisor stops it (its 137 is that stop)."""
+    def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
+        if node.index == 1:
+            printer.line(node, LOST_LINE)
+        _until(lambda: sup.failures[2] == 1)
+        return 0
+
+    sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: None])
+    assert sup.nodes[2].stopped.is_set()  # type: ignore[attr-defined]  # stopped because it was reported silent
+    assert outcome.code == ExitCode.OK and [x.node for x in outcome.lost] == [2]
+    assert ("every node finished but node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats (frozen, "
+            "or cut off without a reset)): excluded after it failed") in _closing(sup, outcome)
+
+
+def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() -> None:
+    """A host cut off: launch ssh's keepalive drops its connection first (no
+    exit status), the job's watchdog reports its ranks silent after: that
+    report, which names the ranks and how long they were silent, is the
+    cause the summary gives."""
+    from ddpkit.launch.nodeoutput import LOST
+
+    def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
+        _until(lambda: sup.failures[2] == 1)
+        if node.index == 1:
+            printer.line(node, LOST_LINE)
+        return 0
+
+    sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: LOST])
+    assert [x.node for x in outcome.lost] == [2]
+    assert "node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats" in _closing(sup, outcome)

@@ -187,6 +187,14 @@ class Supervisor:
         self.interrupt_grace_s = grace_s if interrupt_grace_s is None else interrupt_grace_s
         self.elastic = elastic  # see _excludes and _leave_out; None (a static job): fail fast
         self.failures: Counter[int] = Counter()
+        # Nodes whose own exit status reached the loop before anything stopped
+        # them: that status is how they failed, even if the job's watchdog
+        # reports them silent afterwards (a killed node's ranks stop their
+        # heartbeats too). A dropped connection (LOST) is no status: for a
+        # silent host the watchdog's report says more (which ranks, how long).
+        # By index, until the node rejoins.
+        self.failed_on_own: set[int] = set()
+        self.stopping_lost: set[int] = set()  # nodes _stop_lost is stopping
         self.away: dict[int, NodeHandle] = {}  # failed nodes being revived, by index
         self._cancel = threading.Event()  # the run ended: stop reviving
         self.console = summary_console or console  # where the summary goes
@@ -228,7 +236,8 @@ class Supervisor:
         self.printer.close()  # every node has ended: what is held is printed, before the summary
         outcome.stalled = self.printer.stalled_ranks()
         outcome.stragglers = self.printer.straggler_ranks()
-        outcome.lost = sorted(self.printer.recovery.lost.values(), key=lambda x: x.rank)
+        outcome.lost = sorted((x for x in self.printer.recovery.lost.values() if x.node not in self.failed_on_own),
+                              key=lambda x: x.rank)
         self._blame_lost(outcome)
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
         self._note_end(outcome)
@@ -274,6 +283,8 @@ class Supervisor:
                 continue
             running.discard(event.node.index)
             if event.node.exit_code() != 0:
+                if event.node.index not in self.stopping_lost and event.node.exit_code() != LOST:
+                    self.failed_on_own.add(event.node.index)
                 if self._excludes(event.node, outcome):
                     self._leave_out(event.node, outcome)
                     continue
@@ -287,6 +298,7 @@ class Supervisor:
         host may not answer; its exit then goes the way of any failed node's
         (left out in an elastic job, the job stopped in a static one)."""
         node = next(n for n in self.nodes if n.index == index)
+        self.stopping_lost.add(index)
         self.note("lost", "no heartbeat (the job's watchdog): stopping what is left of it", index)
         threading.Thread(target=node.stop, args=(self.grace_s,), name=f"stop lost {node.label}", daemon=True).start()
 
@@ -328,6 +340,8 @@ class Supervisor:
         old = self.away.pop(new.index)
         why = self.reason(old)
         self.printer.forget(new.index)
+        self.failed_on_own.discard(new.index)
+        self.stopping_lost.discard(new.index)
         outcome.rejoined.setdefault(new.index, []).append(why)
         self.note("restart", f"back after it failed ({why})", new.index)
         self.nodes = [new if n.index == new.index else n for n in self.nodes]
@@ -412,7 +426,7 @@ class Supervisor:
 
     def reason(self, node: NodeHandle, outcome: Outcome | None = None) -> str:
         lost = self.printer.recovery.of_node(node.index)
-        if lost is not None:
+        if lost is not None and node.index not in self.failed_on_own:
             return lost.reason
         code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
         return node.lost_reason() if code == LOST else f"exit status {code}"
