@@ -95,10 +95,8 @@ class Compose:
         return dict(self.container(service).attrs["State"])
 
     def exited(self, service: str, timeout: float) -> None:
-        """Wait until the service's container has stopped, at most `timeout` s (its state says the rest)."""
-        deadline = time.monotonic() + timeout
-        while self.state(service)["Running"] and time.monotonic() < deadline:
-            time.sleep(0.5)
+        """Wait until the service's container has stopped (the daemon's own wait; raises after `timeout` s)."""
+        self.container(service).wait(timeout=timeout)
 
     def ended(self) -> str | None:
         """Why waiting for the gate is pointless (node 0 exited), or None."""
