@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.distributed as dist
+from bench.recovery import wait_until
 
 from ddpkit.exitcodes import WORKER_CODES, ExitCode
 from ddpkit.launch.supervisor import Outcome, Status, Supervisor
@@ -211,11 +211,14 @@ class _ScriptedNode(_Node):
 
     def start(self, printer: Any, exited: Callable[[], None]) -> None:
         def run() -> None:
-            code = self.play(self, printer, self.sup())
-            if code is None:
-                self.stopped.wait(30)
-            self.code = 137 if code is None else code
-            exited()
+            self.code = 1  # a play that raised: the run still ends, and the test's checks fail
+            try:
+                code = self.play(self, printer, self.sup())
+                if code is None:
+                    self.stopped.wait(30)
+                self.code = 137 if code is None else code
+            finally:
+                exited()
 
         threading.Thread(target=run, daemon=True).start()
 
@@ -245,13 +248,6 @@ def _elastic_run(plays: list[Play]) -> tuple[Supervisor, Outcome]:
     return held[0], held[0].run()
 
 
-def _until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, "the supervisor never got there"
-        time.sleep(0.01)
-
-
 def _closing(sup: Supervisor, outcome: Outcome) -> str:
     return sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
 
@@ -262,7 +258,7 @@ def test_a_killed_node_reported_silent_afterwards_failed_with_its_exit_status() 
     heartbeats stopped with them). The exit status came first: it is how
     node 2 failed (in CI the summary named the heartbeats instead)."""
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
-        _until(lambda: sup.failures[2] == 1)  # node 2's exit was handled
+        wait_until(lambda: sup.failures[2] == 1, 30, "the supervisor to handle node 2's exit")
         if node.index == 1:
             printer.line(node, LOST_LINE)
         return 0
@@ -280,7 +276,7 @@ def test_a_frozen_node_stopped_for_its_silence_failed_by_the_heartbeats() -> Non
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
         if node.index == 1:
             printer.line(node, LOST_LINE)
-        _until(lambda: sup.failures[2] == 1)
+        wait_until(lambda: sup.failures[2] == 1, 30, "the supervisor to handle node 2's exit")
         return 0
 
     sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: None])
@@ -298,7 +294,7 @@ def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() 
     from ddpkit.launch.nodeoutput import LOST
 
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
-        _until(lambda: sup.failures[2] == 1)
+        wait_until(lambda: sup.failures[2] == 1, 30, "the supervisor to handle node 2's exit")
         if node.index == 1:
             printer.line(node, LOST_LINE)
         return 0
