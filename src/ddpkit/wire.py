@@ -15,6 +15,10 @@ from typing import Final
 
 # The module every target runs by default (command.module's default).
 TRAIN_MODULE: Final = "ddpkit.train"
+# torchrun's --rdzv-backend for ddpkit's rendezvous handler (rendezvous.py), the
+# name of its `torchrun.handlers` entry point (pyproject.toml): installed with
+# ddpkit, so an elastic job whose nodes run ddpkit train uses it.
+RDZV_HANDLER: Final = "ddpkit"
 
 # The straggler judge's default (spec watchdog.straggler_factor; train/straggler.py
 # uses it when the job environment does not say otherwise).

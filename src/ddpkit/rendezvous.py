@@ -1,0 +1,160 @@
+"""`torchrun --rdzv-backend=ddpkit`: torch's c10d rendezvous with one rule
+added, so that the round after a lost node does not wait out the last call.
+
+torch's dynamic rendezvous (the handler behind `c10d`) completes a round as
+soon as max_nodes have joined; with fewer, once min_nodes are in it waits the
+last call for more. After a node is lost the others re-form without it, so
+max_nodes never come and every loss pays the whole last call (issue 30:
+5 of a crash's 15.5 s at loss_s 10) for a node that is gone.
+
+The rule: a new round starts only when every member of the last round has
+left it, the living ones by leaving (each agent's exit at the start of
+`next_rendezvous`), a lost one by its keep-alive expiring. So when the new
+round begins, the nodes that will come are known: those that left, and those
+already on the wait list. Each agent of this handler writes its name to the
+store when it leaves a complete round; once everyone named there and on the
+wait list has joined (and min_nodes is met), the round is complete at once.
+Anything else (the first round, a node that left and then died, a node that
+was late in leaving) falls back to torch's own last call.
+
+Registered through the `torchrun.handlers` entry point (pyproject.toml);
+torchrun calls `creator()` once and registers what it returns under the
+entry point's name. The handler is torch's own (`create_handler`), with its
+operation executor wrapped: the decisions of torch's join and exit
+operations are kept, this module only adds the early completion and the
+leaving record. Those operations are private to torch, so `unsupported()`
+checks that they are there and `create` falls back to plain c10d, saying
+why, when a torch release moves them (tests/test_rendezvous.py pins them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import Store
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+from .wire import RDZV_HANDLER as NAME
+
+log = logging.getLogger(__name__)
+_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_RendezvousContext")
+
+
+def left_key(run_id: str, round_: int) -> str:
+    """The store key that lists (one per line) the nodes that left `round_`."""
+    return f"ddpkit.rendezvous.{run_id}.left.{round_}"
+
+
+def unsupported(handler: Any = None) -> str | None:
+    """Why this torch's c10d handler cannot take the rule (None: it can)."""
+    missing = [name for name in _NEEDED if not hasattr(dyn, name)]
+    if handler is not None and not hasattr(handler, "_op_executor"):
+        missing.append("DynamicRendezvousHandler._op_executor")
+    return f"torch's dynamic rendezvous has no {', '.join(missing)}" if missing else None
+
+
+class _Known:
+    """Reads and writes the leaving record of one run in the rendezvous store."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self._store, self._run_id = store, run_id
+
+    def leave(self, round_: int, node: object) -> None:
+        # one atomic append on the store's server (every c10d store has it; torch's stub does not list it)
+        self._store.append(left_key(self._run_id, round_), f"{node}\n")  # type: ignore[attr-defined]
+
+    def left(self, round_: int) -> set[str]:
+        key = left_key(self._run_id, round_)
+        if not self._store.check([key]):  # get() would block until the store's timeout
+            return set()
+        return set(self._store.get(key).decode().split())
+
+
+def _all_known_here(ctx: Any, known: _Known) -> bool:
+    """A round in the making that every node known to come has joined."""
+    state, settings = ctx.state, ctx.settings
+    if state.complete or state.closed or state.round == 0 or state.deadline is None:
+        return False
+    here = {str(node) for node in state.participants}
+    if ctx.node not in state.participants or not settings.min_nodes <= len(here) <= settings.max_nodes:
+        return False
+    coming = known.left(state.round - 1) | {str(node) for node in state.wait_list}
+    return bool(coming) and coming <= here
+
+
+class _Executor:
+    """The handler's operation executor, with the rule added to its join and
+    exit operations (every other operation passes through unchanged). Not a
+    subclass of torch's private base, so that a torch without it still loads
+    this module and `create` can fall back."""
+
+    def __init__(self, inner: Any, known: _Known) -> None:
+        self._inner, self._known = inner, known
+
+    def run(self, state_handler: Callable[[Any, float], Any], deadline: float,
+            update_deadline: Callable[[timedelta], float] | None = None) -> None:
+        if isinstance(state_handler, dyn._RendezvousJoinOp):
+            state_handler = self._join(state_handler)
+        elif isinstance(state_handler, dyn._RendezvousExitOp):
+            state_handler = self._exit(state_handler)
+        self._inner.run(state_handler, deadline, update_deadline)
+
+    def _join(self, op: Callable[[Any, float], Any]) -> Callable[[Any, float], Any]:
+        def decide(ctx: Any, deadline: float) -> Any:
+            action = op(ctx, deadline)
+            if action in (dyn._Action.SYNC, dyn._Action.KEEP_ALIVE) and _all_known_here(ctx, self._known):
+                log.info("rendezvous round %d: every node that left round %d has joined; complete without "
+                         "the last call", ctx.state.round, ctx.state.round - 1)
+                return dyn._Action.MARK_RENDEZVOUS_COMPLETE
+            return action
+        return decide
+
+    def _exit(self, op: Callable[[Any, float], Any]) -> Callable[[Any, float], Any]:
+        def decide(ctx: Any, deadline: float) -> Any:
+            action = op(ctx, deadline)
+            # Written before the removal is synced, so whoever sees the next round sees this.
+            if action == dyn._Action.REMOVE_FROM_PARTICIPANTS and ctx.state.complete:
+                self._known.leave(ctx.state.round, ctx.node)
+            return action
+        return decide
+
+
+class _Named(dyn.RendezvousBackend):
+    """The c10d backend under this handler's name: torchrun checks that a
+    handler reports the backend it was asked for."""
+
+    def __init__(self, inner: dyn.RendezvousBackend) -> None:
+        self._inner = inner
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    def get_state(self) -> tuple[bytes, Any] | None:
+        return self._inner.get_state()
+
+    def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
+        return self._inner.set_state(state, token)
+
+
+def create(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's c10d handler for `params`, with the rule added."""
+    backend, store = create_backend(params)
+    handler = dyn.create_handler(store, _Named(backend), params)
+    why = unsupported(handler)
+    if why:
+        log.warning("ddpkit rendezvous: %s; using plain c10d (a loss waits the last call)", why)
+        return handler
+    # the handler calls only run() on it
+    handler._op_executor = _Executor(handler._op_executor, _Known(store, params.run_id))  # type: ignore[assignment]
+    return handler
+
+
+def creator() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """The `torchrun.handlers` entry point: torchrun calls it and registers the result."""
+    return create

@@ -1,0 +1,130 @@
+"""ddpkit's rendezvous handler (src/ddpkit/rendezvous.py): torch's c10d
+rendezvous, with the round after a loss completed once every node that left
+the last round is back, instead of after the last call.
+
+The rule's decision is checked on torch's own state objects and a real
+in-process store; the whole handler on three real processes, each one
+torchrun agent's rendezvous as torchrun builds it (the registry, through
+the entry point), one of them SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from torch.distributed import HashStore
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
+
+from ddpkit import rendezvous
+from ddpkit.launch.local import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = "job-1"
+
+
+def _node(name: str) -> dyn._NodeDesc:
+    return dyn._NodeDesc(name, 1, 0)
+
+
+def _ctx(me: str, here: list[str], round_: int = 1, waiting: tuple[str, ...] = (), min_nodes: int = 2,
+         max_nodes: int = 3) -> dyn._RendezvousContext:
+    state = dyn._RendezvousState()
+    state.round = round_
+    state.participants = {_node(n): 0 for n in here}
+    state.wait_list = {_node(n) for n in waiting}
+    state.deadline = datetime.now(timezone.utc) + timedelta(seconds=30) if len(here) >= min_nodes else None
+    settings = dyn.RendezvousSettings(RUN, min_nodes, max_nodes, dyn.RendezvousTimeout(),
+                                      timedelta(seconds=1), 2)
+    return dyn._RendezvousContext(_node(me), state, settings)
+
+
+def _known(*left: str, round_: int = 0) -> rendezvous._Known:
+    known = rendezvous._Known(HashStore(), RUN)
+    for name in left:
+        known.leave(round_, _node(name))
+    return known
+
+
+def test_this_torch_has_what_the_rule_wraps() -> None:
+    assert rendezvous.unsupported() is None
+
+
+@pytest.mark.parametrize(("here", "left", "waiting", "me", "complete"), [
+    (["a", "b"], ["a", "b"], (), "a", True),  # the lost node c never left: it is not waited for
+    (["a", "b"], ["a", "b", "c"], (), "a", False),  # c left and is on its way
+    (["a", "b", "d"], ["a", "b"], ("d",), "a", True),  # d was waiting and has joined
+    (["a", "b"], ["a", "b"], ("d",), "a", False),  # d was waiting and has not joined yet
+    (["a"], ["a"], (), "a", False),  # below min_nodes: no round to complete
+    (["a", "b"], ["a", "b"], (), "z", False),  # only a participant completes the round
+    (["a", "b"], [], (), "a", False),  # nobody left a round (it expired whole): the last call decides
+])
+def test_a_round_is_complete_once_every_node_known_to_come_has_joined(
+        here: list[str], left: list[str], waiting: tuple[str, ...], me: str, complete: bool) -> None:
+    assert rendezvous._all_known_here(_ctx(me, here, waiting=waiting), _known(*left)) is complete
+
+
+def test_the_first_round_and_other_rounds_keep_the_last_call() -> None:
+    assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], round_=0), _known("a", "b"))
+    # the record read is the one of the round before, not another
+    assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], round_=5), _known("a", "b", round_=3))
+
+
+def test_the_entry_point_registers_the_handler() -> None:
+    from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
+
+    _register_out_of_tree_handlers()
+    assert rendezvous_handler_registry._registry.get(rendezvous.NAME) is rendezvous.create
+
+
+LAST_CALL_S = 30  # what the round after the loss would wait without the rule
+CONF = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=60"
+
+
+def _agent(backend: str, port: int, host: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.rdzv_node", backend, f"127.0.0.1:{port}", RUN, "2", "3",
+         "1" if host else "0", CONF],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _joined(agent: subprocess.Popen[str]) -> dict[str, float]:
+    line = agent.stdout.readline() if agent.stdout else ""
+    assert line, f"the agent ended without joining a round:\n{agent.communicate()[1] if agent.stderr else ''}"
+    return json.loads(line)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_round_after_a_killed_node_completes_without_the_last_call() -> None:
+    port = free_port()
+    agents = [_agent(rendezvous.NAME, port, host=i == 0) for i in range(3)]
+    try:
+        first = [_joined(a) for a in agents]
+        assert sorted(j["rank"] for j in first) == [0, 1, 2] and {j["world_size"] for j in first} == {3}
+        agents[2].send_signal(signal.SIGKILL)
+        agents[2].wait(timeout=10)
+        lost_at = time.time()
+        for agent in agents[:2]:  # their workers failed: both agents go to the next round
+            assert agent.stdin is not None
+            agent.stdin.write("next\n")
+            agent.stdin.flush()
+        second = [_joined(a) for a in agents[:2]]
+        assert sorted(j["rank"] for j in second) == [0, 1] and {j["world_size"] for j in second} == {2}
+        took = max(j["at"] for j in second) - lost_at
+        # the keep-alive expiry (2 s), a second's poll or two; the last call alone would be 30 s
+        assert took < LAST_CALL_S / 2, f"the round after the loss took {took:.1f}s"
+        logs = [a.communicate(input="", timeout=30)[1] for a in agents[:2]]  # EOF: each leaves and ends
+        # and it was the rule that completed the round, on one of the two survivors
+        assert any("complete without the last call" in log for log in logs), logs
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.communicate()
