@@ -14,10 +14,11 @@ time, and a `resume` record for each run that started from a checkpoint):
 - steps lost: steps trained since the step the survivors resumed from.
 
 Variants (the same job, the same target):
-- torchrun-defaults: the spec set to torchrun's own rendezvous defaults
-  (TORCHRUN_DEFAULTS: keep-alive 5 s x 3, last call 30 s), what ddpkit
-  rendered before watchdog.loss_s derived them (a silent node is now
-  noticed at loss_s 15 there, where the stall verdict took 60 s before);
+- torchrun-defaults: the spec set to torchrun's own rendezvous
+  (TORCHRUN_DEFAULTS: elastic.rendezvous "torchrun", plain c10d with
+  keep-alive 5 s x 3 and last call 30 s), what ddpkit rendered before
+  issue 30 (a silent node is now noticed at loss_s 15 there, where the
+  stall verdict took 60 s before);
 - ddpkit-fast: the same spec with --fast-spec merged in (default
   {"watchdog": {"loss_s": 10}}: issue 30's one setting); skipped, with the
   reason, where this checkout's spec does not accept it;
@@ -69,9 +70,10 @@ from ddpkit.spec import JobSpec
 NODES, MIN_NODES = 3, 2
 TARGETS = ("local", "ssh", "slurm", "compose")
 VARIANTS = ("torchrun-defaults", "ddpkit-fast", "torchft")
-# loss_s 15 derives torchrun's default keep-alive (5 s interval, 3 attempts: rdzv_timing), and the last
-# call is torchrun's 30 s: the rendezvous of today's path before issue 30.
-TORCHRUN_DEFAULTS: dict[str, Any] = {"elastic": {"last_call_s": 30}, "watchdog": {"loss_s": 15}}
+# elastic.rendezvous "torchrun": torch's plain c10d handler with torchrun's own keep-alive (5 s x 3) and
+# last call (30 s), the rendezvous of the path before issue 30; a silent node is noticed at loss_s 15,
+# when torchrun's keep-alive expires.
+TORCHRUN_DEFAULTS: dict[str, Any] = {"elastic": {"rendezvous": "torchrun"}, "watchdog": {"loss_s": 15}}
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 HOSTS = ["node1", "node2", "node3"]
 LOST = 2  # the node taken away (node 0 hosts the rendezvous store and must survive)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_each_variant_gets_its_rendezvous_settings(tmp_path: Path) -> None:
-    """The two ddpkit columns differ only where the bench says: torchrun's own defaults pinned, or
+    """The two ddpkit columns differ only where the bench says: torchrun's own rendezvous, or
     --fast-spec merged in; an asked-for --last-call-s wins over both (the smoke runs below run one
     variant each, so the other's spec is checked here)."""
     from bench import elastic
@@ -32,8 +32,9 @@ def test_each_variant_gets_its_rendezvous_settings(tmp_path: Path) -> None:
                               checkpoint_every=4, batch_size=None)
     specs = {v: elastic.job_spec(tmp_path, tmp_path / "ckpt", tmp_path / "m", args, v)
              for v in ("torchrun-defaults", "ddpkit-fast")}
-    assert (specs["torchrun-defaults"]["watchdog"], specs["torchrun-defaults"]["elastic"]["last_call_s"]) == (
-        {"loss_s": 15}, 30)
+    assert specs["torchrun-defaults"]["watchdog"] == {"loss_s": 15}
+    assert specs["torchrun-defaults"]["elastic"]["rendezvous"] == "torchrun"
+    assert "last_call_s" not in specs["torchrun-defaults"]["elastic"]  # torchrun's 30 s, from the rendezvous mode
     assert specs["ddpkit-fast"]["watchdog"] == {"loss_s": 10} and "last_call_s" not in specs["ddpkit-fast"]["elastic"]
     assert all(JobSpec.model_validate(spec).elastic is not None for spec in specs.values())
     args.last_call_s = 7

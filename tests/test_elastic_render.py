@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
+from ddpkit.rdzv_timing import derive
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.targets import compose, kubernetes, render
@@ -74,7 +75,7 @@ def test_launch_line(target: Target) -> None:
         env = controller_env(spec, target, index, job_id=4242) | {RDZV_ID: "el-run1"}
         words = [a.resolve(env) for a in argv]
         f = flags(words)
-        assert f["nnodes"] == "2:3" and f["max-restarts"] == "4" and f["rdzv-backend"] == "c10d"
+        assert f["nnodes"] == "2:3" and f["max-restarts"] == "4" and f["rdzv-backend"] == "ddpkit"
         assert f["rdzv-id"] == RDZV_IDS[target]
         assert "node-rank" not in f  # c10d assigns node ranks anew at every rendezvous
         conf = dict(kv.split("=") for kv in f["rdzv-conf"].split(","))
@@ -91,6 +92,32 @@ def test_launch_line(target: Target) -> None:
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
+@pytest.mark.parametrize(("fields", "backend"), [
+    ({"command": {"script": "/job/train.py"}}, "c10d"),  # the nodes may not have ddpkit installed
+    ({"command": {"module": "mypkg.train"}}, "c10d"),
+    ({"elastic": {**ELASTIC, "rendezvous": "torchrun"}}, "c10d"),
+])
+def test_plain_c10d_where_ddpkits_handler_is_not_asked_for_or_may_be_missing(
+        target: Target, fields: dict[str, Any], backend: str) -> None:
+    spec = make(**fields)
+    env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
+    assert flags([a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))])["rdzv-backend"] == backend
+    if target is Target.PYTORCHJOB:
+        assert pytorchjob(spec)["spec"]["elasticPolicy"]["rdzvBackend"] == backend
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
+def test_the_torchrun_rendezvous_has_torchruns_own_timeouts(target: Target) -> None:
+    row = CONTRACT[target].elastic
+    conf = rdzv_conf(make(elastic={**ELASTIC, "rendezvous": "torchrun"}), target)
+    assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"]) == (5, 3)
+    assert conf["last_call_timeout"] == max(30, row.last_call_floor_s)
+    assert conf["close_timeout"] == max(30, row.close_floor_s)
+    assert rdzv_conf(make(elastic={**ELASTIC, "rendezvous": "torchrun", "last_call_s": 7}),
+                     target)["last_call_timeout"] == 7
+
+
+@pytest.mark.parametrize("target", ELASTIC_TARGETS)
 def test_last_call_is_the_specs_when_set(target: Target) -> None:
     spec = make(elastic={**ELASTIC, "last_call_s": 7})
     env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
@@ -102,17 +129,27 @@ def test_last_call_is_the_specs_when_set(target: Target) -> None:
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
 def test_rendezvous_timeouts_follow_loss_s(target: Target) -> None:
-    """A lost agent's keep-alive expires within loss_s (interval x attempts),
-    the last call is half of it and the close twice it, each with its floor,
-    in whole seconds (torchrun's get_as_int)."""
+    """A lost agent's keep-alive expires (interval x attempts) within 3 s on a
+    small job, within loss_s on any; the last call is half of loss_s and the
+    close twice it, each with its floor, in whole seconds (torchrun's get_as_int)."""
     row = CONTRACT[target].elastic
-    for loss, interval, attempts, last_call, close in [(3, 1, 3, 3, 10), (10, 3, 3, 5, 20), (10.9, 3, 3, 5, 20),
-                                                        (60, 20, 3, 30, 120)]:
+    for loss, interval, attempts, last_call, close in [(3, 1, 3, 3, 10), (10, 1, 3, 5, 20), (10.9, 1, 3, 5, 20),
+                                                        (60, 1, 3, 30, 120)]:
         conf = rdzv_conf(make(watchdog={"loss_s": loss}), target)
         assert conf["keep_alive_interval"] == interval and conf["keep_alive_max_attempt"] == attempts
         assert conf["last_call_timeout"] == max(last_call, row.last_call_floor_s)
         assert conf["close_timeout"] == max(close, row.close_floor_s)
     assert target_env(make(watchdog={"loss_s": 4}), target)["DDPKIT_WATCHDOG_LOSS_S"] == "4"
+
+
+@pytest.mark.parametrize(("loss", "nodes", "interval"), [
+    (10, 3, 1), (10, 64, 1), (10, 65, 2), (10, 128, 2), (10, 129, 3), (10, 4096, 3),  # the store's load, capped
+    (60, 4096, 20), (2, 4096, 1), (0.5, 3, 1)])  # ... by a third of loss_s, and by torchrun's whole second
+def test_the_keep_alive_slows_with_the_node_count_up_to_a_third_of_loss_s(loss: float, nodes: int,
+                                                                          interval: int) -> None:
+    timing = derive(loss, nodes)
+    assert timing.keep_alive_interval == interval and timing.keep_alive_max_attempt == 3
+    assert timing.expiry_s <= max(3, loss)
 
 
 def test_torchs_rendezvous_handler_reads_every_key() -> None:
@@ -223,9 +260,10 @@ def test_pytorchjob_elastic_policy_agrees_with_the_launch_line() -> None:
     doc = pytorchjob(spec)
     policy = doc["spec"]["elasticPolicy"]
     assert policy["minReplicas"] == 2 and policy["maxReplicas"] == 3 and policy["maxRestarts"] == 4
-    assert policy["rdzvBackend"] == "c10d" and policy["rdzvHost"] == "el-master-0" and policy["rdzvPort"] == 23456
+    assert policy["rdzvBackend"] == "ddpkit" and policy["rdzvHost"] == "el-master-0" and policy["rdzvPort"] == 23456
     command = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     f = flags(command)
+    assert f["rdzv-backend"] == policy["rdzvBackend"]
     assert f["rdzv-id"] == policy["rdzvId"] == "el"
     assert f["rdzv-conf"] == ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
     assert f["nnodes"] == f"{policy['minReplicas']}:{policy['maxReplicas']}"

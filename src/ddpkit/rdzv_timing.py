@@ -1,6 +1,6 @@
 """torchrun's c10d rendezvous timeouts for an elastic job, derived from the
-one setting `watchdog.loss_s` (docs/ELASTIC.md, "How fast a loss is
-handled").
+one setting `watchdog.loss_s` and the job's node count (docs/ELASTIC.md,
+"How fast a loss is handled").
 
 torchrun reads every value of `--rdzv-conf` as whole seconds
 (`RendezvousParameters.get_as_int`), so each is an int with a floor. The
@@ -15,9 +15,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# A keep-alive at most once a second (torchrun's unit), and never fewer than
-# 2 attempts: one keep-alive late on a busy agent must not drop a live node.
-KEEP_ALIVE_FLOOR_S, ATTEMPTS_FLOOR = 1, 2
+# A keep-alive at most once a second (torchrun's unit). An agent's entry
+# expires after EXPIRY_KEEP_ALIVES intervals without one: two may be late on a
+# busy agent before it is dropped. Dropping a live agent from
+# a running round changes nothing until the next membership change, when it
+# joins again like the others; the expiry decides how soon a round after a
+# crash can start, so it is kept short rather than as long as loss_s.
+KEEP_ALIVE_FLOOR_S, EXPIRY_KEEP_ALIVES = 1, 3
+# Every keep-alive rewrites the whole rendezvous state (an entry per node) in
+# the store on node 0: the interval grows with the node count so that the
+# agents together send about this many a second.
+KEEP_ALIVES_PER_S = 64
 # A rendezvous that already has min_nodes waits this long for more at the
 # least: the nodes' own start-up spread at the first rendezvous (a node that
 # misses it joins at a further round, which costs no restart but another last call).
@@ -42,21 +50,36 @@ class RdzvTiming:
         return self.keep_alive_interval * self.keep_alive_max_attempt
 
 
-def derive(loss_s: float, last_call_floor_s: int = LAST_CALL_FLOOR_S, close_floor_s: int = CLOSE_FLOOR_S,
-           last_call_s: int | None = None) -> RdzvTiming:
-    """- keep-alive: a lost agent's entry expires (interval x attempts) no
-      later than loss_s after its last keep-alive, so when the survivors
-      notice the loss through the workers' heartbeats and re-rendezvous it is
-      already gone (torchrun's default 5 s x 3 = 15 s would make them wait
-      for it). About a third of loss_s per keep-alive: each one rewrites the
-      rendezvous state in the store, so not more often than needed.
+# torchrun's own values (torch's create_handler and RendezvousTimeout), for
+# elastic.rendezvous "torchrun".
+TORCHRUN = (5, 3, 30, 30)  # keep-alive interval, attempts, last call, close
+
+
+def torchrun_defaults(last_call_floor_s: int = LAST_CALL_FLOOR_S, close_floor_s: int = CLOSE_FLOOR_S,
+                      last_call_s: int | None = None) -> RdzvTiming:
+    """torchrun's own rendezvous timeouts, each raised to the target's floor;
+    `last_call_s` wins over the last call."""
+    interval, attempts, last_call, close = TORCHRUN
+    return RdzvTiming(interval, attempts, last_call_s or max(last_call_floor_s, last_call),
+                      max(close_floor_s, close))
+
+
+def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S,
+           close_floor_s: int = CLOSE_FLOOR_S, last_call_s: int | None = None) -> RdzvTiming:
+    """- keep-alive: once a second up to KEEP_ALIVES_PER_S nodes, slower
+      above (the store's load), and never slower than a third of loss_s, so
+      a silent agent's entry is gone (interval x EXPIRY_KEEP_ALIVES) by the
+      time the survivors act on its silence. After a crash the survivors
+      re-form at once, and the new round starts when the dead agent's entry
+      expires: 3 s up to 64 nodes (torchrun's default 5 s x 3 = 15 s).
     - last call: half of loss_s (the floor, or the target's floor, at
-      least). It is paid at every membership change; after a loss the nodes
-      that will come are already there.
+      least). ddpkit's rendezvous (rendezvous.py) skips it after a loss, once
+      every node that left the last round is back; it is paid at the first
+      round and where that rule cannot tell who will come.
     - close: twice loss_s (floor CLOSE_FLOOR_S, or the target's).
     `last_call_s` (spec elastic.last_call_s) wins over the derived last call."""
     whole = max(1, math.floor(loss_s))
-    interval = max(KEEP_ALIVE_FLOOR_S, whole // 3)
-    attempts = max(ATTEMPTS_FLOOR, whole // interval)
+    slowest = max(KEEP_ALIVE_FLOOR_S, whole // EXPIRY_KEEP_ALIVES)
+    interval = min(slowest, max(KEEP_ALIVE_FLOOR_S, math.ceil(nodes / KEEP_ALIVES_PER_S)))
     last_call = last_call_s if last_call_s else max(last_call_floor_s, math.ceil(whole / 2))
-    return RdzvTiming(interval, attempts, last_call, max(close_floor_s, 2 * whole))
+    return RdzvTiming(interval, EXPIRY_KEEP_ALIVES, last_call, max(close_floor_s, 2 * whole))

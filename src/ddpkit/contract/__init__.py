@@ -44,6 +44,7 @@ from .rows import (
     Fixed,
     Origin,
     controller_env,
+    elastic_rdzv_backend,
     elastic_refusal,
     hosts_for,
     k8s_service_name,
@@ -55,7 +56,7 @@ from .rows import (
 
 __all__ = [
     "CONTRACT", "DDPKIT", "Arg", "ContractRow", "ElasticRow", "Fixed", "FromNode", "LaunchPlan", "Origin", "Part",
-    "Sources", "Target", "controller_env", "cpus_per_process", "elastic_env", "elastic_refusal",
+    "Sources", "Target", "controller_env", "cpus_per_process", "elastic_env", "elastic_rdzv_backend", "elastic_refusal",
     "elastic_train_args", "hosts_for", "interface_env", "job_env", "k8s_service_name", "master_port", "nnodes",
     "omp_env", "one_host_gpus", "process_argv", "rdzv_conf", "rendezvous_args", "resolve", "sources", "stop_args",
     "target_env", "torchrun_argv", "watchdog_env",

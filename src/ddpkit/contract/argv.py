@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ..spec import JobSpec
 from ..wire import KEEP_GLOBAL_BATCH_FLAG, TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
 from .parts import Arg, Sources
-from .rows import elastic_refusal, rdzv_conf
+from .rows import elastic_rdzv_backend, elastic_refusal, rdzv_conf
 
 
 def nnodes(spec: JobSpec) -> str:
@@ -23,15 +23,16 @@ def _conf_word(conf: dict[str, int]) -> str:
 
 def rendezvous_args(spec: JobSpec, src: Sources) -> list[Arg]:
     """How the agents meet: static ranks from the target, c10d on node 0,
-    or (spec.elastic) c10d with this run's id, the target's timeouts and
-    restarts; always ending with --max-restarts."""
+    or (spec.elastic) ddpkit's c10d rendezvous (elastic_rdzv_backend) with
+    this run's id, the target's timeouts and restarts; always ending with
+    --max-restarts."""
     if spec.elastic is not None:
         target = src.target
         if src.rdzv_id is None or target is None:
             # targets refuse such a job first (elastic_refusal); reaching here is a bug
             raise ValueError(elastic_refusal(spec, target) if target else "elastic: sources() names no target")
         return [
-            Arg.of("--rdzv-backend=c10d"),
+            Arg.of(f"--rdzv-backend={elastic_rdzv_backend(spec)}"),
             Arg.of("--rdzv-endpoint=", src.master_addr, ":", src.master_port),
             Arg.of("--rdzv-id=", src.rdzv_id),
             Arg.of("--rdzv-conf=" + _conf_word(rdzv_conf(spec, target)),

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .. import envnames
-from ..rdzv_timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive
+from ..rdzv_timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive, torchrun_defaults
 from ..spec import JobSpec
-from ..wire import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT
+from ..wire import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_HANDLER, TRAIN_MODULE
 from .parts import FromNode, Part, Sources, Target
 
 
@@ -222,14 +222,28 @@ def elastic_refusal(spec: JobSpec, target: Target) -> str | None:
     return f"elastic on {target.value}: {row.refusal}"
 
 
+def elastic_rdzv_backend(spec: JobSpec) -> str:
+    """torchrun's --rdzv-backend for an elastic job: ddpkit's handler (torch's
+    c10d with the round after a loss completed without the last call,
+    rendezvous.py) where the nodes run ddpkit train and so have it
+    installed; torch's own c10d for a job's own module or script, whose nodes
+    may not have ddpkit."""
+    ddpkit = spec.elastic is not None and spec.elastic.rendezvous == "ddpkit"
+    return RDZV_HANDLER if ddpkit and spec.command.module == TRAIN_MODULE else "c10d"
+
+
 def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
     """torchrun's c10d --rdzv-conf for an elastic job on `target`: the
     spec's join timeout, then the keep-alive, last call (the spec's when
-    set) and close timeout derived from watchdog.loss_s with the target's
-    floors (rdzv_timing.derive; docs/ELASTIC.md says why each)."""
+    set) and close timeout derived from watchdog.loss_s and the node count
+    with the target's floors (rdzv_timing.derive; docs/ELASTIC.md says why
+    each), or torchrun's own (elastic.rendezvous "torchrun")."""
     row = CONTRACT[target].elastic
-    timing = derive(spec.watchdog.loss_s, row.last_call_floor_s, row.close_floor_s,
-                    spec.elastic.last_call_s if spec.elastic is not None else None)
+    last_call_s = spec.elastic.last_call_s if spec.elastic is not None else None
+    if spec.elastic is not None and spec.elastic.rendezvous == "torchrun":
+        timing = torchrun_defaults(row.last_call_floor_s, row.close_floor_s, last_call_s)
+    else:
+        timing = derive(spec.watchdog.loss_s, spec.nodes, row.last_call_floor_s, row.close_floor_s, last_call_s)
     return {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": timing.last_call_timeout,
             "close_timeout": timing.close_timeout, "keep_alive_interval": timing.keep_alive_interval,
             "keep_alive_max_attempt": timing.keep_alive_max_attempt}

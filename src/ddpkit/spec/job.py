@@ -168,7 +168,14 @@ class Elastic(Strict):
     last_call_s: int | None = Field(
         default=None, ge=1, le=3600,
         description="seconds a rendezvous that already has min_nodes waits for more nodes before it closes "
-                    "(default: the target's, 30, or 90 on PyTorchJob); every membership change pays it once")
+                    "(default: half of watchdog.loss_s, at least 3, or 90 on PyTorchJob); the first rendezvous "
+                    "pays it, a re-formation after a loss only where ddpkit's rendezvous cannot tell who will come")
+    rendezvous: Literal["ddpkit", "torchrun"] = Field(
+        default="ddpkit",
+        description="ddpkit: torch's c10d rendezvous with ddpkit's rule (the round after a loss starts once every "
+                    "node that left the last one is back, without the last call; nodes that run a job's own "
+                    "command get plain c10d) and a keep-alive from the node count; torchrun: plain c10d with "
+                    "torchrun's own keep-alive (5 s x 3) and last call (30 s), as a baseline")
     max_node_failures: int = Field(
         default=2, ge=1, le=100,
         description="launch ssh and launch local: a node that failed this many times is left out for the rest of the run; "
@@ -195,8 +202,8 @@ class WatchdogOptions(Strict):
     loss_s: float = Field(
         default=LOSS_S, ge=LOSS_FLOOR_S, le=3600,
         description="seconds a node's ranks may send no heartbeat before the others act on it: an elastic job "
-                    "re-forms without it, a static job stops naming it (exit 14); torchrun's rendezvous "
-                    "keep-alive and last call derive from it (docs/ELASTIC.md)")
+                    "re-forms without it, a static job stops naming it (exit 14); the rendezvous' last call "
+                    "derives from it, and it caps the keep-alive (docs/ELASTIC.md)")
 
     @field_validator("straggler_factor")
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...contract import Target, resolve
+from ...contract import Target, elastic_rdzv_backend, resolve
 from ...spec import JobSpec
 from .base import KindInfo, single
 from .pod import Container, check_container
@@ -23,7 +23,7 @@ ROLES = ("Master", "Worker")
 
 @dataclass(frozen=True)
 class ElasticPolicy:
-    """The job's elasticPolicy: the same c10d rendezvous, id, timeouts and
+    """The job's elasticPolicy: the same rendezvous (backend, id, timeouts) and
     node range as the torchrun line, so the PET_* variables the operator
     derives from it agree with the flags. Replicas count pods: the Master
     is one of them."""
@@ -31,6 +31,7 @@ class ElasticPolicy:
     min_replicas: int
     max_replicas: int
     max_restarts: int
+    rdzv_backend: str
     rdzv_host: str
     rdzv_port: int | None
     rdzv_id: str
@@ -41,7 +42,7 @@ class ElasticPolicy:
         """The object as kubeflow.org/v1 spells it, in the order the file lists it."""
         return {
             "minReplicas": self.min_replicas, "maxReplicas": self.max_replicas, "maxRestarts": self.max_restarts,
-            "rdzvBackend": "c10d", "rdzvHost": self.rdzv_host, "rdzvPort": self.rdzv_port, "rdzvId": self.rdzv_id,
+            "rdzvBackend": self.rdzv_backend, "rdzvHost": self.rdzv_host, "rdzvPort": self.rdzv_port, "rdzvId": self.rdzv_id,
             "rdzvConf": [{"key": k, "value": str(v)} for k, v in self.rdzv_conf.items()],
         }
 
@@ -70,7 +71,8 @@ def elastic_policy(spec: JobSpec) -> ElasticPolicy | None:
         return None
     return ElasticPolicy(
         min_replicas=e.min_nodes, max_replicas=spec.nodes, max_restarts=e.max_restarts,
-        rdzv_host=launch.hosts[0], rdzv_port=launch.port, rdzv_id=spec.name, rdzv_conf=launch.rdzv_conf,
+        rdzv_backend=elastic_rdzv_backend(spec), rdzv_host=launch.hosts[0], rdzv_port=launch.port,
+        rdzv_id=spec.name, rdzv_conf=launch.rdzv_conf,
     )
 
 
