@@ -10,6 +10,7 @@ the entry point), one of them SIGKILLed."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -91,7 +92,8 @@ def _agent(backend: str, port: int, host: bool) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.rdzv_node", backend, f"127.0.0.1:{port}", RUN, "2", "3",
          "1" if host else "0", CONF],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env={**os.environ, "LOGLEVEL": "INFO"}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
 
 
 def _joined(agent: subprocess.Popen[str]) -> dict[str, float]:

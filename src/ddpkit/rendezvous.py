@@ -29,7 +29,6 @@ why, when a torch release moves them (tests/test_rendezvous.py pins them).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -38,10 +37,13 @@ from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+from torch.distributed.elastic.utils.logging import get_logger
 
 from .wire import RDZV_HANDLER as NAME
 
-log = logging.getLogger(__name__)
+# torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
+# line stands beside torch's own rendezvous lines in the agent's output
+log = get_logger(__name__)
 _NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_RendezvousContext")
 
 

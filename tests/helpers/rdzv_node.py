@@ -19,7 +19,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 def main() -> None:
     backend, endpoint, run_id, min_nodes, max_nodes, is_host, conf = sys.argv[1:8]
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
+    logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")  # levels: torch's, from LOGLEVEL
     config = {k: int(v) for k, v in (kv.split("=") for kv in conf.split(","))}
     params = RendezvousParameters(backend, endpoint, run_id, int(min_nodes), int(max_nodes),
                                   local_addr="127.0.0.1", is_host=is_host == "1", **config)
