@@ -12,6 +12,7 @@ keep_alive_max_attempt.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -52,16 +53,16 @@ class RdzvTiming:
 
 # torchrun's own values (torch's create_handler and RendezvousTimeout), for
 # elastic.rendezvous "torchrun".
-TORCHRUN = (5, 3, 30, 30)  # keep-alive interval, attempts, last call, close
+TORCHRUN = RdzvTiming(keep_alive_interval=5, keep_alive_max_attempt=3, last_call_timeout=30, close_timeout=30)
 
 
 def torchrun_defaults(last_call_floor_s: int = LAST_CALL_FLOOR_S, close_floor_s: int = CLOSE_FLOOR_S,
                       last_call_s: int | None = None) -> RdzvTiming:
     """torchrun's own rendezvous timeouts, each raised to the target's floor;
     `last_call_s` wins over the last call."""
-    interval, attempts, last_call, close = TORCHRUN
-    return RdzvTiming(interval, attempts, last_call_s or max(last_call_floor_s, last_call),
-                      max(close_floor_s, close))
+    return dataclasses.replace(
+        TORCHRUN, last_call_timeout=last_call_s or max(last_call_floor_s, TORCHRUN.last_call_timeout),
+        close_timeout=max(close_floor_s, TORCHRUN.close_timeout))
 
 
 def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S,
