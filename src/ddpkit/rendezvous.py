@@ -14,8 +14,9 @@ round begins, the nodes that will come are known: those that left, and those
 already on the wait list. Each agent of this handler writes its name to the
 store when it leaves a complete round; once everyone named there and on the
 wait list has joined (and min_nodes is met), the round is complete at once.
-Anything else (the first round, a node that left and then died, a node that
-was late in leaving) falls back to torch's own last call.
+Anything else (the first round, a node that left and then died before it
+joined again, a round whose members all expired) falls back to torch's own
+last call.
 
 Registered through the `torchrun.handlers` entry point (pyproject.toml);
 torchrun calls `creator()` once and registers what it returns under the
