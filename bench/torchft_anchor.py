@@ -38,7 +38,7 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,21 @@ LIGHTHOUSE = {"quorum_tick_ms": 100, "join_timeout_ms": 10000, "heartbeat_timeou
 MANAGER_TIMEOUT_S, PG_TIMEOUT_S = 30, 5
 LOSSES = ("crash", "freeze")
 MAX_RESTARTS = 10  # torchft's torchx component runs each replica group's torchrun with --max_restarts=10
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long torchft waits on a replica: its documented values unless
+    asked. A crash closes the lost group's connections, so the survivors see
+    it whatever these are; a loaded machine (the smoke test beside the rest
+    of the suite on 2 cores) can starve a live group past 5 s, and torchft
+    then drops or kills it, which measures the machine, not the anchor."""
+
+    pg_s: float = PG_TIMEOUT_S  # the replicas' gloo collectives
+    heartbeat_ms: int = LIGHTHOUSE["heartbeat_timeout_ms"]  # the lighthouse's verdict on a silent replica
+
+    def lighthouse_flags(self) -> list[str]:
+        return [f"--{k}={v}" for k, v in {**LIGHTHOUSE, "heartbeat_timeout_ms": self.heartbeat_ms}.items()]
 
 
 def unavailable() -> str | None:
@@ -87,7 +102,7 @@ def tolerant_comm_hook(state: Any, bucket):  # type: ignore[no-untyped-def]
     return inner
 
 
-def worker(metrics: Path, steps: int, patch: bool) -> None:
+def worker(metrics: Path, steps: int, patch: bool, pg_timeout_s: float) -> None:
     import torch
     import torch.nn.functional as F
     from torch import optim
@@ -109,7 +124,7 @@ def worker(metrics: Path, steps: int, patch: bool) -> None:
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
-    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=PG_TIMEOUT_S)), min_replica_size=1,
+    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=pg_timeout_s)), min_replica_size=1,
                       load_state_dict=load_state_dict, state_dict=state_dict, replica_id=f"bench_{replica}",
                       timeout=timedelta(seconds=MANAGER_TIMEOUT_S))
     ddp = DistributedDataParallel(manager, model)
@@ -138,10 +153,11 @@ def attempts(metrics: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in metrics.read_text().split("\n")[:-1]]
 
 
-def start(work: Path, steps: int, patch: bool) -> tuple[subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]:
+def start(work: Path, steps: int, patch: bool,
+          timeouts: Timeouts) -> tuple[subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]:
     port = free_port()
     exe = Path(sys.executable).with_name("torchft_lighthouse")
-    flags = [f"--{k}={v}" for k, v in LIGHTHOUSE.items()]
+    flags = timeouts.lighthouse_flags()
     with open(work / "lighthouse.out", "wb") as out:
         lighthouse = subprocess.Popen([str(exe), f"--bind=127.0.0.1:{port}", f"--min_replicas={MIN_REPLICAS}",
                                        *flags], stdout=out, stderr=subprocess.STDOUT)
@@ -153,7 +169,7 @@ def start(work: Path, steps: int, patch: bool) -> tuple[subprocess.Popen[bytes],
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1",
                 f"--max-restarts={MAX_RESTARTS}",
                 "-m", "bench.torchft_anchor", "--worker", str(work / f"g{g}.jsonl"), "--steps", str(steps),
-                *(["--patch-comm-hook"] if patch else [])]
+                "--pg-timeout-s", str(timeouts.pg_s), *(["--patch-comm-hook"] if patch else [])]
         with open(work / f"group{g}.out", "wb") as out:
             groups.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work))
     return lighthouse, groups
@@ -163,10 +179,11 @@ class SurvivorsDied(RuntimeError):
     """torchft's survivors exited instead of training on (the run has no figure)."""
 
 
-def run_once(loss: str, steps: int, kill_after: int, patch: bool = False) -> Measurement:
+def run_once(loss: str, steps: int, kill_after: int, patch: bool = False,
+             timeouts: Timeouts = Timeouts()) -> Measurement:
     """One run: three groups train together, the last is lost at a random step after `kill_after`."""
     with work_folder("ddpkit-bench-torchft-") as work:
-        lighthouse, groups = start(work, steps, patch)
+        lighthouse, groups = start(work, steps, patch, timeouts)
         survivor = work / "g0.jsonl"
         lost = [groups[-1].pid, *proctree.descendants(groups[-1].pid)]
         try:
@@ -202,8 +219,9 @@ def first_after(survivor: Path, lost_at: float, proc: subprocess.Popen[bytes], w
     return first
 
 
-def runs(losses: list[str], repeats: int, steps: int, kill_after: int, patch: bool = False) -> list[Measurement]:
-    return [run_once(loss, steps, kill_after, patch) for loss in losses for _ in range(repeats)]
+def runs(losses: list[str], repeats: int, steps: int, kill_after: int, patch: bool = False,
+         timeouts: Timeouts = Timeouts()) -> list[Measurement]:
+    return [run_once(loss, steps, kill_after, patch, timeouts) for loss in losses for _ in range(repeats)]
 
 
 def main() -> int:
@@ -216,10 +234,14 @@ def main() -> int:
     parser.add_argument("--patch-comm-hook", action="store_true",
                         help="run torchft with its DDP comm hook mended (see tolerant_comm_hook): what torchft's "
                              "design gives once that bug is fixed (variant torchft-patched)")
+    parser.add_argument("--pg-timeout-s", type=float, default=PG_TIMEOUT_S,
+                        help="the replicas' gloo timeout (torchft's example: 5)")
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=LIGHTHOUSE["heartbeat_timeout_ms"],
+                        help="the lighthouse's verdict on a silent replica (torchft's default: 5000)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, args.patch_comm_hook)
+        worker(args.worker, args.steps, args.patch_comm_hook, args.pg_timeout_s)
         return 0
     losses = args.losses.split(",")
     if set(losses) - set(LOSSES):
@@ -227,14 +249,17 @@ def main() -> int:
     if why := unavailable():
         print(f"torchft anchor skipped: {why}")
         return 3
-    measured = runs(losses, args.repeats, args.steps, args.kill_after, args.patch_comm_hook)
+    timeouts = Timeouts(args.pg_timeout_s, args.heartbeat_timeout_ms)
+    measured = runs(losses, args.repeats, args.steps, args.kill_after, args.patch_comm_hook, timeouts)
     for m in measured:
         print(f"{m.variant} {m.loss:<7} loss -> first step {m.loss_to_first_step_s:6.2f} s, steps lost {m.steps_lost}, "
               f"discarded in flight {m.discarded_in_flight}, survivor restarted {m.survivor_restarted}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "torchft_anchor.json"
-    path.write_text(json.dumps({"machine": machine(), "lighthouse": LIGHTHOUSE, "min_replicas": MIN_REPLICAS,
-                                "manager_timeout_s": MANAGER_TIMEOUT_S, "pg_timeout_s": PG_TIMEOUT_S,
+    path.write_text(json.dumps({"machine": machine(),
+                                "lighthouse": {**LIGHTHOUSE, "heartbeat_timeout_ms": timeouts.heartbeat_ms},
+                                "min_replicas": MIN_REPLICAS,
+                                "manager_timeout_s": MANAGER_TIMEOUT_S, "pg_timeout_s": timeouts.pg_s,
                                 "max_restarts": MAX_RESTARTS,
                                 "runs": [asdict(m) for m in measured]}, indent=2) + "\n")
     print(f"wrote {path}")
