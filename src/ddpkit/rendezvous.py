@@ -45,7 +45,7 @@ from .wire import RDZV_HANDLER as NAME
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
 # line stands beside torch's own rendezvous lines in the agent's output
 log = get_logger(__name__)
-_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_RendezvousContext")
+_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action")  # what the rule uses at run time
 
 
 def left_key(run_id: str, round_: int) -> str:
