@@ -11,10 +11,16 @@ min_nodes 2, at a known step: right after the first checkpoint of the
   down for good.
 - node3 is lost: its slurmd, its job step's slurmstepd and its trainer are
   SIGKILLed. The two others re-form the job and train on from the
-  checkpoint with world size 2, and the job ends COMPLETED."""
+  checkpoint with world size 2, and the job ends COMPLETED.
+- node3 freezes: every process on it SIGSTOPped, slurmd and slurmstepd too,
+  so no connection closes and nothing answers. The others' heartbeat watch
+  declares node 2 lost after watchdog.loss_s and they re-form without it
+  and finish; the step ends when slurmctld finds node3 not responding
+  (SlurmdTimeout): COMPLETED."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -54,7 +60,7 @@ def render(tmp: Path, gate: Path) -> Path:
         "name": "elastic", "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
         "rendezvous": {"timeout_s": 120}, "elastic": {"min_nodes": 2, "max_restarts": 2, "last_call_s": LAST_CALL_S},
         "command": {"python": PYTHON, "module": "tests.helpers.elastic_gate",
-                    "args": [*TRAIN, "--checkpoint-dir", str(tmp / "ckpt")]},
+                    "args": [*TRAIN, "--checkpoint-dir", str(tmp / "ckpt"), "--metrics", str(tmp / "metrics.jsonl")]},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
                 "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": "3"},
         "slurm": {"requeue": False},
@@ -96,6 +102,10 @@ def take_node3_down(net: netns.Network) -> None:
     proctree.signal_all(net["node3"].pids(), signal.SIGKILL)  # slurmd, slurmstepd, the trainer
 
 
+def freeze_node3(net: netns.Network) -> None:
+    proctree.signal_all(net["node3"].pids(), signal.SIGSTOP)  # slurmd, slurmstepd, the trainer
+
+
 @pytest.mark.timeout(900)
 def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmCluster, tmp_path: Path) -> None:
     step, text, info = run_with_a_loss(cluster, tmp_path, kill_node1_trainer)
@@ -114,3 +124,22 @@ def test_a_lost_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp
     assert info.state == "COMPLETED", text[-6000:]
     assert f"ckpt-{step:08d}.pt at step {step}" in text, text[-6000:]
     assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in text, text[-6000:]
+
+
+@pytest.mark.timeout(900)
+def test_a_frozen_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp_path: Path) -> None:
+    assert cluster.net is not None
+    try:
+        step, text, info = run_with_a_loss(cluster, tmp_path, freeze_node3)
+    finally:
+        # a host frozen for good: the pool's restore starts its slurmd again
+        proctree.signal_all(cluster.net["node3"].pids(), signal.SIGKILL)
+    assert info.state == "COMPLETED", text[-6000:]
+    assert f"ckpt-{step:08d}.pt at step {step}" in text, text[-6000:]
+    assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in text, text[-6000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [lost] = [r for r in records if r["kind"] == "lost"]  # the heartbeats noticed it, not a collective timeout
+    assert lost["noticed_by"] == "heartbeat" and lost["action"] == "re-form", lost
+    assert {r["node"] for r in lost["lost"]} == {2} and not [r for r in records if r["kind"] == "stall"], records
+    # the step ended once slurmctld found the frozen host not responding, not by a relaunch
+    assert "srun: error: Node failure on node3" in text and "relaunch" not in text, text[-6000:]
