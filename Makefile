@@ -115,6 +115,7 @@ bench: install
 	$(PY) -m bench.startup
 	$(PY) -m bench.teardown_local
 	$(PY) -m bench.watchdog
+	$(PY) -m bench.rendezvous
 
 # SSH fan-out and teardown vs pdsh, a serial ssh loop and plain torchrun;
 # needs root for its network namespaces and sshd hosts (about 5 minutes).

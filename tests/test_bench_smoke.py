@@ -119,3 +119,13 @@ def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) ->
     assert data["heartbeat"]["loop_ns_per_step"] > 0 and data["heartbeat"]["publish_us"] > 0
     [scale] = data["scale"]
     assert scale["ranks"] == 64 and scale["check_ms_median"] > 0 and scale["named"] == [63]
+
+
+def test_rendezvous_bench_times_the_round_after_a_crash_per_variant(tmp_path: Path) -> None:
+    run_bench("bench.rendezvous", "--repeats", "1", "--losses", "crash", "--variants", "c10d,ddpkit",
+              "--out", str(tmp_path), "--name", "r")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert [(t["variant"], t["loss"], t["world_size"]) for t in data["trials"]] == [("c10d", "crash", 2),
+                                                                                   ("ddpkit", "crash", 2)]
+    assert all(t["seconds"] > 0 for t in data["trials"]) and set(data["medians"]["crash"]) == {"c10d", "ddpkit"}
+    assert set(data["ratios"]) == {"crash: c10d / ddpkit"}

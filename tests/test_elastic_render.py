@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
-from ddpkit.rdzv_timing import derive
+from ddpkit.rdzv_timing import derive, state_poll_s
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.targets import compose, kubernetes, render
@@ -150,6 +150,12 @@ def test_the_keep_alive_slows_with_the_node_count_up_to_a_third_of_loss_s(loss: 
     timing = derive(loss, nodes)
     assert timing.keep_alive_interval == interval and timing.keep_alive_max_attempt == 3
     assert timing.expiry_s <= max(3, loss)
+
+
+@pytest.mark.parametrize(("nodes", "poll_s"), [(1, 0.1), (3, 0.1), (64, 0.1), (65, 0.2), (640, 1.0), (10_000, 1.0)])
+def test_ddpkits_rendezvous_polls_a_tenth_of_a_second_per_64_nodes_up_to_torchs_second(nodes: int,
+                                                                                       poll_s: float) -> None:
+    assert state_poll_s(nodes) == poll_s
 
 
 def test_torchs_rendezvous_handler_reads_every_key() -> None:

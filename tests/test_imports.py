@@ -39,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec", "rdzv_timing"} | BASE,
     "rdzv_timing": set(),  # the rendezvous timeouts derived from watchdog.loss_s: arithmetic only
-    "rendezvous": BASE,  # torchrun's handler (the torchrun.handlers entry point): torch and the wire only
+    "rendezvous": {"rdzv_timing"} | BASE,  # torchrun's handler (the torchrun.handlers entry point): torch, its poll, the wire
     "specfile": {"spec"} | BASE,
     "spec": BASE,
     "quoting": set(),

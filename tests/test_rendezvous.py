@@ -25,6 +25,7 @@ from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_
 
 from ddpkit import rendezvous
 from ddpkit.launch.local import free_port
+from ddpkit.rdzv_timing import state_poll_s
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "job-1"
@@ -84,6 +85,27 @@ def test_the_entry_point_registers_the_handler() -> None:
     assert rendezvous_handler_registry._registry.get(rendezvous.NAME) is rendezvous.create
 
 
+def test_a_waiting_agent_polls_the_state_every_state_poll_s() -> None:
+    """The executor's 1 s pause between polls, and only it, becomes the poll;
+    the state holder's cache follows, or a poll would answer from a second-old read."""
+    paused: list[object] = []
+    pause = rendezvous._Pause(lambda seconds: paused.append(seconds), 0.1)
+    pause(seconds=1)
+    pause(seconds=(0, 0.3))  # the first round's random skew stays torch's
+    assert paused == [0.1, (0, 0.3)]
+    params = dyn.RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{free_port()}", RUN, 2, 130, is_host=True,
+                                      local_addr="127.0.0.1")
+    torch_delay = dyn._delay
+    try:
+        handler = rendezvous.create(params)
+        assert isinstance(dyn._delay, rendezvous._Pause) and dyn._delay.torch_delay is torch_delay
+        assert dyn._delay.poll_s == handler._state_holder._cache_duration == state_poll_s(130) == 0.3
+        rendezvous.create(params)  # a second handler replaces the pause, it does not wrap it
+        assert dyn._delay.torch_delay is torch_delay
+    finally:
+        dyn._delay = torch_delay
+
+
 LAST_CALL_S = 30  # what the round after the loss would wait without the rule
 CONF = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=60"
 
@@ -120,7 +142,7 @@ def test_the_round_after_a_killed_node_completes_without_the_last_call() -> None
         second = [_joined(a) for a in agents[:2]]
         assert sorted(j["rank"] for j in second) == [0, 1] and {j["world_size"] for j in second} == {2}
         took = max(j["at"] for j in second) - lost_at
-        # the keep-alive expiry (2 s), a second's poll or two; the last call alone would be 30 s
+        # the keep-alive expiry (2 s) and a few 0.1 s polls; the last call alone would be 30 s
         assert took < LAST_CALL_S / 2, f"the round after the loss took {took:.1f}s"
         logs = [a.communicate(input="", timeout=30)[1] for a in agents[:2]]  # EOF: each leaves and ends
         # and it was the rule that completed the round, on one of the two survivors

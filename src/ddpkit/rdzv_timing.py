@@ -27,6 +27,14 @@ KEEP_ALIVE_FLOOR_S, EXPIRY_KEEP_ALIVES = 1, 3
 # the store on node 0: the interval grows with the node count so that the
 # agents together send about this many a second.
 KEEP_ALIVES_PER_S = 64
+# While an agent waits in the rendezvous, torch reads the whole state once a
+# second (a 1 s pause between polls, and the state cached for 1 s): up to a
+# second at each step of a membership change (the dead agent's expiry seen,
+# the last agent's join seen). ddpkit's handler reads it this often per
+# KEEP_ALIVES_PER_S nodes instead, never slower than torch's second: a read
+# is one store get, and the agents' monitor loop reads at this rate too
+# while the job trains (num_nodes_waiting), about 640 reads a second in all.
+STATE_POLL_S, TORCH_STATE_POLL_S = 0.1, 1.0
 # A rendezvous that already has min_nodes waits this long for more at the
 # least: the nodes' own start-up spread at the first rendezvous (a node that
 # misses it joins at a further round, which costs no restart but another last call).
@@ -63,6 +71,12 @@ def torchrun_defaults(last_call_floor_s: int = LAST_CALL_FLOOR_S, close_floor_s:
     return dataclasses.replace(
         TORCHRUN, last_call_timeout=last_call_s or max(last_call_floor_s, TORCHRUN.last_call_timeout),
         close_timeout=max(close_floor_s, TORCHRUN.close_timeout))
+
+
+def state_poll_s(nodes: int) -> float:
+    """Seconds between two reads of the rendezvous state by one waiting agent
+    of ddpkit's handler (rendezvous.py), for a job of up to `nodes` nodes."""
+    return min(TORCH_STATE_POLL_S, round(STATE_POLL_S * math.ceil(max(1, nodes) / KEEP_ALIVES_PER_S), 3))
 
 
 def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S,

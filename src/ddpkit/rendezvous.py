@@ -18,6 +18,11 @@ Anything else (the first round, a node that left and then died before it
 joined again, a round whose members all expired) falls back to torch's own
 last call.
 
+And its polls: a waiting agent reads the shared state every
+rdzv_timing.state_poll_s (0.1 s up to 64 nodes) instead of torch's second,
+which each step of a membership change waited (the dead agent's expiry seen,
+the last join seen).
+
 Registered through the `torchrun.handlers` entry point (pyproject.toml);
 torchrun calls `creator()` once and registers what it returns under the
 entry point's name. The handler is torch's own (`create_handler`), with its
@@ -40,12 +45,14 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 from torch.distributed.elastic.utils.logging import get_logger
 
+from .rdzv_timing import state_poll_s
 from .wire import RDZV_HANDLER as NAME
 
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
 # line stands beside torch's own rendezvous lines in the agent's output
 log = get_logger(__name__)
-_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action")  # what the rule uses at run time
+_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_delay")  # what the rule uses at run time
+_HANDLER_NEEDED = ("_op_executor", "_state_holder")
 
 
 def left_key(run_id: str, round_: int) -> str:
@@ -56,8 +63,10 @@ def left_key(run_id: str, round_: int) -> str:
 def unsupported(handler: Any = None) -> str | None:
     """Why this torch's c10d handler cannot take the rule (None: it can)."""
     missing = [name for name in _NEEDED if not hasattr(dyn, name)]
-    if handler is not None and not hasattr(handler, "_op_executor"):
-        missing.append("DynamicRendezvousHandler._op_executor")
+    if handler is not None:
+        missing += [f"DynamicRendezvousHandler.{name}" for name in _HANDLER_NEEDED if not hasattr(handler, name)]
+        if hasattr(handler, "_state_holder") and not hasattr(handler._state_holder, "_cache_duration"):
+            missing.append("_BackendRendezvousStateHolder._cache_duration")
     return f"torch's dynamic rendezvous has no {', '.join(missing)}" if missing else None
 
 
@@ -127,6 +136,28 @@ class _Executor:
         return decide
 
 
+class _Pause:
+    """Stands in for torch's `_delay` in its dynamic rendezvous module. The
+    executor's pause between two polls of the state is torch's only pause of
+    a whole second: it becomes `poll_s`. Every other pause (the first round's
+    random skew) is torch's own."""
+
+    def __init__(self, torch_delay: Callable[..., None], poll_s: float) -> None:
+        self.torch_delay, self.poll_s = torch_delay, poll_s
+
+    def __call__(self, seconds: float | tuple[float, float]) -> None:
+        self.torch_delay(seconds=self.poll_s if seconds == 1 else seconds)
+
+
+def _poll_faster(handler: Any, poll_s: float) -> None:
+    """Read the state every `poll_s` while waiting: the pause between polls
+    (module-wide: one agent process builds one handler) and the state
+    holder's cache, which would otherwise answer from a second-old read."""
+    torch_delay = dyn._delay.torch_delay if isinstance(dyn._delay, _Pause) else dyn._delay
+    dyn._delay = _Pause(torch_delay, poll_s)
+    handler._state_holder._cache_duration = poll_s
+
+
 class _Named(dyn.RendezvousBackend):
     """The c10d backend under this handler's name: torchrun checks that a
     handler reports the backend it was asked for."""
@@ -155,6 +186,7 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
         return handler
     # the handler calls only run() on it
     handler._op_executor = _Executor(handler._op_executor, _Known(store, params.run_id))  # type: ignore[assignment]
+    _poll_faster(handler, state_poll_s(params.max_nodes))
     return handler
 
 

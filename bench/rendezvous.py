@@ -1,0 +1,186 @@
+"""What a membership change costs in the rendezvous alone, side by side in
+one run: three real agents' rendezvous handlers (torchrun's registry, a
+real TCPStore on the first), no workers, the third one lost.
+
+Variants, each with the timeouts ddpkit renders for loss_s 10 and 3 nodes
+(rdzv_timing.derive: keep-alive 1 s x 3, last call 5 s):
+  c10d             torch's own handler (what `elastic.rendezvous: torchrun`
+                   and a job's own command get)
+  ddpkit 1s polls  ddpkit's handler with torch's 1 s state polls: the rule
+                   alone (the round after a loss skips the last call)
+  ddpkit           ddpkit's handler as shipped: the rule and state polls
+                   every rdzv_timing.state_poll_s
+
+Losses:
+  crash   the third agent SIGKILLed; the two others go to the next round
+          at once (their workers' collectives fail when its connections
+          close). Timed from the kill to the later of the two joining.
+  silent  the third agent SIGSTOPped; the two others go to the next round
+          once its entry has expired (as after the heartbeat verdict,
+          loss_s, which is longer than the expiry). Timed from their leave.
+
+Each cell is the median of --repeats trials; the variants take turns in
+every repeat, so a change of load hits them alike.
+
+  .venv/bin/python -m bench.rendezvous [--repeats 5] [--losses crash,silent]
+
+Writes bench/results/rendezvous.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("c10d", "ddpkit 1s polls", "ddpkit")
+LOSSES = ("crash", "silent")
+NODES, MIN_NODES, LOSS_S = 3, 2, 10
+RUN_ID = "bench-rendezvous"
+JOIN_LIMIT_S = 120  # a trial whose rendezvous takes longer is broken, not slow
+
+
+# ---- node: one agent's rendezvous handler, in its own process -----------------------
+def node(variant: str, endpoint: str, is_host: bool, conf: dict[str, int]) -> None:
+    """Join a round, print when (JSON), join the next each time a line arrives on stdin, until EOF."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from ddpkit import rendezvous
+    from ddpkit.rdzv_timing import TORCH_STATE_POLL_S
+
+    logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
+    backend = "c10d" if variant == "c10d" else rendezvous.NAME
+    params = RendezvousParameters(backend, endpoint, RUN_ID, MIN_NODES, NODES, local_addr="127.0.0.1",
+                                  is_host=is_host, **conf)
+    handler = get_rendezvous_handler(params)
+    if variant == "ddpkit 1s polls":  # the rule alone: torch's own pause and cache
+        dyn._delay = dyn._delay.torch_delay
+        handler._state_holder._cache_duration = TORCH_STATE_POLL_S  # type: ignore[attr-defined]
+    while True:
+        info = handler.next_rendezvous()
+        print(json.dumps({"world_size": info.world_size, "at": time.time()}), flush=True)
+        if not sys.stdin.readline():
+            break
+    handler.shutdown()
+
+
+# ---- driver -----------------------------------------------------------------------
+@dataclass
+class Trial:
+    variant: str
+    loss: str
+    seconds: float  # loss (crash) or leave (silent) -> both survivors joined the next round
+    world_size: int
+
+
+def _start(variant: str, port: int, host: bool, conf: dict[str, int]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.rendezvous", "--node", variant, f"127.0.0.1:{port}", "1" if host else "0",
+         json.dumps(conf)],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _joined(agent: subprocess.Popen[str]) -> dict[str, float]:
+    line = agent.stdout.readline() if agent.stdout else ""
+    if not line:
+        agent.kill()
+        raise RuntimeError(f"an agent ended without joining a round:\n{agent.communicate()[1][-3000:]}")
+    return json.loads(line)
+
+
+def _next_round(agents: list[subprocess.Popen[str]]) -> None:
+    for agent in agents:
+        assert agent.stdin is not None  # stdin=PIPE
+        agent.stdin.write("next\n")
+        agent.stdin.flush()
+
+
+def trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Trial:
+    from ddpkit.launch.local import free_port
+
+    port = free_port()
+    agents = [_start(variant, port, i == 0, conf) for i in range(NODES)]
+    try:
+        first = [_joined(a) for a in agents]
+        if {j["world_size"] for j in first} != {NODES}:
+            raise RuntimeError(f"the first round was not of {NODES}: {first}")
+        lost, survivors = agents[-1], agents[:-1]
+        lost.send_signal(signal.SIGKILL if loss == "crash" else signal.SIGSTOP)
+        start = time.time()
+        if loss == "silent":
+            time.sleep(expiry_s + 1)  # the heartbeat verdict (loss_s) comes after the expiry
+            start = time.time()
+        _next_round(survivors)
+        second = [_joined(a) for a in survivors]
+        return Trial(variant, loss, round(max(j["at"] for j in second) - start, 2),
+                     int(second[0]["world_size"]))
+    finally:
+        for agent in agents:
+            agent.kill()
+            agent.communicate(timeout=30)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--losses", default=",".join(LOSSES))
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--out", type=Path)
+    p.add_argument("--name", default="rendezvous")
+    a = p.parse_args(argv)
+    a.losses, a.variants = a.losses.split(","), a.variants.split(",")
+    for value, known in ((a.losses, LOSSES), (a.variants, VARIANTS)):
+        bad = [v for v in value if v not in known]
+        if bad:
+            p.error(f"unknown {bad}; choose from {', '.join(known)}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(ROOT))
+    from bench import common
+
+    from ddpkit.rdzv_timing import derive, state_poll_s
+
+    a = parse(argv)
+    timing = derive(LOSS_S, NODES)
+    conf = {**asdict(timing), "join_timeout": JOIN_LIMIT_S}
+    trials = [trial(v, loss, conf, timing.expiry_s) for _ in range(a.repeats) for loss in a.losses
+              for v in a.variants]
+    medians = {loss: {v: statistics.median(t.seconds for t in trials if t.variant == v and t.loss == loss)
+                      for v in a.variants} for loss in a.losses}
+    rows, ratios = [], {}
+    for loss, by_variant in medians.items():
+        for v, s in by_variant.items():
+            spread = [t.seconds for t in trials if t.variant == v and t.loss == loss]
+            rows.append([loss, v, s, min(spread), max(spread)])
+        if {"c10d", "ddpkit"} <= by_variant.keys():
+            ratios[f"{loss}: c10d / ddpkit"] = by_variant["c10d"] / by_variant["ddpkit"]
+        if {"ddpkit 1s polls", "ddpkit"} <= by_variant.keys():
+            ratios[f"{loss}: ddpkit 1s polls / ddpkit"] = by_variant["ddpkit 1s polls"] / by_variant["ddpkit"]
+    print(common.table(["loss", "variant", "median s", "min s", "max s"], rows))
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}x")
+    path = common.write_result(a.name, {
+        "command": common.command_line(), "machine": common.machine(), "nodes": NODES, "min_nodes": MIN_NODES,
+        "rdzv_conf": conf, "state_poll_s": state_poll_s(NODES), "repeats": a.repeats,
+        "trials": [asdict(t) for t in trials], "medians": medians, "ratios": ratios}, a.out or common.RESULTS)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--node":
+        node(sys.argv[2], sys.argv[3], sys.argv[4] == "1", json.loads(sys.argv[5]))
+        sys.exit(0)
+    sys.exit(main())
