@@ -51,7 +51,7 @@ from .wire import RDZV_HANDLER as NAME
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
 # line stands beside torch's own rendezvous lines in the agent's output
 log = get_logger(__name__)
-_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_delay")  # what the rule uses at run time
+_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_delay")  # what the rule and the poll use
 _HANDLER_NEEDED = ("_op_executor", "_state_holder")
 
 
@@ -61,7 +61,7 @@ def left_key(run_id: str, round_: int) -> str:
 
 
 def unsupported(handler: Any = None) -> str | None:
-    """Why this torch's c10d handler cannot take the rule (None: it can)."""
+    """Why this torch's c10d handler cannot take the rule and the poll (None: it can)."""
     missing = [name for name in _NEEDED if not hasattr(dyn, name)]
     if handler is not None:
         missing += [f"DynamicRendezvousHandler.{name}" for name in _HANDLER_NEEDED if not hasattr(handler, name)]
