@@ -73,7 +73,7 @@ def once(method: str, repeat: int, folder: Path, script: Path, a: argparse.Names
         kill_all(running(str(marks)))
         return Result(method, repeat, None, "the failure was never injected (run did not start)")
     failed_at = float(failed.read_text())
-    while running(str(marks)) and time.time() < failed_at + TEARDOWN_CAP_S:
+    while running(str(marks)) and time.time() < failed_at + a.cap_s:
         time.sleep(0.05)
     left = running(str(marks))
     gone, what = time.time() - failed_at, describe(left)
@@ -81,7 +81,7 @@ def once(method: str, repeat: int, folder: Path, script: Path, a: argparse.Names
     proc.wait(60)
     if left:
         return Result(method, repeat, None,
-                      f"{len(left)} processes still running {TEARDOWN_CAP_S:.0f}s after the failure ({what})")
+                      f"{len(left)} processes still running {a.cap_s:.0f}s after the failure ({what})")
     return Result(method, repeat, gone)
 
 
@@ -92,6 +92,9 @@ def main(argv_: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", type=Path, default=common.RESULTS)
     p.add_argument("--name", default="teardown_local")
+    p.add_argument("--cap-s", type=float, default=TEARDOWN_CAP_S,
+                   help=f"stop measuring a teardown after this long and report it still running "
+                        f"(default {TEARDOWN_CAP_S:.0f})")
     a = p.parse_args(argv_)
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="ddpkit-teardown-") as tmp:
