@@ -16,7 +16,13 @@ min_nodes 2, at a known step: right after the first checkpoint of the
   so no connection closes and nothing answers. The others' heartbeat watch
   declares node 2 lost after watchdog.loss_s and they re-form without it
   and finish; the step ends when slurmctld finds node3 not responding
-  (SlurmdTimeout): COMPLETED."""
+  (SlurmdTimeout): COMPLETED.
+- node3's trainer freezes (its torchrun agent and workers SIGSTOPped; slurmd
+  and slurmstepd answer, as with a GPU hung in its driver). The others
+  re-form without it and finish, but Slurm sees a task still running: the
+  batch shell, told by `ddpkit train` that training finished, ends the
+  step's tasks watchdog.loss_s later (without it the job would run until
+  its time limit): COMPLETED, nothing left on node3."""
 
 from __future__ import annotations
 
@@ -106,6 +112,12 @@ def freeze_node3(net: netns.Network) -> None:
     proctree.signal_all(net["node3"].pids(), signal.SIGSTOP)  # slurmd, slurmstepd, the trainer
 
 
+def freeze_node3_trainer(net: netns.Network) -> None:
+    trainer = agents_and_workers(net["node3"].pids())
+    assert trainer, "no torchrun agent on node3"
+    proctree.signal_all(trainer, signal.SIGSTOP)  # slurmd and slurmstepd go on answering
+
+
 @pytest.mark.timeout(900)
 def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmCluster, tmp_path: Path) -> None:
     step, text, info = run_with_a_loss(cluster, tmp_path, kill_node1_trainer)
@@ -143,3 +155,23 @@ def test_a_frozen_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, t
     assert {r["node"] for r in lost["lost"]} == {2} and not [r for r in records if r["kind"] == "stall"], records
     # the step ended once slurmctld found the frozen host not responding, not by a relaunch
     assert "srun: error: Node failure on node3" in text and "relaunch" not in text, text[-6000:]
+
+
+@pytest.mark.timeout(900)
+def test_a_node_whose_trainer_froze_is_ended_once_the_others_finished(cluster: SlurmCluster, tmp_path: Path) -> None:
+    assert cluster.net is not None
+    try:
+        step, text, info = run_with_a_loss(cluster, tmp_path, freeze_node3_trainer)
+        left = agents_and_workers(cluster.net["node3"].pids())
+    finally:
+        proctree.signal_all(agents_and_workers(cluster.net["node3"].pids()), signal.SIGKILL)
+    assert info.state == "COMPLETED", text[-6000:]
+    assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in text, text[-6000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [lost] = [r for r in records if r["kind"] == "lost"]
+    assert lost["noticed_by"] == "heartbeat" and {r["node"] for r in lost["lost"]} == {2}, lost
+    # the frozen task was ended by the batch shell, told that training finished, not by a node failure
+    assert re.search(r"ddpkit: elastic: training finished, but job step \d+\.0 still ran 10s later \(a node the "
+                     r"others left behind, watchdog\.loss_s\); ending its tasks", text), text[-6000:]
+    assert "Node failure" not in text and "relaunch" not in text, text[-6000:]
+    assert left == [], f"node3's frozen trainer outlived the job: {left}"

@@ -59,6 +59,7 @@ SLURM_NTASKS_PER_NODE: Final = "SLURM_NTASKS_PER_NODE"
 SLURM_TASKS_PER_NODE: Final = "SLURM_TASKS_PER_NODE"
 SLURM_STEPID: Final = "SLURM_STEPID"
 SLURM_STEP_ID: Final = "SLURM_STEP_ID"
+SLURMD_NODENAME: Final = "SLURMD_NODENAME"  # the Slurm name of the node a task (or the batch shell) runs on
 
 # Open MPI's mpirun (read by the train side only).
 OMPI_COMM_WORLD_RANK: Final = "OMPI_COMM_WORLD_RANK"
@@ -103,6 +104,9 @@ DDPKIT_LOADER_RANK_PID: Final = "DDPKIT_LOADER_RANK_PID"
 DDPKIT_LOADER_SERVER_PID: Final = "DDPKIT_LOADER_SERVER_PID"
 # Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/ELASTIC.md).
 DDPKIT_WATCHDOG_LOSS_S: Final = "DDPKIT_WATCHDOG_LOSS_S"
+# An elastic Slurm job's batch shell, to be told (SIGUSR1) when training finished (train/slurm_batch.py).
+DDPKIT_SLURM_BATCH_PID: Final = "DDPKIT_SLURM_BATCH_PID"
+DDPKIT_SLURM_BATCH_NODE: Final = "DDPKIT_SLURM_BATCH_NODE"
 # torch's NCCL flight recorder: ring-buffer entries, dump on a collective timeout, and the dump file prefix.
 TORCH_NCCL_TRACE_BUFFER_SIZE: Final = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 TORCH_NCCL_DUMP_ON_TIMEOUT: Final = "TORCH_NCCL_DUMP_ON_TIMEOUT"

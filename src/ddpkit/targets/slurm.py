@@ -10,6 +10,7 @@ the container wrapper, the task command); the template only lays it out."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 from dataclasses import dataclass
 
@@ -167,6 +168,12 @@ class Plan:
     @property
     def directive_words(self) -> list[str]:
         return [sbatch_word(d) for d in self.directives]
+
+    @property
+    def left_behind_s(self) -> int:
+        """Whole seconds an elastic step's tasks may outlive finished training
+        (templates/slurm: a node the others left behind): watchdog.loss_s."""
+        return math.ceil(self.spec.watchdog.loss_s)
 
     @property
     def srun_words(self) -> list[str]:

@@ -82,8 +82,10 @@ def import_trainer(model: str) -> None:
 
 def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None) -> int:
     """Everything after start-up, on one rank. Returns the exit code."""
+    from . import slurm_batch
     from .elastic import fit_global_batch
     from .loop import Trainer, exit_code
+    from .progress import RunStatus
     from .rank_report import ReportOutputs, report
 
     stop = stop or _stop_request()
@@ -110,6 +112,8 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     del trainer
     gc.collect()
     _finish_together()
+    if summary.status is RunStatus.FINISHED and ctx.local_rank == 0:
+        slurm_batch.tell_training_finished()  # every rank is past the last step: a task still running is left behind
     return exit_code(summary.status)
 
 
