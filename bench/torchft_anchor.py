@@ -133,6 +133,10 @@ def worker(metrics: Path, steps: int, patch: bool, pg_timeout_s: float) -> None:
     with metrics.open("a", buffering=1) as out:
         out.write(json.dumps({"kind": "start", "step": manager.current_step(), "time": time.time(),
                               "participants": 0}) + "\n")
+        # torchft forms a quorum of min_replicas without a group still starting: on a loaded machine the
+        # first two could train every step before the third came. The driver says go once all three are up.
+        while not started(metrics).exists():
+            time.sleep(0.05)
         while manager.current_step() < steps:
             x, y = torch.randn(8, 3, 16, 16, generator=data), torch.randint(0, 10, (8,), generator=data)
             before = manager.current_step()
@@ -146,6 +150,11 @@ def worker(metrics: Path, steps: int, patch: bool, pg_timeout_s: float) -> None:
 
 
 # ---- the driver -------------------------------------------------------------------
+
+def started(metrics: Path) -> Path:
+    """The file that lets the groups train: every group's manager is up (see worker)."""
+    return metrics.with_name("go")
+
 
 def attempts(metrics: Path) -> list[dict[str, Any]]:
     if not metrics.exists():
@@ -187,6 +196,9 @@ def run_once(loss: str, steps: int, kill_after: int, patch: bool = False,
         survivor = work / "g0.jsonl"
         lost = [groups[-1].pid, *proctree.descendants(groups[-1].pid)]
         try:
+            wait_until(lambda: all(any(a["kind"] == "start" for a in attempts(work / f"g{g}.jsonl"))
+                                   for g in range(GROUPS)), 300, "the three groups never started")
+            started(survivor).write_text("")
             at = random.randint(kill_after, 2 * kill_after)
             wait_until(lambda: any(a["kind"] == "train" and a["participants"] == GROUPS and a["step"] >= at
                                    for a in attempts(survivor)), 300, "the three groups never trained together")
