@@ -72,15 +72,15 @@ def import_trainer(model: str) -> None:
     """Import what training `model` needs (torch, the trainer's modules, and
     torchvision for its ResNets) now, so that the clock's `imports` phase
     holds all of it and the later phases time only their own work."""
+    # The optimizer's first call and DDP's constructor import torch._dynamo (torch's lazy
+    # _disable_dynamo), so every run pays for it (about half of a worker's imports, and it maps
+    # triton's 480 MB library where triton is installed): imported here it is timed as an import, not as
+    # the model build, and done before the watchdog's heartbeats start, which a long page-in must not hold up.
     import torch._dynamo  # noqa: F401
 
     from . import loop, rank_report  # noqa: F401
     from .models import is_torchvision_resnet
 
-    # torch._dynamo above: the optimizer's first call and DDP's constructor import it (torch's lazy
-    # _disable_dynamo), so every run pays for it (about half of a worker's imports, and it maps triton's
-    # 480 MB library where triton is installed); imported here it is timed as an import, not as the model
-    # build, and it is done before the watchdog's heartbeats start, which a long page-in must not hold up.
     if is_torchvision_resnet(model):
         import torchvision  # noqa: F401  (about a second: not for models that never use it)
     CLOCK.mark("imports_done")
