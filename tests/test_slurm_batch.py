@@ -34,8 +34,9 @@ def shell(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     proc.wait()
 
 
-def worker_env(pid: int, *, job: str = "41", node: str = "node1", batch_node: str = "node1") -> dict[str, str]:
-    return {envnames.DDPKIT_SLURM_BATCH_PID: str(pid), envnames.DDPKIT_SLURM_BATCH_NODE: batch_node,
+def worker_env(pid: int, *, job: str = "41", node: str = "node1") -> dict[str, str]:
+    """A worker's environment; the batch shell asked to be told on node1."""
+    return {envnames.DDPKIT_SLURM_BATCH_PID: str(pid), envnames.DDPKIT_SLURM_BATCH_NODE: "node1",
             envnames.SLURM_JOB_ID: job, envnames.SLURMD_NODENAME: node}
 
 
