@@ -37,7 +37,8 @@ Targets:
   or cut off its network (`docker network disconnect`).
 
     python -m bench.elastic [--targets local,ssh,slurm,compose] [--losses crash,freeze,link]
-        [--variants torchrun-defaults,ddpkit-fast,torchft] [--repeats 1] [--out bench/results]
+        [--variants torchrun-defaults,ddpkit-fast,torchft] [--repeats 1] [--baseline-repeats N]
+        [--out bench/results]
 """
 
 from __future__ import annotations
@@ -464,10 +465,19 @@ def run_plan(args: argparse.Namespace) -> tuple[list[Measurement], dict[str, str
         if not todo:
             continue
         with target_runner(target, args) as run:
-            runs += [run(v, loss) for v, loss in todo for _ in range(args.repeats)]
+            runs += [run(v, loss) for v, loss in rounds(todo, args)]
     if "torchft" in args.variants:
         runs += torchft_runs(args, skipped)
     return runs, skipped
+
+
+def rounds(todo: list[tuple[str, str]], args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The cells in turn, once per repeat, so that a change of load hits every variant alike.
+    torchrun-defaults takes part in the first --baseline-repeats rounds only: its recovery is
+    torchrun's fixed timeouts (15 s expiry, 30 s last call), which repeats do not move."""
+    baseline = args.repeats if args.baseline_repeats is None else args.baseline_repeats
+    return [(v, loss) for i in range(args.repeats) for v, loss in todo
+            if v != "torchrun-defaults" or i < baseline]
 
 
 def torchft_runs(args: argparse.Namespace, skipped: dict[str, str]) -> list[Measurement]:
@@ -497,6 +507,8 @@ def main() -> int:
     parser.add_argument("--losses", default="crash", help=f"comma-separated, of {', '.join(LOSSES)}")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--baseline-repeats", type=int, default=None,
+                        help="runs per cell of torchrun-defaults (default: --repeats)")
     parser.add_argument("--samples", type=int, default=6000, help="synthetic samples (sets the run's length)")
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--last-call-s", type=int, default=None,
@@ -520,7 +532,8 @@ def main() -> int:
     result = {
         "machine": machine(),
         "setup": {"nodes": NODES, "min_nodes": MIN_NODES, "nproc_per_node": 1, "last_call_s": args.last_call_s,
-                  "checkpoint_every": args.checkpoint_every, "fast_spec": args.fast_spec,
+                  "checkpoint_every": args.checkpoint_every,
+                  "repeats": args.repeats, "baseline_repeats": args.baseline_repeats, "fast_spec": args.fast_spec,
                   "torchft": {"lighthouse": torchft_anchor.LIGHTHOUSE, "min_replicas": torchft_anchor.MIN_REPLICAS,
                               "pg_timeout_s": torchft_anchor.PG_TIMEOUT_S,
                               "max_restarts": torchft_anchor.MAX_RESTARTS,

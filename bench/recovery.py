@@ -100,12 +100,13 @@ def median(values: list[float]) -> float | None:
 
 
 def summary(runs: list[Measurement]) -> dict[str, dict[str, dict[str, dict[str, float | int | None]]]]:
-    """target -> loss -> variant -> medians (and the run count)."""
+    """target -> loss -> variant -> medians (and the run count, and the spread of the time)."""
     out: dict[str, dict[str, dict[str, dict[str, float | int | None]]]] = {}
     for r in runs:
         cell = out.setdefault(r.target, {}).setdefault(r.loss, {})
         same = [m for m in runs if (m.target, m.loss, m.variant) == (r.target, r.loss, r.variant)]
-        cell[r.variant] = {"loss_to_first_step_s": median([m.loss_to_first_step_s for m in same]),
+        times = [m.loss_to_first_step_s for m in same]
+        cell[r.variant] = {"loss_to_first_step_s": median(times), "min_s": min(times), "max_s": max(times),
                            "steps_lost": median([float(m.steps_lost) for m in same]),
                            "discarded_in_flight": median([float(m.discarded_in_flight) for m in same]),
                            "runs": len(same)}

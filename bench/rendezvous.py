@@ -1,6 +1,7 @@
 """What a membership change costs in the rendezvous alone, side by side in
 one run: three real agents' rendezvous handlers (torchrun's registry, a
-real TCPStore on the first), no workers, the third one lost.
+real TCPStore on the first; bench/rdzv_node.py), no workers, the third
+one lost.
 
 Variants, each with the timeouts ddpkit renders for loss_s 10 and 3 nodes
 (rdzv_timing.derive: keep-alive 1 s x 3, last call 5 s):
@@ -30,11 +31,8 @@ Writes bench/results/rendezvous.json.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -48,32 +46,6 @@ RUN_ID = "bench-rendezvous"
 JOIN_LIMIT_S = 120  # a trial whose rendezvous takes longer is broken, not slow
 
 
-# ---- node: one agent's rendezvous handler, in its own process -----------------------
-def node(variant: str, endpoint: str, is_host: bool, conf: dict[str, int]) -> None:
-    """Join a round, print when (JSON), join the next each time a line arrives on stdin, until EOF."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
-    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-    from ddpkit import rendezvous
-    from ddpkit.rdzv_timing import TORCH_STATE_POLL_S
-
-    logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
-    backend = "c10d" if variant == "c10d" else rendezvous.NAME
-    params = RendezvousParameters(backend, endpoint, RUN_ID, MIN_NODES, NODES, local_addr="127.0.0.1",
-                                  is_host=is_host, **conf)
-    handler = get_rendezvous_handler(params)
-    if variant == "ddpkit 1s polls":  # the rule alone: torch's own pause and cache
-        dyn._delay = dyn._delay.torch_delay
-        handler._state_holder._cache_duration = TORCH_STATE_POLL_S  # type: ignore[attr-defined]
-    while True:
-        info = handler.next_rendezvous()
-        print(json.dumps({"world_size": info.world_size, "at": time.time()}), flush=True)
-        if not sys.stdin.readline():
-            break
-    handler.shutdown()
-
-
 # ---- driver -----------------------------------------------------------------------
 @dataclass
 class Trial:
@@ -83,35 +55,18 @@ class Trial:
     world_size: int
 
 
-def _start(variant: str, port: int, host: bool, conf: dict[str, int]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.rendezvous", "--node", variant, f"127.0.0.1:{port}", "1" if host else "0",
-         json.dumps(conf)],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _joined(agent: subprocess.Popen[str]) -> dict[str, float]:
-    line = agent.stdout.readline() if agent.stdout else ""
-    if not line:
-        agent.kill()
-        raise RuntimeError(f"an agent ended without joining a round:\n{agent.communicate()[1][-3000:]}")
-    return json.loads(line)
-
-
-def _next_round(agents: list[subprocess.Popen[str]]) -> None:
-    for agent in agents:
-        assert agent.stdin is not None  # stdin=PIPE
-        agent.stdin.write("next\n")
-        agent.stdin.flush()
-
-
 def trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Trial:
+    from bench import rdzv_node
+
+    from ddpkit import rendezvous
     from ddpkit.launch.local import free_port
 
     port = free_port()
-    agents = [_start(variant, port, i == 0, conf) for i in range(NODES)]
+    backend = "c10d" if variant == "c10d" else rendezvous.NAME
+    agents = [rdzv_node.start(backend, port, RUN_ID, (MIN_NODES, NODES), i == 0, conf,
+                              torch_polls=variant == "ddpkit 1s polls") for i in range(NODES)]
     try:
-        first = [_joined(a) for a in agents]
+        first = [rdzv_node.joined(a) for a in agents]
         if {j["world_size"] for j in first} != {NODES}:
             raise RuntimeError(f"the first round was not of {NODES}: {first}")
         lost, survivors = agents[-1], agents[:-1]
@@ -120,8 +75,8 @@ def trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Tri
         if loss == "silent":
             time.sleep(expiry_s + 1)  # the heartbeat verdict (loss_s) comes after the expiry
             start = time.time()
-        _next_round(survivors)
-        second = [_joined(a) for a in survivors]
+        rdzv_node.next_round(survivors)
+        second = [rdzv_node.joined(a) for a in survivors]
         return Trial(variant, loss, round(max(j["at"] for j in second) - start, 2),
                      int(second[0]["world_size"]))
     finally:
@@ -180,7 +135,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--node":
-        node(sys.argv[2], sys.argv[3], sys.argv[4] == "1", json.loads(sys.argv[5]))
-        sys.exit(0)
     sys.exit(main())

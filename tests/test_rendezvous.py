@@ -9,16 +9,13 @@ the entry point), one of them SIGKILLed."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
+from bench import rdzv_node
 from torch.distributed import HashStore
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
@@ -27,7 +24,6 @@ from ddpkit import rendezvous
 from ddpkit.launch.local import free_port
 from ddpkit.rdzv_timing import state_poll_s
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "job-1"
 
 
@@ -107,21 +103,11 @@ def test_a_waiting_agent_polls_the_state_every_state_poll_s() -> None:
 
 
 LAST_CALL_S = 30  # what the round after the loss would wait without the rule
-CONF = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=60"
+CONF = {"last_call_timeout": LAST_CALL_S, "keep_alive_interval": 1, "keep_alive_max_attempt": 2, "join_timeout": 60}
 
 
 def _agent(backend: str, port: int, host: bool) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.rdzv_node", backend, f"127.0.0.1:{port}", RUN, "2", "3",
-         "1" if host else "0", CONF],
-        cwd=REPO, env={**os.environ, "LOGLEVEL": "INFO"}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-
-
-def _joined(agent: subprocess.Popen[str]) -> dict[str, float]:
-    line = agent.stdout.readline() if agent.stdout else ""
-    assert line, f"the agent ended without joining a round:\n{agent.communicate()[1] if agent.stderr else ''}"
-    return json.loads(line)
+    return rdzv_node.start(backend, port, RUN, (2, 3), host, CONF, env={"LOGLEVEL": "INFO"})
 
 
 @pytest.mark.slow
@@ -130,16 +116,13 @@ def test_the_round_after_a_killed_node_completes_without_the_last_call() -> None
     port = free_port()
     agents = [_agent(rendezvous.NAME, port, host=i == 0) for i in range(3)]
     try:
-        first = [_joined(a) for a in agents]
+        first = [rdzv_node.joined(a) for a in agents]
         assert sorted(j["rank"] for j in first) == [0, 1, 2] and {j["world_size"] for j in first} == {3}
         agents[2].send_signal(signal.SIGKILL)
         agents[2].wait(timeout=10)
         lost_at = time.time()
-        for agent in agents[:2]:  # their workers failed: both agents go to the next round
-            assert agent.stdin is not None
-            agent.stdin.write("next\n")
-            agent.stdin.flush()
-        second = [_joined(a) for a in agents[:2]]
+        rdzv_node.next_round(agents[:2])  # their workers failed: both agents go to the next round
+        second = [rdzv_node.joined(a) for a in agents[:2]]
         assert sorted(j["rank"] for j in second) == [0, 1] and {j["world_size"] for j in second} == {2}
         took = max(j["at"] for j in second) - lost_at
         # the keep-alive expiry (2 s) and a few 0.1 s polls; the last call alone would be 30 s
