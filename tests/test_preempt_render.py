@@ -9,6 +9,7 @@ errors for a chain that cannot hold."""
 from __future__ import annotations
 
 import re
+import signal as signal_module
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,51 @@ def test_launchers_interrupt_grace(case: str, tmp_path: Path) -> None:
 
 def test_the_trainer_stops_on_what_torchrun_forwards() -> None:
     assert {s.name for s in signals.STOP_SIGNALS} == set(TRAINER_STOP_SIGNALS)
+
+
+# ---- which stop requeues the Slurm job: preemption.signal only, never a user's scancel (SIGTERM) ----
+@pytest.mark.parametrize(("case", "requeue", "exported"), [
+    ("default", True, "USR2"), ("term-signal", True, "TERM"), ("default", False, "''")])
+def test_the_slurm_script_tells_the_trainer_which_signal_requeues(case: str, requeue: bool, exported: str) -> None:
+    for mode in ("torchrun", "srun"):
+        text = render(make(case, slurm={"mode": mode, "requeue": requeue}), "slurm").files["chain.sbatch"]
+        assert f"\nexport DDPKIT_SLURM_REQUEUE_ON={exported}\n" in text, text
+
+
+@pytest.mark.parametrize(("env", "stopped_by", "requeued"), [
+    ({}, "SIGUSR2", True),  # a script of the user's own: the time limit's warning (--signal=B:USR2@N)
+    ({}, "SIGTERM", False),  # ... and a user's scancel
+    ({"DDPKIT_SLURM_REQUEUE_ON": "USR2"}, "SIGUSR2", True),
+    ({"DDPKIT_SLURM_REQUEUE_ON": "USR2"}, "SIGTERM", False),
+    ({"DDPKIT_SLURM_REQUEUE_ON": "TERM"}, "SIGTERM", True),
+    ({"DDPKIT_SLURM_REQUEUE_ON": ""}, "SIGUSR2", False),  # slurm.requeue: false
+    ({"DDPKIT_SLURM_REQUEUE_ON": ""}, "SIGTERM", False),
+])
+def test_the_trainer_requeues_only_after_the_signal_that_asks_for_it(
+        tmp_path: Path, env: dict[str, str], stopped_by: str, requeued: bool) -> None:
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.parent.mkdir()
+    scontrol.write_text(f'#!/bin/sh\necho "scontrol $*" >> {calls}\n')
+    scontrol.chmod(0o755)
+    said: list[str] = []
+    full = {"SLURM_JOB_ID": "77", "PATH": f"{scontrol.parent}:/usr/bin:/bin", **env}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", full["PATH"])  # subprocess finds scontrol through this process's PATH
+        asked = signals.requeue_if_slurm(int(getattr(signal_module, stopped_by)), said.append, full)
+    assert asked is requeued
+    assert (calls.read_text() if calls.exists() else "") == ("scontrol requeue 77\n" if requeued else "")
+    [line] = said
+    if requeued:
+        assert line == "requeueing Slurm job 77 (scontrol requeue); this run ends here"
+    else:
+        assert line.startswith(f"not requeueing Slurm job 77: stopped by {stopped_by}, and "), line
+
+
+def test_no_slurm_job_no_requeue(tmp_path: Path) -> None:
+    said: list[str] = []
+    assert not signals.requeue_if_slurm(int(signal_module.SIGUSR2), said.append, {})
+    assert said == []
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -174,3 +174,24 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
     assert reference.kinds("stop") == [] and reference.kinds("resume") == []
     assert [r["steps"] for r in reference.kinds("summary")] == [TOTAL]
     assert_bitwise_equal(reference.model(), run.model())
+
+
+def test_a_users_scancel_cancels_the_job_it_does_not_requeue_it(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """`scancel JOB` (SIGTERM to the batch shell and the step) must end the job: the trainer still
+    checkpoints on SIGTERM, but requeues only after preemption.signal (USR2 here). Before, it ran
+    `scontrol requeue` on any stop signal and the cancelled job came back and trained to the end."""
+    run = submit(cluster, tmp_path / "job", "cancelled", "torchrun")
+    wait_for_step(run, SIGNAL_AFTER)
+    cancelled = cluster.run(["scancel", str(run.job)])
+    assert cancelled.returncode == 0, cancelled.stderr
+    info = run.cluster.wait(run.job, timeout=300)
+    text = run.output()
+    assert info.state == "CANCELLED" and info.restarts == 0, f"{info}\n{text[-6000:]}"
+    # it stopped because of the signal: the trainer's stop path wrote the stop record, and said why it did not requeue
+    (stop,) = run.kinds("stop")
+    assert stop["signal"] == "SIGTERM", stop
+    assert f"not requeueing Slurm job {run.job}: stopped by SIGTERM, and it requeues itself on SIGUSR2 only" in text, \
+        text[-6000:]
+    assert "requeueing Slurm job" not in text.replace("not requeueing Slurm job", ""), text[-6000:]
+    assert run.kinds("resume") == [] and f"job {run.job} run 2 " not in text
+    assert processes_in(run.folder) == [], "processes of the job left running"

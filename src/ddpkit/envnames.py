@@ -104,6 +104,9 @@ DDPKIT_LOADER_RANK_PID: Final = "DDPKIT_LOADER_RANK_PID"
 DDPKIT_LOADER_SERVER_PID: Final = "DDPKIT_LOADER_SERVER_PID"
 # Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/ELASTIC.md).
 DDPKIT_WATCHDOG_LOSS_S: Final = "DDPKIT_WATCHDOG_LOSS_S"
+# The stop signal after which ddpkit train requeues its Slurm job (train/signals.py): the rendered
+# script sets preemption.signal, or empty (slurm.requeue false); unset means USR2.
+DDPKIT_SLURM_REQUEUE_ON: Final = "DDPKIT_SLURM_REQUEUE_ON"
 # An elastic Slurm job's batch shell, to be told (SIGUSR1) when training finished (train/slurm_batch.py).
 DDPKIT_SLURM_BATCH_PID: Final = "DDPKIT_SLURM_BATCH_PID"
 DDPKIT_SLURM_BATCH_NODE: Final = "DDPKIT_SLURM_BATCH_NODE"

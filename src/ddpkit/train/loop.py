@@ -335,5 +335,5 @@ class Trainer:
         path = self.save()
         self.metrics.write("stop", **self.agreement.stop_record(self.pos.step, str(path) if path else None))
         if self.rank == 0:
-            requeue_if_slurm(lambda line: self.log.warning("%s", line))
+            requeue_if_slurm(self.agreement.signum, lambda line: self.log.warning("%s", line))
         return RunStatus.PREEMPTED

@@ -5,7 +5,9 @@ per-rank requests into one decision that every rank takes after the same
 step, so a signal that reached only some ranks, or reached them during
 different steps, still stops every rank together: then rank 0 checkpoints,
 everyone exits with EXIT_PREEMPTED, and under Slurm rank 0 asks for the job
-to be requeued. SIGUSR1 is left alone: NCCL may use it. The signals are
+to be requeued when the signal was the one that asks for it (the time
+limit's warning, preemption.signal; not a user's `scancel`, whose SIGTERM
+must cancel). SIGUSR1 is left alone: NCCL may use it. The signals are
 wire.TRAINER_STOP_SIGNALS, the list the renderers tell torchrun's agent
 to forward (contract.stop_args) instead of dying on them.
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 import torch
@@ -129,14 +131,36 @@ class StopAgreement:
         self._take_pending()
 
 
-def requeue_if_slurm(say: Callable[[str], None]) -> None:
-    """Under Slurm, put the job back in the queue, and say so first: the
-    requeue ends this run at once, so a line written after it may never
-    reach the job's output."""
-    job = os.environ.get(envnames.SLURM_JOB_ID)
+REQUEUE_ON_DEFAULT = "USR2"  # what `--signal=B:USR2@N` sends before the time limit
+
+
+def requeue_signal(env: Mapping[str, str]) -> str | None:
+    """The stop signal (a name without SIG) after which the job requeues itself, or None
+    for never. The rendered script says (DDPKIT_SLURM_REQUEUE_ON: preemption.signal, or
+    empty when slurm.requeue is false); a script of the user's own gets USR2."""
+    wanted = env.get(envnames.DDPKIT_SLURM_REQUEUE_ON, REQUEUE_ON_DEFAULT).strip().upper().removeprefix("SIG")
+    return wanted or None
+
+
+def requeue_if_slurm(signum: int | None, say: Callable[[str], None],
+                     env: Mapping[str, str] = os.environ) -> bool:
+    """Under Slurm, put the job back in the queue when `signum` asks for it, and say so
+    first: the requeue ends this run at once, so a line written after it may never
+    reach the job's output. Any other stop (a user's `scancel` sends SIGTERM; Slurm's
+    own preemption requeues or cancels the job as its PreemptMode says) leaves the job
+    to end. True when the requeue was asked for."""
+    job = env.get(envnames.SLURM_JOB_ID)
     if not job:
-        return
+        return False
+    name = signal.Signals(signum).name if signum else "?"
+    wanted = requeue_signal(env)
+    if wanted is None or name != f"SIG{wanted}":
+        why = "slurm.requeue is off" if wanted is None else f"it requeues itself on SIG{wanted} only"
+        say(f"not requeueing Slurm job {job}: stopped by {name}, and {why} "
+            f"({envnames.DDPKIT_SLURM_REQUEUE_ON}); this run ends here")
+        return False
     say(f"requeueing Slurm job {job} (scontrol requeue); this run ends here")
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         say(f"scontrol requeue {job} failed: {done.stderr.strip()}")
+    return True
