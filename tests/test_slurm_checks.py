@@ -88,3 +88,21 @@ def test_hopeless_reasons_are_only_limits() -> None:
     assert not pending("Resources").hopeless and not pending("Priority").hopeless
     assert not JobState("RUNNING", "0:0", None, [], "PartitionNodeLimit").hopeless
     assert "ReqNodeNotAvail" not in slurm_checks.HOPELESS_REASONS  # nodes can come back
+
+
+def test_follow_labels_lines_by_the_allocation_the_job_ran_on() -> None:
+    """A COMPLETING job's NodeList holds only the nodes still completing (ci39: rank 1's last line,
+    read then, came out under node2 instead of node1); a requeued run's new allocation is taken."""
+    from ddpkit.launch.submit_slurm import labelling_nodes, node_prefix
+
+    def seen(state: str, nodes: list[str]) -> JobState:
+        return JobState(state, "", None, nodes)
+
+    nodes = labelling_nodes([], seen("PENDING", []))
+    nodes = labelling_nodes(nodes, seen("RUNNING", ["node1", "node2"]))
+    nodes = labelling_nodes(nodes, seen("COMPLETING", ["node2"]))
+    assert node_prefix("1: PROBE-FAIL rank=1", nodes, 2) == "[node1] PROBE-FAIL rank=1"
+    assert labelling_nodes(nodes, seen("FAILED", ["node2"])) == ["node1", "node2"]
+    assert labelling_nodes(nodes, seen("RUNNING", ["node3", "node4"])) == ["node3", "node4"]  # requeued elsewhere
+    # a job first seen once it ended: what Slurm lists is all there is
+    assert labelling_nodes([], seen("COMPLETED", ["node1", "node2"])) == ["node1", "node2"]

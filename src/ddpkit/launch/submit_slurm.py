@@ -174,6 +174,16 @@ def node_prefix(line: str, nodes: list[str], tasks_per_node: int) -> str:
     return f"[{name}] {m.group(2)}"
 
 
+def labelling_nodes(known: list[str], state: JobState) -> list[str]:
+    """The nodes that task labels index: the allocation as seen while the job
+    runs (a requeued run may get others). A COMPLETING job's NodeList holds
+    only the nodes still completing, so a line read then must keep the
+    running allocation (a task on node1 was labelled node2)."""
+    if state.nodes and (not known or state.state.split()[0] == "RUNNING"):
+        return state.nodes
+    return known
+
+
 def follow(job_id: int, spec: JobSpec) -> int:
     from ..targets.slurm import tasks_per_node
 
@@ -181,8 +191,11 @@ def follow(job_id: int, spec: JobSpec) -> int:
     state: JobState | None = None
     shown: tuple[str, str, int] | None = None
     partial = ""
+    nodes: list[str] = []
     while True:
         state = job_state(job_id) or state
+        if state is not None:
+            nodes = labelling_nodes(nodes, state)
         if state is not None and (state.state, state.reason, state.restarts) != shown:
             shown = _announce(job_id, state, shown)
         if state is not None and state.hopeless:
@@ -195,10 +208,10 @@ def follow(job_id: int, spec: JobSpec) -> int:
             lines = (partial + chunk).split("\n")
             partial = lines.pop()
             for line in lines:
-                print(node_prefix(line, state.nodes, tasks_per_node(spec)), flush=True)
+                print(node_prefix(line, nodes, tasks_per_node(spec)), flush=True)
         if state is not None and state.finished:
             if partial:
-                print(node_prefix(partial, state.nodes, tasks_per_node(spec)), flush=True)
+                print(node_prefix(partial, nodes, tasks_per_node(spec)), flush=True)
             print(f"ddpkit: job {job_id} ended {state.state} (exit code {state.exit_code})", file=sys.stderr)
             return state.exit_status
         if state is None:
