@@ -156,17 +156,15 @@ def test_the_slurm_script_tells_the_trainer_which_signal_requeues(case: str, req
     ({"DDPKIT_SLURM_REQUEUE_ON": ""}, "SIGTERM", False),
 ])
 def test_the_trainer_requeues_only_after_the_signal_that_asks_for_it(
-        tmp_path: Path, env: dict[str, str], stopped_by: str, requeued: bool) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], stopped_by: str, requeued: bool) -> None:
     calls = tmp_path / "calls"
     scontrol = tmp_path / "bin" / "scontrol"
     scontrol.parent.mkdir()
     scontrol.write_text(f'#!/bin/sh\necho "scontrol $*" >> {calls}\n')
     scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{scontrol.parent}:/usr/bin:/bin")  # subprocess finds scontrol through it
     said: list[str] = []
-    full = {"SLURM_JOB_ID": "77", "PATH": f"{scontrol.parent}:/usr/bin:/bin", **env}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", full["PATH"])  # subprocess finds scontrol through this process's PATH
-        asked = signals.requeue_if_slurm(int(getattr(signal_module, stopped_by)), said.append, full)
+    asked = signals.requeue_if_slurm(int(getattr(signal_module, stopped_by)), said.append, {"SLURM_JOB_ID": "77", **env})
     assert asked is requeued
     assert (calls.read_text() if calls.exists() else "") == ("scontrol requeue 77\n" if requeued else "")
     [line] = said
@@ -176,7 +174,7 @@ def test_the_trainer_requeues_only_after_the_signal_that_asks_for_it(
         assert line.startswith(f"not requeueing Slurm job 77: stopped by {stopped_by}, and "), line
 
 
-def test_no_slurm_job_no_requeue(tmp_path: Path) -> None:
+def test_no_slurm_job_no_requeue() -> None:
     said: list[str] = []
     assert not signals.requeue_if_slurm(int(signal_module.SIGUSR2), said.append, {})
     assert said == []
