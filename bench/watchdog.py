@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, command_line, machine, table, write_result
+from tests.helpers.rank_table import pid_of
 
 from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
@@ -54,16 +55,10 @@ def _env() -> dict[str, str]:
             "PYTHONUNBUFFERED": "1"}
 
 
-def _worker(root: int, rank: int) -> int | None:
-    for pid in proctree.descendants(root):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ and b"ddpkit.train" in cmd and b"torch.distributed.run" not in cmd:
-            return pid
-    return None
+def _worker(root: int, rank: int, lines: list[str]) -> int | None:
+    """`rank`'s pid from the rank table, if it is a process of this job."""
+    pid = pid_of(lines, rank)
+    return pid if pid is not None and pid in proctree.descendants(root) else None
 
 
 def stall_to_stop(argv: list[str], env: dict[str, str], cap: float) -> dict[str, Any]:
@@ -77,7 +72,7 @@ def stall_to_stop(argv: list[str], env: dict[str, str], cap: float) -> dict[str,
         lines.append(line)
         if re.search(r"step 3\b", line):
             break
-    pid = _worker(proc.pid, 3)
+    pid = _worker(proc.pid, 3, lines)
     if pid is None:
         proc.kill()
         raise RuntimeError("no rank 3 worker found:\n" + "".join(lines[-30:]))

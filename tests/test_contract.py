@@ -199,7 +199,7 @@ def test_resolve_says_what_ddpkit_injects_and_where_a_launcher_adds_its_own() ->
     assert [v["DDPKIT_NODE_RANK"] for v in resolve(spec, Target.COMPOSE).node_vars] == ["0", "1", "2"]
     assert resolve(spec_for(Target.SLURM, 3, 1), Target.SLURM).node_vars == ()  # Slurm injects its own
     srun = resolve(spec_for(Target.SLURM_SRUN, 2, 1), Target.SLURM_SRUN)
-    assert "torch.distributed.run" not in [a.resolve({}) for a in srun.argv]
+    assert "ddpkit.agent" not in [a.resolve({}) for a in srun.argv]
     ssh = resolve(spec_for(Target.SSH, 2, 1), Target.SSH, ["a", "b"], master_addr=FromNode("MASTER_ADDR"))
     assert ssh.hosts == ["a", "b"] and ssh.sources.master_addr == FromNode("MASTER_ADDR")
 

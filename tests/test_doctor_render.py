@@ -48,5 +48,5 @@ def test_compose_doctor_command_is_the_same_torchrun_line() -> None:
         dsvc = doc["services"][name]
         assert dsvc["command"][:-2] == svc["command"][:-program]
         assert dsvc["command"][-2:] == ["-m", "ddpkit.doctor"]
-        assert dsvc["command"][:3] == ["python3", "-m", "torch.distributed.run"]
+        assert dsvc["command"][:3] == ["python3", "-m", "ddpkit.agent"]
         assert {k: v for k, v in dsvc.items() if k != "command"} == {k: v for k, v in svc.items() if k != "command"}

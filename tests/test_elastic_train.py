@@ -97,7 +97,7 @@ def elastic_agents(tmp: Path, args: list[str], gate: Path, env: dict[str, str] |
     for node in range(NODES):
         log = tmp / f"elastic-node{node}.out"
         conf = f"is_host={int(node == 0)},join_timeout=120,last_call_timeout=10,close_timeout=30"
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={MIN_NODES}:{NODES}",
+        argv = [sys.executable, "-m", "ddpkit.agent", f"--nnodes={MIN_NODES}:{NODES}",
                 "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                 "--rdzv-id=elastic-test", f"--rdzv-conf={conf}", "--max-restarts=2", "-m", GATE, *args]
         node_env = {**_env(node), **elastic_env(ELASTIC_SPEC), "ELASTIC_TEST_GATE_DIR": str(gate),

@@ -39,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec", "rdzv_timing"} | BASE,
     "rdzv_timing": set(),  # the rendezvous timeouts derived from watchdog.loss_s: arithmetic only
+    "agent": BASE,  # `python -m ddpkit.agent`: torchrun with a zygote; preloads train by name, imports none of it
     "rendezvous": {"rdzv_timing"} | BASE,  # torchrun's handler (the torchrun.handlers entry point): torch, its poll, the wire
     "specfile": {"spec"} | BASE,
     "spec": BASE,

@@ -109,7 +109,7 @@ def test_hostile_values_arrive_exactly_and_never_run(tmp_path: Path, value: str,
     got = run_start(tmp_path, {"HOSTILE": value}, [arg, "--x"], master)
     assert got["env"]["HOSTILE"] == value
     argv = got["argv"]
-    assert argv[:5] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--node-rank=1"]
+    assert argv[:5] == ["-m", "ddpkit.agent", "--nnodes=2", "--nproc-per-node=1", "--node-rank=1"]
     assert argv[5] == f"--master-addr={master}"
     assert argv[-2:] == [arg, "--x"]
     assert not (tmp_path / "CANARY").exists()
@@ -142,7 +142,7 @@ def test_docker_mode_wraps_the_launch_line() -> None:
     line = next(ln for ln in text.splitlines() if ln.startswith("docker run"))
     assert line.startswith('docker run --rm --name=ddpkit-unit-node"${DDPKIT_NODE_RANK}" --gpus all '
                            "--network host --ipc host -e A ")
-    assert "-e DDPKIT_NODE_RANK -w /w reg.example/ddp:1 python3 -m torch.distributed.run" in line
+    assert "-e DDPKIT_NODE_RANK -w /w reg.example/ddp:1 python3 -m ddpkit.agent" in line
     assert "cd -- " not in text  # the workdir is the container's
     assert "docker rm -f ddpkit-unit-node" in remote.stop_script(job)
 
@@ -151,7 +151,7 @@ def test_docker_mode_wraps_the_launch_line() -> None:
 def test_watchdog_stops_the_group_when_the_launcher_goes_away(tmp_path: Path) -> None:
     """Connection lost = stdin EOF on the host: the node's group must go."""
     job = spec(command={"python": "/bin/sleep", "args": []}, ssh={"grace_s": 1})
-    script = remote.node_script(job).replace("/bin/sleep -m torch.distributed.run", "/bin/sleep 60 #")
+    script = remote.node_script(job).replace("/bin/sleep -m ddpkit.agent", "/bin/sleep 60 #")
     proc = subprocess.Popen(["setsid", "bash", "-c", script, "t"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={"DDPKIT_NODE_RANK": "0", "DDPKIT_MASTER_ADDR": "h", "PATH": "/usr/bin:/bin"})
     pgid = remote.parse_pgid(proc.stdout.readline().decode())  # type: ignore[union-attr]
@@ -177,7 +177,7 @@ def _dry(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
 def test_dry_run_shows_each_hosts_launch_line_and_full_the_exact_command(capsys: pytest.CaptureFixture[str]) -> None:
     short = _dry(capsys, "--", "--epochs", "2")
     lines = [line for line in short.splitlines() if not line.startswith("#")]
-    assert len(lines) == 2 and all(" -m torch.distributed.run " in line for line in lines)
+    assert len(lines) == 2 and all(" -m ddpkit.agent " in line for line in lines)
     assert lines[0].startswith("env DDPKIT_NODE_RANK=0 ") and lines[0].endswith("-m ddpkit.train --epochs 2")
     assert "#   DDPKIT_JOB_NAME=ddp-job" in short and "setsid" not in short
     full = _dry(capsys, "--full", "--", "--epochs", "2")

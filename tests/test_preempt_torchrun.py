@@ -21,7 +21,7 @@ from ddpkit.contract import Target, sources, stop_args, torchrun_argv
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 from ddpkit.spec import JobSpec
-from tests.helpers.runs import ROOT, TINY, metrics, processes_in
+from tests.helpers.runs import ROOT, TINY, metrics, orphans_in, processes_in
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def test_torchruns_default_signals_let_sigusr2_kill_the_agent(tmp_path: Path) ->
         wait_for_training(tmp_path, agent)
         agent.send_signal(signal.SIGUSR2)
         code = agent.wait(60)
-        orphans = processes_in(tmp_path)
+        orphans = orphans_in(tmp_path)
     finally:
         kill_leftovers(tmp_path)
     assert code == -signal.SIGUSR2

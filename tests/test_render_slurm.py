@@ -161,7 +161,7 @@ def test_each_task_gets_its_own_node_rank(stand_ins: Path, node: int) -> None:
     spec = spec_for(f"command.python={stand_ins / 'recorder'}", "command.args=[--epochs=1]")
     argv = task_argv(script_text(spec), stand_ins, node)
     port = slurm_port_for_job(4242)
-    assert argv == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
+    assert argv == ["-m", "ddpkit.agent", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
                     "--master-addr=gpu-a", f"--master-port={port}", "--max-restarts=0",
                     "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", "--shutdown-timeout=75",
                     "-m", "ddpkit.train", "--epochs=1"]

@@ -19,6 +19,7 @@ import pytest
 
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch import proctree
+from tests.helpers.rank_table import pid_of
 from tests.test_launch_local import _gone, clean_env, launch_argv
 from tests.test_startup import ROOT
 
@@ -62,15 +63,9 @@ class Launch:
         self.pids |= set(proctree.descendants(self.proc.pid))
 
     def worker_pid(self, rank: int) -> int:
-        for pid in proctree.descendants(self.proc.pid):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in environ and b"ddpkit.train" in cmdline and b"torch.distributed.run" not in cmdline:
-                return pid
-        raise AssertionError(f"no worker with RANK={rank}:\n{self.text}")
+        pid = pid_of(self.lines, rank)
+        assert pid is not None and pid in self.pids, f"no row for rank {rank} in the rank table:\n{self.text}"
+        return pid
 
     def finish(self, timeout: float) -> int:
         try:

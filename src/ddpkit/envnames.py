@@ -89,6 +89,8 @@ DDPKIT_RUN_ID: Final = "DDPKIT_RUN_ID"
 # Tenths of a second the SSH stop script waits between TERM and KILL, when the
 # stop asks for a checkpoint (an interrupt): the grace chain's launcher grace.
 DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"
+# 0: `python -m ddpkit.agent` starts workers as torchrun does, not from its pre-imported zygote (ddpkit/agent).
+DDPKIT_AGENT_FORK: Final = "DDPKIT_AGENT_FORK"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 
 # The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.

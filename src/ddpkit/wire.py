@@ -15,6 +15,10 @@ from typing import Final
 
 # The module every target runs by default (command.module's default).
 TRAIN_MODULE: Final = "ddpkit.train"
+# The module every per-node launch line runs: torchrun with pre-imported
+# workers (ddpkit/agent), torch.distributed.run's arguments unchanged.
+AGENT_MODULE: Final = "ddpkit.agent"
+
 # torchrun's --rdzv-backend for ddpkit's rendezvous handler (rendezvous.py), the
 # name of its `torchrun.handlers` entry point (pyproject.toml): installed with
 # ddpkit, so an elastic job whose nodes run ddpkit train uses it.

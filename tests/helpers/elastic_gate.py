@@ -53,6 +53,9 @@ def held_step(gate: Path, world: int, failed: Callable[[], str | None], timeout:
                          f"{failed() or ''}")
 
 
+AGENTS = {b"ddpkit.agent", b"torch.distributed.run"}  # the module on an agent's line: ddpkit's, or torch's own
+
+
 def agents_and_workers(pids: list[int]) -> list[int]:
     """Of `pids` (a host's processes), each torchrun agent and every process
     under it: what a node loses when its trainer dies but the host stays."""
@@ -64,8 +67,8 @@ def agents_and_workers(pids: list[int]) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"torch.distributed.run" in cmdline.split(b"\0"):  # the agent itself, not a script naming it
-            found += [pid, *proctree.descendants(pid)]
+        if AGENTS & set(cmdline.split(b"\0")):  # the agent itself, not a script naming it
+            found += [pid, *proctree.descendants(pid)]  # its zygote and the workers forked from it
     return found
 
 

@@ -71,7 +71,7 @@ def torchrun(tmp: Path, nodes: int, nproc: int, args: list[str], tag: str = "run
     procs, logs = [], []
     for node in range(nodes):
         log = tmp / f"{tag}-node{node}.out"
-        argv = [*(prefixes[node] if prefixes else []), sys.executable, "-m", "torch.distributed.run",
+        argv = [*(prefixes[node] if prefixes else []), sys.executable, "-m", "ddpkit.agent",
                 f"--nnodes={nodes}", f"--nproc-per-node={nproc}", f"--node-rank={node}",
                 "--master-addr=127.0.0.1", f"--master-port={port}",
                 "-m", module, *args]
@@ -126,6 +126,25 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs: max |diff| {(a[key].float() - b[key].float()).abs().max()}"
+
+
+def is_zygote(pid: int) -> bool:
+    """Whether `pid` is a ddpkit.agent zygote (its title says so: ddpkit/agent/zygote.py)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ddpkit.agent:\0zygote")
+    except OSError:
+        return False
+
+
+def orphans_in(folder: Path, timeout: float = 10) -> list[int]:
+    """processes_in(folder) once the zygotes of dead agents have ended (each
+    is SIGKILLed with its agent; that takes a moment): what the job left."""
+    deadline = time.monotonic() + timeout
+    left = processes_in(folder)
+    while any(is_zygote(pid) for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = processes_in(folder)
+    return left
 
 
 def processes_in(folder: Path) -> list[int]:

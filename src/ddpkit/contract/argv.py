@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..spec import JobSpec
-from ..wire import KEEP_GLOBAL_BATCH_FLAG, TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
+from ..wire import AGENT_MODULE, KEEP_GLOBAL_BATCH_FLAG, TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
 from .parts import Arg, Sources
 from .rows import elastic_rdzv_backend, elastic_refusal, rdzv_conf
 
@@ -70,7 +70,7 @@ def torchrun_argv(spec: JobSpec, src: Sources, agent_flags: Sequence[Arg] = ()) 
     argv = [
         Arg.of(spec.command.python),
         Arg.of("-m"),
-        Arg.of("torch.distributed.run"),
+        Arg.of(AGENT_MODULE),
         *agent_flags,
         Arg.of(f"--nnodes={nnodes(spec)}"),
         Arg.of(f"--nproc-per-node={spec.nproc_per_node}"),

@@ -84,3 +84,13 @@ class StartupClock:
 # One start-up per process: the stamps belong to the process, like its pid,
 # and are taken where each phase ends (main, _init, the trainer).
 CLOCK = StartupClock()
+
+
+def _start_again() -> None:
+    """A forked process (a worker of ddpkit.agent's zygote, which imported this
+    module long before) starts its own clock: its start is its fork."""
+    CLOCK.stamps.clear()
+    CLOCK.__post_init__()
+
+
+os.register_at_fork(after_in_child=_start_again)

@@ -1,0 +1,40 @@
+"""`python -m ddpkit.agent [torchrun's arguments]` (see the package's doc)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import envnames
+
+# What a ddpkit worker imports before its first step (train/main.py's
+# import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
+# modules. A user's own program gets torch and torch._dynamo from it.
+PRELOAD = ("torch._dynamo", "ddpkit.train.main", "ddpkit.train.loop", "ddpkit.train.rank_report",
+           "ddpkit.train.data")
+
+
+def forks(env: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether this agent's workers come from a zygote (Linux only; off with DDPKIT_AGENT_FORK=0)."""
+    return sys.platform.startswith("linux") and env.get(envnames.DDPKIT_AGENT_FORK, "1") != "0"
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed import run as torchrun  # torch: what the agent imports anyway
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from . import handler, zygote
+
+    args = torchrun.parse_args(argv)
+    if forks(os.environ) and not args.no_python and not args.run_path:
+        why = handler.unsupported()
+        started = zygote.start(PRELOAD) if why is None else None
+        if started is not None:
+            handler.install(started)
+        elif why is not None:
+            print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
+    record(torchrun.run)(args)
+
+
+if __name__ == "__main__":
+    main()

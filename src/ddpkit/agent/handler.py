@@ -1,0 +1,125 @@
+"""torchrun's worker start, through the zygote.
+
+torchrun's SubprocessContext starts each worker with
+`get_subprocess_handler(...)`, a SubprocessHandler whose `_popen` runs
+Popen([python, -u, -m, module, ...]). `install` puts a handler in its place
+whose `_popen` asks the zygote for the same worker and returns a ForkedProc,
+the part of Popen that torchrun uses (pid, poll, wait, send_signal). A line
+that is not `sys.executable -u ...` (PYTHON_EXEC, numactl for --numa-binding)
+or a zygote that cannot fork goes to Popen as before. The hook is torch's
+module attribute, so `install` checks it is there and does nothing, saying
+so in its result, when a torch release moves it (tests/test_agent.py pins it).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .zygote import WorkerRequest, Zygote
+
+
+class ForkedProc:
+    """A worker forked by the zygote, seen as torchrun sees a Popen."""
+
+    def __init__(self, zygote: Zygote, pid: int, args: Sequence[str]) -> None:
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+        self._zygote = zygote
+        self._pidfd = _pidfd(pid)  # tells an ended worker from a running one if the zygote is gone
+
+    def poll(self) -> int | None:
+        return self._returncode(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._returncode(float("inf") if timeout is None else timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _returncode(self, timeout: float) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.returncode(self.pid, timeout)
+        if self.returncode is None and not self._zygote.alive and _ended(self._pidfd, timeout):
+            # The zygote was killed (SIGKILL: it ignores nothing else of the agent's) and with it
+            # the news of this worker's end: say it was killed, which is what ended it too.
+            self.returncode = -signal.SIGKILL
+        if self.returncode is not None and self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        return self.returncode
+
+
+def _pidfd(pid: int) -> int:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return -1  # it ended already; the zygote's news says how
+
+
+def _ended(pidfd: int, timeout: float) -> bool:
+    if pidfd < 0:
+        return True
+    ready, _, _ = select.select([pidfd], [], [], None if timeout == float("inf") else timeout)
+    return bool(ready)
+
+
+def request_for(args: Sequence[str], env: dict[str, str], stdout: str | None, stderr: str | None) -> WorkerRequest | None:
+    """The zygote's request for torchrun's worker line, or None when the line
+    is not this interpreter's `python -u ...` (the zygote holds only that)."""
+    if len(args) < 3 or args[0] != sys.executable or args[1] != "-u":
+        return None
+    return WorkerRequest(argv=tuple(args[2:]), env=dict(env), cwd=os.getcwd(), stdout=stdout, stderr=stderr)
+
+
+def unsupported() -> str | None:
+    """Why this torch's worker start cannot be routed through a zygote, or None."""
+    try:
+        from torch.distributed.elastic.multiprocessing import api
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+    except ImportError as exc:
+        return f"torch's worker start is not where ddpkit expects it ({exc})"
+    if not callable(getattr(api, "get_subprocess_handler", None)) or not hasattr(SubprocessHandler, "_popen"):
+        return "torch's worker start is not where ddpkit expects it (api.get_subprocess_handler)"
+    return None
+
+
+def install(zygote: Zygote) -> None:
+    """Route torchrun's worker starts through `zygote` (after `unsupported()` said None)."""
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    class ZygoteHandler(SubprocessHandler):
+        def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
+            request = request_for(args, env, _name(getattr(self, "_stdout", None)),
+                                  _name(getattr(self, "_stderr", None)))
+            pid = zygote.spawn(request) if request is not None and zygote.alive else None
+            if pid is None:
+                return super()._popen(args, env)
+            return ForkedProc(zygote, pid, args)
+
+    def get_subprocess_handler(**kwargs: Any) -> SubprocessHandler:
+        return ZygoteHandler(**kwargs)
+
+    api.get_subprocess_handler = get_subprocess_handler  # type: ignore[assignment]
+
+
+def _name(stream: Any) -> str | None:
+    return None if stream is None else str(stream.name)
+

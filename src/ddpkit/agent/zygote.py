@@ -1,0 +1,300 @@
+"""The agent's pre-imported worker parent: one process per torchrun agent,
+forked from the agent before it has threads, with torch, torch._dynamo and
+ddpkit's trainer imported once; every worker of every restart is forked from
+it instead of starting an interpreter and importing torch again.
+
+Why a process of its own and not a fork of the agent at each start: by then
+the agent runs threads (the rendezvous keep-alive, the store, the log
+tailers), and a fork copies the locks they hold, unlocked by nobody in the
+child (train/loader_procs.py saw a rank stall on that). The zygote is forked
+while the agent is single-threaded and never starts a thread itself.
+
+A worker forked here is what torchrun's Popen would have started: a session
+of its own (the agent ends it with killpg), the environment, working
+directory, argv and stdout/stderr files torchrun gave it, unbuffered stdio
+(torchrun runs `python -u`), and the exit code an interpreter would have
+ended with. What differs: no exec happens, so /proc/PID/environ shows the
+agent's environment (everything but torchrun's per-worker variables, which
+the worker's os.environ has), and the worker's parent is the zygote, not the
+agent. /proc/PID/cmdline, what ps shows, is rewritten to the worker's line
+(`show_argv`): the agent's line holds the worker's, so it fits.
+
+The protocol, over one socket pair: the agent sends a WorkerRequest and gets
+("pid", pid) or ("fail", why) back; whenever a worker ends the zygote sends
+("exit", pid, returncode) (a signal as a negative number, as Popen says it).
+The zygote ends when the agent's end closes (the agent ended) and with its
+parent (PR_SET_PDEATHSIG); its workers stay, as Popen's would.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import gc
+import importlib
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Pipe, wait
+from pathlib import Path
+from typing import cast
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    """One worker to fork: `argv` after the interpreter and its -u, so
+    ("-m", module, *args) or (script, *args)."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    stdout: str | None
+    stderr: str | None
+
+
+class Zygote:
+    """The agent's end: forks workers and learns their exit codes."""
+
+    def __init__(self, conn: Connection, pid: int) -> None:
+        self.pid = pid
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._exits: dict[int, int] = {}
+        self.alive = True
+
+    def spawn(self, request: WorkerRequest) -> int | None:
+        """The new worker's pid, or None when the zygote could not fork it
+        (the caller starts that worker the ordinary way)."""
+        with self._lock:
+            try:
+                self._conn.send(request)
+                while True:
+                    reply = self._conn.recv()
+                    if reply[0] == "pid":
+                        return int(reply[1])
+                    if reply[0] == "fail":
+                        return None
+                    self._exits[reply[1]] = reply[2]
+            except (OSError, EOFError):
+                self.alive = False
+                return None
+
+    def returncode(self, pid: int, timeout: float = 0.0) -> int | None:
+        """The worker's returncode once it ended, waiting up to `timeout` s
+        for news of it; None while it runs."""
+        with self._lock:
+            self._read(pid, timeout)
+            return self._exits.get(pid)
+
+    def _read(self, pid: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while pid not in self._exits and self.alive:
+            try:
+                if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                    return
+                reply = self._conn.recv()
+            except (OSError, EOFError):
+                self.alive = False
+                return
+            if reply[0] == "exit":
+                self._exits[reply[1]] = reply[2]
+
+
+def start(preload: tuple[str, ...]) -> Zygote | None:
+    """Fork the zygote now, or None when this process already runs threads
+    (a fork would be unsafe: the agent then starts its workers the ordinary way)."""
+    if threading.active_count() != 1 or not hasattr(os, "pidfd_open"):
+        return None
+    agent_end, zygote_end = Pipe(duplex=True)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        agent_end.close()
+        try:
+            _serve(zygote_end, parent, preload)
+        finally:
+            os._exit(0)  # never back into the agent's code
+    zygote_end.close()
+    return Zygote(agent_end, pid)
+
+
+# ---- in the zygote ---------------------------------------------------------------
+
+
+def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
+    # A session of its own: a signal to the agent's process group (a terminal's
+    # Ctrl-C, a launcher's stop) is the agent's to handle, not the zygote's.
+    os.setsid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:
+        return
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a worker that needs it imports it again, and says why it fails
+            continue
+    show_argv(["ddpkit.agent:", "zygote", "of", "agent", str(parent)])
+    gc.collect()
+    gc.freeze()  # objects from before the fork stay out of the workers' collections: fewer pages copied
+    children: dict[int, int] = {}  # pidfd -> pid
+    while True:
+        for ready in wait([conn, *children]):
+            if ready is conn:
+                try:
+                    request = conn.recv()
+                except (OSError, EOFError):
+                    return  # the agent ended
+                _fork_worker(conn, request, children)
+            else:
+                _reap(conn, cast(int, ready), children)
+
+
+def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, int]) -> None:
+    if threading.active_count() != 1:
+        conn.send(("fail", "the zygote runs threads"))
+        return
+    pid = os.fork()
+    if pid == 0:
+        for fd in children:
+            os.close(fd)
+        conn.close()
+        _become_worker(request)  # never returns
+    children[os.pidfd_open(pid)] = pid
+    conn.send(("pid", pid))
+
+
+def _reap(conn: Connection, pidfd: int, children: dict[int, int]) -> None:
+    pid = children.pop(pidfd)
+    os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    try:
+        conn.send(("exit", pid, os.waitstatus_to_exitcode(status)))
+    except OSError:
+        pass  # the agent is gone; nobody to tell
+
+
+# ---- in a worker ---------------------------------------------------------------
+
+
+def _become_worker(request: WorkerRequest) -> None:
+    code = 1
+    try:
+        os.setsid()
+        os.chdir(request.cwd)
+        _redirect(1, request.stdout)
+        _redirect(2, request.stderr)
+        os.environ.clear()
+        os.environ.update(request.env)
+        _threads_from_env()
+        _unbuffered_stdio()
+        show_argv([sys.executable, "-u", *request.argv])
+        code = _run(request.argv)
+    except BaseException:  # the program's own error: said as an interpreter would, exit 1
+        _print_exception()
+    _finish(code)
+
+
+def show_argv(argv: list[str]) -> None:
+    """Write `argv` over this process's argument area (/proc/PID/cmdline, what
+    ps shows), cut to the area's size and padded with NULs; nothing where
+    /proc cannot tell where the area is. The area is the agent's: no exec
+    gave this process one of its own."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return
+    size = end - start
+    if size <= 0:
+        return
+    text = b"\0".join(os.fsencode(arg) for arg in argv)[: size - 1]
+    ctypes.memmove(start, text.ljust(size, b"\0"), size)
+
+
+def _print_exception() -> None:
+    """The traceback an interpreter would print: from the program's frames on."""
+    kind, exc, tb = sys.exc_info()
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
+        tb = tb.tb_next
+    if exc is not None:
+        exc.__traceback__ = tb  # the hook prints the exception's own traceback, not its argument
+    sys.excepthook(kind, exc, tb)  # type: ignore[arg-type]
+
+
+def _threads_from_env() -> None:
+    """torch's intra-op thread count was fixed in the zygote, from the agent's
+    environment before torchrun set OMP_NUM_THREADS=1 for several workers; a
+    new interpreter would take it from the worker's own, so this one does."""
+    torch = sys.modules.get("torch")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        if torch is not None and value.isdigit() and int(value) > 0:
+            torch.set_num_threads(int(value))
+            return
+
+
+def _redirect(fd: int, path: str | None) -> None:
+    if path is not None:
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _unbuffered_stdio() -> None:
+    """What `python -u` gives: no buffer between print and the file."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=old.encoding, errors=old.errors,
+                                  write_through=True)
+        setattr(sys, name, stream)
+
+
+def _run(argv: tuple[str, ...]) -> int:
+    """Run the program as `python -u ARGV` would; its exit code."""
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")  # __file__ absolute, as `python SCRIPT` makes it
+    except SystemExit as exc:
+        return _exit_status(exc)
+    except KeyboardInterrupt:
+        _print_exception()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # ended by the signal, as an interpreter is
+    return 0
+
+
+def _exit_status(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int) -> None:
+    """An interpreter's exit: wait for non-daemon threads, run atexit, flush."""
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
