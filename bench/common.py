@@ -79,10 +79,10 @@ def _cpu_model() -> str:
 
 
 def torchrun(nproc: int, module_or_script: list[str], extra_env: dict[str, str] | None = None,
-             timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run `python -m torch.distributed.run --standalone` with nproc workers."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           *module_or_script]
+             timeout: float = 900, agent: str = "torch.distributed.run") -> subprocess.CompletedProcess:
+    """Run `python -m AGENT --standalone` with nproc workers (AGENT: torch's
+    torchrun, or ddpkit.agent, torchrun with workers forked from a zygote)."""
+    cmd = [sys.executable, "-m", agent, "--standalone", f"--nproc-per-node={nproc}", *module_or_script]
     env = {**os.environ, **(extra_env or {})}
     env.setdefault("PYTHONPATH", str(ROOT / "src"))
     # the same thread count for every entry, also for nproc=1 (torchrun only sets it for nproc > 1)

@@ -11,13 +11,21 @@ visible:
   first step               the first optimizer step (loader workers start, first batch, step)
   other                    what is left: optimizer, scheduler, resume check
 
+Each repeat runs both agents in turn: torch's own torchrun (every worker a new
+interpreter that imports torch) and ddpkit.agent, the line every ddpkit target
+runs (workers forked from a zygote that imported torch, torch._dynamo and the
+trainer once). Beside the wall-clock phases, the CPU seconds of the whole
+process tree (agent, zygote, workers: this process is their subreaper, so
+every one of them is reaped here and counted), which is what a busy machine
+(the 2-core CI) pays. Ratios: torchrun / ddpkit.agent.
+
 The trainer measures itself: rank 0 writes one `startup` record to its
 --metrics file with wall-clock stamps from its process start (read from
 /proc) to the end of its first step. This script takes the time just before
 it runs torchrun and reads that record: the launcher phase is the gap between
 the two, the others are the record's own phases.
 
-  .venv/bin/python -m bench.startup [--nproc 2] [--repeats 2]
+  .venv/bin/python -m bench.startup [--nproc 2] [--repeats 2] [--agents torch.distributed.run,ddpkit.agent]
 
 Writes bench/results/startup.json and startup.png.
 """
@@ -25,13 +33,17 @@ Writes bench/results/startup.json and startup.png.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
+import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 PHASES = ("launcher + interpreter", "imports", "rendezvous", "rank report", "model build", "data",
           "first step", "other")
 # bench phase -> the trainer's startup record phase
@@ -57,13 +69,41 @@ def phases(launch_t: float, record: dict) -> dict[str, float]:
     return split
 
 
-def run_once(nproc: int, train_args: list[str], scratch: Path, index: int) -> dict[str, float]:
+def run_once(agent: str, nproc: int, train_args: list[str], scratch: Path, index: int) -> dict[str, float]:
     from bench import common
 
-    metrics = scratch / f"metrics{index}.jsonl"
+    metrics = scratch / f"metrics-{agent}-{index}.jsonl"
+    before = _tree_cpu()
     launch_t = time.time()
-    common.torchrun(nproc, ["-m", "ddpkit.train", *train_args, "--metrics", str(metrics)])
-    return phases(launch_t, startup_record(metrics))
+    common.torchrun(nproc, ["-m", "ddpkit.train", *train_args, "--metrics", str(metrics)], agent=agent)
+    reap_orphans()
+    split = phases(launch_t, startup_record(metrics))
+    split["cpu"] = _tree_cpu() - before
+    return split
+
+
+def _tree_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def become_subreaper() -> None:
+    """Orphans of the runs (a zygote outlives its agent by a moment) come here
+    to be reaped, so RUSAGE_CHILDREN counts every process of the tree."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def reap_orphans(timeout: float = 30) -> None:
+    """Wait for every process handed to this subreaper to end and reap it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # nothing left
+        if pid == 0:
+            time.sleep(0.02)
+    raise RuntimeError(f"processes of a finished run still alive after {timeout:g} s")
 
 
 def train_args(a: argparse.Namespace) -> list[str]:
@@ -101,6 +141,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", type=Path)
     p.add_argument("--name", default="startup")
+    p.add_argument("--agents", default="torch.distributed.run,ddpkit.agent",
+                   help="comma-separated agent modules, run in turn in every repeat")
     return p.parse_args(argv)
 
 
@@ -109,20 +151,38 @@ def main(argv: list[str] | None = None) -> int:
     from bench import common
 
     a = parse(argv)
+    agents = a.agents.split(",")
     out_dir = a.out or common.RESULTS
+    become_subreaper()
+    runs: dict[str, list[dict[str, float]]] = {agent: [] for agent in agents}
     with tempfile.TemporaryDirectory(prefix="ddpkit-startup-") as tmp:
-        runs = [run_once(a.nproc, train_args(a), Path(tmp), i) for i in range(a.repeats)]
-    stats = {name: common.spread(r[name] for r in runs) for name in (*PHASES, "total")}
-    print(common.table(["phase", "mean s", "min", "max"],
-                       [[n, s["mean"], s["min"], s["max"]] for n, s in stats.items()]))
+        for i in range(a.repeats):
+            for agent in agents:  # in turn, so a change of load hits both alike
+                runs[agent].append(run_once(agent, a.nproc, train_args(a), Path(tmp), i))
+    names = (*PHASES, "total", "cpu")
+    stats = {agent: {name: common.spread(r[name] for r in agent_runs) for name in names}
+             for agent, agent_runs in runs.items()}
+    print(common.table(["phase", *[f"{agent} mean s" for agent in agents]],
+                       [[n, *[stats[agent][n]["mean"] for agent in agents]] for n in names]))
+    ratios = ratios_of(stats, agents)
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}")
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / f"{a.name}.png"
-    plot(runs, png, f"ddpkit train start-up, {a.model}, torchrun x{a.nproc} ({a.device})")
+    plot([r for agent in agents for r in runs[agent]], png,
+         f"ddpkit train start-up, {a.model}, x{a.nproc} ({a.device}): {', '.join(agents)} ({a.repeats} runs each)")
     path = common.write_result(a.name, {"command": common.command_line(), "machine": common.machine(),
-                                        "train_args": train_args(a), "nproc": a.nproc, "runs": runs,
-                                        "phases": stats, "plot": png.name}, out_dir)
+                                        "train_args": train_args(a), "nproc": a.nproc, "agents": agents,
+                                        "runs": runs, "phases": stats, "ratios": ratios, "plot": png.name}, out_dir)
     print(f"wrote {path} and {png}")
     return 0
+
+
+def ratios_of(stats: dict[str, dict[str, dict[str, float]]], agents: list[str]) -> dict[str, float]:
+    """The first agent's mean over each later one's, for the total and the CPU."""
+    first = agents[0]
+    return {f"{key} {first} / {agent}": stats[first][key]["mean"] / stats[agent][key]["mean"]
+            for agent in agents[1:] for key in ("total", "cpu") if stats[agent][key]["mean"] > 0}
 
 
 if __name__ == "__main__":

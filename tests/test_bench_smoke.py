@@ -59,13 +59,18 @@ def test_startup_phases_add_up_to_total(tmp_path: Path) -> None:
               "--out", str(tmp_path), "--name", "s")
     data = json.loads((tmp_path / "s.json").read_text())
     assert (tmp_path / "s.png").stat().st_size > 0
-    [run] = data["runs"]
+    assert data["agents"] == ["torch.distributed.run", "ddpkit.agent"]
     measured = ("launcher + interpreter", "imports", "rendezvous", "rank report", "model build", "data",
                 "first step")
-    for phase in measured:
-        assert run[phase] > 0, phase
-    assert run["total"] == pytest.approx(sum(run[p] for p in (*measured, "other")))
-    assert run["other"] > -0.05  # the measured phases never overlap (clock granularity aside)
+    for agent in data["agents"]:
+        [run] = data["runs"][agent]
+        for phase in measured:
+            assert run[phase] > 0, (agent, phase)
+        assert run["total"] == pytest.approx(sum(run[p] for p in (*measured, "other")))
+        assert run["other"] > -0.05  # the measured phases never overlap (clock granularity aside)
+        assert run["cpu"] > 0, agent  # the tree's CPU, zygote and workers included
+    assert set(data["ratios"]) == {"total torch.distributed.run / ddpkit.agent",
+                                   "cpu torch.distributed.run / ddpkit.agent"}
 
 
 def test_ceiling_rejects_unknown_variant(tmp_path: Path) -> None:

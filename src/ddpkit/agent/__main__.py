@@ -33,7 +33,19 @@ def main(argv: list[str] | None = None) -> None:
             handler.install(started)
         elif why is not None:
             print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
-    record(torchrun.run)(args)
+    try:
+        record(torchrun.run)(args)
+    except Exception:
+        # What torchrun's own uncaught failure prints (ChildFailedError and its
+        # summary, a stop signal's SignalException), from torch's frames on:
+        # this module's two add nothing. Exit 1, as the interpreter would.
+        kind, exc, tb = sys.exc_info()
+        while tb is not None and tb.tb_frame.f_globals.get("__name__") == __name__:
+            tb = tb.tb_next
+        if exc is not None:
+            exc.__traceback__ = tb
+        sys.excepthook(kind, exc, tb)  # type: ignore[arg-type]
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,141 @@
+"""ddpkit.agent: torchrun, its workers forked from a pre-imported zygote.
+
+Each worker must be what torchrun's Popen would have started (environment,
+argv, session, thread count, output files, exit code), so the tests run the
+same program under torch's torchrun and under ddpkit.agent side by side and
+compare; where they must differ (who the parent is, what was imported before
+the program's first line) they say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpkit.agent import handler
+from ddpkit.launch.local import free_port
+from tests.helpers.runs import ROOT
+
+TORCHRUN, AGENT = "torch.distributed.run", "ddpkit.agent"
+
+PROGRAM = """\
+import json, os, signal, sys, time
+preloaded = {name: name in sys.modules for name in ("torch", "torch._dynamo", "ddpkit.train.main")}
+import torch
+rank = int(os.environ["RANK"])
+print("PROBE " + json.dumps({
+    "rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "leader": os.getpgid(0) == os.getpid(),
+    "argv": sys.argv, "file": __file__, "name": __name__, "cwd": os.getcwd(), "threads": torch.get_num_threads(),
+    "omp": os.environ.get("OMP_NUM_THREADS"), "preloaded": preloaded,
+    "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a]}))
+sys.stdout.write("UNBUFFERED\\n")  # no flush: only -u (or its stand-in) writes it through before os._exit
+mode = sys.argv[1]
+if mode == "ok":
+    os._exit(0)
+if rank == 0 and mode == "exit":
+    sys.exit(75)
+if rank == 0 and mode == "raise":
+    raise RuntimeError("boom in the worker")
+if rank == 0 and mode == "os-exit":
+    os._exit(13)
+if rank == 0 and mode == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode != "ok":
+    time.sleep(120)  # the other rank: ended by the agent once rank 0 failed
+"""
+
+
+def run(tmp: Path, agent: str, mode: str, *flags: str, env: dict[str, str] | None = None,
+        ) -> subprocess.CompletedProcess[str]:
+    program = tmp / "program.py"
+    program.write_text(PROGRAM)
+    argv = [sys.executable, "-m", agent, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}", *flags, str(program), mode]
+    full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", **(env or {})}
+    full_env.pop("OMP_NUM_THREADS", None)  # torchrun sets it to 1 for more than one worker
+    return subprocess.run(argv, cwd=tmp, env=full_env, capture_output=True, text=True, timeout=240)
+
+
+def probes(text: str) -> dict[int, dict]:
+    found = [json.loads(line.split("PROBE ", 1)[1]) for line in text.splitlines() if "PROBE " in line]
+    return {p["rank"]: p for p in found}
+
+
+def exit_codes(stderr: str) -> dict[int, int]:
+    """rank -> exit code, from torchrun's failure summary."""
+    found = re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", stderr)
+    return {int(rank): int(code) for rank, code in found}
+
+
+def test_workers_are_forked_from_the_zygote_and_see_what_torchrun_gives_them(tmp_path: Path) -> None:
+    plain, forked = run(tmp_path, TORCHRUN, "ok"), run(tmp_path, AGENT, "ok")
+    assert plain.returncode == forked.returncode == 0, forked.stdout + forked.stderr
+    before, after = probes(plain.stdout), probes(forked.stdout)
+    assert sorted(before) == sorted(after) == [0, 1]
+    for rank in (0, 1):
+        old, new = before[rank], after[rank]
+        # the same world as torchrun's: argv, file, name, cwd, a session of its own, OMP_NUM_THREADS=1 in force
+        for key in ("argv", "file", "name", "cwd", "leader", "threads", "omp"):
+            assert new[key] == old[key], (key, old, new)
+        assert new["threads"] == 1 and new["leader"] and new["file"] == str(tmp_path / "program.py")
+        # ps shows the worker's own line, not the agent's
+        assert new["cmdline"] == old["cmdline"] == [sys.executable, "-u", str(tmp_path / "program.py"), "ok"]
+        # what differs: torch and the trainer were imported before the program's first line
+        assert old["preloaded"] == {"torch": False, "torch._dynamo": False, "ddpkit.train.main": False}
+        assert new["preloaded"] == {"torch": True, "torch._dynamo": True, "ddpkit.train.main": True}
+    # both workers are children of one zygote, not of the agent (whose children torchrun's are)
+    assert after[0]["ppid"] == after[1]["ppid"] != before[0]["ppid"]
+    assert forked.stdout.count("UNBUFFERED") == 2
+
+
+@pytest.mark.parametrize("mode", ["exit", "raise", "os-exit", "killed"])
+def test_a_failed_worker_ends_the_agent_as_under_torchrun(tmp_path: Path, mode: str) -> None:
+    plain, forked = run(tmp_path, TORCHRUN, mode), run(tmp_path, AGENT, mode)
+    assert forked.returncode == plain.returncode == 1, forked.stderr[-3000:]
+    expected = {"exit": 75, "raise": 1, "os-exit": 13, "killed": -9}[mode]
+    # rank 0's code as its root cause; rank 1 ended by the agent's SIGTERM, in both
+    assert exit_codes(plain.stderr) == exit_codes(forked.stderr) == {0: expected, 1: -15}, forked.stderr[-3000:]
+    if mode == "raise":
+        # the program's traceback as an interpreter prints it: from its own frame, nothing of the zygote
+        trace = forked.stderr[forked.stderr.index("Traceback"):]
+        assert trace.splitlines()[1].startswith(f'  File "{tmp_path / "program.py"}", line ')
+        assert "RuntimeError: boom in the worker" in trace
+        assert "zygote" not in forked.stderr
+
+
+def test_log_files_get_each_workers_output(tmp_path: Path) -> None:
+    """--redirects/--log-dir (launch local's --tee too): the files torchrun opened, written by the fork."""
+    done = run(tmp_path, AGENT, "ok", "--redirects=3", f"--log-dir={tmp_path / 'logs'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    outs = sorted((tmp_path / "logs").rglob("stdout.log"))
+    assert len(outs) == 2
+    assert sorted(probes(out.read_text())[rank]["rank"] for rank, out in enumerate(outs)) == [0, 1]
+
+
+def test_fork_off_starts_workers_as_new_interpreters(tmp_path: Path) -> None:
+    done = run(tmp_path, AGENT, "ok", env={"DDPKIT_AGENT_FORK": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = probes(done.stdout)
+    assert all(p["preloaded"] == {"torch": False, "torch._dynamo": False, "ddpkit.train.main": False}
+               for p in found.values())
+    assert "zygote" not in done.stderr
+
+
+def test_only_this_interpreters_python_u_line_goes_to_the_zygote() -> None:
+    env = {"A": "1"}
+    ok = handler.request_for((sys.executable, "-u", "-m", "ddpkit.train", "--x"), env, None, None)
+    assert ok is not None and ok.argv == ("-m", "ddpkit.train", "--x") and ok.cwd == os.getcwd()
+    assert handler.request_for(("/other/python", "-u", "x.py"), env, None, None) is None  # PYTHON_EXEC
+    assert handler.request_for(("numactl", "--cpunodebind=0", sys.executable, "-u", "x.py"), env, None, None) is None
+    assert handler.request_for((sys.executable, "x.py"), env, None, None) is None
+
+
+def test_torchs_worker_start_is_where_the_agent_hooks_in() -> None:
+    """The hook is torch's module attribute: a torch release that moves it must fail here, not slow down silently."""
+    assert handler.unsupported() is None
