@@ -185,8 +185,10 @@ def lose_a_node(metrics: Path, node: Lost, loss: str, every: int) -> Loss:
 def restart_breakdown(metrics: Path, lost_at: float) -> dict[str, float]:
     """Where the survivors' time went: until their new workers' processes
     started, then the new rank 0's start-up phases (its `startup` record)."""
+    # a worker whose first step came after the loss: with workers forked in
+    # milliseconds, the job's first workers can have started a second before it
     startups = [r for r in metric_records(metrics) if r.get("kind") == "startup"
-                and r["stamps"]["process_start"] > lost_at - 1]
+                and r["stamps"].get("first_step_done", 0) > lost_at]
     if not startups:
         return {}
     first = startups[0]
