@@ -1,7 +1,9 @@
 """Training throughput side by side, in one run: `ddpkit train` vs the
 reference loop of the source documents (bench/reference_ddp.py) vs the compute
 ceiling (bench/ceiling.py), same model, process count, per-process batch and
-step counts, all under `torchrun --standalone`. Repeats are interleaved
+step counts, all under `python -m ddpkit.agent --standalone` (torchrun with
+workers forked from a pre-imported zygote, the line every ddpkit target runs;
+it changes a worker's start, not its steps). Repeats are interleaved
 (every entry once, then again) so load from other work on the machine hits
 every entry alike; the table prints mean and spread and the ratios
 ddpkit / reference and ddpkit / ceiling.
@@ -26,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from bench.common import Workload  # noqa: E402
+
+from ddpkit.wire import AGENT_MODULE  # noqa: E402
 
 CPU_SET = (Workload("resnet18", 32, 32, 2, warmup=2, measure=8),
            Workload("resnet50", 224, 4, 2, warmup=1, measure=2))
@@ -90,7 +94,7 @@ def entries(device: str, compile_ceiling: bool) -> list[Entry]:
 
 def measure(entry: Entry, w: Workload, scratch: Path) -> float:
     timing = scratch / f"{entry.name.replace(' ', '_').replace(':', '_')}-{len(entry.runs)}.jsonl"
-    common.torchrun(w.nproc, entry.argv(w, timing))
+    common.torchrun(w.nproc, entry.argv(w, timing), agent=AGENT_MODULE)
     steps = common.read_steps(timing, kind="train" if entry.kind == "ddpkit" else None)
     return common.images_per_s(steps, w)
 

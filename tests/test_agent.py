@@ -73,6 +73,7 @@ def exit_codes(stderr: str) -> dict[int, int]:
     return {int(rank): int(code) for rank, code in found}
 
 
+@pytest.mark.slow
 def test_workers_are_forked_from_the_zygote_and_see_what_torchrun_gives_them(tmp_path: Path) -> None:
     plain, forked = run(tmp_path, TORCHRUN, "ok"), run(tmp_path, AGENT, "ok")
     assert plain.returncode == forked.returncode == 0, forked.stdout + forked.stderr
@@ -94,6 +95,7 @@ def test_workers_are_forked_from_the_zygote_and_see_what_torchrun_gives_them(tmp
     assert forked.stdout.count("UNBUFFERED") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exit", "raise", "os-exit", "killed"])
 def test_a_failed_worker_ends_the_agent_as_under_torchrun(tmp_path: Path, mode: str) -> None:
     plain, forked = run(tmp_path, TORCHRUN, mode), run(tmp_path, AGENT, mode)
@@ -109,6 +111,7 @@ def test_a_failed_worker_ends_the_agent_as_under_torchrun(tmp_path: Path, mode: 
         assert "zygote" not in forked.stderr
 
 
+@pytest.mark.slow
 def test_log_files_get_each_workers_output(tmp_path: Path) -> None:
     """--redirects/--log-dir (launch local's --tee too): the files torchrun opened, written by the fork."""
     done = run(tmp_path, AGENT, "ok", "--redirects=3", f"--log-dir={tmp_path / 'logs'}")
@@ -118,6 +121,7 @@ def test_log_files_get_each_workers_output(tmp_path: Path) -> None:
     assert sorted(probes(out.read_text())[rank]["rank"] for rank, out in enumerate(outs)) == [0, 1]
 
 
+@pytest.mark.slow
 def test_fork_off_starts_workers_as_new_interpreters(tmp_path: Path) -> None:
     done = run(tmp_path, AGENT, "ok", env={"DDPKIT_AGENT_FORK": "0"})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.wire import AGENT_MODULE
 from tests.infra import netns
 from tests.test_doctor_real import base_env
 
@@ -21,7 +22,7 @@ PORT = 29533
 
 
 def node_cmd(index: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+    return [sys.executable, "-m", AGENT_MODULE, "--nnodes=2", "--nproc-per-node=1",
             f"--node-rank={index}", "--master-addr=dka", f"--master-port={PORT}", "--max-restarts=0",
             "-m", "ddpkit.doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", "--connect-timeout=5",
             "--dist-timeout=60", *extra]

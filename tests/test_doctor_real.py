@@ -20,6 +20,7 @@ import pytest
 from ddpkit.doctor.sizes import KIB
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
+from ddpkit.wire import AGENT_MODULE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def doctor(*args: str, env: dict[str, str], torchrun: int = 0, timeout: int = 24
     if cli:  # through `ddpkit doctor`, not `python -m ddpkit.doctor`
         cmd += ["-m", "ddpkit.cli", "doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", *args]
     elif torchrun:
-        cmd += ["-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={torchrun}",
+        cmd += ["-m", AGENT_MODULE, "--nnodes=1", f"--nproc-per-node={torchrun}",
                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0"]
     if not cli:
         cmd += ["-m", "ddpkit.doctor", "--json", "--disk-min=1KiB", "--shm-min=1KiB", *args]

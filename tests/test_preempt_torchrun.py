@@ -21,7 +21,7 @@ from ddpkit.contract import Target, sources, stop_args, torchrun_argv
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 from ddpkit.spec import JobSpec
-from tests.helpers.runs import ROOT, TINY, metrics, orphans_in, processes_in
+from tests.helpers.runs import ROOT, TINY, cmdline, metrics, orphans_in, processes_in
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -116,10 +116,12 @@ def test_torchruns_default_signals_let_sigusr2_kill_the_agent(tmp_path: Path) ->
         agent.send_signal(signal.SIGUSR2)
         code = agent.wait(60)
         orphans = orphans_in(tmp_path)
+        cmdlines = {pid: cmdline(pid) for pid in orphans}
     finally:
         kill_leftovers(tmp_path)
     assert code == -signal.SIGUSR2
-    assert len(orphans) == 2, orphans  # both workers, orphaned: only this test's clean-up ends them
+    # both workers, orphaned: only this test's clean-up ends them (the zygote ended with its agent)
+    assert len(orphans) == 2, [(pid, cmdlines.get(pid)) for pid in orphans]
     assert not any(r["kind"] == "stop" for r in metrics(tmp_path / "metrics.jsonl"))
     assert list((tmp_path / "exit").glob("rank*.code")) == []
 

@@ -128,6 +128,14 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         assert torch.equal(a[key], b[key]), f"{key} differs: max |diff| {(a[key].float() - b[key].float()).abs().max()}"
 
 
+def cmdline(pid: int) -> str:
+    """/proc/PID/cmdline as one line ('' once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def is_zygote(pid: int) -> bool:
     """Whether `pid` is a ddpkit.agent zygote (its title says so: ddpkit/agent/zygote.py)."""
     try:
@@ -138,10 +146,11 @@ def is_zygote(pid: int) -> bool:
 
 def orphans_in(folder: Path, timeout: float = 10) -> list[int]:
     """processes_in(folder) once the zygotes of dead agents have ended (each
-    is SIGKILLed with its agent; that takes a moment): what the job left."""
+    is SIGKILLed with its agent; that takes a moment, during which its
+    cmdline already reads empty): what the job left."""
     deadline = time.monotonic() + timeout
     left = processes_in(folder)
-    while any(is_zygote(pid) for pid in left) and time.monotonic() < deadline:
+    while any(is_zygote(pid) or not cmdline(pid) for pid in left) and time.monotonic() < deadline:
         time.sleep(0.05)
         left = processes_in(folder)
     return left

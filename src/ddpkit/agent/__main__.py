@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     from . import handler, zygote
 
     args = torchrun.parse_args(argv)
+    started: zygote.Zygote | None = None
     if forks(os.environ) and not args.no_python and not args.run_path:
         why = handler.unsupported()
         started = zygote.start(PRELOAD) if why is None else None
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> None:
             exc.__traceback__ = tb
         sys.excepthook(kind, exc, tb)  # type: ignore[arg-type]
         sys.exit(1)
+    finally:
+        if started is not None:
+            started.close()
 
 
 if __name__ == "__main__":

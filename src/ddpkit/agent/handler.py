@@ -45,7 +45,10 @@ class ForkedProc:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # it ended since: the zygote reaps at once, where Popen's child waits as a zombie
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -113,6 +116,21 @@ def install(zygote: Zygote) -> None:
             if pid is None:
                 return super()._popen(args, env)
             return ForkedProc(zygote, pid, args)
+
+        def close(self, death_sig: signal.Signals | None = None) -> None:
+            """torch's close (killpg of the worker's session, then its files), for
+            a worker that may have ended and been reaped since torchrun polled it."""
+            if not isinstance(self.proc, ForkedProc):
+                super().close(death_sig)
+                return
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, death_sig or signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            for stream in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
+                if stream is not None:
+                    stream.close()
 
     def get_subprocess_handler(**kwargs: Any) -> SubprocessHandler:
         return ZygoteHandler(**kwargs)

@@ -45,6 +45,9 @@ from pathlib import Path
 from typing import cast
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# How long a worker's start waits for the zygote's answer: its imports (a few
+# seconds; minutes only on a machine in trouble) come first.
+SPAWN_REPLY_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,9 @@ class Zygote:
             try:
                 self._conn.send(request)
                 while True:
+                    if not self._conn.poll(SPAWN_REPLY_S):
+                        self._give_up()
+                        return None
                     reply = self._conn.recv()
                     if reply[0] == "pid":
                         return int(reply[1])
@@ -85,6 +91,31 @@ class Zygote:
             except (OSError, EOFError):
                 self.alive = False
                 return None
+
+    def close(self) -> None:
+        """End the zygote and reap it, so that it is gone before the agent is
+        (a launcher that checks nothing is left finds nothing). Its workers
+        are in sessions of their own and stay, as Popen's would."""
+        self.alive = False
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        except ProcessLookupError:
+            pass
+        self._conn.close()
+
+    def _give_up(self) -> None:
+        """A zygote that does not answer (stuck in its imports): ended, and the
+        agent starts its workers the ordinary way from now on."""
+        self.alive = False
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        print(f"ddpkit.agent: the zygote did not answer within {SPAWN_REPLY_S:g} s; "
+              "workers start as new interpreters", file=sys.stderr, flush=True)
 
     def returncode(self, pid: int, timeout: float = 0.0) -> int | None:
         """The worker's returncode once it ended, waiting up to `timeout` s
