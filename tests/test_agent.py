@@ -143,3 +143,30 @@ def test_only_this_interpreters_python_u_line_goes_to_the_zygote() -> None:
 def test_torchs_worker_start_is_where_the_agent_hooks_in() -> None:
     """The hook is torch's module attribute: a torch release that moves it must fail here, not slow down silently."""
     assert handler.unsupported() is None
+
+
+def test_a_forked_worker_is_waited_for_without_a_timeout_and_its_exit_told(tmp_path: Path) -> None:
+    """The Popen half torchrun does not use: wait() with no timeout, terminate; in a fresh
+    interpreter (a zygote is forked only while its process has one thread; pytest's has more)."""
+    (tmp_path / "exits.py").write_text("import sys, time\nif sys.argv[1] == 'sleep':\n    time.sleep(60)\n"
+                                       "sys.exit(int(sys.argv[1]))\n")
+    driver = """
+import os, sys
+from ddpkit.agent import handler, zygote
+z = zygote.start(("json",))
+assert z is not None
+def forked(arg):
+    request = handler.request_for((sys.executable, "-u", "exits.py", arg), dict(os.environ), None, None)
+    return handler.ForkedProc(z, z.spawn(request), ["exits.py", arg])
+print("waited", forked("7").wait())
+sleeper = forked("sleep")
+assert sleeper.poll() is None
+sleeper.terminate()
+print("terminated", sleeper.wait(30))
+z.close()
+print("zygote reaped", z.pid not in [int(p) for p in os.listdir("/proc") if p.isdigit()])
+"""
+    done = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["waited 7", "terminated -15", "zygote reaped True"]

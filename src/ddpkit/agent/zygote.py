@@ -100,10 +100,8 @@ class Zygote:
         try:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
-        except ProcessLookupError:
-            pass
+        except (ChildProcessError, ProcessLookupError):
+            pass  # reaped already
         self._conn.close()
 
     def _give_up(self) -> None:
@@ -127,8 +125,9 @@ class Zygote:
     def _read(self, pid: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while pid not in self._exits and self.alive:
+            left = None if timeout == float("inf") else max(0.0, deadline - time.monotonic())
             try:
-                if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                if not self._conn.poll(left):  # None: until news comes (poll cannot take infinity)
                     return
                 reply = self._conn.recv()
             except (OSError, EOFError):
