@@ -7,8 +7,9 @@ whose `_popen` asks the zygote for the same worker and returns a ForkedProc,
 the part of Popen that torchrun uses (pid, poll, wait, send_signal). A line
 that is not `sys.executable -u ...` (PYTHON_EXEC, numactl for --numa-binding)
 or a zygote that cannot fork goes to Popen as before. The hook is torch's
-module attribute, so `install` checks it is there and does nothing, saying
-so in its result, when a torch release moves it (tests/test_agent.py pins it).
+module attribute, so `unsupported()` checks it is there first; the agent
+says why and starts workers as torchrun does when a torch release moves it
+(tests/test_agent.py pins it).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class ForkedProc:
         if self.returncode is None:
             self.returncode = self._zygote.returncode(self.pid, timeout)
         if self.returncode is None and not self._zygote.alive and _ended(self._pidfd, timeout):
-            # The zygote was killed (SIGKILL: it ignores nothing else of the agent's) and with it
-            # the news of this worker's end: say it was killed, which is what ended it too.
+            # The zygote is gone (killed, or given up) and with it the news of how this worker
+            # ended: say it was killed, the likeliest end of a worker whose zygote was killed.
             self.returncode = -signal.SIGKILL
         if self.returncode is not None and self._pidfd >= 0:
             os.close(self._pidfd)
