@@ -7,7 +7,7 @@ to torch.distributed.run. The one addition: before torchrun starts, while the
 agent is still single-threaded, it forks a zygote (zygote.py) that imports
 torch, torch._dynamo and ddpkit's trainer once; handler.py routes torchrun's
 worker starts through it. A worker's start then costs a fork instead of an
-interpreter and those imports (about 3.5 CPU-seconds on the CI machine),
+interpreter and those imports (about 3 CPU-seconds on the CI machine),
 paid again by every worker at every restart of an elastic job (issue 30:
 about half of a crashed node's recovery) and by every test's process.
 
