@@ -40,12 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         # What torchrun's own uncaught failure prints (ChildFailedError and its
         # summary, a stop signal's SignalException), from torch's frames on:
         # this module's two add nothing. Exit 1, as the interpreter would.
-        kind, exc, tb = sys.exc_info()
-        while tb is not None and tb.tb_frame.f_globals.get("__name__") == __name__:
-            tb = tb.tb_next
-        if exc is not None:
-            exc.__traceback__ = tb
-        sys.excepthook(kind, exc, tb)  # type: ignore[arg-type]
+        zygote.print_exception(skipping=(__name__,))
         sys.exit(1)
     finally:
         if started is not None:

@@ -227,7 +227,7 @@ def _become_worker(request: WorkerRequest) -> None:
         show_argv([sys.executable, "-u", *request.argv])
         code = _run(request.argv)
     except BaseException:  # the program's own error: said as an interpreter would, exit 1
-        _print_exception()
+        print_exception()
     _finish(code)
 
 
@@ -248,10 +248,12 @@ def show_argv(argv: list[str]) -> None:
     ctypes.memmove(start, text.ljust(size, b"\0"), size)
 
 
-def _print_exception() -> None:
-    """The traceback an interpreter would print: from the program's frames on."""
+def print_exception(skipping: tuple[str, ...] = (__name__, "runpy")) -> None:
+    """The exception being handled, as an interpreter prints it uncaught, from
+    the first frame outside the modules `skipping` on (by default this module's
+    and runpy's: the program's own frames)."""
     kind, exc, tb = sys.exc_info()
-    while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in skipping:
         tb = tb.tb_next
     if exc is not None:
         exc.__traceback__ = tb  # the hook prints the exception's own traceback, not its argument
@@ -300,7 +302,7 @@ def _run(argv: tuple[str, ...]) -> int:
     except SystemExit as exc:
         return _exit_status(exc)
     except KeyboardInterrupt:
-        _print_exception()
+        print_exception()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)  # ended by the signal, as an interpreter is
     return 0
