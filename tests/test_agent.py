@@ -27,12 +27,15 @@ TORCHRUN, AGENT = "torch.distributed.run", "ddpkit.agent"
 PROGRAM = """\
 import json, os, signal, sys, time
 preloaded = {name: name in sys.modules for name in ("torch", "torch._dynamo", "ddpkit.train.main")}
+extra = os.environ.get("PROBE_MODULE")
 import torch
 rank = int(os.environ["RANK"])
 print("PROBE " + json.dumps({
     "rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "leader": os.getpgid(0) == os.getpid(),
     "argv": sys.argv, "file": __file__, "name": __name__, "cwd": os.getcwd(), "threads": torch.get_num_threads(),
     "omp": os.environ.get("OMP_NUM_THREADS"), "preloaded": preloaded,
+    "extra_preloaded": extra is not None and extra in sys.modules,
+    "cuda_usable": not torch.cuda._is_in_bad_fork() and not torch.cuda.is_initialized(),
     "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a]}))
 sys.stdout.write("UNBUFFERED\\n")  # no flush: only -u (or its stand-in) writes it through before os._exit
 mode = sys.argv[1]
@@ -90,6 +93,8 @@ def test_workers_are_forked_from_the_zygote_and_see_what_torchrun_gives_them(tmp
         # what differs: torch and the trainer were imported before the program's first line
         assert old["preloaded"] == {"torch": False, "torch._dynamo": False, "ddpkit.train.main": False}
         assert new["preloaded"] == {"torch": True, "torch._dynamo": True, "ddpkit.train.main": True}
+        # nothing the zygote preloads initialised CUDA: a forked worker can use the GPU as a new interpreter can
+        assert new["cuda_usable"] and old["cuda_usable"]
     # both workers are children of one zygote, not of the agent (whose children torchrun's are)
     assert after[0]["ppid"] == after[1]["ppid"] != before[0]["ppid"]
     assert forked.stdout.count("UNBUFFERED") == 2
@@ -129,6 +134,34 @@ def test_fork_off_starts_workers_as_new_interpreters(tmp_path: Path) -> None:
     assert all(p["preloaded"] == {"torch": False, "torch._dynamo": False, "ddpkit.train.main": False}
                for p in found.values())
     assert "zygote" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_preload_that_initialises_cuda_makes_workers_start_as_interpreters(tmp_path: Path) -> None:
+    """A module that asks the CUDA runtime for devices while imported (here: with NVML's check
+    off, as on a host without NVML) leaves every fork of the zygote unable to use CUDA: the agent
+    says so once and starts its workers as new interpreters, which can."""
+    (tmp_path / "touches_cuda.py").write_text("import torch\ntorch._C._cuda_getDeviceCount()\n")
+    done = run(tmp_path, AGENT, "ok", env={"DDPKIT_AGENT_PRELOAD": "touches_cuda", "PROBE_MODULE": "touches_cuda"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = probes(done.stdout)
+    assert sorted(found) == [0, 1]
+    assert all(p["cuda_usable"] and not p["extra_preloaded"] and not p["preloaded"]["torch"] for p in found.values())
+    [line] = [line for line in done.stderr.splitlines() if "new interpreters" in line]
+    assert line == ("ddpkit.agent: workers start as new interpreters: preloading torch._dynamo, ddpkit.train.main, "
+                    "ddpkit.train.loop, ddpkit.train.rank_report, ddpkit.train.data, touches_cuda initialised CUDA "
+                    "in the zygote, and a forked worker could not use the GPU")
+
+
+@pytest.mark.slow
+def test_a_module_named_in_agent_preload_is_imported_before_the_program(tmp_path: Path) -> None:
+    (tmp_path / "heavy.py").write_text("import torch\nprint('imported once', flush=True)\n")
+    done = run(tmp_path, AGENT, "ok", env={"DDPKIT_AGENT_PRELOAD": " heavy, ", "PROBE_MODULE": "heavy"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = probes(done.stdout)
+    assert sorted(found) == [0, 1] and all(p["extra_preloaded"] and p["cuda_usable"] for p in found.values())
+    assert done.stdout.count("imported once") == 1  # in the zygote, not in each worker
+    assert "new interpreters" not in done.stderr
 
 
 def test_only_this_interpreters_python_u_line_goes_to_the_zygote() -> None:

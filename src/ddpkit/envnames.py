@@ -91,6 +91,8 @@ DDPKIT_RUN_ID: Final = "DDPKIT_RUN_ID"
 DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"
 # 0: `python -m ddpkit.agent` starts workers as torchrun does, not from its pre-imported zygote (ddpkit/agent).
 DDPKIT_AGENT_FORK: Final = "DDPKIT_AGENT_FORK"
+# Comma-separated modules the agent's zygote imports too (a program's own heavy imports: transformers, lightning).
+DDPKIT_AGENT_PRELOAD: Final = "DDPKIT_AGENT_PRELOAD"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 
 # The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.

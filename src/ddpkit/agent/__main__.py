@@ -19,6 +19,12 @@ def forks(env: dict[str, str] | os._Environ[str]) -> bool:
     return sys.platform.startswith("linux") and env.get(envnames.DDPKIT_AGENT_FORK, "1") != "0"
 
 
+def preload(env: dict[str, str] | os._Environ[str]) -> tuple[str, ...]:
+    """PRELOAD, then the modules DDPKIT_AGENT_PRELOAD names."""
+    extra = [name.strip() for name in env.get(envnames.DDPKIT_AGENT_PRELOAD, "").split(",")]
+    return tuple(dict.fromkeys([*PRELOAD, *(name for name in extra if name)]))
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun  # torch: what the agent imports anyway
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -29,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     started: zygote.Zygote | None = None
     if forks(os.environ) and not args.no_python and not args.run_path:
         why = handler.unsupported()
-        started = zygote.start(PRELOAD) if why is None else None
+        started = zygote.start(preload(os.environ)) if why is None else None
         if started is not None:
             handler.install(started)
         elif why is not None:

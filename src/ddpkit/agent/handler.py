@@ -113,7 +113,7 @@ def install(zygote: Zygote) -> None:
         def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
             request = request_for(args, env, _name(getattr(self, "_stdout", None)),
                                   _name(getattr(self, "_stderr", None)))
-            pid = zygote.spawn(request) if request is not None and zygote.alive else None
+            pid = zygote.spawn(request) if request is not None and zygote.forks else None
             if pid is None:
                 return super()._popen(args, env)
             return ForkedProc(zygote, pid, args)

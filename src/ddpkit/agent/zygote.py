@@ -48,6 +48,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long a worker's start waits for the zygote's answer: its imports (a few
 # seconds; minutes only on a machine in trouble) come first.
 SPAWN_REPLY_S = 120.0
+# torch.cuda.is_available() asks NVML, not the CUDA runtime, when this is 1 (torch.cuda._nvml_based_avail).
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Zygote:
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
         self.alive = True
+        self.refused: str | None = None  # why the zygote forks no worker (said once; workers start as interpreters)
 
     def spawn(self, request: WorkerRequest) -> int | None:
         """The new worker's pid, or None when the zygote could not fork it
@@ -86,6 +89,7 @@ class Zygote:
                     if reply[0] == "pid":
                         return int(reply[1])
                     if reply[0] == "fail":
+                        self._refuse(str(reply[1]))
                         return None
                     self._exits[reply[1]] = reply[2]
             except (OSError, EOFError):
@@ -103,6 +107,16 @@ class Zygote:
         except (ChildProcessError, ProcessLookupError):
             pass  # reaped already
         self._conn.close()
+
+    def _refuse(self, why: str) -> None:
+        if self.refused is None:
+            self.refused = why
+            print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
+
+    @property
+    def forks(self) -> bool:
+        """Whether the next worker may be asked of the zygote."""
+        return self.alive and self.refused is None
 
     def _give_up(self) -> None:
         """A zygote that does not answer (stuck in its imports): ended, and the
@@ -165,11 +179,8 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
     if os.getppid() != parent:
         return
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except Exception:  # a worker that needs it imports it again, and says why it fails
-            continue
+    _import(preload)
+    refusal = cuda_refusal(preload)
     show_argv(["ddpkit.agent:", "zygote", "of", "agent", str(parent)])
     gc.collect()
     gc.freeze()  # objects from before the fork stay out of the workers' collections: fewer pages copied
@@ -181,9 +192,52 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
                     request = conn.recv()
                 except (OSError, EOFError):
                     return  # the agent ended
-                _fork_worker(conn, request, children)
+                if refusal is not None:
+                    conn.send(("fail", refusal))
+                else:
+                    _fork_worker(conn, request, children)
             else:
                 _reap(conn, cast(int, ready), children)
+
+
+def _import(preload: tuple[str, ...]) -> None:
+    """Import `preload`, asking NVML rather than the CUDA runtime whether a GPU
+    is there should a module ask torch.cuda.is_available() while it is
+    imported: the runtime's answer would leave the zygote's forks unable to
+    use CUDA (cuda_refusal), NVML's leaves them as a new interpreter is."""
+    own = NVML_CHECK not in os.environ
+    if own:
+        os.environ[NVML_CHECK] = "1"
+    try:
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except Exception:  # a worker that needs it imports it again, and says why it fails
+                continue
+    finally:
+        if own:
+            os.environ.pop(NVML_CHECK, None)
+
+
+def cuda_refusal(preload: tuple[str, ...]) -> str | None:
+    """Why a worker forked from this process could not use CUDA, or None.
+
+    A CUDA runtime call (torch.cuda.is_available() through the runtime, a
+    tensor on the GPU) in the zygote marks every later fork "bad" in torch:
+    the worker's first CUDA call raises "Cannot re-initialize CUDA in forked
+    subprocess". Nothing shows that mark in the process that made it, so a
+    throw-away fork reads it; it costs one fork, once per agent."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    why = f"preloading {', '.join(preload)} initialised CUDA in the zygote, and a forked worker could not use the GPU"
+    if torch.cuda.is_initialized():
+        return why
+    probe = os.fork()
+    if probe == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(probe, 0)
+    return why if os.waitstatus_to_exitcode(status) != 0 else None
 
 
 def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, int]) -> None:
