@@ -2,9 +2,12 @@
 # One-call GPU check for a lent CUDA machine (see docs/PERFORMANCE.md, "CUDA").
 # Runs, each under a hard timeout and all inside one deadline:
 #   1. the machine and versions (nvidia-smi, python, torch, CUDA, cuDNN, NCCL)
-#   2. every `gpu`-marked test (tests/test_gpu_paths.py, test_devices.py, test_doctor_driver.py)
-#   3. bench/train_throughput.py --device cuda, ResNet-50 @224 then ResNet-18 @32 (cut-down entries/steps)
-#   4. `python -m ddpkit.doctor --bench` over NCCL on the GPUs (torchrun, one process per GPU)
+#   2. every `gpu`-marked test (tests/test_gpu_paths.py, test_devices.py, test_doctor_driver.py: whole runs
+#      under `ddpkit train --spawn` and ddpkit.agent, forked and DDPKIT_AGENT_FORK=0) and tests/test_agent.py
+#   3. restart: bench/worker_restart.py --device cuda (a worker SIGKILLed, started again: torchrun vs
+#      ddpkit.agent), startup: bench/startup.py --device cuda (launch to first step, both agents)
+#   4. bench/train_throughput.py --device cuda, ResNet-50 @224 then ResNet-18 @32 (cut-down entries/steps)
+#   5. `python -m ddpkit.doctor --bench` over NCCL on the GPUs (torchrun, one process per GPU)
 # Everything goes to files under $OUT (at most 8); a short table is printed last.
 #
 #   bash bench/gpu_check.sh            # OUT defaults to ./gpu-check-out; DEADLINE_S (default 520) bounds the whole:
@@ -23,7 +26,7 @@ SUMMARY=/tmp/gpu_check_summary.txt  # printed last; $OUT keeps its 8 files for t
 : >"$SUMMARY"
 export PYTHONUNBUFFERED=1
 
-STEPS=" ${STEPS:-env tests r50 r18 doctor} "
+STEPS=" ${STEPS:-env tests restart startup r50 r18 doctor} "
 wants() { [[ $STEPS == *" $1 "* ]]; }
 left() { echo $((DEADLINE - $(date +%s))); }
 # step NAME CAP LOG COMMAND...: run COMMAND under min(CAP, time left), output to LOG
@@ -83,11 +86,19 @@ print("pydantic", pydantic.VERSION)
 EOF
 python3 -m pip list 2>/dev/null | grep -iE "^(torch|torchvision|triton|pytest|pytest-xdist|pytest-timeout|pydantic|typing.extensions|numpy) "'
 
-# -- 2. every gpu-marked test (few workers: one GPU, 16 cores)
-wants tests && step tests "${TESTS_CAP:-120}" "$OUT/tests.log" python3 -m pytest -p no:cacheprovider -m gpu -n 6 --timeout 110 -v -rA \
-    --durations=0 --junitxml="$OUT/tests.xml" tests/test_gpu_paths.py tests/test_devices.py tests/test_doctor_driver.py
+# -- 2. every gpu-marked test and the agent's own tests (few workers: one GPU, 16 cores)
+wants tests && step tests "${TESTS_CAP:-240}" "$OUT/tests.log" python3 -m pytest -p no:cacheprovider -n 8 --timeout 200 -v -rA \
+    --durations=0 --junitxml="$OUT/tests.xml" tests/test_gpu_paths.py tests/test_devices.py tests/test_doctor_driver.py \
+    tests/test_agent.py
 
-# -- 3. throughput (cut down to fit the lease; see docs/PERFORMANCE.md). On one H200 the four
+# -- 3. a worker's restart and a job's start-up on CUDA, torchrun beside ddpkit.agent
+wants restart && step restart "${RESTART_CAP:-150}" "$OUT/bench.log" python3 -m bench.worker_restart --device cuda --nproc 1 \
+    --repeats "${RESTART_REPEATS:-3}" --model resnet18 --image-size 32 --batch-size 128 --steps 30 --out /tmp/bres
+wants startup && step startup "${STARTUP_CAP:-90}" "$OUT/bench.log" python3 -m bench.startup --device cuda --nproc 1 \
+    --repeats 2 --batch-size 128 --workers 0 --name startup-agents-cuda --out /tmp/bres
+cp /tmp/bres/*.json /tmp/bres/*.png "$OUT/" 2>/dev/null
+
+# -- 4. throughput (cut down to fit the lease; see docs/PERFORMANCE.md). On one H200 the four
 #    ResNet-50 entries took ~185 s before the script's closing plot and JSON write: a 190 s
 #    and a 175 s cap both cut that tail, hence 250 s.
 FAST="ddpkit --gpu-resident-data bf16 cl compile"
@@ -98,7 +109,7 @@ wants r18 && step r18 110 "$OUT/bench.log" python3 -m bench.train_throughput --d
     --entries "ceiling:channels_last,reference,$FAST" --out /tmp/bres --name train_throughput-cuda-r18
 cp /tmp/bres/*.json "$OUT/" 2>/dev/null
 
-# -- 4. doctor --bench over NCCL, one process per GPU (JSON; stderr into the bench log)
+# -- 5. doctor --bench over NCCL, one process per GPU (JSON; stderr into the bench log)
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 wants doctor && step doctor 35 "$OUT/bench.log" bash -c "python3 -m torch.distributed.run --nnodes=1 --nproc-per-node=$NGPU \
     --master-addr=127.0.0.1 --master-port=29533 --max-restarts=0 -m ddpkit.doctor --json --bench --device=cuda \
@@ -118,4 +129,6 @@ tail -n 1 "$OUT/tests.log"
 echo "---- throughput (img/s) ----"
 grep -E "^\s+\[.*\] run " "$OUT/bench.log"
 grep -A12 "^workload  " "$OUT/bench.log" | grep -vE "^\s+\[" | head -40
+echo "---- restart and start-up (s) ----"
+grep -B1 -A14 -E "^(kill -> first step|phase) " "$OUT/bench.log" | head -60
 echo "total $(($(date +%s) - START)) s"

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from ddpkit.agent.zygote import NVML_CHECK
 from ddpkit.train import checkpoint_files
 from ddpkit.train.balanced_dp import BalancedDataParallel
 from ddpkit.train.rank_report import versions
@@ -25,27 +26,52 @@ RESNET = ["--model", "resnet18", "--image-size", "16", "--workers", "0", "--prog
 SMALL = ["--synthetic-size", "32", "--batch-size", "8", "--eval-size", "16", "--epochs", "1"]
 
 
-def train(tmp_path: Path, *argv: str) -> dict[str, Any]:
+# How a whole run starts: `ddpkit train --spawn` (torch.multiprocessing), and the
+# per-node line every target renders, `python -m ddpkit.agent`, with its workers
+# forked from the zygote and, DDPKIT_AGENT_FORK=0, as new interpreters.
+LAUNCHERS = ("spawn", "agent", "agent-nofork")
+# A forked worker's imports phase is the modules its zygote had not imported (0.02 s
+# on the 2-core CI machine); a new interpreter imports torch (about 2 s there).
+FORKED_IMPORTS_S, INTERPRETER_IMPORTS_S = 0.5, 0.5
+
+
+def launch_line(launcher: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command that runs `ddpkit train ARGV` (one process) under `launcher`, and its environment additions."""
+    if launcher == "spawn":
+        return [sys.executable, "-m", "ddpkit.cli", "train", "--spawn", "1", *argv], {}
+    agent = [sys.executable, "-m", "ddpkit.agent", "--standalone", "--nnodes=1", "--nproc-per-node=1",
+             "--max-restarts=0", "-m", "ddpkit.train", *argv]
+    return agent, {"DDPKIT_AGENT_FORK": "0" if launcher == "agent-nofork" else "1"}
+
+
+def train(tmp_path: Path, *argv: str, launcher: str = "spawn") -> dict[str, Any]:
     """Run `ddpkit train` to completion in a fresh process; its summary record
-    (of this run: rank 0 appends to --metrics, and a resumed run shares the file)."""
+    (of this run: rank 0 appends to --metrics, and a resumed run shares the file).
+    Under the agent, the worker's start-up record shows how it started."""
     metrics = tmp_path / "metrics.jsonl"
     start = metrics.stat().st_size if metrics.exists() else 0
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+    command, extra_env = launch_line(launcher, [*argv, *SMALL, "--metrics", str(metrics)])
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1", **extra_env}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "ddpkit.cli", "train", *argv, *SMALL, "--metrics", str(metrics)],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    written = metrics.read_bytes()[start:].decode()
-    [summary] = [r for r in map(json.loads, written.splitlines()) if r["kind"] == "summary"]
+    assert "new interpreters" not in done.stderr  # the agent forked (or was told not to)
+    records = [json.loads(line) for line in metrics.read_bytes()[start:].decode().splitlines()]
+    [summary] = [r for r in records if r["kind"] == "summary"]
     assert summary["status"] == "finished"
+    if launcher != "spawn":
+        [startup] = [r for r in records if r["kind"] == "startup"]
+        imports = startup["phases"]["imports"]
+        assert imports < FORKED_IMPORTS_S if launcher == "agent" else imports > INTERPRETER_IMPORTS_S, startup
     return summary
 
 
-# ---- whole runs on one GPU: DDP over NCCL (--spawn 1) and DataParallel ----
+# ---- whole runs on one GPU: DDP over NCCL and DataParallel, under each launcher ----
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize(
     "extra",
     [
@@ -57,27 +83,50 @@ def train(tmp_path: Path, *argv: str) -> dict[str, Any]:
     ],
     ids=["nccl", "fp16-gradscaler", "bf16-syncbn", "gpu-resident-data", "compile"],
 )
-def test_one_gpu_ddp_over_nccl_trains(tmp_path: Path, extra: list[str]) -> None:
-    summary = train(tmp_path, "--spawn", "1", "--device", "cuda", "--backend", "nccl", "--interface", "lo",
-                    *RESNET, *extra)
+def test_one_gpu_ddp_over_nccl_trains(tmp_path: Path, extra: list[str], launcher: str) -> None:
+    summary = train(tmp_path, "--device", "cuda", "--backend", "nccl", "--interface", "lo", *RESNET, *extra,
+                    launcher=launcher)
     assert summary["world_size"] == 1
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("extra", [[], ["--gpu0-batch", "2"]], ids=["dataparallel", "balanced"])
-def test_dataparallel_over_every_visible_gpu_trains(tmp_path: Path, extra: list[str]) -> None:
-    train(tmp_path, "--strategy", "dp", "--device", "cuda", *TINY, *extra)
+def test_dataparallel_over_every_visible_gpu_trains(tmp_path: Path, extra: list[str], launcher: str) -> None:
+    train(tmp_path, "--strategy", "dp", "--device", "cuda", *TINY, *extra, launcher=launcher)
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_a_checkpoint_resumes_onto_the_gpu(tmp_path: Path) -> None:
-    common = ["--spawn", "1", "--device", "cuda", "--backend", "nccl", "--interface", "lo", *TINY,
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_checkpoint_resumes_onto_the_gpu(tmp_path: Path, launcher: str) -> None:
+    common = ["--device", "cuda", "--backend", "nccl", "--interface", "lo", *TINY,
               "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2"]
-    train(tmp_path, *common, "--max-steps", "2")
-    summary = train(tmp_path, *common, "--resume", "auto")
+    train(tmp_path, *common, "--max-steps", "2", launcher=launcher)
+    summary = train(tmp_path, *common, "--resume", "auto", launcher=launcher)
     assert summary["world_size"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_preload_that_asks_for_gpus_leaves_forked_workers_able_to_use_them(tmp_path: Path) -> None:
+    """A module the zygote preloads that asks torch.cuda.is_available() while imported (libraries
+    do): with NVML there, the question does not touch the CUDA runtime, so the workers are still
+    forked; either way the worker computes on the GPU."""
+    (tmp_path / "asks_for_gpus.py").write_text("import torch\nassert torch.cuda.is_available()\n")
+    (tmp_path / "worker.py").write_text(
+        "import sys, torch\nprint('preloaded', 'asks_for_gpus' in sys.modules)\n"
+        "print('sum', float(torch.ones(1000, device='cuda').sum()))\n")
+    argv = [sys.executable, "-m", "ddpkit.agent", "--standalone", "--nnodes=1", "--nproc-per-node=1",
+            "--max-restarts=0", "worker.py"]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "DDPKIT_AGENT_PRELOAD": "asks_for_gpus"}
+    env.pop(NVML_CHECK, None)
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sum 1000.0" in done.stdout
+    forked = "new interpreters" not in done.stderr
+    assert f"preloaded {forked}" in done.stdout, (done.stdout, done.stderr[-2000:])
 
 
 # ---- in-process: the pieces a run uses ----
