@@ -18,8 +18,10 @@ from torch import nn
 from ddpkit.agent.zygote import NVML_CHECK
 from ddpkit.train import checkpoint_files
 from ddpkit.train.balanced_dp import BalancedDataParallel
+from ddpkit.train.config import TrainConfig
+from ddpkit.train.models import build_model
 from ddpkit.train.rank_report import versions
-from ddpkit.train.strategy import process_devices
+from ddpkit.train.strategy import parallelise, process_devices
 from tests.helpers.runs import ROOT, TINY
 
 RESNET = ["--model", "resnet18", "--image-size", "16", "--workers", "0", "--progress", "plain"]
@@ -140,12 +142,17 @@ def test_balanced_dataparallel_matches_the_module_on_the_gpus() -> None:
     torch.testing.assert_close(wrapped(x), module(x))
 
 
-def test_balanced_dataparallel_without_cuda_runs_the_module_as_is() -> None:
+@pytest.mark.parametrize("gpu0_batch", [None, 2], ids=["dataparallel", "balanced"])
+def test_dataparallel_of_a_cpu_process_runs_the_module_as_is(gpu0_batch: int | None) -> None:
+    """`--strategy dp --device cpu`, on a host with GPUs too: torch's DataParallel would refuse a
+    module left on the CPU there (and index an empty device list), so a CPU process gets the module."""
     torch.manual_seed(0)
-    module = nn.Linear(6, 3)
-    wrapped = BalancedDataParallel(2, module, device_ids=[])
-    x = torch.randn(10, 6)
-    torch.testing.assert_close(wrapped(x), module(x))
+    model = build_model("tiny", 10, 8)
+    config = TrainConfig(strategy="dp", gpu0_batch=gpu0_batch)
+    par = parallelise(model, config, torch.device("cpu"), 0, 1, False)
+    assert par.module is model and par.input_device == torch.device("cpu")
+    x = torch.randn(4, 3, 8, 8)
+    torch.testing.assert_close(par.module(x), model(x))
 
 
 @pytest.mark.gpu

@@ -78,6 +78,10 @@ def _dp(model: StagedModel, args: TrainConfig, device: torch.device) -> Parallel
     model.to(device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
+    if device.type != "cuda":
+        # No GPU to spread the batch over: the module as is, which is what torch's DataParallel is
+        # on a host without CUDA; on a host with GPUs it would refuse a module left on the CPU.
+        return Parallel(model, model, device, device, contextlib.nullcontext)
     if args.gpu0_batch is not None:
         wrapped: nn.Module = BalancedDataParallel(args.gpu0_batch, model)
     else:
