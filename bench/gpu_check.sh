@@ -6,6 +6,8 @@
 #      under `ddpkit train --spawn` and ddpkit.agent, forked and DDPKIT_AGENT_FORK=0) and tests/test_agent.py
 #   3. restart: bench/worker_restart.py --device cuda (a worker SIGKILLed, started again: torchrun vs
 #      ddpkit.agent), startup: bench/startup.py --device cuda (launch to first step, both agents)
+#   profile: bench/step_profile.py over steps 34-53 of ddpkit's fastest CUDA entry and of the compiled
+#      channels_last ceiling, ResNet-18 @32 b256 (profile-r18) and ResNet-50 @224 b256 (profile-r50)
 #   4. bench/train_throughput.py --device cuda, ResNet-50 @224 then ResNet-18 @32 (cut-down entries/steps)
 #   5. `python -m ddpkit.doctor --bench` over NCCL on the GPUs (torchrun, one process per GPU)
 # Everything goes to files under $OUT (at most 8); a short table is printed last.
@@ -13,6 +15,7 @@
 #   bash bench/gpu_check.sh            # OUT defaults to ./gpu-check-out; DEADLINE_S (default 520) bounds the whole:
 #                                      give the device call timeout_s >= DEADLINE_S + 20
 #   STEPS="tests r50" R50_CAP=175 R50_ENTRIES=... bash bench/gpu_check.sh   # a part only (rerun after a failure)
+#   STEPS="tests" TESTS_K="dataparallel" bash bench/gpu_check.sh             # the tests pytest -k selects
 #
 # Python packages the machine lacks (pydantic, paramiko and their needs) may sit as wheels
 # in .whl/ (pip download --no-deps ... -d .whl): they are installed first.
@@ -26,7 +29,7 @@ SUMMARY=/tmp/gpu_check_summary.txt  # printed last; $OUT keeps its 8 files for t
 : >"$SUMMARY"
 export PYTHONUNBUFFERED=1
 
-STEPS=" ${STEPS:-env tests restart startup r50 r18 doctor} "
+STEPS=" ${STEPS:-env tests restart startup profile-r18 profile-r50 r50 r18 doctor} "
 wants() { [[ $STEPS == *" $1 "* ]]; }
 left() { echo $((DEADLINE - $(date +%s))); }
 # step NAME CAP LOG COMMAND...: run COMMAND under min(CAP, time left), output to LOG
@@ -88,6 +91,7 @@ python3 -m pip list 2>/dev/null | grep -iE "^(torch|torchvision|triton|pytest|py
 
 # -- 2. every gpu-marked test and the agent's own tests (few workers: one GPU, 16 cores)
 wants tests && step tests "${TESTS_CAP:-240}" "$OUT/tests.log" python3 -m pytest -p no:cacheprovider -n 8 --timeout 200 -v -rA \
+    ${TESTS_K:+-k "$TESTS_K"} \
     --durations=0 --junitxml="$OUT/tests.xml" tests/test_gpu_paths.py tests/test_devices.py tests/test_doctor_driver.py \
     tests/test_agent.py
 
@@ -97,6 +101,24 @@ wants restart && step restart "${RESTART_CAP:-150}" "$OUT/bench.log" python3 -m 
 wants startup && step startup "${STARTUP_CAP:-90}" "$OUT/bench.log" python3 -m bench.startup --device cuda --nproc 1 \
     --repeats 2 --batch-size 128 --workers 0 --name startup-agents-cuda --out /tmp/bres
 cp /tmp/bres/*.json /tmp/bres/*.png "$OUT/" 2>/dev/null
+
+# -- profiles: ddpkit's step beside the ceiling's (one process, under the agent as every target runs it)
+profile_pair() {  # MODEL IMAGE_SIZE BATCH: writes /tmp/prof/<model>-{ddpkit,ceiling}.json and -ops.txt
+    local p="python3 -m ddpkit.agent --standalone --nproc-per-node=1 bench/step_profile.py --out /tmp/prof"
+    $p --name "$1-ddpkit" -- -m ddpkit.train --device cuda --model "$1" --image-size "$2" --batch-size "$3" \
+        --max-steps 60 --synthetic-size $((60 * $3)) --eval-size 2 --log-every 20 --progress plain \
+        --metrics "/tmp/prof/$1-metrics.jsonl" --gpu-resident-data --workers 0 --precision bf16 --channels-last \
+        --compile --cudnn-benchmark || return
+    $p --name "$1-ceiling" -- bench/ceiling.py --device cuda --variant compile_channels_last --model "$1" \
+        --image-size "$2" --batch-size "$3" --warmup 20 --measure 40 --timing "/tmp/prof/$1-timing.jsonl"
+}
+export -f profile_pair
+wants profile-r18 && step profile-r18 "${PROFILE_CAP:-150}" "$OUT/bench.log" bash -c "profile_pair resnet18 32 256"
+wants profile-r50 && step profile-r50 "${PROFILE_CAP:-150}" "$OUT/bench.log" bash -c "profile_pair resnet50 224 256"
+if ls /tmp/prof/*-ops.txt >/dev/null 2>&1; then
+    for f in /tmp/prof/*-ops.txt; do echo "==== $f"; cat "$f"; done >"$OUT/profile-ops.txt"
+    python3 -c 'import json, pathlib, sys; print(json.dumps({p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path("/tmp/prof").glob("*-*.json")) if not p.stem.endswith("-ops")}, indent=1))' >"$OUT/profiles.json"
+fi
 
 # -- 4. throughput (cut down to fit the lease; see docs/PERFORMANCE.md). On one H200 the four
 #    ResNet-50 entries took ~185 s before the script's closing plot and JSON write: a 190 s
@@ -129,6 +151,14 @@ tail -n 1 "$OUT/tests.log"
 echo "---- throughput (img/s) ----"
 grep -E "^\s+\[.*\] run " "$OUT/bench.log"
 grep -A12 "^workload  " "$OUT/bench.log" | grep -vE "^\s+\[" | head -40
+echo "---- profiles (ms per step) ----"
+[ -f "$OUT/profiles.json" ] && python3 -c '
+import json, sys
+for name, p in json.load(open(sys.argv[1])).items():
+    print(name, "wall", p["step_ms_median"], "device", round(p["device_busy_ms_per_step"], 3), "launches",
+          p["kernel_launches_per_step"], "syncs", p["host_syncs_per_step"])
+    print("   host:", list(p["top_host_ms_per_step"].items())[:6])
+    print("   device:", list(p["top_device_ms_per_step"].items())[:6])' "$OUT/profiles.json"
 echo "---- restart and start-up (s) ----"
 grep -B1 -A14 -E "^(kill -> first step|phase) " "$OUT/bench.log" | head -60
 echo "total $(($(date +%s) - START)) s"
