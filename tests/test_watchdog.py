@@ -250,15 +250,17 @@ def test_the_supervisor_reads_the_report_status_stalled_and_exit_13() -> None:
     assert isinstance(sup.printer, LinePrinter)
 
 
-def test_a_script_job_is_told_that_stall_detection_needs_its_call() -> None:
+def test_a_script_job_is_told_that_stall_detection_needs_its_call_only_without_the_preamble() -> None:
     script = JobSpec.model_validate({"name": "j", "command": {"script": "train.py"}})
-    assert "ddpkit.watchdog.progress(step)" in (script.watchdog.script_note(script.command) or "")
+    assert script.watchdog.script_note(script.command, script.preamble.progress) is None  # the preamble reports
+    bare = JobSpec.model_validate({"name": "j", "command": {"script": "train.py"}, "preamble": {"progress": False}})
+    assert "ddpkit.watchdog.progress(step)" in (bare.watchdog.script_note(bare.command, bare.preamble.progress) or "")
     default = JobSpec.model_validate({"name": "j"})
-    assert default.watchdog.script_note(default.command) is None  # ddpkit train reports by itself
+    assert default.watchdog.script_note(default.command, default.preamble.progress) is None  # ddpkit train reports
 
 
 @pytest.mark.parametrize("target", ["slurm", "k8s", "ssh", "compose"])
-def test_rendering_a_script_job_says_stall_detection_needs_its_call(
+def test_rendering_a_script_job_without_the_preamble_says_stall_detection_needs_its_call(
         target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A rendered target has no ddpkit launcher to print the note at start-up,
     so `ddpkit render` says it when the files are written; the doctor and
@@ -266,9 +268,10 @@ def test_rendering_a_script_job_says_stall_detection_needs_its_call(
     from ddpkit.cli import main
 
     base = ["render", target, "--nodes", "2", "-o", str(tmp_path)]
-    assert main([*base, "--set", "command.script=train.py"]) == 0
-    assert "ddpkit render: stall detection is off unless your script calls ddpkit.watchdog.progress(step)" \
-        in capsys.readouterr().err
+    assert main([*base, "--set", "command.script=train.py", "--set", "preamble.progress=false"]) == 0
+    assert "ddpkit render: stall detection is off: preamble.progress is false, so only a script that calls " \
+        "ddpkit.watchdog.progress(step) is watched" in capsys.readouterr().err
+    assert main([*base, "--set", "command.script=train.py"]) == 0  # the preamble reports the script's steps
     assert main([*base, "--set", "command.script=train.py", "--doctor"]) == 0
     assert main(base) == 0
     assert "stall detection" not in capsys.readouterr().err

@@ -52,7 +52,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
     check_command(spec.command.module, spec.command.args)
     warn_env(spec, "ddpkit render")
     rendered = render(spec, args.target, template_dir=args.templates)
-    note = spec.watchdog.script_note(spec.command)
+    note = spec.watchdog.script_note(spec.command, spec.preamble.progress)
     if note:
         print(f"ddpkit render: {note}", file=sys.stderr)
     written: list[Path] = []

@@ -27,6 +27,7 @@ NNODES: Final = "NNODES"
 NPROC_PER_NODE: Final = "NPROC_PER_NODE"
 TORCHELASTIC_SIGNALS_TO_HANDLE: Final = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 TORCHELASTIC_RESTART_COUNT: Final = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun's agent in every worker
+TORCHELASTIC_RUN_ID: Final = "TORCHELASTIC_RUN_ID"  # likewise: the worker was started by torchrun
 TORCHELASTIC_MAX_RESTARTS: Final = "TORCHELASTIC_MAX_RESTARTS"
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # elastic: a fresh store per restart
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT: Final = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -93,6 +94,9 @@ DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"
 DDPKIT_AGENT_FORK: Final = "DDPKIT_AGENT_FORK"
 # Comma-separated modules the agent's zygote imports too (a program's own heavy imports: transformers, lightning).
 DDPKIT_AGENT_PRELOAD: Final = "DDPKIT_AGENT_PRELOAD"
+# What a program of the user's own gets before its first line (ddpkit/preamble): "off", or the parts
+# to leave out, comma-separated (interface, rank_report, progress).
+DDPKIT_PREAMBLE: Final = "DDPKIT_PREAMBLE"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 
 # The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.

@@ -10,8 +10,10 @@
 
 The first `progress` call starts this rank's watchdog thread (torchrun's
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT say where the store is; the
-job environment carries the spec's `watchdog:` settings). A script that never
-calls it is not watched. docs/WATCHDOG.md has the details.
+job environment carries the spec's `watchdog:` settings). Under ddpkit's agent a
+script needs none of this: every optimizer step is reported for it
+(ddpkit/preamble); a script that calls `progress` itself is counted by its
+own calls instead. docs/WATCHDOG.md has the details.
 """
 
 from __future__ import annotations
@@ -33,6 +35,18 @@ _state: dict[str, stall.Watchdog | None] = {}
 
 def progress(step: int) -> None:
     """Report that `step` finished; the first call starts the watchdog."""
+    _state["script"] = None  # the script reports its own steps: the preamble's count stands aside
+    _report(step)
+
+
+def auto_progress(step: int) -> None:
+    """The preamble's report of an optimizer step (ddpkit/preamble), unless
+    the script reports its own steps with `progress`."""
+    if "script" not in _state:
+        _report(step)
+
+
+def _report(step: int) -> None:
     _wd.progress(step)
     if "dog" not in _state:
         _state["dog"] = _start()

@@ -10,14 +10,32 @@ while a rename still cannot leave one side behind.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from . import envnames
 
 # The module every target runs by default (command.module's default).
 TRAIN_MODULE: Final = "ddpkit.train"
 # The module every per-node launch line runs: torchrun with pre-imported
 # workers (ddpkit/agent), torch.distributed.run's arguments unchanged.
 AGENT_MODULE: Final = "ddpkit.agent"
+# The runner that gives a program of the user's own the preamble where no zygote forks it (ddpkit/run.py).
+RUN_MODULE: Final = "ddpkit.run"
+# The preamble's parts (ddpkit/preamble), in the order they install; DDPKIT_PREAMBLE leaves some out.
+PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress")
+
+
+def is_ddpkit_module(module: str | None) -> bool:
+    """ddpkit's own programs (ddpkit.train, ddpkit.doctor), which report for themselves: no preamble."""
+    return module is not None and (module == "ddpkit" or module.startswith("ddpkit."))
+
+
+def preamble_parts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The parts DDPKIT_PREAMBLE leaves on ("off": none; a comma list: all but those)."""
+    off = {name.strip() for name in env.get(envnames.DDPKIT_PREAMBLE, "").split(",") if name.strip()}
+    return () if "off" in off else tuple(part for part in PREAMBLE_PARTS if part not in off)
 
 # torchrun's --rdzv-backend for ddpkit's rendezvous handler (rendezvous.py), the
 # name of its `torchrun.handlers` entry point (pyproject.toml): installed with

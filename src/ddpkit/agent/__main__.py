@@ -11,7 +11,7 @@ from .. import envnames
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
 # modules. A user's own program gets torch and torch._dynamo from it.
 PRELOAD = ("torch._dynamo", "ddpkit.train.main", "ddpkit.train.loop", "ddpkit.train.rank_report",
-           "ddpkit.train.data")
+           "ddpkit.train.data", "ddpkit.preamble.interface", "ddpkit.preamble.ranks", "ddpkit.preamble.progress")
 
 
 def forks(env: dict[str, str] | os._Environ[str]) -> bool:
@@ -33,13 +33,12 @@ def main(argv: list[str] | None = None) -> None:
 
     args = torchrun.parse_args(argv)
     started: zygote.Zygote | None = None
-    if forks(os.environ) and not args.no_python and not args.run_path:
-        why = handler.unsupported()
-        started = zygote.start(preload(os.environ)) if why is None else None
-        if started is not None:
-            handler.install(started)
-        elif why is not None:
-            print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
+    why = handler.unsupported()
+    if why is None and not args.no_python and not args.run_path:
+        started = zygote.start(preload(os.environ)) if forks(os.environ) else None
+        handler.install(started)
+    elif why is not None and forks(os.environ):
+        print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
     try:
         record(torchrun.run)(args)
     except Exception:

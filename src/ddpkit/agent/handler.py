@@ -6,7 +6,9 @@ Popen([python, -u, -m, module, ...]). `install` puts a handler in its place
 whose `_popen` asks the zygote for the same worker and returns a ForkedProc,
 the part of Popen that torchrun uses (pid, poll, wait, send_signal). A line
 that is not `sys.executable -u ...` (PYTHON_EXEC, numactl for --numa-binding)
-or a zygote that cannot fork goes to Popen as before. The hook is torch's
+goes to Popen as before; so does every line when no zygote forks
+(DDPKIT_AGENT_FORK=0, or a zygote that cannot), where a program of the
+user's own runs under `-m ddpkit.run` to get the preamble all the same. The hook is torch's
 module attribute, so `unsupported()` checks it is there first; the agent
 says why and starts workers as torchrun does when a torch release moves it
 (tests/test_agent.py pins it).
@@ -22,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..wire import RUN_MODULE, is_ddpkit_module
 from .zygote import WorkerRequest, Zygote
 
 
@@ -104,19 +107,32 @@ def unsupported() -> str | None:
     return None
 
 
-def install(zygote: Zygote) -> None:
-    """Route torchrun's worker starts through `zygote` (after `unsupported()` said None)."""
+def with_runner(args: Sequence[str]) -> list[str]:
+    """A worker line started as a new interpreter: a program of the user's
+    own runs under `ddpkit.run`, so it gets the preamble a forked worker gets."""
+    line = list(args)
+    if len(line) < 3 or line[0] != sys.executable or line[1] != "-u" or \
+            (line[2] == "-m" and (len(line) < 4 or is_ddpkit_module(line[3]))):
+        return line
+    return [*line[:2], "-m", RUN_MODULE, *line[2:]]
+
+
+def install(zygote: Zygote | None) -> None:
+    """Route torchrun's worker starts through `zygote` (after `unsupported()`
+    said None); without one, or where it forks nothing, each worker starts as
+    a new interpreter (under `ddpkit.run` when it is a program of the user's own)."""
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
     class ZygoteHandler(SubprocessHandler):
         def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
-            request = request_for(args, env, _name(getattr(self, "_stdout", None)),
-                                  _name(getattr(self, "_stderr", None)))
-            pid = zygote.spawn(request) if request is not None and zygote.forks else None
-            if pid is None:
-                return super()._popen(args, env)
-            return ForkedProc(zygote, pid, args)
+            if zygote is not None and zygote.forks:
+                request = request_for(args, env, _name(getattr(self, "_stdout", None)),
+                                      _name(getattr(self, "_stderr", None)))
+                pid = zygote.spawn(request) if request is not None else None
+                if pid is not None:
+                    return ForkedProc(zygote, pid, args)
+            return super()._popen(tuple(with_runner(args)), env)
 
         def close(self, death_sig: signal.Signals | None = None) -> None:
             """torch's close (killpg of the worker's session, then its files), for

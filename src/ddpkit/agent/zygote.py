@@ -39,10 +39,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
 from typing import cast
+
+from .. import envnames, preamble
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long a worker's start waits for the zygote's answer: its imports (a few
@@ -180,7 +183,7 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
     if os.getppid() != parent:
         return
     _import(preload)
-    refusal = cuda_refusal(preload)
+    refusal = cuda_refusal()
     show_argv(["ddpkit.agent:", "zygote", "of", "agent", str(parent)])
     gc.collect()
     gc.freeze()  # objects from before the fork stay out of the workers' collections: fewer pages copied
@@ -219,7 +222,7 @@ def _import(preload: tuple[str, ...]) -> None:
             os.environ.pop(NVML_CHECK, None)
 
 
-def cuda_refusal(preload: tuple[str, ...]) -> str | None:
+def cuda_refusal() -> str | None:
     """Why a worker forked from this process could not use CUDA, or None.
 
     A CUDA runtime call (torch.cuda.is_available() through the runtime, a
@@ -230,7 +233,9 @@ def cuda_refusal(preload: tuple[str, ...]) -> str | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    why = f"preloading {', '.join(preload)} initialised CUDA in the zygote, and a forked worker could not use the GPU"
+    extra = os.environ.get(envnames.DDPKIT_AGENT_PRELOAD)
+    why = "the zygote's imports initialised CUDA, and a forked worker could not use the GPU" + \
+        (f" (DDPKIT_AGENT_PRELOAD={extra})" if extra else "")
     if torch.cuda.is_initialized():
         return why
     probe = os.fork()
@@ -279,7 +284,8 @@ def _become_worker(request: WorkerRequest) -> None:
         _threads_from_env()
         _unbuffered_stdio()
         show_argv([sys.executable, "-u", *request.argv])
-        code = _run(request.argv)
+        preamble.install(request.argv)
+        code = run_program(request.argv)
     except BaseException:  # the program's own error: said as an interpreter would, exit 1
         print_exception()
     _finish(code)
@@ -342,7 +348,17 @@ def _unbuffered_stdio() -> None:
         setattr(sys, name, stream)
 
 
-def _run(argv: tuple[str, ...]) -> int:
+def run_as_main(argv: Sequence[str]) -> int:
+    """run_program, with the program's uncaught error said as an interpreter
+    says it (its traceback from its own frames on) and exit code 1."""
+    try:
+        return run_program(argv)
+    except BaseException:
+        print_exception()
+        return 1
+
+
+def run_program(argv: Sequence[str]) -> int:
     """Run the program as `python -u ARGV` would; its exit code."""
     try:
         if argv[0] == "-m":

@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..spec import JobSpec
-from ..wire import AGENT_MODULE, KEEP_GLOBAL_BATCH_FLAG, TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
+from ..wire import (
+    AGENT_MODULE,
+    KEEP_GLOBAL_BATCH_FLAG,
+    RUN_MODULE,
+    TORCHRUN_DEFAULT_SIGNALS,
+    TRAINER_STOP_SIGNALS,
+    is_ddpkit_module,
+)
 from .parts import Arg, Sources
 from .rows import elastic_rdzv_backend, elastic_refusal, rdzv_conf
 
@@ -96,5 +103,10 @@ def stop_args(spec: JobSpec) -> list[Arg]:
 
 def process_argv(spec: JobSpec) -> list[Arg]:
     """The per-process line for launchers that start every rank themselves
-    (Slurm srun mode): no torchrun, the entrypoint reads the launcher's variables."""
-    return [Arg.of(spec.command.python)] + [Arg.of(a) for a in spec.command.argv()]
+    (Slurm srun mode): no torchrun. ddpkit's entrypoint reads the launcher's
+    variables; a program of the user's own runs under `ddpkit.run`, which sets
+    torchrun's variables from Slurm's and gives it the preamble."""
+    program = [Arg.of(a) for a in spec.command.argv()]
+    if not is_ddpkit_module(spec.command.module):
+        program = [Arg.of("-m"), Arg.of(RUN_MODULE), *program]
+    return [Arg.of(spec.command.python), *program]

@@ -37,6 +37,8 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
     env.update(elastic_env(spec))
     env.update(watchdog_env(spec, env[envnames.DDPKIT_BACKEND]))
     env.update(omp_env(spec, target))
+    if spec.preamble.off():
+        env[envnames.DDPKIT_PREAMBLE] = ",".join(spec.preamble.off())
     if not (row and row.controller_sets_unbuffered):
         env.setdefault(envnames.PYTHONUNBUFFERED, "1")
     return env

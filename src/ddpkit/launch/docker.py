@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
                           run_id=run.record().id)
     console.print(f"launch docker: {plural(spec.nodes, 'container')} of {spec.image} x {plural(spec.nproc_per_node, 'process')} "
                   f"on network {launch.network_name}, master node0", markup=False)
-    note = spec.watchdog.script_note(spec.command)
+    note = spec.watchdog.script_note(spec.command, spec.preamble.progress)
     if note:
         console.print(f"launch docker: {note}", markup=False)
     console.print(f"launch docker: run {run.path.name} (ddpkit status {run.record().id})", markup=False)

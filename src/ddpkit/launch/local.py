@@ -257,7 +257,7 @@ def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     console.print(f"launch local: {plural(spec.nodes, 'node')} x {plural(spec.nproc_per_node, 'process')}, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
-    note = spec.watchdog.script_note(spec.command)
+    note = spec.watchdog.script_note(spec.command, spec.preamble.progress)
     if note:
         console.print(f"launch local: {note}", markup=False)
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,

@@ -198,7 +198,7 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFol
         return ExitCode.PREFLIGHT
     print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
-    note = plan.spec.watchdog.script_note(plan.spec.command)
+    note = plan.spec.watchdog.script_note(plan.spec.command, plan.spec.preamble.progress)
     if note:
         print(f"launch ssh: {note}", file=sys.stderr, flush=True)
     runs = node_runs(plan, facts, settings)

@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
     print(f"ddpkit: run {run.path.name} (ddpkit status {job_id}, ddpkit logs {job_id}, ddpkit cancel {job_id})",
           file=sys.stderr, flush=True)
-    note = spec.watchdog.script_note(spec.command)
+    note = spec.watchdog.script_note(spec.command, spec.preamble.progress)
     if note:
         print(f"ddpkit: {note}", file=sys.stderr, flush=True)
     if not args.follow:

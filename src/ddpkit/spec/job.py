@@ -15,6 +15,7 @@ from ..wire import (
     DEVICES_PER_PROCESS_FLAG,
     LOSS_FLOOR_S,
     LOSS_S,
+    PREAMBLE_PARTS,
     STRAGGLER_FACTOR,
     STRATEGY_FLAG,
     TRAIN_MODULE,
@@ -213,13 +214,30 @@ class WatchdogOptions(Strict):
                              "0 turns straggler detection off")
         return value
 
-    def script_note(self, command: Command) -> str | None:
+    def script_note(self, command: Command, progress_reported: bool) -> str | None:
         """What a launcher says at start-up when the job runs the user's own
-        script: ddpkit cannot watch a loop that never reports to it."""
-        if not command.script or not self.enabled:
+        script with the preamble's progress turned off (which reports every
+        optimizer step for it)."""
+        if not command.script or not self.enabled or progress_reported:
             return None
-        return ("stall detection is off unless your script calls ddpkit.watchdog.progress(step) "
-                "(docs/WATCHDOG.md); without it a hang lasts until the collective timeout")
+        return ("stall detection is off: preamble.progress is false, so only a script that calls "
+                "ddpkit.watchdog.progress(step) is watched (docs/WATCHDOG.md); without it a hang lasts "
+                "until the collective timeout")
+
+
+class Preamble(Strict):
+    """What a program of the user's own gets before its first line
+    (ddpkit/preamble; ddpkit's own trainer does all of it itself). Each part
+    is on unless turned off here."""
+
+    interface: bool = Field(default=True, description="network.interface set as NCCL/GLOO_SOCKET_IFNAME")
+    rank_report: bool = Field(default=True, description="the rank table and checks after init_process_group")
+    progress: bool = Field(default=True, description="optimizer steps, torch.save and the main thread's calls "
+                                                     "reported to the hang watchdog")
+
+    def off(self) -> list[str]:
+        """The parts turned off, as DDPKIT_PREAMBLE names them."""
+        return [part for part in PREAMBLE_PARTS if not getattr(self, part)]
 
 
 DEFAULT_NAME = "ddp-job"  # a job spec without a name: the schema says so, not only the CLI
@@ -270,6 +288,7 @@ class JobSpec(Strict):
         "CPUs per process, memory and /dev/shm per node, mapped by every target (GPUs: the device rule)"))
     elastic: Elastic | None = Field(default=None, description="absent: a fixed set of nodes (a lost node ends the job)")
     watchdog: WatchdogOptions = Field(default_factory=WatchdogOptions)
+    preamble: Preamble = Field(default_factory=Preamble)
     preemption: Preemption = Field(default_factory=Preemption)
 
     @model_validator(mode="before")

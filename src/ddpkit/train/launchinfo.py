@@ -117,7 +117,7 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     return counts[node_id] if node_id < len(counts) else counts[-1]
 
 
-def _slurm(env: Mapping[str, str], expand: HostlistExpander) -> LaunchInfo:
+def slurm_task(env: Mapping[str, str], expand: HostlistExpander = expand_hostlist) -> LaunchInfo:
     """One srun task per process (GPU): SLURM_PROCID is the rank."""
     node_id = _opt_int(env, E.SLURM_NODEID) or 0
     if E.SLURM_NTASKS_PER_NODE in env:
@@ -226,6 +226,11 @@ def _single() -> LaunchInfo:
     return LaunchInfo("single", 0, 0, 1, 1, 0, None, None, "env://")
 
 
+def in_srun_step(env: Mapping[str, str]) -> bool:
+    """A task of an srun step, not the batch script (whose SLURM_NTASKS describes tasks it never started)."""
+    return E.SLURM_PROCID in env and E.SLURM_NTASKS in env and (E.SLURM_STEP_ID in env or E.SLURM_STEPID in env)
+
+
 def detect_launch(env: Mapping[str, str], args: Options,
                   expand: HostlistExpander = expand_hostlist) -> LaunchInfo:
     """Precedence: explicit flags, then torchrun (it may run under Slurm, MPI
@@ -235,10 +240,8 @@ def detect_launch(env: Mapping[str, str], args: Options,
         return _manual(env, args)
     if E.LOCAL_RANK in env and E.RANK in env and E.WORLD_SIZE in env:
         return _torchrun(env)
-    # Inside an srun step (SLURM_STEP_ID set), not the batch script itself,
-    # whose SLURM_NTASKS would describe tasks it never started.
-    if E.SLURM_PROCID in env and E.SLURM_NTASKS in env and (E.SLURM_STEP_ID in env or E.SLURM_STEPID in env):
-        return _slurm(env, expand)
+    if in_srun_step(env):
+        return slurm_task(env, expand)
     if E.OMPI_COMM_WORLD_RANK in env:
         return _mpi(env, getattr(args, "backend", "auto"))
     if E.RANK in env and E.WORLD_SIZE in env and E.MASTER_ADDR in env:

@@ -1,0 +1,49 @@
+"""What every worker of a program of the user's own gets before the
+program's first line, with no change to its code: a torchrun script, a
+Hugging Face or Lightning `Trainer`, anything that makes a torch process
+group. ddpkit's own programs (`-m ddpkit.*`) do all of this themselves.
+
+- `interface`: the spec's `network.interface` (`auto`: the interface that
+  routes to the master) set as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
+  before the program creates its process group (interface.py);
+- `rank_report`: once the program's `init_process_group` returns, the rank
+  table and its checks, exchanged through the process group's store, never
+  through the program's own collectives (ranks.py);
+- `progress`: an optimizer step is a training step for the hang watchdog
+  (torch's global optimizer-step hook), a `torch.save` is a checkpoint
+  phase, and calls made by the program's main thread are signs of life
+  between steps (an evaluation, a slow first step); progress.py.
+
+It is installed by the agent's zygote in every forked worker and by
+`python -m ddpkit.run PROGRAM ARGS` wherever nothing forks the workers.
+DDPKIT_PREAMBLE=off leaves it all out; a comma list names parts to leave out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+from ..wire import is_ddpkit_module, preamble_parts
+
+
+def is_own_program(argv: Sequence[str]) -> bool:
+    """ddpkit's own programs (`-m ddpkit.train`, `-m ddpkit.doctor`) report for themselves."""
+    return len(argv) >= 2 and argv[0] == "-m" and is_ddpkit_module(argv[1])
+
+
+def install(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """Install the wanted parts for the program `argv` ("-m", module, ... or
+    script, ...); the parts installed. A part that cannot be installed says
+    why in one line and ends the process (the program would fail later, with
+    a less clear cause)."""
+    if is_own_program(argv):
+        return ()
+    from . import interface, progress, ranks
+
+    steps: dict[str, Callable[[Mapping[str, str]], None]] = {
+        "interface": interface.install, "rank_report": ranks.install, "progress": progress.install}
+    parts = preamble_parts(env)
+    for part in parts:
+        steps[part](env)
+    return parts

@@ -1,0 +1,142 @@
+"""The rank report for a program of the user's own: the same table and
+checks as `ddpkit train`'s (train/rank_report.py), once the program's
+`torch.distributed.init_process_group` has returned.
+
+The rows travel through the process group's own store (each rank sets its
+row, rank 0 reads them all, checks them and sets the verdict every rank
+waits for), so the program's collectives, streams and devices are never
+touched: a program whose first collective is a GPU all-reduce sees nothing
+different. A job whose rows do not form one job ends on every rank with
+exit 4 (STARTUP) and the problems in one line each, as `ddpkit train` does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from .. import envnames, netif
+from ..exitcodes import ExitCode
+from ..train import process_env
+from ..train.rank_report import RankRow, check_rows, print_table, versions
+
+PREFIX = "ddpkit-rank-report"
+# How long rank 0 waits for every row, and every rank for rank 0's verdict: the
+# ranks are past init_process_group, so each is seconds away from its row.
+WAIT_S = 120.0
+
+
+def install(env: Mapping[str, str]) -> None:
+    """Wrap torch.distributed.init_process_group so that the report follows it."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.init_process_group
+    if getattr(original, "__ddpkit_wrapped__", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        report(env)
+
+    init_process_group.__ddpkit_wrapped__ = True  # type: ignore[attr-defined]
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    dist.init_process_group = init_process_group
+    distributed_c10d.init_process_group = init_process_group
+
+
+def own_row(env: Mapping[str, str]) -> RankRow:
+    import torch
+    import torch.distributed as dist
+
+    torch_v, cuda_v, nccl_v = versions()
+    sockets = process_env.socket_ifnames()
+    backend = str(dist.get_backend())
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_initialized() else \
+        ("cuda" if "nccl" in backend else "cpu")  # the program's choice; asking CUDA now would initialise it
+    interface = sockets[envnames.GLOO_SOCKET_IFNAME] or sockets[envnames.NCCL_SOCKET_IFNAME]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_world = int(env.get(envnames.LOCAL_WORLD_SIZE, world))
+    port = env.get(envnames.MASTER_PORT)
+    return RankRow(
+        rank=rank, local_rank=int(env.get(envnames.LOCAL_RANK, rank % max(local_world, 1))),
+        node_rank=int(env.get(envnames.GROUP_RANK, rank // max(local_world, 1))),
+        host=env.get(envnames.DDPKIT_HOSTNAME) or socket.gethostname(), pid=os.getpid(), device=device,
+        interface=interface, address=netif.address_of(interface), torch=torch_v, cuda=cuda_v, nccl=nccl_v,
+        launcher=launcher(env), world_size=world, master_addr=env.get(envnames.MASTER_ADDR),
+        master_port=int(port) if port and port.isdigit() else None, backend=backend,
+        nccl_socket_ifname=sockets[envnames.NCCL_SOCKET_IFNAME], gloo_socket_ifname=sockets[envnames.GLOO_SOCKET_IFNAME])
+
+
+def launcher(env: Mapping[str, str]) -> str:
+    if envnames.TORCHELASTIC_RUN_ID in env:
+        return "torchrun"
+    if envnames.SLURM_PROCID in env:
+        return "srun"
+    return "manual"
+
+
+def report(env: Mapping[str, str], say: Callable[[str], None] | None = None) -> list[str]:
+    """Exchange the rows, print the table on rank 0, end the process on every
+    rank when the rows do not form one job. The problems found (none: [])."""
+    import torch.distributed as dist
+
+    store = _store(dist, env)
+    if store is None:
+        return []
+    row = own_row(env)
+    store.set(f"row/{row.rank}", json.dumps(asdict(row)))
+    if row.rank == 0:
+        rows, problems = _gather(store, row.world_size)
+        print_table(rows, problems)
+        sys.stdout.flush()
+        store.set("verdict", json.dumps(problems))
+    else:
+        problems = _verdict(store)
+    if problems:
+        for problem in problems:
+            (say or _say)(f"ddpkit: rank report: {problem}")
+        sys.exit(ExitCode.STARTUP)
+    return problems
+
+
+def _store(dist: Any, env: Mapping[str, str]) -> Any:
+    """The process group's store under this report's prefix (one per restart
+    of an elastic job: an earlier round's rows must not count), or None when
+    this torch keeps it elsewhere."""
+    try:
+        base = dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    restart = env.get(envnames.TORCHELASTIC_RESTART_COUNT, "0")
+    store = dist.PrefixStore(f"{PREFIX}/{restart}/", base)
+    store.set_timeout(datetime.timedelta(seconds=WAIT_S))
+    return store
+
+
+def _gather(store: Any, world: int) -> tuple[list[RankRow], list[str]]:
+    keys = [f"row/{r}" for r in range(world)]
+    try:
+        store.wait(keys)
+    except RuntimeError:  # a timeout: the rows that came, and the missing ranks named by check_rows
+        keys = [key for key in keys if store.check([key])]
+    rows = [RankRow(**json.loads(store.get(key))) for key in keys]
+    return rows, check_rows(rows, world)
+
+
+def _verdict(store: Any) -> list[str]:
+    try:
+        return list(json.loads(store.get("verdict")))
+    except RuntimeError:
+        return [f"rank 0 gave no verdict on the rank report within {WAIT_S:g} s"]
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

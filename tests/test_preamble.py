@@ -1,0 +1,165 @@
+"""A program of the user's own, run as it is, gets ddpkit's preamble (the
+rank table, progress for the hang watchdog, the interface) with no change to
+its code: the PyTorch tutorial's multi-node script (tests/helpers/tutorial_ddp.py)
+under `ddpkit launch local`, its workers forked by ddpkit.agent's zygote."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpkit.exitcodes import ExitCode
+from ddpkit.launch import proctree
+from tests.helpers.rank_table import pid_of
+from tests.test_launch_local import _gone, clean_env, launch_argv
+from tests.test_startup import ROOT
+
+TUTORIAL = ROOT / "tests" / "helpers" / "tutorial_ddp.py"
+STALL_S = 6
+ALL_OFF = ["--set", "preamble.interface=false", "--set", "preamble.rank_report=false",
+           "--set", "preamble.progress=false"]
+pytestmark = pytest.mark.slow
+
+
+class Job:
+    """`ddpkit launch local` of a script in the background, its output collected line by line."""
+
+    def __init__(self, tmp: Path, script: Path, *args: str, launch: tuple[str, ...] = ()) -> None:
+        argv = launch_argv("--nodes", "2", "--nproc-per-node", "1", "--grace", "5", "--set", f"command.script={script}",
+                           "--set", f"watchdog.stall_s={STALL_S}", *launch, "--", *args)
+        self.proc = subprocess.Popen(argv, env=clean_env(PYTHONPATH=str(ROOT / "src")), cwd=tmp,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self.pids: set[int] = set()
+        self.left: list[int] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+        with self._seen:
+            self._seen.notify_all()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while not any(re.search(pattern, line) for line in self.lines):
+                if self.proc.poll() is not None or not self._seen.wait(max(deadline - time.monotonic(), 0)):
+                    raise AssertionError(f"never saw {pattern!r}:\n{self.text}")
+
+    def finish(self, timeout: float) -> int:
+        """The launcher's exit code; `left` holds the job's processes it left
+        running (none, when it ended the job as it should). Whatever happens,
+        nothing is left afterwards."""
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.pids |= set(proctree.descendants(self.proc.pid))
+            self.left = [pid for pid in sorted(self.pids) if not _gone(pid)]
+            proctree.signal_all(self.left, signal.SIGCONT)
+            proctree.signal_all(self.left, signal.SIGKILL)
+
+
+def run(tmp: Path, *args: str, launch: tuple[str, ...] = (), script: Path = TUTORIAL) -> tuple[int, str]:
+    job = Job(tmp, script, *args, launch=launch)
+    code = job.finish(300)
+    time.sleep(0.1)  # the reader thread takes the last lines
+    return code, job.text
+
+
+def test_the_tutorial_script_gets_the_rank_table_and_trains_the_same_weights_without_it(tmp_path: Path) -> None:
+    code, text = run(tmp_path, "3", "1", "--final", str(tmp_path / "with.pt"), "--snapshot", "with-snapshot.pt")
+    assert code == 0, text
+    assert pid_of(text.splitlines(), 0) is not None and pid_of(text.splitlines(), 1) is not None, text
+    assert "rank report: 2 processes" in text
+    assert "ddpkit watchdog: on for this script" in text  # its optimizer steps were counted
+    assert "stall detection is off" not in text
+    assert text.rstrip().endswith("launch local: every node finished"), text[-500:]
+
+    code, bare = run(tmp_path, "3", "1", "--final", str(tmp_path / "without.pt"), "--snapshot", "bare.pt",
+                     launch=tuple(ALL_OFF))
+    assert code == 0, bare
+    assert "rank report" not in bare and "ddpkit watchdog: on" not in bare
+    assert "stall detection is off: preamble.progress is false" in bare
+    with_, without = torch.load(tmp_path / "with.pt"), torch.load(tmp_path / "without.pt")
+    assert with_.keys() == without.keys()
+    assert all(torch.equal(with_[k], without[k]) for k in with_), "the preamble changed what the program computed"
+
+
+def test_a_frozen_rank_of_the_tutorial_script_is_named_and_the_job_stopped(tmp_path: Path) -> None:
+    job = Job(tmp_path, TUTORIAL, "1000", "1000", "--step-sleep", "0.05")
+    try:
+        job.wait_for(r"ddpkit watchdog: on for this script")  # stderr: the table on stdout may come after it
+        job.wait_for(r"│ 1\s+│ 0\s+│ 1\s+│")
+        job.pids |= set(proctree.descendants(job.proc.pid))
+        pid = pid_of(job.lines, 1)
+        assert pid is not None and pid in job.pids, job.text
+        stopped = time.monotonic()
+        proctree.signal_all([pid], signal.SIGSTOP)
+        code = job.finish(STALL_S + 60)
+    finally:
+        if job.proc.poll() is None:
+            job.finish(10)
+    took = time.monotonic() - stopped
+    text = job.text
+    assert code == ExitCode.STALLED, text
+    assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step \d+, phase train", text), text
+    assert took < STALL_S + 45, f"{took:.1f} s from SIGSTOP to the launcher's end"
+    assert job.left == [], "a process of the job outlived it"
+
+
+NEVER_TRAINS = """\
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+time.sleep(float(__import__("sys").argv[1]))  # no optimizer, no step: never judged
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_long_evaluation_and_a_program_that_never_trains_are_no_stall(tmp_path: Path) -> None:
+    code, text = run(tmp_path, "2", "1", "--eval-seconds", str(2 * STALL_S + 3))
+    assert code == 0, text
+    assert "ddpkit watchdog: on for this script" in text and "STALL" not in text
+    program = tmp_path / "never_trains.py"
+    program.write_text(NEVER_TRAINS)
+    code, text = run(tmp_path, str(2 * STALL_S), script=program)
+    assert code == 0, text
+    assert "rank report: 2 processes" in text and "ddpkit watchdog: on" not in text and "STALL" not in text
+
+
+def test_the_runner_runs_a_program_as_python_would(tmp_path: Path) -> None:
+    """`python -m ddpkit.run`: argv, __main__, the exit code, the program's own traceback."""
+    (tmp_path / "prog.py").write_text(
+        "import sys\nprint('argv', sys.argv, __name__, sys.path[0] == __file__.rsplit('/', 1)[0])\n"
+        "if sys.argv[1] == 'exit':\n    sys.exit(7)\nraise ValueError('from the program')\n")
+    env = {**clean_env(), "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "ddpkit.run", str(tmp_path / "prog.py"), "exit"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7, done.stderr
+    assert f"argv ['{tmp_path / 'prog.py'}', 'exit'] __main__ True" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "ddpkit.run", str(tmp_path / "prog.py"), "raise"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    trace = done.stderr[done.stderr.index("Traceback"):]
+    assert 'prog.py", line 5, in <module>' in trace and "ValueError: from the program" in trace
+    assert "runpy" not in trace and "ddpkit" not in trace
+    done = subprocess.run([sys.executable, "-m", "ddpkit.run"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == ExitCode.BAD_INPUT and done.stderr.startswith("usage: python -m ddpkit.run")
