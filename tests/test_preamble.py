@@ -18,6 +18,9 @@ import torch
 
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch import proctree
+from ddpkit.launch.local import free_port
+from ddpkit.run import torchrun_env
+from ddpkit.wire import slurm_port_for_job
 from tests.helpers.rank_table import pid_of
 from tests.test_launch_local import _gone, clean_env, launch_argv
 from tests.test_startup import ROOT
@@ -163,3 +166,40 @@ def test_the_runner_runs_a_program_as_python_would(tmp_path: Path) -> None:
     assert "runpy" not in trace and "ddpkit" not in trace
     done = subprocess.run([sys.executable, "-m", "ddpkit.run"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == ExitCode.BAD_INPUT and done.stderr.startswith("usage: python -m ddpkit.run")
+
+
+FORGED_VERSION = """\
+import dataclasses, os
+import torch.distributed as dist
+from ddpkit.preamble import ranks
+
+real = ranks.own_row
+ranks.own_row = lambda env: dataclasses.replace(real(env), torch="2.0.0-other") if env["RANK"] == "1" else real(env)
+dist.init_process_group("gloo")
+print("TRAINING", flush=True)  # never: the report ends every rank first
+"""
+
+
+def test_rows_that_do_not_form_one_job_end_every_rank_with_exit_4(tmp_path: Path) -> None:
+    """The checks of `ddpkit train`'s rank report, for a program of the user's own: a rank whose
+    torch differs (forged from inside the program) stops every rank before its first step."""
+    (tmp_path / "forged.py").write_text(FORGED_VERSION)
+    argv = [sys.executable, "-m", "ddpkit.agent", "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}", str(tmp_path / "forged.py")]
+    done = subprocess.run(argv, env=clean_env(PYTHONPATH=str(ROOT / "src")), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1 and "TRAINING" not in text, text
+    assert re.findall(r"exitcode\s+: (\d+)", done.stderr) == [str(int(ExitCode.STARTUP))] * 2, text
+    assert text.count("ddpkit: rank report: torch/CUDA/NCCL versions differ") == 2, text
+    assert "2.0.0-other" in done.stdout  # rank 0's table shows the row that differs
+
+
+def test_an_srun_task_gets_torchruns_variables_from_slurms() -> None:
+    slurm = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NODEID": "2",
+             "SLURM_STEP_ID": "0", "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_ID": "1234", "MASTER_ADDR": "n1"}
+    got = torchrun_env(slurm)
+    assert got == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2",
+                   "MASTER_ADDR": "n1", "MASTER_PORT": str(slurm_port_for_job(1234))}
+    assert torchrun_env({**slurm, "RANK": "5"}) == {}  # torchrun's own (or the user's) win
+    assert torchrun_env({k: v for k, v in slurm.items() if k != "SLURM_STEP_ID"}) == {}  # the batch script itself

@@ -101,7 +101,30 @@ def test_srun_mode_two_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
     info = cluster.wait(job)
     text = output(script, job)
     assert info.state == "COMPLETED", text
-    check_ranks(text, launcher="slurm")
+    # a script of the user's own runs under ddpkit.run, which gave it torchrun's variables from Slurm's
+    check_ranks(text, launcher="torchrun")
+
+
+def test_srun_mode_gives_a_torchrun_program_torchruns_variables(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A program that reads only RANK, LOCAL_RANK, WORLD_SIZE, ... runs unchanged
+    as one srun task per process, and gets ddpkit's rank table before its first step."""
+    spec = job_spec("envonly", mode="srun")
+    spec["command"]["script"] = str(ROOT / "tests" / "helpers" / "env_only_ddp.py")
+    script = render(tmp_path, spec)
+    assert "-m ddpkit.run" in script.read_text()
+    job = cluster.sbatch(script)
+    info = cluster.wait(job)
+    text = output(script, job)
+    assert info.state == "COMPLETED", text
+    seen = sorted((json.loads(line.split("ENVPROBE ", 1)[1]) for line in text.splitlines() if "ENVPROBE {" in line),
+                  key=lambda p: int(p["RANK"]))
+    assert [p["RANK"] for p in seen] == ["0", "1", "2", "3"], text
+    for p in seen:
+        assert p["RANK"] == p["SLURM_PROCID"] and p["LOCAL_RANK"] == p["SLURM_LOCALID"], p
+        assert p["GROUP_RANK"] == p["SLURM_NODEID"] and p["host"] == f"node{int(p['GROUP_RANK']) + 1}", p
+        assert (p["WORLD_SIZE"], p["LOCAL_WORLD_SIZE"], p["sum"]) == ("4", "2", 6.0), p
+    assert len({(p["MASTER_ADDR"], p["MASTER_PORT"]) for p in seen}) == 1 and seen[0]["MASTER_ADDR"] == "node1"
+    assert "rank report: 4 processes" in text and text.count("│ srun") == 4, text
 
 
 @pytest.mark.parametrize("mode", ["torchrun", "srun"])
