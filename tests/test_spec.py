@@ -21,6 +21,11 @@ def test_examples_are_valid(example: Path) -> None:
     assert spec.world_size == spec.nodes * spec.nproc_per_node
 
 
+def test_the_agents_worker_start_is_the_users_to_set_in_env() -> None:
+    spec = load_spec(None, overrides=["env.DDPKIT_AGENT_FORK=0", "env.DDPKIT_AGENT_PRELOAD=transformers"])
+    assert spec.env == {"DDPKIT_AGENT_FORK": "0", "DDPKIT_AGENT_PRELOAD": "transformers"}
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
@@ -32,6 +37,7 @@ def test_examples_are_valid(example: Path) -> None:
         ("env.RANK=3", "'RANK' is set by the launcher"),
         ("env.PET_NNODES=3", "'PET_NNODES' is set by the launcher"),
         ("env.MASTER_PORT=1", "'MASTER_PORT' is set by the launcher"),
+        ("env.DDPKIT_PREAMBLE=off", "'DDPKIT_PREAMBLE' is set by the launcher"),  # the spec's preamble: says it
         ("env.1BAD=x", "'1BAD' is not an environment variable name"),
         ("network.interface=^lo,docker", "Gloo does not accept NCCL's '^' exclusion syntax"),
         ("slurm.partition=gpu --qos=high", "slurm.partition: 'gpu --qos=high' may only hold"),

@@ -53,6 +53,8 @@ RESERVED_ENV_EXACT = frozenset(
     }
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "SLURM_", "OMPI_COMM_WORLD_", "DDPKIT_")
+# ddpkit's variables that are the user's to set in env: (the agent's worker start), not the launcher's.
+USER_DDPKIT_ENV = frozenset({envnames.DDPKIT_AGENT_FORK, envnames.DDPKIT_AGENT_PRELOAD})
 # Settings ddpkit's job environment writes (contract.target_env) unless env:
 # sets them: a secret of that name would be a second, hidden value for it.
 JOB_ENV_SETTINGS = frozenset(
@@ -321,7 +323,7 @@ class JobSpec(Strict):
         for key, val in value.items():
             if not ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            if key in RESERVED_ENV_EXACT or key.startswith(RESERVED_ENV_PREFIXES):
+            if key in RESERVED_ENV_EXACT or (key.startswith(RESERVED_ENV_PREFIXES) and key not in USER_DDPKIT_ENV):
                 raise ValueError(
                     f"{key!r} is set by the launcher from the rank contract (nodes, nproc_per_node, "
                     "master_port, network.interface); set those fields instead of the variable"
