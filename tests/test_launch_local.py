@@ -195,7 +195,12 @@ def test_omp_num_threads_comes_from_the_job_unless_this_shell_sets_it(monkeypatc
     """torchrun prints its OMP_NUM_THREADS banner on every node when the variable
     is unset; the job environment sets it, and a value in this shell still wins."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    spec = local_spec(parse("--nodes", "2", "--nproc-per-node", "2"))
-    assert {n.env["OMP_NUM_THREADS"] for n in build_nodes(spec, Path("/logs"))} == {"1"}
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    cores = len(os.sched_getaffinity(0))
+    for nodes, nproc in (("2", "2"), ("2", "1"), ("1", "1")):  # one process per node too: it has no torchrun default
+        spec = local_spec(parse("--nodes", nodes, "--nproc-per-node", nproc))
+        want = str(max(1, cores // (int(nodes) * int(nproc))))  # every node's processes share this machine's cores
+        assert {n.env["OMP_NUM_THREADS"] for n in build_nodes(spec, Path("/logs"))} == {want}
+    spec = local_spec(parse("--nodes", "2", "--set", "resources.cpus_per_process=3"))
     assert {n.env["OMP_NUM_THREADS"] for n in build_nodes(spec, Path("/logs"))} == {"3"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert {n.env["OMP_NUM_THREADS"] for n in build_nodes(spec, Path("/logs"))} == {"5"}

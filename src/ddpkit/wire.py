@@ -27,6 +27,13 @@ RUN_MODULE: Final = "ddpkit.run"
 PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress")
 
 
+def threads_per_process(cores: int, processes: int) -> int:
+    """OMP_NUM_THREADS for `processes` processes sharing `cores` cores: an
+    equal share, at least 1 (torchrun sets 1 for any count above one, which
+    leaves all but one core per process idle in the CPU's own work)."""
+    return max(1, cores // max(processes, 1))
+
+
 def is_ddpkit_module(module: str | None) -> bool:
     """ddpkit's own programs (ddpkit.train, ddpkit.doctor), which report for themselves: no preamble."""
     return module is not None and (module == "ddpkit" or module.startswith("ddpkit."))

@@ -6,6 +6,7 @@ import os
 import sys
 
 from .. import envnames
+from ..wire import threads_per_process
 
 # What a ddpkit worker imports before its first step (train/main.py's
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
@@ -25,6 +26,13 @@ def preload(env: dict[str, str] | os._Environ[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*PRELOAD, *(name for name in extra if name)]))
 
 
+def share_cores(nproc_per_node: str, env: os._Environ[str] | dict[str, str]) -> None:
+    """OMP_NUM_THREADS, unless set: this node's cores shared among its workers
+    (torchrun would set 1 for more than one worker, and leave it unset for one)."""
+    if envnames.OMP_NUM_THREADS not in env and str(nproc_per_node).isdigit():
+        env[envnames.OMP_NUM_THREADS] = str(threads_per_process(len(os.sched_getaffinity(0)), int(nproc_per_node)))
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun  # torch: what the agent imports anyway
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -32,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     from . import handler, zygote
 
     args = torchrun.parse_args(argv)
+    share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None
     why = handler.unsupported()
     if why is None and not args.no_python and not args.run_path:

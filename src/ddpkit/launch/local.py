@@ -38,7 +38,7 @@ from ..targets.refusals import refuse
 from ..targets.sshnode import new_rdzv_id
 from ..text import plural
 from ..train.argcheck import check_command
-from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, quiet_port
+from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, quiet_port, threads_per_process
 from . import proctree
 from .nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
 from .runargs import add_train_args, with_metrics_into, with_train_args
@@ -199,6 +199,10 @@ def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> lis
     env = dict(plans[0].env)
     if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
         env.pop(envnames.OMP_NUM_THREADS, None)
+    elif envnames.OMP_NUM_THREADS not in spec.env and spec.resources.cpus_per_process is None:
+        # Every node's processes share this machine's cores (an agent alone would share them among its own).
+        env[envnames.OMP_NUM_THREADS] = str(threads_per_process(len(os.sched_getaffinity(0)),
+                                                                spec.nodes * spec.nproc_per_node))
     base = {**os.environ, **env, envnames.PYTHONUNBUFFERED: "1"}
     rdzv_id = new_rdzv_id(spec)
     if rdzv_id is not None:
