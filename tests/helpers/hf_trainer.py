@@ -1,0 +1,40 @@
+"""A Hugging Face Transformers `Trainer` script as people write one: a tiny
+BERT built from a config (nothing downloaded), a random token data set, CPU
+and gloo, DDP through the Trainer's own set-up. It calls nothing of ddpkit.
+
+  python hf_trainer.py OUTPUT_DIR EPOCHS
+"""
+
+import sys
+
+import torch
+from torch.utils.data import Dataset
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+
+class RandomTokens(Dataset):
+    def __init__(self, size=256, length=16, vocab=100):
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (size, length), generator=generator)
+        self.labels = torch.randint(0, 2, (size,), generator=generator)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.ids[index], "labels": self.labels[index]}
+
+
+def main():
+    output_dir, epochs = sys.argv[1], float(sys.argv[2])
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32)
+    model = BertForSequenceClassification(config)
+    args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=8, num_train_epochs=epochs,
+                             save_steps=50, logging_steps=10, use_cpu=True, report_to=[], ddp_backend="gloo",
+                             disable_tqdm=True, seed=0)
+    Trainer(model=model, args=args, train_dataset=RandomTokens()).train()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The programs people run, as they are, with no call into ddpkit: a Hugging
+Face Transformers `Trainer` script and a Lightning `Trainer` script
+(tests/helpers/hf_trainer.py, lightning_trainer.py) under `ddpkit launch
+local`, 2 nodes x 1 process, gloo. Each gets the rank table and the hang
+watchdog from ddpkit's preamble; a SIGSTOPped rank is named and the job
+stopped with exit 13."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpkit.exitcodes import ExitCode
+from ddpkit.launch import proctree
+from tests.helpers.rank_table import pid_of
+from tests.test_preamble import STALL_S, Job, run
+from tests.test_startup import ROOT
+
+HELPERS = ROOT / "tests" / "helpers"
+PROGRAMS = {
+    "hf": (HELPERS / "hf_trainer.py", lambda tmp, epochs: [str(tmp / "hf-out"), str(epochs)]),
+    "lightning": (HELPERS / "lightning_trainer.py", lambda tmp, epochs: [str(tmp / "lt-out"), str(epochs), "2"]),
+}
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_a_framework_trainer_gets_the_rank_table_and_the_watchdog(tmp_path: Path, program: str) -> None:
+    script, args = PROGRAMS[program]
+    code, text = run(tmp_path, *args(tmp_path, 2), script=script)
+    assert code == 0, text
+    lines = text.splitlines()
+    assert pid_of(lines, 0) is not None and pid_of(lines, 1) is not None, text
+    assert "ddpkit watchdog: on for this script" in text and "STALL" not in text
+    assert text.rstrip().endswith("launch local: every node finished"), text[-500:]
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_a_frozen_rank_of_a_framework_trainer_is_named_and_the_job_stopped(tmp_path: Path, program: str) -> None:
+    script, args = PROGRAMS[program]
+    job = Job(tmp_path, script, *args(tmp_path, 10_000))
+    try:
+        job.wait_for(r"ddpkit watchdog: on for this script")
+        job.wait_for(r"│ 1\s+│ 0\s+│ 1\s+│")
+        job.pids |= set(proctree.descendants(job.proc.pid))
+        pid = pid_of(job.lines, 1)
+        assert pid is not None and pid in job.pids, job.text
+        stopped = time.monotonic()
+        proctree.signal_all([pid], signal.SIGSTOP)
+        code = job.finish(STALL_S + 60)
+    finally:
+        if job.proc.poll() is None:
+            job.finish(10)
+    took = time.monotonic() - stopped
+    text = job.text
+    assert code == ExitCode.STALLED, text
+    assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step \d+, phase train", text), text
+    assert took < STALL_S + 45, f"{took:.1f} s from SIGSTOP to the launcher's end"
+    assert job.left == [], "a process of the job outlived it"
