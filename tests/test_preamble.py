@@ -28,7 +28,7 @@ from tests.test_startup import ROOT
 TUTORIAL = ROOT / "tests" / "helpers" / "tutorial_ddp.py"
 STALL_S = 6
 ALL_OFF = ["--set", "preamble.interface=false", "--set", "preamble.rank_report=false",
-           "--set", "preamble.progress=false"]
+           "--set", "preamble.progress=false", "--set", "preamble.metrics=false"]
 pytestmark = pytest.mark.slow
 
 
@@ -87,16 +87,24 @@ def run(tmp: Path, *args: str, launch: tuple[str, ...] = (), script: Path = TUTO
 
 
 def test_the_tutorial_script_gets_the_rank_table_and_trains_the_same_weights_without_it(tmp_path: Path) -> None:
-    code, text = run(tmp_path, "3", "1", "--final", str(tmp_path / "with.pt"), "--snapshot", "with-snapshot.pt")
+    """3 epochs of 16 steps a rank: the rank table, the watchdog, and metrics records
+    that `ddpkit report` draws (a `train` record every 10 steps, step times a window behind)."""
+    code, text = run(tmp_path, "3", "1", "--batch_size", "8", "--final", str(tmp_path / "with.pt"),
+                     "--snapshot", "with-snapshot.pt")
     assert code == 0, text
     assert pid_of(text.splitlines(), 0) is not None and pid_of(text.splitlines(), 1) is not None, text
     assert "rank report: 2 processes" in text
     assert "ddpkit watchdog: on for this script" in text  # its optimizer steps were counted
     assert "stall detection is off" not in text
     assert text.rstrip().endswith("launch local: every node finished"), text[-500:]
+    [run_id] = re.findall(r"\(ddpkit status (\w+)\)", text)
+    page = subprocess.run([sys.executable, "-m", "ddpkit.cli", "report", run_id, "-o", str(tmp_path / "page.html")],
+                          env=clean_env(PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
+    assert page.returncode == 0, page.stderr
+    assert "(4 train and 3 step-time records" in page.stdout, page.stdout
 
-    code, bare = run(tmp_path, "3", "1", "--final", str(tmp_path / "without.pt"), "--snapshot", "bare.pt",
-                     launch=tuple(ALL_OFF))
+    code, bare = run(tmp_path, "3", "1", "--batch_size", "8", "--final", str(tmp_path / "without.pt"),
+                     "--snapshot", "bare.pt", launch=tuple(ALL_OFF))
     assert code == 0, bare
     assert "rank report" not in bare and "ddpkit watchdog: on" not in bare
     assert "stall detection is off: preamble.progress is false" in bare

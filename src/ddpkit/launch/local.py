@@ -38,7 +38,7 @@ from ..targets.refusals import refuse
 from ..targets.sshnode import new_rdzv_id
 from ..text import plural
 from ..train.argcheck import check_command
-from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, quiet_port, threads_per_process
+from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
 from . import proctree
 from .nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
 from .runargs import add_train_args, with_metrics_into, with_train_args
@@ -194,7 +194,10 @@ def node_plan(spec: JobSpec, node: int, log_root: Path) -> LaunchPlan:
     return resolve(spec, Target.LOCAL, store_host=store_host, agent_flags=tee_flags(log_root / f"node{node}"))
 
 
-def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> list[Node]:
+def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None, metrics: Path | None = None) -> list[Node]:
+    """Every node's agent. `metrics`: the file a program of the user's own has
+    its metrics records written to by the preamble (ddpkit train is told by
+    its --metrics flag)."""
     plans = [node_plan(spec, i, log_root) for i in range(spec.nodes)]
     env = dict(plans[0].env)
     if envnames.OMP_NUM_THREADS in os.environ:  # set in this shell: it wins, as it did with torchrun
@@ -209,6 +212,8 @@ def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None) -> lis
         base[envnames.DDPKIT_RDZV_ID] = rdzv_id
     if run_id is not None:
         base[envnames.DDPKIT_RUN_ID] = run_id
+    if metrics is not None and not is_ddpkit_module(spec.command.module):
+        base[envnames.DDPKIT_METRICS] = str(metrics)
     host = socket.gethostname()
     nodes = []
     for i, plan in enumerate(plans):
@@ -255,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
 def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run: RunFolder | None = None) -> int:
     from rich.console import Console
 
-    nodes = build_nodes(spec, log_root, None if run is None else run.record().id)
+    nodes = build_nodes(spec, log_root, None if run is None else run.record().id,
+                        None if run is None else run.metrics_file)
     if run is not None:  # torchrun's --tee puts `[rank<R>]:` before every worker line of the agent's log
         run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log), rank_tagged=True) for n in nodes])
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)

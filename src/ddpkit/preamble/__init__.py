@@ -12,7 +12,10 @@ group. ddpkit's own programs (`-m ddpkit.*`) do all of this themselves.
 - `progress`: an optimizer step is a training step for the hang watchdog
   (torch's global optimizer-step hook), a `torch.save` is a checkpoint
   phase, and calls made by the program's main thread are signs of life
-  between steps (an evaluation, a slow first step); progress.py.
+  between steps (an evaluation, a slow first step); progress.py;
+- `metrics`: step times, samples per second and the loss as `ddpkit
+  train`'s metrics records, where the launcher names a file for them
+  (DDPKIT_METRICS), for `ddpkit report`; metrics.py.
 
 It is installed by the agent's zygote in every forked worker and by
 `python -m ddpkit.run PROGRAM ARGS` wherever nothing forks the workers.
@@ -39,10 +42,11 @@ def install(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> tuple[s
     a less clear cause)."""
     if is_own_program(argv):
         return ()
-    from . import interface, progress, ranks
+    from . import interface, metrics, progress, ranks
 
     steps: dict[str, Callable[[Mapping[str, str]], None]] = {
-        "interface": interface.install, "rank_report": ranks.install, "progress": progress.install}
+        "interface": interface.install, "rank_report": ranks.install, "progress": progress.install,
+        "metrics": metrics.install_from}
     parts = preamble_parts(env)
     for part in parts:
         steps[part](env)

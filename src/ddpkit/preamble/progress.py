@@ -32,6 +32,7 @@ from typing import Any
 
 from .. import watchdog
 from ..train import stall_model as _wd
+from . import metrics
 
 SAMPLE_S = 1.0
 # A thread blocked in a collective gives up the CPU once and stays blocked; one that
@@ -55,6 +56,7 @@ class StepCounter:
             return
         self.steps += 1
         watchdog.auto_progress(self.steps)
+        metrics.RECORDER.on_step(self.steps)
         if self.sampler is None:
             self.sampler = LivenessSampler(threading.main_thread())
             self.sampler.start()

@@ -19,12 +19,13 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from .. import envnames, netif
 from ..exitcodes import ExitCode
 from ..train import process_env
-from ..train.rank_report import RankRow, check_rows, print_table, versions
+from ..train.rank_report import RankRow, ReportOutputs, check_rows, print_table, publish, versions
 
 PREFIX = "ddpkit-rank-report"
 # How long rank 0 waits for every row, and every rank for rank 0's verdict: the
@@ -97,6 +98,8 @@ def report(env: Mapping[str, str], say: Callable[[str], None] | None = None) -> 
         rows, problems = _gather(store, row.world_size)
         print_table(rows, problems)
         sys.stdout.flush()
+        if env.get(envnames.DDPKIT_METRICS):
+            publish(rows, problems, ReportOutputs(metrics=Path(env[envnames.DDPKIT_METRICS])), row.world_size)
         store.set("verdict", json.dumps(problems))
     else:
         problems = _verdict(store)

@@ -236,6 +236,8 @@ class Preamble(Strict):
     rank_report: bool = Field(default=True, description="the rank table and checks after init_process_group")
     progress: bool = Field(default=True, description="optimizer steps, torch.save and the main thread's calls "
                                                      "reported to the hang watchdog")
+    metrics: bool = Field(default=True, description="step times, samples/s and the loss as metrics records, "
+                                                    "where the launcher names a file (ddpkit report)")
 
     def off(self) -> list[str]:
         """The parts turned off, as DDPKIT_PREAMBLE names them."""
