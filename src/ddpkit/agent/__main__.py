@@ -12,7 +12,8 @@ from ..wire import threads_per_process
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
 # modules. A user's own program gets torch and torch._dynamo from it.
 PRELOAD = ("torch._dynamo", "ddpkit.train.main", "ddpkit.train.loop", "ddpkit.train.rank_report",
-           "ddpkit.train.data", "ddpkit.preamble.interface", "ddpkit.preamble.ranks", "ddpkit.preamble.progress", "ddpkit.preamble.metrics")
+           "ddpkit.train.data", "ddpkit.preamble.interface", "ddpkit.preamble.ranks", "ddpkit.preamble.progress",
+           "ddpkit.preamble.metrics")
 
 
 def forks(env: dict[str, str] | os._Environ[str]) -> bool:
