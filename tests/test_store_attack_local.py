@@ -1,0 +1,198 @@
+"""A stranger on the network against a running job: `ddpkit launch local`,
+2 nodes x 1 process of `ddpkit train` (torchrun agents, gloo, CPU). While it
+trains, a client of our own opens the job's master port with torch's
+TCPStore, as anyone who can reach the port can, and forges ddpkit's control
+records: the watchdog's stall verdict (the attack that stopped a job with
+exit 13), a node-loss verdict, frozen heartbeats, a straggler's work record,
+acknowledgements and the release, under the public prefix every ddpkit used
+before run keys and under every prefix a stranger could derive from what
+they can see (the job's name, its run id, an empty key). None of it may reach
+the job: it trains to the end and exits 0, and no forged name appears in its
+output. The same forged verdict under the run's own prefix (the key read
+from a worker's environment, as only the job's owner or root can) stops it
+with exit 13: the records are real ones, and only the key keeps them out."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpkit import runkey
+from ddpkit.exitcodes import ExitCode
+from ddpkit.launch import proctree
+from ddpkit.train import loss_judge
+from ddpkit.train.stall_model import Beat, Phase
+from ddpkit.train.straggler import Work
+from tests.test_launch_local import clean_env, launch_argv
+from tests.test_startup import ROOT
+
+pytestmark = pytest.mark.slow
+
+WORLD = 2
+EVIL = "evil-host"  # every forged record names this host: it must never reach the job's output
+STALL_S = 6  # the watchdog checks the verdict key every second and judges within stall_s
+# rank 0 sleeps this long in each step's data loading: the job trains for at least MAX_STEPS x SLOW_S
+SLOW_S, MAX_STEPS = 0.3, 80
+WATCH_S = 10.0  # how long the job must go on training, untouched, after the forgeries
+
+
+class Job:
+    """`ddpkit launch local` in the background, its output collected."""
+
+    def __init__(self, tmp: Path) -> None:
+        argv = launch_argv("--nodes", "2", "--nproc-per-node", "1", "--grace", "5",
+                           "--set", f"watchdog.stall_s={STALL_S}", "--",
+                           "--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain",
+                           "--log-every", "1", "--data", "synthetic", "--batch-size", "4",
+                           "--synthetic-size", "100000", "--eval-size", "16", "--max-steps", str(MAX_STEPS),
+                           "--metrics", str(tmp / "metrics.jsonl"))
+        self.proc = subprocess.Popen(argv, env=clean_env(DDPKIT_TEST_SLOW_RANK=f"0:{SLOW_S}"), cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self.pids: set[int] = set()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while True:
+                for line in self.lines:
+                    match = re.search(pattern, line)
+                    if match:
+                        return match
+                if self.proc.poll() is not None or not self._seen.wait(max(deadline - time.monotonic(), 0)):
+                    raise AssertionError(f"never saw {pattern!r}:\n{self.text}")
+
+    @property
+    def text(self) -> str:
+        with self._seen:
+            return "".join(self.lines)
+
+    def last_step(self) -> int:
+        steps = [int(m.group(1)) for m in re.finditer(r"\[node0 rank0\].*\bstep (\d+)\b", self.text)]
+        return max(steps, default=-1)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.cleanup()
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.pids |= set(proctree.descendants(self.proc.pid))
+        proctree.signal_all(proctree.alive(sorted(self.pids)), 9)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _stranger(port: int):  # -> torch.distributed.TCPStore
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10),
+                         wait_for_workers=False)
+
+
+def _stall_verdict() -> str:
+    suspect = {"rank": 1, "node": 1, "host": EVIL, "pid": 1, "step": 0, "phase": "forward", "idle_s": 600.0,
+               "frozen_s": 600.0}
+    return json.dumps({"kind": "stall", "by": 0, "idle_s": 600.0, "limit_s": float(STALL_S),
+                       "suspects": [suspect], "frozen": [1], "waiting": [0]})
+
+
+def _loss_verdict() -> str:
+    lost = loss_judge.LostRank(rank=1, node=1, host=EVIL, pid=1, step=0, phase="forward", silent_s=600.0)
+    return json.dumps(loss_judge.verdict_record([lost], 30.0, 0, elastic=False))
+
+
+def _forge(store, prefix: str) -> None:  # type: ignore[no-untyped-def]
+    """Every control record ddpkit's ranks read, under `prefix`, as a stranger
+    who knows ddpkit's source would write them."""
+    for rank in range(WORLD):
+        # a heartbeat frozen at step 0 since long ago, and a work window 100 times slower than any real one
+        store.set(f"{prefix}hb/{rank}", Beat(rank, 1, 0, 0, Phase.FORWARD, 0.0, True, rank, 1, EVIL).encode())
+        store.set(f"{prefix}work/{rank}", Work(rank, 10_000, 20, 100.0, rank, EVIL).encode())
+        store.set(f"{prefix}ack/{rank}", json.dumps({"frame": EVIL, "in_torch": False, "dump": None}))
+    store.set(f"{prefix}released", "1")
+    store.compare_set(f"{prefix}stall", "", _stall_verdict())  # the issue's one write
+
+
+def _guessable_prefixes(run_id: str) -> list[str]:
+    """The old public prefix, no prefix, and the prefix a key would give that
+    a stranger can read or guess: the job's name, its run id, empty, zero."""
+    guesses = ["", "0", "local-job", "ddpkit", run_id]
+    return ["ddpkit-watchdog/", "", "ddpkit/"] + [runkey.control_prefix({runkey.ENV: g}) for g in guesses if g]
+
+
+def _started(job: Job) -> tuple[int, str]:
+    master = job.wait_for(r"master 127\.0\.0\.1:(\d+)")
+    run_id = job.wait_for(r"ddpkit status (\S+)\)")
+    job.wait_for(r"\[node0 rank0\].*\bstep 3\b")  # the watchdog is up and every rank has published
+    return int(master.group(1)), run_id.group(1)
+
+
+def test_forged_records_without_the_run_key_do_not_reach_the_job(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        port, run_id = _started(job)
+        store = _stranger(port)
+        prefixes = _guessable_prefixes(run_id)
+        for prefix in prefixes:
+            _forge(store, prefix)
+        time.sleep(3)  # a forged loss after the stall: whatever the verdict key holds, it is replaced
+        for prefix in prefixes:
+            store.set(f"{prefix}stall", _loss_verdict())
+        step_at_attack = job.last_step()
+        time.sleep(WATCH_S)
+        running = job.proc.poll() is None
+        step_after = job.last_step()
+        code = job.finish(timeout=300)
+    finally:
+        job.cleanup()
+    text = job.text
+    assert running, f"the job ended within {WATCH_S:.0f} s of the forged records:\n{text}"
+    assert step_after > step_at_attack, text  # it went on training meanwhile
+    assert code == ExitCode.OK, text
+    assert EVIL not in text, text
+    assert "STALL" not in text and "LOST" not in text and "straggler" not in text.lower(), text
+    assert "launch local: every node finished" in text, text
+
+
+def test_the_same_verdict_under_the_run_key_stops_the_job(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        port, _ = _started(job)
+        keys = set()
+        for pid in proctree.descendants(job.proc.pid):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            keys |= {e.split(b"=", 1)[1].decode() for e in environ if e.startswith(runkey.ENV.encode() + b"=")}
+        assert len(keys) == 1, f"every process of the run holds one key: {len(keys)} found"
+        [key] = keys
+        assert len(key) == 2 * runkey.KEY_BYTES and key not in job.text
+        _stranger(port).compare_set(runkey.control_prefix({runkey.ENV: key}) + "stall", "", _stall_verdict())
+        code = job.finish(timeout=120)
+    finally:
+        job.cleanup()
+    text = job.text
+    assert code == ExitCode.STALLED, text
+    assert f"launch local: the hang watchdog found stalled rank(s): rank 1 (node 1, {EVIL})" in text, text
