@@ -122,16 +122,33 @@ def _loss_verdict() -> str:
     return json.dumps(loss_judge.verdict_record([lost], 30.0, 0, elastic=False))
 
 
+def _under(store, prefix: str) -> list:  # type: ignore[no-untyped-def]
+    """The store as a stranger would address keys under `prefix`: through
+    torch's PrefixStore (which adds a '/'), as the watchdog does, and by
+    plain concatenation, as the check-in and the rendezvous rule do."""
+    import torch.distributed as dist
+
+    class Concat:
+        def set(self, key: str, value: str | bytes) -> None:
+            store.set(prefix + key, value)
+
+        def compare_set(self, key: str, expected: str, value: str) -> None:
+            store.compare_set(prefix + key, expected, value)
+
+    return [dist.PrefixStore(prefix, store), Concat()]
+
+
 def _forge(store, prefix: str) -> None:  # type: ignore[no-untyped-def]
     """Every control record ddpkit's ranks read, under `prefix`, as a stranger
     who knows ddpkit's source would write them."""
-    for rank in range(WORLD):
-        # a heartbeat frozen at step 0 since long ago, and a work window 100 times slower than any real one
-        store.set(f"{prefix}hb/{rank}", Beat(rank, 1, 0, 0, Phase.FORWARD, 0.0, True, rank, 1, EVIL).encode())
-        store.set(f"{prefix}work/{rank}", Work(rank, 10_000, 20, 100.0, rank, EVIL).encode())
-        store.set(f"{prefix}ack/{rank}", json.dumps({"frame": EVIL, "in_torch": False, "dump": None}))
-    store.set(f"{prefix}released", "1")
-    store.compare_set(f"{prefix}stall", "", _stall_verdict())  # the issue's one write
+    for view in _under(store, prefix):
+        for rank in range(WORLD):
+            # a heartbeat frozen at step 0 since long ago, and a work window 100 times slower than any real one
+            view.set(f"hb/{rank}", Beat(rank, 1, 0, 0, Phase.FORWARD, 0.0, True, rank, 1, EVIL).encode())
+            view.set(f"work/{rank}", Work(rank, 10_000, 20, 100.0, rank, EVIL).encode())
+            view.set(f"ack/{rank}", json.dumps({"frame": EVIL, "in_torch": False, "dump": None}))
+        view.set("released", "1")
+        view.compare_set("stall", "", _stall_verdict())  # the issue's one write
 
 
 def _guessable_prefixes(run_id: str) -> list[str]:
@@ -152,14 +169,18 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(tmp_path: Path)
     job = Job(tmp_path)
     try:
         port, run_id = _started(job)
-        store = _stranger(port)
-        prefixes = _guessable_prefixes(run_id)
-        for prefix in prefixes:
-            _forge(store, prefix)
-        time.sleep(3)  # a forged loss after the stall: whatever the verdict key holds, it is replaced
-        for prefix in prefixes:
-            store.set(f"{prefix}stall", _loss_verdict())
         step_at_attack = job.last_step()
+        try:
+            store = _stranger(port)
+            prefixes = _guessable_prefixes(run_id)
+            for prefix in prefixes:
+                _forge(store, prefix)
+            time.sleep(3)  # a forged loss after the stall: whatever the verdict key holds, it is replaced
+            for prefix in prefixes:
+                for view in _under(store, prefix):
+                    view.set("stall", _loss_verdict())
+        except RuntimeError as exc:  # DistNetworkError: the store went away with a job the forgery stopped
+            print(f"the store went away during the forgery: {exc}")
         time.sleep(WATCH_S)
         running = job.proc.poll() is None
         step_after = job.last_step()
@@ -171,7 +192,8 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(tmp_path: Path)
     assert step_after > step_at_attack, text  # it went on training meanwhile
     assert code == ExitCode.OK, text
     assert EVIL not in text, text
-    assert "STALL" not in text and "LOST" not in text and "straggler" not in text.lower(), text
+    # rank 0, slowed on purpose, is rightly a straggler; the forged record named rank 1
+    assert "watchdog: STALL" not in text and "watchdog: LOST" not in text and "straggler rank 1" not in text, text
     assert "launch local: every node finished" in text, text
 
 
@@ -189,7 +211,8 @@ def test_the_same_verdict_under_the_run_key_stops_the_job(tmp_path: Path) -> Non
         assert len(keys) == 1, f"every process of the run holds one key: {len(keys)} found"
         [key] = keys
         assert len(key) == 2 * runkey.KEY_BYTES and key not in job.text
-        _stranger(port).compare_set(runkey.control_prefix({runkey.ENV: key}) + "stall", "", _stall_verdict())
+        [through_prefix_store, _] = _under(_stranger(port), runkey.control_prefix({runkey.ENV: key}))
+        through_prefix_store.compare_set("stall", "", _stall_verdict())
         code = job.finish(timeout=120)
     finally:
         job.cleanup()
