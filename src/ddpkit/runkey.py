@@ -36,9 +36,10 @@ KEY_BYTES = 32  # 256 bits; the issue's floor is 128
 # keys, so a keyless job behaves as it always did, and is as exposed.
 UNKEYED_PREFIX = "ddpkit-watchdog/"
 _NAMESPACE_HEX = 32  # 128 bits of the HMAC: not guessable, short enough for every store key
-UNKEYED_NOTE = (f"ddpkit: {ENV} is not set: the watchdog's and the rendezvous rule's store keys are under a public "
-                "prefix, and any client that reaches the master port can forge a stall or a node loss "
-                "(docs/FAILURES.md, threat model); ddpkit's launchers and rendered Slurm script set it")
+UNKEYED_NOTE = (f"ddpkit: {ENV} is not set: ddpkit's control records in the rendezvous store (the watchdog's "
+                "verdict, heartbeats, straggler and node-loss records) are under a public prefix, and any client "
+                "that reaches the master port can forge a stall or a node loss (docs/FAILURES.md, threat model); "
+                "ddpkit's launchers and rendered scripts set it")
 
 
 def new_key() -> str:

@@ -21,6 +21,7 @@ local checks run.
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import os
 import socket
@@ -279,13 +280,46 @@ def _open_store(peers: Peers, window: float) -> dist.TCPStore:
         return _create_store(peers, window)
 
 
+def job_listener(master_addr: str, port: int, spans_hosts: bool) -> int | None:
+    """A socket listening on `port` at the one address `master_addr` names,
+    when that address is this host's: the store then answers on the job's
+    network only, not on every address of the host. Its file descriptor, for
+    TCPStore(master_listen_fd=). None, and the store listens everywhere as
+    torch's does, when the name gives several addresses (a peer may connect
+    to any), an address that is not this host's (a NAT, a Service IP), or a
+    loopback address in a job across hosts (Debian names its own host
+    127.0.1.1, which the other hosts never reach)."""
+    try:
+        infos = socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    if len({info[4][0] for info in infos}) != 1:
+        return None
+    family, _, _, _, sockaddr = infos[0]
+    if spans_hosts and ipaddress.ip_address(str(sockaddr[0]).split("%")[0]).is_loopback:
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own listener
+        sock.bind(sockaddr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return None
+        raise  # the port is taken: the caller says so
+    return sock.detach()
+
+
 def _create_store(peers: Peers, window: float) -> dist.TCPStore:
     import torch.distributed as dist
 
     assert peers.master_addr is not None and peers.master_port is not None
     try:
+        fd = job_listener(peers.master_addr, peers.master_port, peers.spans_hosts) if peers.hosts_store else None
         return dist.TCPStore(peers.master_addr, peers.master_port, peers.world_size, is_master=peers.hosts_store,
-                             timeout=datetime.timedelta(seconds=window), wait_for_workers=False)
+                             timeout=datetime.timedelta(seconds=window), wait_for_workers=False,
+                             master_listen_fd=fd)
     except (RuntimeError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if peers.hosts_store:

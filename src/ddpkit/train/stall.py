@@ -476,6 +476,8 @@ def start(ident: Identity, master_addr: str | None, master_port: int | None, out
     settings = settings or Settings.from_env()
     if not settings.enabled:
         return None
+    if ident.rank == 0 and master_addr and runkey.key_from() is None:  # a network store, open to any client
+        print(runkey.UNKEYED_NOTE, file=sys.stderr, flush=True)
     dog = Watchdog(open_store(master_addr, master_port), ident, settings, outputs, loss_s=loss_s)
     dog.start()
     return dog
