@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from ddpkit import runkey
 from ddpkit.cli import main as cli_main
 from ddpkit.contract import Target, sources, torchrun_argv
-from ddpkit import runkey
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.specfile import SpecError, load_spec
