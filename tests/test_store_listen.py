@@ -66,3 +66,21 @@ def test_rank_0s_store_listens_at_the_master_address_and_answers_there() -> None
         assert client.get("k") == b"v"
     finally:
         del store
+
+
+@pytest.mark.slow
+def test_a_keyed_manual_job_forms_its_group_through_the_keyed_store() -> None:
+    """With a run key the process group's own keys are under the key's
+    prefix (runkey.group_prefix): every rank wraps the store alike and the
+    group forms."""
+    from ddpkit import runkey
+    from tests.test_startup import free_port as startup_port
+    from tests.test_startup import report_lines, run_ranks
+
+    url = f"tcp://127.0.0.1:{startup_port()}"
+    results = run_ranks([["--init-method", url, "--rank", str(r), "--world-size", "2"] for r in (0, 1)],
+                        env={runkey.ENV: runkey.new_key()})
+    for res in results:
+        assert res.returncode == 0, res.stderr
+        assert runkey.ENV not in res.stderr  # a keyed job says nothing about an unset key
+    assert sorted({**report_lines(results[0].stdout), **report_lines(results[1].stdout)}) == [0, 1]

@@ -63,6 +63,15 @@ def control_prefix(env: Mapping[str, str] | None = None) -> str:
     return UNKEYED_PREFIX if key is None else f"ddpkit-{_derive(key, 'control')}/"
 
 
+def group_prefix(env: Mapping[str, str] | None = None) -> str | None:
+    """The store prefix of the process group's own keys where ddpkit hands
+    init_process_group the store (train/netcheck.py): the addresses and
+    counters the group exchanges at start-up, out of a stranger's reach.
+    None without a key: the group's keys stay where torch puts them."""
+    key = key_from(env)
+    return None if key is None else f"ddpkit-{_derive(key, 'group')}"
+
+
 def rdzv_run_id(run_id: str, env: Mapping[str, str] | None = None) -> str:
     """The rendezvous id agents meet under: the rendered (public) id with a
     tag only holders of the run key compute, so that torch's rendezvous
