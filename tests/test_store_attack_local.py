@@ -14,8 +14,6 @@ with exit 13: the records are real ones, and only the key keeps them out."""
 
 from __future__ import annotations
 
-import datetime
-import json
 import re
 import subprocess
 import threading
@@ -27,16 +25,13 @@ import pytest
 from ddpkit import runkey
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch import proctree
-from ddpkit.train import loss_judge
-from ddpkit.train.stall_model import Beat, Phase
-from ddpkit.train.straggler import Work
+from tests.helpers import store_stranger as stranger
 from tests.test_launch_local import clean_env, launch_argv
 from tests.test_startup import ROOT
 
 pytestmark = pytest.mark.slow
 
 WORLD = 2
-EVIL = "evil-host"  # every forged record names this host: it must never reach the job's output
 STALL_S = 6  # the watchdog checks the verdict key every second and judges within stall_s
 # rank 0 sleeps this long in each step's data loading: the job trains for at least MAX_STEPS x SLOW_S
 SLOW_S, MAX_STEPS = 0.3, 80
@@ -102,61 +97,6 @@ class Job:
             self.proc.wait()
 
 
-def _stranger(port: int):  # -> torch.distributed.TCPStore
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10),
-                         wait_for_workers=False)
-
-
-def _stall_verdict() -> str:
-    suspect = {"rank": 1, "node": 1, "host": EVIL, "pid": 1, "step": 0, "phase": "forward", "idle_s": 600.0,
-               "frozen_s": 600.0}
-    return json.dumps({"kind": "stall", "by": 0, "idle_s": 600.0, "limit_s": float(STALL_S),
-                       "suspects": [suspect], "frozen": [1], "waiting": [0]})
-
-
-def _loss_verdict() -> str:
-    lost = loss_judge.LostRank(rank=1, node=1, host=EVIL, pid=1, step=0, phase="forward", silent_s=600.0)
-    return json.dumps(loss_judge.verdict_record([lost], 30.0, 0, elastic=False))
-
-
-def _under(store, prefix: str) -> list:  # type: ignore[no-untyped-def]
-    """The store as a stranger would address keys under `prefix`: through
-    torch's PrefixStore (which adds a '/'), as the watchdog does, and by
-    plain concatenation, as the check-in and the rendezvous rule do."""
-    import torch.distributed as dist
-
-    class Concat:
-        def set(self, key: str, value: str | bytes) -> None:
-            store.set(prefix + key, value)
-
-        def compare_set(self, key: str, expected: str, value: str) -> None:
-            store.compare_set(prefix + key, expected, value)
-
-    return [dist.PrefixStore(prefix, store), Concat()]
-
-
-def _forge(store, prefix: str) -> None:  # type: ignore[no-untyped-def]
-    """Every control record ddpkit's ranks read, under `prefix`, as a stranger
-    who knows ddpkit's source would write them."""
-    for view in _under(store, prefix):
-        for rank in range(WORLD):
-            # a heartbeat frozen at step 0 since long ago, and a work window 100 times slower than any real one
-            view.set(f"hb/{rank}", Beat(rank, 1, 0, 0, Phase.FORWARD, 0.0, True, rank, 1, EVIL).encode())
-            view.set(f"work/{rank}", Work(rank, 10_000, 20, 100.0, rank, EVIL).encode())
-            view.set(f"ack/{rank}", json.dumps({"frame": EVIL, "in_torch": False, "dump": None}))
-        view.set("released", "1")
-        view.compare_set("stall", "", _stall_verdict())  # the issue's one write
-
-
-def _guessable_prefixes(run_id: str) -> list[str]:
-    """The old public prefix, no prefix, and the prefix a key would give that
-    a stranger can read or guess: the job's name, its run id, empty, zero."""
-    guesses = ["", "0", "local-job", "ddpkit", run_id]
-    return ["ddpkit-watchdog/", "", "ddpkit/"] + [runkey.control_prefix({runkey.ENV: g}) for g in guesses if g]
-
-
 def _started(job: Job) -> tuple[int, str]:
     master = job.wait_for(r"master 127\.0\.0\.1:(\d+)")
     run_id = job.wait_for(r"ddpkit status (\S+)\)")
@@ -169,17 +109,8 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(tmp_path: Path)
     try:
         port, run_id = _started(job)
         step_at_attack = job.last_step()
-        try:
-            store = _stranger(port)
-            prefixes = _guessable_prefixes(run_id)
-            for prefix in prefixes:
-                _forge(store, prefix)
-            time.sleep(3)  # a forged loss after the stall: whatever the verdict key holds, it is replaced
-            for prefix in prefixes:
-                for view in _under(store, prefix):
-                    view.set("stall", _loss_verdict())
-        except RuntimeError as exc:  # DistNetworkError: the store went away with a job the forgery stopped
-            print(f"the store went away during the forgery: {exc}")
+        print(stranger.forge_everywhere(stranger.connect("127.0.0.1", port),
+                                        stranger.guessable_prefixes("ddp-job", run_id), WORLD))
         time.sleep(WATCH_S)
         running = job.proc.poll() is None
         step_after = job.last_step()
@@ -190,7 +121,7 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(tmp_path: Path)
     assert running, f"the job ended within {WATCH_S:.0f} s of the forged records:\n{text}"
     assert step_after > step_at_attack, text  # it went on training meanwhile
     assert code == ExitCode.OK, text
-    assert EVIL not in text, text
+    assert stranger.EVIL not in text, text
     # rank 0, slowed on purpose, is rightly a straggler; the forged record named rank 1
     assert "watchdog: STALL" not in text and "watchdog: LOST" not in text and "straggler rank 1" not in text, text
     assert "launch local: every node finished" in text, text
@@ -210,11 +141,10 @@ def test_the_same_verdict_under_the_run_key_stops_the_job(tmp_path: Path) -> Non
         assert len(keys) == 1, f"every process of the run holds one key: {len(keys)} found"
         [key] = keys
         assert len(key) == 2 * runkey.KEY_BYTES and key not in job.text
-        [through_prefix_store, _] = _under(_stranger(port), runkey.control_prefix({runkey.ENV: key}))
-        through_prefix_store.compare_set("stall", "", _stall_verdict())
+        stranger.main(["127.0.0.1", str(port), "--key", key])
         code = job.finish(timeout=120)
     finally:
         job.cleanup()
     text = job.text
     assert code == ExitCode.STALLED, text
-    assert f"launch local: the hang watchdog found stalled rank(s): rank 1 (node 1, {EVIL})" in text, text
+    assert f"launch local: the hang watchdog found stalled rank(s): rank 1 (node 1, {stranger.EVIL})" in text, text
