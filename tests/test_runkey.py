@@ -187,3 +187,39 @@ def test_the_ssh_node_script_exports_the_key_it_reads_after_the_secrets(tmp_path
 def test_launch_docker_gives_every_container_the_same_key() -> None:
     keys = {p.environment[runkey.ENV] for p in docker_plan(job(), with_run_key({}))}
     assert len(keys) == 1 and re.fullmatch(r"[0-9a-f]{64}", keys.pop())
+
+
+# ---- a job without a key says so, once ------------------------------------------------------------
+
+
+class _QuietDog:
+    """Stands in for the watchdog thread, which these tests do not run."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("rank", "addr", "key", "said"), [
+    (0, "10.0.0.1", None, True),         # rank 0 of a job on a network store, without a key
+    (1, "10.0.0.1", None, False),        # once per job: rank 0 only
+    (0, None, None, False),              # --spawn's file store: no network to reach it from
+    (0, "10.0.0.1", CANARY, False),      # keyed
+])
+def test_the_watchdog_says_when_a_job_runs_without_a_key(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str], rank: int,
+                                                         addr: str | None, key: str | None, said: bool) -> None:
+    from ddpkit.train import stall
+    from ddpkit.train.stall_model import Settings
+
+    monkeypatch.setattr(stall, "open_store", lambda *args: None)
+    monkeypatch.setattr(stall, "Watchdog", _QuietDog)
+    if key is None:
+        monkeypatch.delenv(runkey.ENV, raising=False)
+    else:
+        monkeypatch.setenv(runkey.ENV, key)
+    stall.start(stall.Identity(rank, 2, 1, rank, "h", 1), addr, 29500, stall.Outputs(), Settings(stall_s=60))
+    err = capsys.readouterr().err
+    assert err.splitlines() == ([runkey.UNKEYED_NOTE] if said else []), err
