@@ -58,17 +58,27 @@ def kubelet_expand(text: str, *contexts: Mapping[str, str]) -> str:
     return (bytes(out) + data[checkpoint:]).decode("utf-8")
 
 
+_LABEL_FIELD = re.compile(r"^metadata\.labels\['([^']+)'\]$")
+
+
 def kubelet_container_env(env_items: list[dict[str, Any]], injected: Mapping[str, str],
-                          secrets: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
+                          secrets: Mapping[str, Mapping[str, str]] | None = None,
+                          labels: Mapping[str, str] | None = None) -> dict[str, str]:
     """A container's final environment: each value is expanded against the
     variables defined before it (the kubelet's makeEnvironmentVariables);
     a valueFrom.secretKeyRef item takes the Secret's data as it is (the
     kubelet expands no $(VAR) there), and a missing Secret or key stops the
     container (KeyError; the kubelet's CreateContainerConfigError);
-    the controller's injected values are appended after the template's."""
+    a valueFrom.fieldRef to one of the pod's labels takes the label's value
+    (empty when the pod has no such label); the controller's injected values
+    are appended after the template's."""
     resolved: dict[str, str] = {}
     for item in env_items:
-        if "valueFrom" in item:
+        if "valueFrom" in item and "fieldRef" in item["valueFrom"]:
+            match = _LABEL_FIELD.match(item["valueFrom"]["fieldRef"]["fieldPath"])
+            assert match, f"no label field: {item}"
+            resolved[item["name"]] = (labels or {}).get(match.group(1), "")
+        elif "valueFrom" in item:
             ref = item["valueFrom"]["secretKeyRef"]
             resolved[item["name"]] = (secrets or {})[ref["name"]][ref["key"]]
         else:

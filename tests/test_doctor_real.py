@@ -80,6 +80,9 @@ def test_four_gloo_ranks_bandwidth_table_is_sane() -> None:
     assert doc["verdict"] in ("PASS", "WARN") and doc["world_size"] == 4
     # every rank's local rows reached rank 0
     assert sorted(c["rank"] for c in rows(doc, "shm")) == [0, 1, 2, 3]
+    # torchrun's agent listens on every address: a warning wherever this host has a network besides loopback
+    [exposure] = rows(doc, "master port exposure")
+    assert exposure["rank"] == 0 and exposure["status"] in ("PASS", "WARN") and "listens on every address" in exposure["detail"]
     for op in ("all_reduce", "broadcast", "all_gather"):
         for dtype in ("float32", "float64", "int64", "float16"):
             got = rows(doc, f"{op} {dtype} (gloo)")

@@ -24,7 +24,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # wire: the facts renderer and trainer share (trainer flags, stop signals,
 # ports, the device rule); a leaf like envnames, so either side may use it.
 LEAVES = {"envnames", "exitcodes", "text"}
-BASE = LEAVES | {"wire"}
+# runkey: the run key's namespaces in the store, which launchers, the trainer
+# and the rendezvous handler must derive alike; a leaf over envnames.
+BASE = LEAVES | {"wire", "runkey"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
             "netif", "runs"} | BASE,
@@ -53,6 +55,7 @@ ALLOWED: dict[str, set[str]] = {
     "watchdog": {"train"} | BASE,  # the public API for users' own scripts: train.stall_model and train.stall
     "netif": BASE,
     "wire": LEAVES,
+    "runkey": LEAVES,
     "envnames": set(),
     "exitcodes": set(),
     "text": set(),

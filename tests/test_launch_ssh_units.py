@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddpkit.launch.hostfile import HostEntry, load_hosts, parse_hostfile
+from ddpkit.launch.secrets import stdin_payload, with_run_key
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, build_spec
 from ddpkit.targets import sshnode as remote
@@ -94,6 +95,8 @@ def run_start(tmp_path: Path, env: dict[str, str], args: list[str], master: str)
     # sh -c is what sshd runs the command with; stdin stays open like a launcher's.
     proc = subprocess.Popen(["sh", "-c", cmd.start], cwd=tmp_path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(stdin_payload(with_run_key({})))  # type: ignore[union-attr]  # what launch ssh sends after GO
+    proc.stdin.flush()  # type: ignore[union-attr]
     out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
     assert proc.wait(30) == 0, out + err
     proc.stdin.close()  # type: ignore[union-attr]

@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 import yaml
 
+from ddpkit import runkey
 from ddpkit.cli import main as cli_main
 from ddpkit.contract import Target, sources, torchrun_argv
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.specfile import SpecError, load_spec
 from ddpkit.targets import kubernetes, render
+from ddpkit.targets.kubernetes import pod as k8s_pod
 from tests.emulators import check_views, controller_env, node_views
 from tests.expansion import kubelet_container_env, kubelet_expand
 
@@ -402,7 +404,7 @@ def test_secrets_are_secret_key_refs_that_pass_the_schemas(tmp_path: Path, kind:
             {"name": "S3_KEY", "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": "secret-key"}}}]
     envs = ([docs[0]["spec"]["trainer"]["env"]] if kind == "trainjob"
             else [c["env"] for pod in kubernetes.pod_specs(docs, kind) for c in pod["containers"]])
-    assert envs and all([e for e in env if "valueFrom" in e] == want for env in envs), envs
+    assert envs and all([e for e in env if "secretKeyRef" in e.get("valueFrom", {})] == want for env in envs), envs
     if kind == "indexed-job":
         path = tmp_path / "secrets.yaml"
         path.write_text(yaml.safe_dump_all(docs), encoding="utf-8")
@@ -427,7 +429,7 @@ def test_verify_catches_a_secret_ref_that_differs() -> None:
     rendered = render(spec, "k8s")
     name = kubernetes.filename(spec)
     rendered.files[name] = rendered.files[name].replace('key: "HF_TOKEN"', 'key: "hf"')
-    with pytest.raises(RenderError, match="secretKeyRef"):
+    with pytest.raises(RenderError, match="valueFrom items differ"):
         kubernetes.verify(spec, rendered)
 
 
@@ -443,3 +445,27 @@ def test_every_pod_gets_the_secrets_values_from_the_secret(kind: str) -> None:
     assert all((e["WANDB_API_KEY"], e["HF_TOKEN"], e["S3_KEY"]) == (value, "hf", value + "3") for e in seen)
     with pytest.raises(KeyError):  # a key the Secret lacks: the pod does not start
         kubelet_container_env(pods(spec, render_docs(spec))[0][0]["env"], {}, {"train-keys": {}, "s3-creds": {}})
+
+
+# ---- the run key: the owning Job's uid, through the downward API ------------------------------
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
+def test_every_pod_of_one_job_gets_the_jobs_uid_as_its_run_key(kind: str) -> None:
+    """As the kubelet resolves the items: every pod of one Job reads the same
+    key from the label the Job controller sets (a PyTorchJob's pods carry no
+    uid they share: they run unkeyed, and no item asks for one)."""
+    spec = make_spec(kind, nodes=3)
+    labels = {k8s_pod.JOB_UID_LABEL: "0d6f5a3e-5c1b-4d57-9a7e-3f1c2b8e4a10"}
+    seen = [kubelet_container_env(c.get("env", []), injected, labels=labels).get(runkey.ENV)
+            for c, injected in pods(spec, render_docs(spec))]
+    assert seen == ([None] * 3 if kind == "pytorchjob" else [labels[k8s_pod.JOB_UID_LABEL]] * 3)
+
+
+def test_verify_catches_a_run_key_item_that_differs() -> None:
+    spec = make_spec("indexed-job")
+    rendered = render(spec, "k8s")
+    name = kubernetes.filename(spec)
+    rendered.files[name] = rendered.files[name].replace(k8s_pod.JOB_UID_LABEL, "job-name")
+    with pytest.raises(RenderError, match="valueFrom items differ"):
+        kubernetes.verify(spec, rendered)

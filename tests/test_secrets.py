@@ -21,7 +21,7 @@ import yaml
 
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.docker import plan as docker_plan
-from ddpkit.launch.secrets import secret_values, stdin_payload
+from ddpkit.launch.secrets import secret_values, stdin_payload, with_run_key
 from ddpkit.quoting import compose_unliteral
 from ddpkit.spec import JobSpec, env_warnings, token_like_env
 from ddpkit.specfile import SpecError, SpecFileError, load_spec
@@ -268,8 +268,8 @@ def test_node_script_reads_the_values_from_stdin_byte_for_byte(tmp_path: Path, s
     assert "7c1e4b9a" not in command.start
     out = tmp_path / "digests"
     values = {"WANDB_API_KEY": VALUE, "HF_TOKEN": ""}  # an empty value is a value
-    # what launch ssh writes after GO
-    code, output = run_node(command.start, stdin_payload(values), out)
+    # what launch ssh writes after GO: the values, then the run key
+    code, output = run_node(command.start, stdin_payload(with_run_key(values)), out)
     assert code == 0, output
     assert out.read_text().split() == [digest(VALUE), digest("")]
 

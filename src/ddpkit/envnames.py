@@ -82,6 +82,9 @@ DDPKIT_JOB_NAME: Final = "DDPKIT_JOB_NAME"
 DDPKIT_HOSTNAME: Final = "DDPKIT_HOSTNAME"
 DDPKIT_PGID: Final = "DDPKIT_PGID"
 DDPKIT_RDZV_ID: Final = "DDPKIT_RDZV_ID"  # an elastic job's rendezvous id on ssh and local: fresh per run
+# The run key (runkey.py): a random secret per run that every process of the job holds and no file,
+# command line or log does; ddpkit's control keys in the rendezvous store live under a namespace derived from it.
+DDPKIT_RUN_KEY: Final = "DDPKIT_RUN_KEY"
 # Where run folders live (default ~/.ddpkit/runs); read by ddpkit.runs, never by the job.
 DDPKIT_RUNS_DIR: Final = "DDPKIT_RUNS_DIR"
 # The run id in every process `launch local` starts: what `ddpkit cancel` finds

@@ -45,6 +45,7 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 from torch.distributed.elastic.utils.logging import get_logger
 
+from . import runkey
 from .rdzv_timing import state_poll_s
 from .wire import RDZV_HANDLER as NAME
 
@@ -56,8 +57,9 @@ _HANDLER_NEEDED = ("_op_executor", "_state_holder")
 
 
 def left_key(run_id: str, round_: int) -> str:
-    """The store key that lists (one per line) the nodes that left `round_`."""
-    return f"ddpkit.rendezvous.{run_id}.left.{round_}"
+    """The store key that lists (one per line) the nodes that left `round_`,
+    under the run's control prefix (runkey.py)."""
+    return f"{runkey.control_prefix()}rendezvous.{run_id}.left.{round_}"
 
 
 def unsupported(handler: Any = None) -> str | None:
@@ -177,7 +179,11 @@ class _Named(dyn.RendezvousBackend):
 
 
 def create(params: RendezvousParameters) -> RendezvousHandler:
-    """torch's c10d handler for `params`, with the rule added."""
+    """torch's c10d handler for `params`, with the rule added. The run id is
+    the rendered one tagged with the run key (runkey.rdzv_run_id): torch's
+    rendezvous state is under a key no one who read the rendered files can
+    name, on every node alike, since every node holds the same key."""
+    params.run_id = runkey.rdzv_run_id(params.run_id)
     backend, store = create_backend(params)
     handler = dyn.create_handler(store, _Named(backend), params)
     why = unsupported(handler)

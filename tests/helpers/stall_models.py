@@ -9,6 +9,9 @@ step chosen by environment variables (read at construction; set by the test):
 - `slow_first_step`: every rank's first forward sleeps STALL_TEST_SLEEP_S
   (a long first step: compilation, autotuning), and every evaluation batch
   STALL_TEST_EVAL_SLEEP_S (a long evaluation); neither may count as a stall.
+- `paced`: every rank's every training forward sleeps STALL_TEST_STEP_S: a
+  job that trains at a known, even pace, where a test needs it still
+  training seconds later (no rank slower than another).
 No BatchNorm: the ranks waiting for a stuck one wait in backward's all-reduce.
 """
 
@@ -53,6 +56,12 @@ class _SlowFirstStep(_Linear):
             time.sleep(float(os.environ["STALL_TEST_EVAL_SLEEP_S"]))
 
 
+class _Paced(_Linear):
+    def misbehave(self) -> None:
+        if self.training:
+            time.sleep(float(os.environ["STALL_TEST_STEP_S"]))
+
+
 def spin_in_forward() -> None:
     """A Python loop that never ends: the GIL is released between bytecodes,
     so this rank's watchdog thread still runs and can dump this frame."""
@@ -67,3 +76,7 @@ def stuck_forward(num_classes: int = 10) -> nn.Module:
 
 def slow_first_step(num_classes: int = 10) -> nn.Module:
     return _SlowFirstStep(num_classes)
+
+
+def paced(num_classes: int = 10) -> nn.Module:
+    return _Paced(num_classes)

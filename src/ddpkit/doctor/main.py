@@ -19,7 +19,7 @@ from ..exitcodes import ExitCode
 from ..train.launchinfo import LaunchInfo, StartupError, detect_launch
 from ..train.netcheck import NetCheckError
 from ..train.startup import DistContext, add_startup_arguments, hostname, init_distributed, run_spawned, shutdown
-from . import local, network
+from . import exposure, local, network
 from .distributed import CPU_MAX_SIZE, GPU_MAX_SIZE, run_distributed
 from .results import Check, DoctorResult, Status
 from .sizes import bus_factor, format_size, message_sizes, parse_size
@@ -159,6 +159,8 @@ def run_process(args: argparse.Namespace) -> int:
                             "check MASTER_ADDR/MASTER_PORT, the interface, and that every node started",
                             place.rank, place.host))
         return _alone(args, place, checks, info.world_size)
+    if place.rank == 0:  # on node 0, where the store listens once the job has met
+        checks.append(exposure.check_exposure(place.master, place.rank, place.host))
     return joined(args, ctx, checks)
 
 

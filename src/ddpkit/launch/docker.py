@@ -37,7 +37,7 @@ from ..train.argcheck import check_command
 from .interrupt import interrupts_raise
 from .nodeoutput import LOST, LinePrinter, add_dedup_argument, node_log
 from .runargs import add_train_args, with_train_args
-from .secrets import secret_values
+from .secrets import secret_values, with_run_key
 from .supervisor import Outcome, RunText, Supervisor
 
 if TYPE_CHECKING:
@@ -150,8 +150,8 @@ def docker_spec(args: argparse.Namespace) -> JobSpec:
 
 
 def plan(spec: JobSpec, secrets: dict[str, str] | None = None) -> list[NodePlan]:
-    """secrets: their values (launch.secrets), handed to the Docker API with
-    the rest of each container's environment; no file holds them."""
+    """secrets: their values (launch.secrets) and the run key, handed to the
+    Docker API with the rest of each container's environment; no file holds them."""
     launch = resolve(spec, Target.COMPOSE)  # compose's nodes and launch line, one container each
     # job_env, not compose's: compose.cpus_per_node (its OpenMP count) is a limit launch docker does not set
     base_env = job_env(spec) | {envnames.PYTHONUNBUFFERED: "1"} | (secrets or {})
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     refuse(spec, Target.COMPOSE)  # the containers run compose's launch line
     check_command(spec.command.module, spec.command.args)
     warn_env(spec, "launch docker")
-    secrets = secret_values(spec, "launch docker")
+    secrets = with_run_key(secret_values(spec, "launch docker"))
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:
         client = docker.client.DockerClient.from_env()

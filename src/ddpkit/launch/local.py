@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import envnames
+from .. import envnames, runkey
 from ..contract import Arg, LaunchPlan, Target, resolve
 from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
@@ -207,6 +207,9 @@ def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None, metric
         env[envnames.OMP_NUM_THREADS] = str(threads_per_process(len(os.sched_getaffinity(0)),
                                                                 spec.nodes * spec.nproc_per_node))
     base = {**os.environ, **env, envnames.PYTHONUNBUFFERED: "1"}
+    # The run key reaches the agents as the secrets do, in their environment:
+    # readable by this user (and root) only, in no command line or file.
+    base[envnames.DDPKIT_RUN_KEY] = runkey.new_key()
     rdzv_id = new_rdzv_id(spec)
     if rdzv_id is not None:
         base[envnames.DDPKIT_RDZV_ID] = rdzv_id

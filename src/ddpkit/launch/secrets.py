@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from .. import runkey
 from ..spec import JobSpec
 from ..specfile import SpecFileError
 
@@ -24,6 +25,12 @@ def secret_values(spec: JobSpec, who: str, environ: Mapping[str, str] | None = N
     if missing:
         raise SpecFileError(unset_line(missing, who))
     return {n: env[n] for n in spec.secret_names}
+
+
+def with_run_key(values: Mapping[str, str]) -> dict[str, str]:
+    """The secrets' values and, last, a fresh run key (runkey.py): it travels
+    to the nodes as they do, and like them is in no file or command line."""
+    return {**values, runkey.ENV: runkey.new_key()}
 
 
 def stdin_payload(values: Mapping[str, str]) -> bytes:

@@ -36,7 +36,7 @@ from .hostfile import load_hosts
 from .nodeoutput import NodeHandle, add_dedup_argument
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
 from .runargs import add_train_args, with_train_args
-from .secrets import secret_values, stdin_payload
+from .secrets import secret_values, stdin_payload, with_run_key
 from .ssh_nodes import SshNode, safe_name
 from .supervisor import ElasticPolicy, RunText, Supervisor
 
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(plan, sys.stdout, full=args.full)
         return ExitCode.OK
-    plan.secrets = values
+    plan.secrets = with_run_key(values)  # the node script reads the run key after the secrets
     run = RunFolder.create(name=spec.name, target="ssh", nodes=len(plan.endpoints), nproc_per_node=spec.nproc_per_node,
                            spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
     if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .. import envnames
+from .. import envnames, runkey
 from ..contract import LaunchPlan, Target, one_host_gpus, resolve
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
@@ -33,7 +33,8 @@ class Service:
     environment: dict[str, str]
     restart: str | None = None  # compose's restart policy (elastic: a failed node comes back and rejoins)
     gpus: tuple[int, ...] = ()  # the host's GPUs this node reserves (device ids)
-    # `NAME: null`: compose takes the value from the shell that runs it, so no file holds it
+    # `NAME: null`: compose takes the value from the shell that runs it, so no file holds it:
+    # the secrets, then the run key (runkey.py), which that shell makes for each run
     secrets: tuple[str, ...] = ()
 
 
@@ -70,7 +71,7 @@ def services(spec: JobSpec) -> list[Service]:
         injected = plan.node_vars[index]
         gpus = () if cpu_test(spec) else tuple(one_host_gpus(spec, index))
         out.append(Service(host, [a.resolve(injected) for a in plan.argv], env | injected,
-                           elastic_restart(spec, index), gpus, tuple(spec.secret_names)))
+                           elastic_restart(spec, index), gpus, (*spec.secret_names, runkey.ENV)))
     return out
 
 

@@ -9,7 +9,8 @@ per-node text is a few shell-quoted words. Every value is
 quoted by ddpkit.quoting; only the node-side variables of the rank contract
 expand remotely. The values of `secrets:` are on no command line: the script
 reads them from its stdin, where each launcher writes them (launch ssh after
-the preflight's GO, launch.sh from its own environment).
+the preflight's GO, launch.sh from its own environment), and after them the
+run key (runkey.py), which each launcher makes fresh for every run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import secrets
 from dataclasses import dataclass
 
-from .. import envnames
+from .. import envnames, runkey
 from ..contract import Arg, FromNode, LaunchPlan, Target, resolve
 from ..quoting import bash_c, shell_word
 from ..render import shell_argv, template
@@ -74,7 +75,7 @@ def docker_argv(spec: JobSpec, env: dict[str, str]) -> list[Arg]:
         argv.append(Arg.of(f"--cpus={lim.cpus:g}"))
     if lim.memory is not None:
         argv.append(Arg.of(f"--memory={lim.memory}"))
-    for key in [*env, *spec.secret_names, NODE_RANK, *([RDZV_ID] if spec.elastic else [])]:
+    for key in [*env, *stdin_names(spec), NODE_RANK, *([RDZV_ID] if spec.elastic else [])]:
         argv += [Arg.of("-e"), Arg.of(key)]  # value comes from the exported environment
     for bind in mounts.binds(spec):
         argv += [Arg.of("-v"), Arg.of(bind)]
@@ -90,12 +91,18 @@ def launch_argv(spec: JobSpec, plan: LaunchPlan | None = None) -> list[Arg]:
     return docker_argv(spec, plan.env) + plan.argv if spec.ssh.docker else plan.argv
 
 
+def stdin_names(spec: JobSpec) -> list[str]:
+    """The variables the node script reads from its stdin, in order: the
+    secrets, then the run key (launch.secrets.with_run_key)."""
+    return [*spec.secret_names, runkey.ENV]
+
+
 def node_script(spec: JobSpec, *, watch_stdin: bool = True) -> str:
     plan = launch_plan(spec)
     return template("ssh/node.sh.j2").render(
         spec=spec,
         env=plan.env,
-        secrets=spec.secret_names,
+        secrets=stdin_names(spec),
         workdir=None if spec.ssh.docker else spec.ssh.workdir,
         watch_stdin=watch_stdin,
         grace_s=spec.ssh.grace_s,

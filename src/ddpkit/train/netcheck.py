@@ -21,6 +21,7 @@ local checks run.
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import os
 import socket
@@ -32,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import netif
+from .. import netif, runkey
 from ..envnames import DDPKIT_RENDEZVOUS_WINDOW, SOCKET_IFNAMES
 from ..exitcodes import ExitCode
 from .launchinfo import LaunchInfo, StartupError
@@ -49,7 +50,12 @@ DEFAULT_WINDOW_S = 10.0
 RETRY_S = 0.2
 STORE_REPLY_S = 10.0
 ACK_WAIT_S = 3.0  # how long rank 0 keeps the store up so arrived ranks read its verdict
-KEY = "ddpkit/netcheck"
+
+
+def _key(name: str) -> str:
+    """A check-in key under the run's control prefix (runkey.py): a stranger's
+    forged arrival or verdict lands where no rank reads."""
+    return f"{runkey.control_prefix()}netcheck/{name}"
 
 
 @dataclass(frozen=True)
@@ -274,13 +280,46 @@ def _open_store(peers: Peers, window: float) -> dist.TCPStore:
         return _create_store(peers, window)
 
 
+def job_listener(master_addr: str, port: int, spans_hosts: bool) -> int | None:
+    """A socket listening on `port` at the one address `master_addr` names,
+    when that address is this host's: the store then answers on the job's
+    network only, not on every address of the host. Its file descriptor, for
+    TCPStore(master_listen_fd=). None, and the store listens everywhere as
+    torch's does, when the name gives several addresses (a peer may connect
+    to any), an address that is not this host's (a NAT, a Service IP), or a
+    loopback address in a job across hosts (Debian names its own host
+    127.0.1.1, which the other hosts never reach)."""
+    try:
+        infos = socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    if len({info[4][0] for info in infos}) != 1:
+        return None
+    family, _, _, _, sockaddr = infos[0]
+    if spans_hosts and ipaddress.ip_address(str(sockaddr[0]).split("%")[0]).is_loopback:
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own listener
+        sock.bind(sockaddr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return None
+        raise  # the port is taken: the caller says so
+    return sock.detach()
+
+
 def _create_store(peers: Peers, window: float) -> dist.TCPStore:
     import torch.distributed as dist
 
     assert peers.master_addr is not None and peers.master_port is not None
     try:
+        fd = job_listener(peers.master_addr, peers.master_port, peers.spans_hosts) if peers.hosts_store else None
         return dist.TCPStore(peers.master_addr, peers.master_port, peers.world_size, is_master=peers.hosts_store,
-                             timeout=datetime.timedelta(seconds=window), wait_for_workers=False)
+                             timeout=datetime.timedelta(seconds=window), wait_for_workers=False,
+                             master_listen_fd=fd)
     except (RuntimeError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if peers.hosts_store:
@@ -291,7 +330,7 @@ def _create_store(peers: Peers, window: float) -> dist.TCPStore:
 
 
 def _missing_ranks(store: dist.TCPStore, world_size: int) -> list[int]:
-    return [r for r in range(world_size) if not store.check([f"{KEY}/arrived/{r}"])]
+    return [r for r in range(world_size) if not store.check([_key(f"arrived/{r}")])]
 
 
 def _await_arrivals(store: dist.TCPStore, peers: Peers, window: float) -> None:
@@ -299,16 +338,16 @@ def _await_arrivals(store: dist.TCPStore, peers: Peers, window: float) -> None:
     The window restarts with each arrival, so a large job whose ranks keep
     trickling in (a slow shared filesystem) is not a false alarm; a rank
     that never comes ends the wait `window` seconds after the last arrival."""
-    arrived = int(store.add(f"{KEY}/count", 0))
+    arrived = int(store.add(_key("count"), 0))
     deadline = time.monotonic() + window
     while arrived < peers.world_size and time.monotonic() < deadline:
         time.sleep(RETRY_S)
-        now = int(store.add(f"{KEY}/count", 0))
+        now = int(store.add(_key("count"), 0))
         if now > arrived:
             arrived, deadline = now, time.monotonic() + window
     missing = _missing_ranks(store, peers.world_size)
     if not missing:
-        store.set(f"{KEY}/verdict", "ok")
+        store.set(_key("verdict"), "ok")
         return
     shown = ", ".join(map(str, missing[:32])) + (f" and {len(missing) - 32} more" if len(missing) > 32 else "")
     problem = Problem("rendezvous", f"rendezvous at {peers.master_addr}:{peers.master_port} timed out, "
@@ -317,7 +356,7 @@ def _await_arrivals(store: dist.TCPStore, peers: Peers, window: float) -> None:
                       "check that the nodes running those ranks started (the scheduler's log for them) and that "
                       f"they reach {peers.master_addr}:{peers.master_port} (firewall, MASTER_ADDR, interface); "
                       f"if nodes start slowly, raise {WINDOW_VAR}")
-    store.set(f"{KEY}/verdict", problem.cause)
+    store.set(_key("verdict"), problem.cause)
     _wait_acks(store, peers.world_size - len(missing))
     raise NetCheckError(problem)
 
@@ -325,25 +364,25 @@ def _await_arrivals(store: dist.TCPStore, peers: Peers, window: float) -> None:
 def _wait_acks(store: dist.TCPStore, arrived: int) -> None:
     # The ranks that did arrive read the verdict before this process (and the store) goes.
     deadline = time.monotonic() + ACK_WAIT_S
-    while int(store.add(f"{KEY}/acks", 0)) < arrived - 1 and time.monotonic() < deadline:
+    while int(store.add(_key("acks"), 0)) < arrived - 1 and time.monotonic() < deadline:
         time.sleep(RETRY_S)
 
 
 def _check_in(store: dist.TCPStore, peers: Peers, verdict_s: float) -> None:
     """Any rank but 0: announce this rank, then wait for rank 0's verdict
     (rank 0 stopping drops the connection: that ends the wait at once)."""
-    store.set(f"{KEY}/arrived/{peers.rank}", socket.gethostname())
-    store.add(f"{KEY}/count", 1)
+    store.set(_key(f"arrived/{peers.rank}"), socket.gethostname())
+    store.add(_key("count"), 1)
     if peers.hosts_store:
         return
     try:
-        store.wait([f"{KEY}/verdict"], datetime.timedelta(seconds=verdict_s))
-        verdict = store.get(f"{KEY}/verdict").decode()
+        store.wait([_key("verdict")], datetime.timedelta(seconds=verdict_s))
+        verdict = store.get(_key("verdict")).decode()
     except RuntimeError as exc:
         raise NetCheckError(Problem("rendezvous", f"rank 0 at {peers.master_addr}:{peers.master_port} gave no "
                                     f"verdict on the arrivals ({str(exc).splitlines()[0] if str(exc) else exc!r})",
                                     "see rank 0's log: it names the ranks that never arrived")) from None
-    store.add(f"{KEY}/acks", 1)
+    store.add(_key("acks"), 1)
     if verdict != "ok":
         raise NetCheckError(Problem("rendezvous", f"rank 0 stopped the job: {verdict}",
                                     "see rank 0's log for the fix"))

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import envnames
+from .. import envnames, runkey
 from ..exitcodes import ExitCode
 from ..wire import LOSS_S
 from . import loss_judge
@@ -42,7 +42,6 @@ from .straggler import Stragglers
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-PREFIX = "ddpkit-watchdog/"
 STALL_KEY, RELEASED_KEY = "stall", "released"
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyway
@@ -450,7 +449,9 @@ def _dump_nccl(path: Path) -> None:
 # ---- starting it --------------------------------------------------------------------------
 def open_store(master_addr: str | None, master_port: int | None, timeout_s: float = 60.0) -> dist.Store:
     """A client of its own to the rendezvous store (or, without an address,
-    the process group's store, e.g. --spawn's file store), under a prefix."""
+    the process group's store, e.g. --spawn's file store), under the run's
+    control prefix (runkey.py): a client without the run key writes where
+    no rank reads."""
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -459,7 +460,7 @@ def open_store(master_addr: str | None, master_port: int | None, timeout_s: floa
         base = dist.TCPStore(master_addr, int(master_port), is_master=False, timeout=timeout, wait_for_workers=False)
     else:
         base = dist.distributed_c10d._get_default_store()
-    return dist.PrefixStore(PREFIX, base)
+    return dist.PrefixStore(runkey.control_prefix(), base)
 
 
 def nccl_recorder_file(log_dir: Path | None, env: MutableMapping[str, str] = os.environ) -> None:
@@ -475,6 +476,8 @@ def start(ident: Identity, master_addr: str | None, master_port: int | None, out
     settings = settings or Settings.from_env()
     if not settings.enabled:
         return None
+    if ident.rank == 0 and master_addr and runkey.key_from() is None:  # a network store, open to any client
+        print(runkey.UNKEYED_NOTE, file=sys.stderr, flush=True)
     dog = Watchdog(open_store(master_addr, master_port), ident, settings, outputs, loss_s=loss_s)
     dog.start()
     return dog

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import envnames, netif
+from .. import envnames, netif, runkey
 from ..wire import device_block
 from . import netcheck
 from .clock import CLOCK, StartupClock, process_start
@@ -146,7 +146,10 @@ def _init_process_group(info: LaunchInfo, backend: str, timeout_s: float,
         os.environ[envnames.MASTER_ADDR] = str(info.master_addr)
         os.environ[envnames.MASTER_PORT] = str(info.master_port)
     if store is not None:  # the network checks opened the rendezvous store: the group meets through it
-        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+        prefix = runkey.group_prefix()  # every rank opened it the same way, so every rank wraps it alike
+        group_store = store if prefix is None else dist.PrefixStore(prefix, store)
+        dist.init_process_group(backend, store=group_store, rank=info.rank, world_size=info.world_size,
+                                timeout=timeout)
         return
     dist.init_process_group(backend, init_method=info.init_method, rank=info.rank,
                             world_size=info.world_size, timeout=timeout)

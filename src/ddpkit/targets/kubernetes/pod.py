@@ -9,7 +9,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...contract import Arg, LaunchPlan, resolve
+from ... import runkey
+from ...contract import Arg, LaunchPlan, Target, resolve
 from ...quoting import kubelet_unliteral
 from ...render import RenderError, k8s_arg
 from ...spec import JobSpec, K8sVolume
@@ -55,6 +56,36 @@ class SecretEnv:
 
 
 @dataclass(frozen=True)
+class FieldEnv:
+    """A variable the kubelet fills from the pod's own metadata
+    (valueFrom.fieldRef, the downward API)."""
+
+    name: str
+    field_path: str
+
+    @property
+    def item(self) -> dict[str, Any]:
+        return {"name": self.name, "valueFrom": {"fieldRef": {"fieldPath": self.field_path}}}
+
+
+# The label the Job controller puts on every pod of a Job (Kubernetes 1.27+): the Job's uid.
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+# The kinds whose pods all belong to one batch Job (a JobSet's and a TrainJob's one replicated Job "node").
+_ONE_JOB = frozenset({Target.INDEXED_JOB, Target.JOBSET, Target.TRAINJOB})
+
+
+def run_key_env(target: Target) -> list[FieldEnv]:
+    """The run key on Kubernetes (runkey.py): the uid of the Job that owns
+    the pods, read from the pod's labels. The API server assigns it when the
+    Job is created, so no manifest holds it and every submission is a new
+    run; a stranger on the pod network cannot learn it, while anyone allowed
+    to read the Job or its pods through the API can (docs/FAILURES.md, threat
+    model). A PyTorchJob's operator creates the pods itself, with no uid
+    they share in their labels: none there, and the job runs unkeyed."""
+    return [FieldEnv(runkey.ENV, f"metadata.labels['{JOB_UID_LABEL}']")] if target in _ONE_JOB else []
+
+
+@dataclass(frozen=True)
 class Container:
     """The one training container, whatever the kind."""
 
@@ -68,6 +99,12 @@ class Container:
     mounts: list[dict[str, Any]]
     security_context: dict[str, Any]
     secrets: list[SecretEnv] = field(default_factory=list)
+    field_env: list[FieldEnv] = field(default_factory=list)
+
+    @property
+    def from_elsewhere(self) -> list[dict[str, Any]]:
+        """The env items whose value is in no manifest: secrets, then the downward API's."""
+        return [s.item for s in self.secrets] + [f.item for f in self.field_env]
 
     @property
     def k8s_command(self) -> list[str]:
@@ -219,6 +256,7 @@ def container(spec: JobSpec, info: KindInfo, launch: LaunchPlan | None = None) -
         mounts=container_mounts(spec),
         security_context=security_context(spec),
         secrets=secret_env(spec),
+        field_env=run_key_env(info.target),
     )
 
 
@@ -259,7 +297,7 @@ def resume_warning(spec: JobSpec) -> str | None:
 
 
 def env_list_to_dict(items: list[dict[str, Any]] | None, where: str) -> dict[str, str]:
-    """The literal `value:` items (secretKeyRef items: secret_items)."""
+    """The literal `value:` items (valueFrom items: secret_items)."""
     out: dict[str, str] = {}
     names: set[str] = set()
     for item in items or []:
@@ -285,8 +323,8 @@ def check_container(got: dict[str, Any], want: Container, where: str, *, full: b
         problems.append(f"{where}: command differs from the torchrun line")
     if env_list_to_dict(got.get("env"), where) != want.env:
         problems.append(f"{where}: env differs from the job's environment")
-    if secret_items(got.get("env")) != [s.item for s in want.secrets]:
-        problems.append(f"{where}: the secrets' secretKeyRef items differ from the spec's secrets")
+    if secret_items(got.get("env")) != want.from_elsewhere:
+        problems.append(f"{where}: the valueFrom items differ from the spec's secrets and the run key")
     if full:
         paths = {m["mountPath"] for m in got.get("volumeMounts", [])}
         if "/dev/shm" not in paths:

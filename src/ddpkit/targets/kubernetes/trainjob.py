@@ -45,7 +45,7 @@ def problems(spec: JobSpec) -> list[str]:
     if reserved:
         out.append(f"env: {reserved} are set by the Trainer's torch plugin; remove them")
     cont = container(spec, INFO)
-    for what, count in (("env", len(cont.env) + len(cont.secrets)), ("command", len(cont.command))):
+    for what, count in (("env", len(cont.env) + len(cont.from_elsewhere)), ("command", len(cont.command))):
         if count > MAX_ITEMS:
             out.append(f"{'command.args' if what == 'command' else 'env'}: a TrainJob allows at most "
                        f"{MAX_ITEMS} {what} items and this job needs {count}; shorten it")

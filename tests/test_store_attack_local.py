@@ -1,0 +1,150 @@
+"""A stranger on the network against a running job: `ddpkit launch local`,
+2 nodes x 1 process of `ddpkit train` (torchrun agents, gloo, CPU). While it
+trains, a client of our own opens the job's master port with torch's
+TCPStore, as anyone who can reach the port can, and forges ddpkit's control
+records: the watchdog's stall verdict (the attack that stopped a job with
+exit 13), a node-loss verdict, frozen heartbeats, a straggler's work record,
+acknowledgements and the release, under the public prefix every ddpkit used
+before run keys and under every prefix a stranger could derive from what
+they can see (the job's name, its run id, an empty key). None of it may reach
+the job: it trains to the end and exits 0, and no forged name appears in its
+output. The same forged verdict under the run's own prefix (the key read
+from a worker's environment, as only the job's owner or root can) stops it
+with exit 13: the records are real ones, and only the key keeps them out."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpkit import runkey
+from ddpkit.exitcodes import ExitCode
+from ddpkit.launch import proctree
+from tests.helpers import store_stranger as stranger
+from tests.test_launch_local import clean_env, launch_argv
+from tests.test_startup import ROOT
+
+pytestmark = pytest.mark.slow
+
+WORLD = 2
+STALL_S = 6  # the watchdog checks the verdict key every second and judges within stall_s
+# rank 0 sleeps this long in each step's data loading: the job trains for at least MAX_STEPS x SLOW_S
+SLOW_S, MAX_STEPS = 0.3, 80
+WATCH_S = 10.0  # how long the job must go on training, untouched, after the forgeries
+
+
+class Job:
+    """`ddpkit launch local` in the background, its output collected."""
+
+    def __init__(self, tmp: Path) -> None:
+        argv = launch_argv("--nodes", "2", "--nproc-per-node", "1", "--grace", "5",
+                           "--set", f"watchdog.stall_s={STALL_S}", "--",
+                           "--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain",
+                           "--log-every", "1", "--data", "synthetic", "--batch-size", "4",
+                           "--synthetic-size", "100000", "--eval-size", "16", "--max-steps", str(MAX_STEPS),
+                           "--metrics", str(tmp / "metrics.jsonl"))
+        self.proc = subprocess.Popen(argv, env=clean_env(DDPKIT_TEST_SLOW_RANK=f"0:{SLOW_S}"), cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self.pids: set[int] = set()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while True:
+                for line in self.lines:
+                    match = re.search(pattern, line)
+                    if match:
+                        return match
+                if self.proc.poll() is not None or not self._seen.wait(max(deadline - time.monotonic(), 0)):
+                    raise AssertionError(f"never saw {pattern!r}:\n{self.text}")
+
+    @property
+    def text(self) -> str:
+        with self._seen:
+            return "".join(self.lines)
+
+    def last_step(self) -> int:
+        steps = [int(m.group(1)) for m in re.finditer(r"\[node0 rank0\].*\bstep (\d+)\b", self.text)]
+        return max(steps, default=-1)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.cleanup()
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.pids |= set(proctree.descendants(self.proc.pid))
+        proctree.signal_all(proctree.alive(sorted(self.pids)), 9)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _started(job: Job) -> tuple[int, str]:
+    master = job.wait_for(r"master 127\.0\.0\.1:(\d+)")
+    run_id = job.wait_for(r"ddpkit status (\S+)\)")
+    job.wait_for(r"\[node0 rank0\].*\bstep 3\b")  # the watchdog is up and every rank has published
+    return int(master.group(1)), run_id.group(1)
+
+
+def test_forged_records_without_the_run_key_do_not_reach_the_job(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        port, run_id = _started(job)
+        step_at_attack = job.last_step()
+        print(stranger.forge_everywhere(stranger.connect("127.0.0.1", port),
+                                        stranger.guessable_prefixes("ddp-job", run_id), WORLD))
+        time.sleep(WATCH_S)
+        running = job.proc.poll() is None
+        step_after = job.last_step()
+        code = job.finish(timeout=300)
+    finally:
+        job.cleanup()
+    text = job.text
+    assert running, f"the job ended within {WATCH_S:.0f} s of the forged records:\n{text}"
+    assert step_after > step_at_attack, text  # it went on training meanwhile
+    assert code == ExitCode.OK, text
+    assert stranger.EVIL not in text, text
+    # rank 0, slowed on purpose, is rightly a straggler; the forged record named rank 1
+    assert "watchdog: STALL" not in text and "watchdog: LOST" not in text and "straggler rank 1" not in text, text
+    assert "launch local: every node finished" in text, text
+
+
+def test_the_same_verdict_under_the_run_key_stops_the_job(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        port, _ = _started(job)
+        keys = set()
+        for pid in proctree.descendants(job.proc.pid):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            keys |= {e.split(b"=", 1)[1].decode() for e in environ if e.startswith(runkey.ENV.encode() + b"=")}
+        assert len(keys) == 1, f"every process of the run holds one key: {len(keys)} found"
+        [key] = keys
+        assert len(key) == 2 * runkey.KEY_BYTES and key not in job.text
+        stranger.main(["127.0.0.1", str(port), "--key", key])
+        code = job.finish(timeout=120)
+    finally:
+        job.cleanup()
+    text = job.text
+    assert code == ExitCode.STALLED, text
+    assert f"launch local: the hang watchdog found stalled rank(s): rank 1 (node 1, {stranger.EVIL})" in text, text
