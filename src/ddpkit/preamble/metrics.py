@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import envnames
+from .. import envnames, runkey
 
 LOG_EVERY = 10
-PREFIX = "ddpkit-step-times"
+SUBPREFIX = "step-times"  # under the run's control prefix (runkey)
 LOSS_IS = "the tensor backward() was called on"
 
 
@@ -96,7 +96,8 @@ class Recorder:
     def _step_store(self, dist: Any) -> Any:
         if self._store is None:
             try:
-                self._store = dist.PrefixStore(f"{PREFIX}/", dist.distributed_c10d._get_default_store())
+                self._store = dist.PrefixStore(f"{runkey.control_prefix()}{SUBPREFIX}/",
+                                               dist.distributed_c10d._get_default_store())
             except (AttributeError, RuntimeError, ValueError):
                 self._store = False
         return self._store or None

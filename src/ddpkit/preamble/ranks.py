@@ -22,12 +22,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import envnames, netif
+from .. import envnames, netif, runkey
 from ..exitcodes import ExitCode
 from ..train import process_env
 from ..train.rank_report import RankRow, ReportOutputs, check_rows, print_table, publish, versions
 
-PREFIX = "ddpkit-rank-report"
+SUBPREFIX = "rank-report"  # under the run's control prefix (runkey): a stranger cannot forge a row or the verdict
 # How long rank 0 waits for every row, and every rank for rank 0's verdict: the
 # ranks are past init_process_group, so each is seconds away from its row.
 WAIT_S = 120.0
@@ -119,7 +119,7 @@ def _store(dist: Any, env: Mapping[str, str]) -> Any:
     except (AttributeError, RuntimeError, ValueError):
         return None
     restart = env.get(envnames.TORCHELASTIC_RESTART_COUNT, "0")
-    store = dist.PrefixStore(f"{PREFIX}/{restart}/", base)
+    store = dist.PrefixStore(f"{runkey.control_prefix(env)}{SUBPREFIX}/{restart}/", base)
     store.set_timeout(datetime.timedelta(seconds=WAIT_S))
     return store
 
