@@ -1,5 +1,6 @@
 """What ddpkit's preamble (ddpkit/preamble) costs a program of the user's own:
-the same program under `python -m ddpkit.agent`, with the preamble and with
+the same program under `python -m ddpkit.agent`, with the preamble, with the
+preamble and its metrics records (as `launch local` runs it), and with
 DDPKIT_PREAMBLE=off, side by side in one run (interleaved repeats).
 
 The program (bench/own_program.py) trains a small MLP with DDP on gloo
@@ -27,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "bench" / "own_program.py"
-MODES = {"preamble": {}, "off": {"DDPKIT_PREAMBLE": "off"}}
+MODES = {"preamble": {}, "preamble+metrics": {}, "off": {"DDPKIT_PREAMBLE": "off"}}
 
 
 def run_once(mode: str, a: argparse.Namespace, scratch: Path, index: int) -> dict[str, float]:
@@ -37,8 +38,10 @@ def run_once(mode: str, a: argparse.Namespace, scratch: Path, index: int) -> dic
     cmd = [sys.executable, "-m", "ddpkit.agent", "--nnodes=1", f"--nproc-per-node={a.nproc}",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(PROGRAM), "--steps", str(a.steps),
            "--width", str(a.width), "--stamps", str(stamps)]
-    env = {k: v for k, v in os.environ.items() if k != "DDPKIT_PREAMBLE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DDPKIT_PREAMBLE", "DDPKIT_METRICS")}
     env.update({"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **MODES[mode]})
+    if mode == "preamble+metrics":  # as launch local runs it: records into a file every 10 steps
+        env["DDPKIT_METRICS"] = str(scratch / f"metrics-{index}.jsonl")
     launched = time.time()
     done = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -73,14 +76,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  run {i + 1}/{a.repeats} {mode}: {runs[mode][-1]}", flush=True)
     stats = {mode: {key: common.spread(r[key] for r in rs) for key in ("first_step_s", "step_ms")}
              for mode, rs in runs.items()}
-    print(common.table(["", "preamble mean", "off mean", "preamble / off", "preamble - off"],
-                       [[key, stats["preamble"][key]["mean"], stats["off"][key]["mean"],
-                         stats["preamble"][key]["mean"] / stats["off"][key]["mean"],
-                         stats["preamble"][key]["mean"] - stats["off"][key]["mean"]]
+    off = stats["off"]
+    print(common.table(["", *[f"{mode} mean" for mode in MODES], *[f"{mode} / off" for mode in MODES if mode != "off"]],
+                       [[key, *[stats[mode][key]["mean"] for mode in MODES],
+                         *[stats[mode][key]["mean"] / off[key]["mean"] for mode in MODES if mode != "off"]]
                         for key in ("step_ms", "first_step_s")]))
-    ratios = {"step preamble / off": stats["preamble"]["step_ms"]["mean"] / stats["off"]["step_ms"]["mean"],
-              "first step preamble - off (s)": stats["preamble"]["first_step_s"]["mean"]
-              - stats["off"]["first_step_s"]["mean"]}
+    ratios = {f"{mode}: step / off": stats[mode]["step_ms"]["mean"] / off["step_ms"]["mean"] for mode in MODES
+              if mode != "off"}
+    ratios |= {f"{mode}: first step - off (s)": stats[mode]["first_step_s"]["mean"] - off["first_step_s"]["mean"]
+               for mode in MODES if mode != "off"}
     path = common.write_result(a.name, {"command": common.command_line(), "machine": common.machine(),
                                         "args": vars(a) | {"out": str(a.out)}, "runs": runs, "stats": stats,
                                         "ratios": ratios}, a.out or common.RESULTS)
