@@ -11,5 +11,8 @@ interpreter and those imports (about 3 CPU-seconds on the CI machine),
 paid again by every worker at every restart of an elastic job (issue 30:
 about half of a crashed node's recovery) and by every test's process.
 
-DDPKIT_AGENT_FORK=0 starts workers as torchrun does (new interpreters).
+DDPKIT_AGENT_FORK=0 starts workers as torchrun does (new interpreters; a
+program of the user's own under `-m ddpkit.run`, for the preamble a forked
+worker gets: ddpkit/preamble). Nothing the zygote imports may initialise
+CUDA: zygote.cuda_refusal checks, and the agent falls back where it did.
 """

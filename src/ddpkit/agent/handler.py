@@ -126,7 +126,7 @@ def install(zygote: Zygote | None) -> None:
 
     class ZygoteHandler(SubprocessHandler):
         def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
-            if zygote is not None and zygote.forks:
+            if zygote is not None and zygote.takes_requests:
                 request = request_for(args, env, _name(getattr(self, "_stdout", None)),
                                       _name(getattr(self, "_stderr", None)))
                 pid = zygote.spawn(request) if request is not None else None

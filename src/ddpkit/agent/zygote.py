@@ -117,7 +117,7 @@ class Zygote:
             print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
 
     @property
-    def forks(self) -> bool:
+    def takes_requests(self) -> bool:
         """Whether the next worker may be asked of the zygote."""
         return self.alive and self.refused is None
 
