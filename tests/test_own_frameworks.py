@@ -7,17 +7,12 @@ stopped with exit 13."""
 
 from __future__ import annotations
 
-import re
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode
-from ddpkit.launch import proctree
 from tests.helpers.rank_table import pid_of
-from tests.test_preamble import STALL_S, Job, run
+from tests.test_preamble import Job, freeze_rank_1_and_expect_the_stall, run
 from tests.test_startup import ROOT
 
 HELPERS = ROOT / "tests" / "helpers"
@@ -42,22 +37,4 @@ def test_a_framework_trainer_gets_the_rank_table_and_the_watchdog(tmp_path: Path
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_a_frozen_rank_of_a_framework_trainer_is_named_and_the_job_stopped(tmp_path: Path, program: str) -> None:
     script, args = PROGRAMS[program]
-    job = Job(tmp_path, script, *args(tmp_path, 10_000))
-    try:
-        job.wait_for(r"ddpkit watchdog: on for this script")
-        job.wait_for(r"│ 1\s+│ 0\s+│ 1\s+│")
-        job.pids |= set(proctree.descendants(job.proc.pid))
-        pid = pid_of(job.lines, 1)
-        assert pid is not None and pid in job.pids, job.text
-        stopped = time.monotonic()
-        proctree.signal_all([pid], signal.SIGSTOP)
-        code = job.finish(STALL_S + 60)
-    finally:
-        if job.proc.poll() is None:
-            job.finish(10)
-    took = time.monotonic() - stopped
-    text = job.text
-    assert code == ExitCode.STALLED, text
-    assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step \d+, phase train", text), text
-    assert took < STALL_S + 45, f"{took:.1f} s from SIGSTOP to the launcher's end"
-    assert job.left == [], "a process of the job outlived it"
+    freeze_rank_1_and_expect_the_stall(Job(tmp_path, script, *args(tmp_path, 10_000)))

@@ -113,8 +113,10 @@ def test_the_tutorial_script_gets_the_rank_table_and_trains_the_same_weights_wit
     assert all(torch.equal(with_[k], without[k]) for k in with_), "the preamble changed what the program computed"
 
 
-def test_a_frozen_rank_of_the_tutorial_script_is_named_and_the_job_stopped(tmp_path: Path) -> None:
-    job = Job(tmp_path, TUTORIAL, "1000", "1000", "--step-sleep", "0.05")
+def freeze_rank_1_and_expect_the_stall(job: Job) -> None:
+    """Once the job trains and its rank table is out, SIGSTOP rank 1's worker:
+    the launcher must end within stall_s plus its grace with exit 13, rank 1
+    named, and nothing of the job left running."""
     try:
         job.wait_for(r"ddpkit watchdog: on for this script")  # stderr: the table on stdout may come after it
         job.wait_for(r"│ 1\s+│ 0\s+│ 1\s+│")
@@ -133,6 +135,10 @@ def test_a_frozen_rank_of_the_tutorial_script_is_named_and_the_job_stopped(tmp_p
     assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step \d+, phase train", text), text
     assert took < STALL_S + 45, f"{took:.1f} s from SIGSTOP to the launcher's end"
     assert job.left == [], "a process of the job outlived it"
+
+
+def test_a_frozen_rank_of_the_tutorial_script_is_named_and_the_job_stopped(tmp_path: Path) -> None:
+    freeze_rank_1_and_expect_the_stall(Job(tmp_path, TUTORIAL, "1000", "1000", "--step-sleep", "0.05"))
 
 
 NEVER_TRAINS = """\

@@ -46,6 +46,11 @@ def auto_progress(step: int) -> None:
         _report(step)
 
 
+def watching() -> bool:
+    """Whether this rank's watchdog runs (it started with the first reported step)."""
+    return _state.get("dog") is not None
+
+
 def _report(step: int) -> None:
     _wd.progress(step)
     if "dog" not in _state:

@@ -57,7 +57,7 @@ class StepCounter:
         self.steps += 1
         watchdog.auto_progress(self.steps)
         metrics.RECORDER.on_step(self.steps)
-        if self.sampler is None:
+        if self.sampler is None and watchdog.watching():  # no watchdog (one process, stall_s 0): no one to tell
             self.sampler = LivenessSampler(threading.main_thread())
             self.sampler.start()
 
