@@ -275,12 +275,12 @@ def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path:
     info = cluster.wait(job)
     text = output(script, job)
     assert info.state == "COMPLETED", text
-    check_ranks(text, launcher="slurm")
+    check_ranks(text, launcher="torchrun")  # the script ran under ddpkit.run: torchrun's variables from Slurm's
     for rank in range(4):
         argv = _records(tmp_path / f"apptainer-{rank}.argv")
         assert argv[:6] == ["exec", "--bind", f"{tmp_path}:/data:ro", "--pwd", str(tmp_path), expected], argv
         assert "--nv" not in argv  # CPU job: no GPU flag
-        assert argv[6:] == [PYTHON, PROBE]
+        assert argv[6:] == [PYTHON, "-m", "ddpkit.run", PROBE]
         env_seen = dict(e.split("=", 1) for e in _records(tmp_path / f"apptainer-{rank}.env"))
         assert env_seen == {"SLURM_NODEID": str(rank // 2), "MASTER_ADDR": "node1",
                             "TEST_NOTE": "it's $(not run) `ever`"}

@@ -111,15 +111,16 @@ def report(env: Mapping[str, str], say: Callable[[str], None] | None = None) -> 
 
 
 def _store(dist: Any, env: Mapping[str, str]) -> Any:
-    """The process group's store under this report's prefix (one per restart
-    of an elastic job: an earlier round's rows must not count), or None when
-    this torch keeps it elsewhere."""
+    """The process group's store under this report's prefix, or None when
+    this torch keeps it elsewhere. No round number in the prefix: torchrun's
+    restart count is each agent's own (a node started again counts from 0
+    while the others count on), and every round of an elastic ddpkit job
+    meets in a store of its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE)."""
     try:
         base = dist.distributed_c10d._get_default_store()
     except (AttributeError, RuntimeError, ValueError):
         return None
-    restart = env.get(envnames.TORCHELASTIC_RESTART_COUNT, "0")
-    store = dist.PrefixStore(f"{runkey.control_prefix(env)}{SUBPREFIX}/{restart}/", base)
+    store = dist.PrefixStore(f"{runkey.control_prefix(env)}{SUBPREFIX}/", base)
     store.set_timeout(datetime.timedelta(seconds=WAIT_S))
     return store
 
