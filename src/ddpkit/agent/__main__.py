@@ -13,7 +13,7 @@ from ..wire import threads_per_process
 # modules, and the preamble a program of the user's own gets (ddpkit/preamble).
 PRELOAD = ("torch._dynamo", "ddpkit.train.main", "ddpkit.train.loop", "ddpkit.train.rank_report",
            "ddpkit.train.data", "ddpkit.preamble.interface", "ddpkit.preamble.ranks", "ddpkit.preamble.progress",
-           "ddpkit.preamble.metrics")
+           "ddpkit.preamble.metrics", "ddpkit.preamble.store")
 
 
 def forks(env: dict[str, str] | os._Environ[str]) -> bool:

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import envnames, runkey
+from .. import envnames
+from .store import group_store
 
 LOG_EVERY = 10
 SUBPREFIX = "step-times"  # under the run's control prefix (runkey)
@@ -68,12 +69,12 @@ class Recorder:
         if not dist.is_initialized():
             return
         rank, world = dist.get_rank(), dist.get_world_size()
-        store = self._step_store(dist)
+        store = self._step_store()
         mean = self._window_s / max(self._steps, 1)
         self._window_s, self._steps = 0.0, 0
         if store is not None:
             store.set(f"{step}/{rank}", f"{mean:.6f}")
-        if rank != 0 or self.path is None:
+        if rank != 0:
             return
         metrics = self._writer()
         elapsed = max(now - self._logged_at, 1e-9)
@@ -93,13 +94,9 @@ class Recorder:
             store.delete_key(key)
         metrics.write("step_times", step=step, step_s=[round(v, 5) for v in values])
 
-    def _step_store(self, dist: Any) -> Any:
+    def _step_store(self) -> Any:
         if self._store is None:
-            try:
-                self._store = dist.PrefixStore(f"{runkey.control_prefix()}{SUBPREFIX}/",
-                                               dist.distributed_c10d._get_default_store())
-            except (AttributeError, RuntimeError, ValueError):
-                self._store = False
+            self._store = group_store(SUBPREFIX) or False  # False: asked once, none to be had
         return self._store or None
 
     def _writer(self) -> Any:

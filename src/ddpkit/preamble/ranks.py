@@ -22,10 +22,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import envnames, netif, runkey
+from .. import envnames, netif
 from ..exitcodes import ExitCode
 from ..train import process_env
 from ..train.rank_report import RankRow, ReportOutputs, check_rows, print_table, publish, versions
+from .store import group_store
 
 SUBPREFIX = "rank-report"  # under the run's control prefix (runkey): a stranger cannot forge a row or the verdict
 # How long rank 0 waits for every row, and every rank for rank 0's verdict: the
@@ -87,11 +88,11 @@ def launcher(env: Mapping[str, str]) -> str:
 def report(env: Mapping[str, str], say: Callable[[str], None] | None = None) -> list[str]:
     """Exchange the rows, print the table on rank 0, end the process on every
     rank when the rows do not form one job. The problems found (none: [])."""
-    import torch.distributed as dist
 
-    store = _store(dist, env)
+    store = group_store(SUBPREFIX, env)
     if store is None:
         return []
+    store.set_timeout(datetime.timedelta(seconds=WAIT_S))
     row = own_row(env)
     store.set(f"row/{row.rank}", json.dumps(asdict(row)))
     if row.rank == 0:
@@ -108,21 +109,6 @@ def report(env: Mapping[str, str], say: Callable[[str], None] | None = None) -> 
             (say or _say)(f"ddpkit: rank report: {problem}")
         sys.exit(ExitCode.STARTUP)
     return problems
-
-
-def _store(dist: Any, env: Mapping[str, str]) -> Any:
-    """The process group's store under this report's prefix, or None when
-    this torch keeps it elsewhere. No round number in the prefix: torchrun's
-    restart count is each agent's own (a node started again counts from 0
-    while the others count on), and every round of an elastic ddpkit job
-    meets in a store of its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE)."""
-    try:
-        base = dist.distributed_c10d._get_default_store()
-    except (AttributeError, RuntimeError, ValueError):
-        return None
-    store = dist.PrefixStore(f"{runkey.control_prefix(env)}{SUBPREFIX}/", base)
-    store.set_timeout(datetime.timedelta(seconds=WAIT_S))
-    return store
 
 
 def _gather(store: Any, world: int) -> tuple[list[RankRow], list[str]]:
