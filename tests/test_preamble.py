@@ -101,7 +101,9 @@ def test_the_tutorial_script_gets_the_rank_table_and_trains_the_same_weights_wit
     page = subprocess.run([sys.executable, "-m", "ddpkit.cli", "report", run_id, "-o", str(tmp_path / "page.html")],
                           env=clean_env(PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
     assert page.returncode == 0, page.stderr
-    assert "(4 train and 3 step-time records" in page.stdout, page.stdout
+    # 4 train records (steps 10-40); step-time windows 10-30 are published a window late, and one
+    # whose slower rank has not written it yet is left out, never waited for: 1 to 3 of them
+    assert re.search(r"\(4 train and [123] step-time records", page.stdout), page.stdout
 
     code, bare = run(tmp_path, "3", "1", "--batch_size", "8", "--final", str(tmp_path / "without.pt"),
                      "--snapshot", "bare.pt", launch=tuple(ALL_OFF))
