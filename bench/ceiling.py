@@ -32,7 +32,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ddpkit.train.models import build_model
+from ddpkit.train.model.build import build_model
 
 VARIANTS = ("eager", "channels_last", "compile", "compile_channels_last")
 

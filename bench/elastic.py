@@ -65,7 +65,7 @@ from bench.common import ROOT, machine
 from bench.recovery import LOSSES, Measurement, end_frozen, summary, table, take_away, wait_until, work_folder
 from pydantic import ValidationError
 
-from ddpkit.launch import proctree
+from ddpkit.launch.supervise import proctree
 from ddpkit.spec import JobSpec
 
 NODES, MIN_NODES = 3, 2
@@ -399,7 +399,7 @@ def docker_host(image: str | None) -> Iterator[tuple[dict[str, str], str]]:
 
 def compose_run(args: argparse.Namespace, docker_env: dict[str, str], image: str, variant: str,
                 loss: str) -> Measurement:
-    from ddpkit.launch.applied import compose_cli
+    from ddpkit.launch.control.applied import compose_cli
 
     with work_folder("ddpkit-bench-elastic-compose-") as work:
         metrics = work / "m.jsonl"

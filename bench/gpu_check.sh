@@ -82,7 +82,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.bac
 p = torch.cuda.get_device_properties(0)
 print("gpus", torch.cuda.device_count(), p.name, "cc", f"{p.major}.{p.minor}", "SMs", p.multi_processor_count,
       "mem GiB", round(p.total_memory / 2**30, 1))
-from ddpkit.train.rank_report import versions
+from ddpkit.train.startup.rank_report import versions
 print("ddpkit versions()", versions())
 import pydantic, typing_extensions
 print("pydantic", pydantic.VERSION)

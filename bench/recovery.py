@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from ddpkit.launch import proctree
+from ddpkit.launch.supervise import proctree
 
 LOSSES = ("crash", "freeze", "link")
 T = TypeVar("T")

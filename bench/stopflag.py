@@ -57,7 +57,7 @@ def make_check(variant: str, device: torch.device) -> tuple[Callable[[], bool], 
     """(check, finish) for one variant."""
     import torch.distributed as dist
 
-    from ddpkit.train.signals import StopAgreement, StopRequest, cpu_group
+    from ddpkit.train.stop.signals import StopAgreement, StopRequest, cpu_group
 
     if variant == "none":
         return (lambda: False), (lambda: None)

@@ -46,8 +46,8 @@ from typing import Any
 from bench.common import ROOT, machine
 from bench.recovery import Measurement, end_frozen, kill_tree, take_away, wait_until, work_folder
 
-from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
+from ddpkit.launch.supervise import proctree
 
 GROUPS, MIN_REPLICAS = 3, 2
 LIGHTHOUSE = {"quorum_tick_ms": 100, "join_timeout_ms": 10000, "heartbeat_timeout_ms": 5000}
@@ -108,7 +108,7 @@ def worker(metrics: Path, steps: int, patch: bool, pg_timeout_s: float) -> None:
     from torch import optim
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
-    from ddpkit.train.tiny import cnn
+    from ddpkit.train.model.tiny import cnn
 
     if patch:
         DistributedDataParallel._comm_hook = staticmethod(tolerant_comm_hook)  # type: ignore[method-assign]

@@ -37,10 +37,10 @@ from typing import Any
 from bench.common import ROOT, command_line, machine, table, write_result
 from tests.helpers.rank_table import pid_of
 
-from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
-from ddpkit.train import stall
-from ddpkit.train.stall_model import PULSE, Beat, Judge, Phase, Settings, mark, progress
+from ddpkit.launch.supervise import proctree
+from ddpkit.train.watchdog import stall
+from ddpkit.train.watchdog.stall_model import PULSE, Beat, Judge, Phase, Settings, mark, progress
 
 STEP_S = 0.010  # the step the heartbeat's cost is compared with
 TRAIN = ["--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain",

@@ -1,6 +1,6 @@
 """Logs without spew (issue 26 item 2): the launchers' console shows a line
 several ranks print at about the same time once, with the ranks named
-(launch/dedup.py), on a fake clock; and the supervisor's LinePrinter with it."""
+(launch/supervise/dedup.py), on a fake clock; and the supervisor's LinePrinter with it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ddpkit.launch.dedup import Dedup, Released, Source, ranges
-from ddpkit.launch.nodeoutput import LinePrinter
+from ddpkit.launch.supervise.dedup import Dedup, Released, Source, ranges
+from ddpkit.launch.supervise.nodeoutput import LinePrinter
 
 WARN = "UserWarning: something every rank says"
 

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from ddpkit.launch.docker import _gpu_requests
 from ddpkit.spec import JobSpec
 from ddpkit.targets import kubernetes, render, slurm
-from ddpkit.train.startup import StartupError, resolve_device
-from ddpkit.train.strategy import StrategyError, cuda_devices
+from ddpkit.train.model.strategy import StrategyError, cuda_devices
+from ddpkit.train.startup.distributed import StartupError, resolve_device
 from ddpkit.wire import DeviceBlock, device_block
 
 

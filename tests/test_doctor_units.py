@@ -17,8 +17,8 @@ from ddpkit.doctor.report import merged, print_tables, rank_ranges
 from ddpkit.doctor.results import BenchRow, Check, DoctorResult, Status
 from ddpkit.doctor.sizes import GIB, KIB, MIB, algbw, bus_factor, busbw, message_sizes, parse_size
 from ddpkit.exitcodes import ExitCode
-from ddpkit.train import netcheck
-from ddpkit.train.launchinfo import LaunchInfo
+from ddpkit.train.startup import netcheck
+from ddpkit.train.startup.launchinfo import LaunchInfo
 
 WHERE = local.Where(rank=3, host="node1")
 
@@ -138,7 +138,7 @@ def test_tables_merge_ranks_and_show_every_fix() -> None:
     assert result.verdict == "FAIL" and result.to_json()["verdict"] == "FAIL"
 
 
-# ---- pre-join network checks (ddpkit.train.netcheck) and interface auto (ddpkit.netif) ----
+# ---- pre-join network checks (ddpkit.train.startup.netcheck) and interface auto (ddpkit.netif) ----
 
 LO = netif.Interface("lo", "127.0.0.1")
 ETH_DOWN = netif.Interface("eth0", "10.0.0.5", up=False)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from ddpkit.launch.applied import compose_cli
+from ddpkit.launch.control.applied import compose_cli
 from tests.helpers.elastic_gate import GATE_DIR, GATE_WORLD, held_step, release
 from tests.helpers.matrix import DDPKIT, run_ok
 from tests.infra import docker_daemon as daemon_infra

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit.launch import proctree
+from ddpkit.launch.supervise import proctree
 from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit.launch import proctree
+from ddpkit.launch.supervise import proctree
 from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.infra import netns, slurm_cluster
 from tests.infra.shared import SlurmPool

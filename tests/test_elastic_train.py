@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from ddpkit.contract import elastic_env
-from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
+from ddpkit.launch.supervise import proctree
 from ddpkit.spec import JobSpec
-from ddpkit.train.config import TrainConfig
-from ddpkit.train.elastic import AgentRestarts, changed_line, fit_global_batch
+from ddpkit.train.config.values import TrainConfig
+from ddpkit.train.loop.elastic import changed_line, fit_global_batch
+from ddpkit.train.startup.launchinfo import AgentRestarts
 from tests.helpers.elastic_gate import held_step, release
 from tests.helpers.runs import (
     TINY,
@@ -189,7 +190,7 @@ def test_a_node_lost_between_checkpoints_costs_at_most_the_step_in_flight(tmp_pa
     dies, rank 0's collective fails at once and its main thread writes its
     state of the last completed step before the worker leaves. freeze: it goes
     silent, rank 0's main thread waits in the all-reduce, and its watchdog
-    thread writes that state on the heartbeat verdict (train/last_step.py).
+    thread writes that state on the heartbeat verdict (train/checkpoint/last_step.py).
     Either way the survivors resume from that step, not from the checkpoint
     before it, and end bit-identical to an uninterrupted 2-node run from the
     file written at the loss."""

@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from ddpkit.agent.zygote import NVML_CHECK
-from ddpkit.train import checkpoint_files
-from ddpkit.train.balanced_dp import BalancedDataParallel
-from ddpkit.train.config import TrainConfig
-from ddpkit.train.models import build_model
-from ddpkit.train.rank_report import versions
-from ddpkit.train.strategy import parallelise, process_devices
+from ddpkit.train.checkpoint import files as checkpoint_files
+from ddpkit.train.config.values import TrainConfig
+from ddpkit.train.model.balanced_dp import BalancedDataParallel
+from ddpkit.train.model.build import build_model
+from ddpkit.train.model.strategy import parallelise, process_devices
+from ddpkit.train.startup.rank_report import versions
 from tests.helpers.runs import ROOT, TINY
 
 RESNET = ["--model", "resnet18", "--image-size", "16", "--workers", "0", "--progress", "plain"]

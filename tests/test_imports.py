@@ -63,6 +63,33 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
+# Inside train and launch, each sub-package (or top-level module) may import only the
+# sub-packages named here besides itself; a part not in the table (train's main,
+# __main__, argcheck; launch's __init__) is the package's front and may import any.
+INSIDE: dict[str, dict[str, set[str]]] = {
+    "train": {
+        "loop": {"checkpoint", "watchdog", "stop", "model", "data", "outputs", "startup", "config"},
+        "checkpoint": {"watchdog", "stop", "model", "outputs", "startup", "config"},
+        "watchdog": {"startup"},
+        "stop": set(),
+        "model": {"config"},
+        "data": set(),
+        "startup": {"outputs", "config"},
+        "outputs": set(),
+        "config": set(),
+    },
+    "launch": {
+        "local": {"supervise", "runargs", "secrets"},
+        "docker": {"supervise", "runargs", "secrets"},
+        "ssh": {"supervise", "runargs", "secrets"},
+        "slurm": {"secrets"},
+        "control": {"slurm", "supervise"},
+        "supervise": set(),
+        "runargs": set(),
+        "secrets": set(),
+    },
+}
+
 @dataclass(frozen=True)
 class Edge:
     source: str
@@ -129,6 +156,33 @@ def test_no_import_reaches_a_layer_it_may_not_use() -> None:
     wrong = [f"{e.source}:{e.line} imports {e.target}" for e in edges()
              if top(e.source) != top(e.target) and top(e.target) not in ALLOWED[top(e.source)]]
     assert not wrong, "imports against docs/ARCHITECTURE.md's direction:\n" + "\n".join(wrong)
+
+
+def inner(module: str) -> tuple[str, str] | None:
+    """(package, part) for a module inside train or launch: its sub-package or top-level module."""
+    parts = module.split(".")
+    if parts[0] in INSIDE and len(parts) > 1:
+        return parts[0], parts[1]
+    return None
+
+
+def test_every_sub_package_is_in_the_table() -> None:
+    fronts = {"main", "__main__", "argcheck"}
+    parts = {part for m in module_names() if (part := inner(m))}
+    missing = sorted(f"{p}.{s}" for p, s in parts if s not in INSIDE[p] and s not in fronts)
+    assert not missing, f"add {missing} to INSIDE and docs/ARCHITECTURE.md"
+
+
+def test_no_import_inside_train_or_launch_goes_up() -> None:
+    wrong = []
+    for e in edges():
+        source, target = inner(e.source), inner(e.target)
+        if source is None or target is None or source[0] != target[0] or source[1] == target[1]:
+            continue
+        allowed = INSIDE[source[0]].get(source[1])
+        if allowed is not None and target[1] not in allowed:
+            wrong.append(f"{e.source}:{e.line} imports {e.target}")
+    assert not wrong, "imports against the sub-packages' order:\n" + "\n".join(wrong)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

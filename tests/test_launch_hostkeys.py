@@ -11,7 +11,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from ddpkit.launch.hostkeys import Action, Checking, KeyState, changed_fix, policy_from, unknown_fix
+from ddpkit.launch.ssh.hostkeys import Action, Checking, KeyState, changed_fix, policy_from, unknown_fix
 from tests.infra import netns, sshd
 from tests.infra.shared import SshPool
 
@@ -94,7 +94,7 @@ _REASON = netns.available() or sshd.available()
 PROBE = """\
 import sys
 from pathlib import Path
-from ddpkit.launch.conn import ConnectError, SshSettings, connect, close, resolve
+from ddpkit.launch.ssh.connect import ConnectError, SshSettings, connect, close, resolve
 s = SshSettings(config_path=Path(sys.argv[1]), timeout_s=10)
 try:
     c = connect(resolve(sys.argv[2], s), s)

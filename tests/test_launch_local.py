@@ -15,8 +15,8 @@ import pytest
 
 from ddpkit.cli import build_parser
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch import proctree
 from ddpkit.launch.local import AGENT_LOG, build_nodes, local_spec
+from ddpkit.launch.supervise import proctree
 from tests.helpers.runs import TINY
 from tests.test_startup import ROOT, report_lines
 

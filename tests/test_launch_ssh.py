@@ -265,7 +265,7 @@ def test_proxyjump_goes_through_the_jump_host(cluster: Cluster, tmp_path: Path) 
     config.write_text(f"Host target\n  HostName {net['node3'].addr}\n  ProxyJump {net['node1'].addr}\n"
                       + hosts.ssh_config.read_text())
     probe = (
-        "import sys; from ddpkit.launch.conn import SshSettings, resolve, connect, close\n"
+        "import sys; from ddpkit.launch.ssh.connect import SshSettings, resolve, connect, close\n"
         "from pathlib import Path\n"
         "s = SshSettings(config_path=Path(sys.argv[1]))\n"
         "c = connect(resolve('target', s), s)\n"

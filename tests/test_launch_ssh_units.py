@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.launch.hostfile import HostEntry, load_hosts, parse_hostfile
 from ddpkit.launch.secrets import stdin_payload, with_run_key
+from ddpkit.launch.ssh.hostfile import HostEntry, load_hosts, parse_hostfile
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, build_spec
 from ddpkit.targets import sshnode as remote
@@ -193,7 +193,7 @@ def test_launch_ssh_takes_log_dir_grace_and_train_args_like_its_siblings(
     assert f"log {tmp_path / 'L'}/ddp-job.node0.h0.log" in out and "--epochs 3" in out
     import argparse
 
-    from ddpkit.launch import ssh
+    from ddpkit.launch.ssh import launcher as ssh
 
     parser = argparse.ArgumentParser()
     ssh.add_arguments(parser)
@@ -202,7 +202,7 @@ def test_launch_ssh_takes_log_dir_grace_and_train_args_like_its_siblings(
 
 
 def test_a_host_name_that_does_not_resolve_says_so_not_sshd(tmp_path: Path) -> None:
-    from ddpkit.launch.conn import ConnectError, SshSettings, connect, endpoint_for
+    from ddpkit.launch.ssh.connect import ConnectError, SshSettings, connect, endpoint_for
 
     settings = SshSettings(config_path=tmp_path / "no-config", known_hosts=tmp_path / "known_hosts")
     endpoint = endpoint_for(parse_hostfile("gpu-a.no-such-domain.invalid slots=1\n")[0], settings)

@@ -18,9 +18,10 @@ import torch.distributed as dist
 from bench.recovery import wait_until
 
 from ddpkit.exitcodes import WORKER_CODES, ExitCode
-from ddpkit.launch.supervisor import Outcome, Status, Supervisor
-from ddpkit.train import loss_judge, stall
-from ddpkit.train.stall_model import PULSE, Beat, Judge, Phase, Settings
+from ddpkit.launch.supervise.supervisor import Outcome, Status, Supervisor
+from ddpkit.train.watchdog import node_loss as loss_judge
+from ddpkit.train.watchdog import stall
+from ddpkit.train.watchdog.stall_model import PULSE, Beat, Judge, Phase, Settings
 
 S = Settings(stall_s=60.0)
 
@@ -238,7 +239,7 @@ def _elastic_run(plays: list[Play]) -> tuple[Supervisor, Outcome]:
     of scripted nodes, through the supervisor's own loop."""
     from rich.console import Console
 
-    from ddpkit.launch.supervisor import ElasticPolicy
+    from ddpkit.launch.supervise.supervisor import ElasticPolicy
 
     held: list[Supervisor] = []
     nodes = [_ScriptedNode(i, play, lambda: held[0]) for i, play in enumerate(plays)]
@@ -291,7 +292,7 @@ def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() 
     exit status), the job's watchdog reports its ranks silent after: that
     report, which names the ranks and how long they were silent, is the
     cause the summary gives."""
-    from ddpkit.launch.nodeoutput import LOST
+    from ddpkit.launch.supervise.nodeoutput import LOST
 
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
         wait_until(lambda: sup.failures[2] == 1, 30, "the supervisor to handle node 2's exit")

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
+from ddpkit.launch.supervise import proctree
 from ddpkit.run import torchrun_env
 from ddpkit.wire import slurm_port_for_job
 from tests.helpers.rank_table import pid_of

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from ddpkit.launch import local
 from ddpkit.spec import JobSpec
 from ddpkit.targets import kubernetes, render, slurm
-from ddpkit.train import signals
+from ddpkit.train.stop import signals
 from ddpkit.wire import TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
 
 KINDS = ["pytorchjob", "indexed-job", "trainjob", "jobset"]

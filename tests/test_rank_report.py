@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.train.rank_report import RankRow, check_rows
+from ddpkit.train.startup.rank_report import RankRow, check_rows
 from tests.helpers.forge_rank_report import forge_env, forged
 from tests.test_startup import ROOT, free_port, run_ranks
 
@@ -55,7 +55,7 @@ def test_forge_hook_changes_only_the_chosen_rank() -> None:
 
 
 def test_the_product_has_no_forge_hook() -> None:
-    import ddpkit.train.rank_report as product
+    import ddpkit.train.startup.rank_report as product
 
     source = Path(product.__file__).read_text()
     assert "FORGE" not in source and "environ" not in source

@@ -211,8 +211,8 @@ class _QuietDog:
 def test_the_watchdog_says_when_a_job_runs_without_a_key(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str], rank: int,
                                                          addr: str | None, key: str | None, said: bool) -> None:
-    from ddpkit.train import stall
-    from ddpkit.train.stall_model import Settings
+    from ddpkit.train.watchdog import stall
+    from ddpkit.train.watchdog.stall_model import Settings
 
     monkeypatch.setattr(stall, "open_store", lambda *args: None)
     monkeypatch.setattr(stall, "Watchdog", _QuietDog)

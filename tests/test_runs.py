@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch import proctree
+from ddpkit.launch.supervise import proctree
 from ddpkit.runs import NodeLog, RunFolder, RunState, SlurmJob, UnknownRun, all_runs, resolve, shown_state
 from tests.helpers.runs import TINY
 
@@ -366,7 +366,7 @@ esac''',
 ])
 def test_a_job_that_left_the_queue_is_read_from_sacct_with_accounting_else_scontrol(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accounting: str, state: str, source: str) -> None:
-    from ddpkit.launch.submit_slurm import queue_state
+    from ddpkit.launch.slurm.submit import queue_state
 
     for name, body in STAND_INS.items():
         (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")

@@ -1,4 +1,4 @@
-"""train/slurm_batch.py: a finished worker tells its elastic job's batch
+"""train/stop/slurm_batch.py: a finished worker tells its elastic job's batch
 shell, and only that shell, on that node (tests/test_elastic_slurm.py runs
 it on real Slurm). The "batch shell" here is a real bash with the template's
 trap, started with the job's SLURM_JOB_ID in its environment."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit import envnames
-from ddpkit.train import slurm_batch
+from ddpkit.train.stop import slurm_batch
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.train.clock import STAMPS, StartupClock
+from ddpkit.train.startup.clock import STAMPS, StartupClock
 from tests.helpers.runs import ROOT, alone, metrics, run_ok, torchrun
 
 TICK = 1 / os.sysconf("SC_CLK_TCK")  # resolution of the kernel's process start time
@@ -57,7 +57,7 @@ def test_train_writes_one_ordered_startup_record(tmp_path: Path, launcher: str) 
 
 def test_process_start_is_when_the_interpreter_began(tmp_path: Path) -> None:
     code = ("import time; first = time.time()\n"
-            "from ddpkit.train.startup import process_start\n"
+            "from ddpkit.train.startup.distributed import process_start\n"
             "import json; print(json.dumps([first, *process_start()]))")
     before = time.time()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -23,8 +23,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpkit.train.signals import StopAgreement, StopRequest, cpu_group
-from ddpkit.train.startup import DistContext, add_startup_arguments, run_spawned
+from ddpkit.train.startup.distributed import DistContext, add_startup_arguments, run_spawned
+from ddpkit.train.stop.signals import StopAgreement, StopRequest, cpu_group
 from tests.helpers.runs import ROOT, TINY, Job, alone, assert_bitwise_equal, final_model, metrics, run_ok, wait_for_step
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ import pytest
 
 from ddpkit import runkey
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch import proctree
+from ddpkit.launch.supervise import proctree
 from tests.helpers import store_stranger as stranger
 from tests.test_launch_local import clean_env, launch_argv
 from tests.test_startup import ROOT

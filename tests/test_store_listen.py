@@ -1,5 +1,5 @@
 """The store ddpkit's rank 0 opens itself (srun mode, mpirun, a manual
-start: train/netcheck.py) listens at the address MASTER_ADDR names, not on
+start: train/startup/netcheck.py) listens at the address MASTER_ADDR names, not on
 every address of the host; and falls back to every address where binding
 one would cut off peers."""
 
@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from ddpkit.train import netcheck
-from ddpkit.train.netcheck import Peers, job_listener
+from ddpkit.train.startup import netcheck
+from ddpkit.train.startup.netcheck import Peers, job_listener
 
 
 def free_port() -> int:

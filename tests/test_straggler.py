@@ -18,13 +18,13 @@ from torch import nn
 
 from ddpkit import envnames
 from ddpkit.contract import Target, target_env
-from ddpkit.launch.stragglers import NamedStraggler
-from ddpkit.launch.supervisor import Outcome, Supervisor, summary_table
+from ddpkit.launch.supervise.stragglers import NamedStraggler
+from ddpkit.launch.supervise.supervisor import Outcome, Supervisor, summary_table
 from ddpkit.runs import NodeRow, RunSummary
 from ddpkit.spec import JobSpec
-from ddpkit.train import straggler
-from ddpkit.train.straggler import MIN_GAP_S, StragglerJudge, Stragglers, Work, WorkWindow, factor_from_env
-from ddpkit.train.worktime import WARM_STEPS, SlowHook, WorkTimer
+from ddpkit.train.watchdog import straggler
+from ddpkit.train.watchdog.straggler import MIN_GAP_S, StragglerJudge, Stragglers, Work, WorkWindow, factor_from_env
+from ddpkit.train.watchdog.worktime import WARM_STEPS, SlowHook, WorkTimer
 
 
 def works(*own_s: float, steps: int = 10, step: int = 20) -> list[Work | None]:
@@ -174,7 +174,7 @@ def test_the_timer_installs_a_comm_hook_under_ddp_and_the_gradients_stay_average
 def test_the_store_protocol_publish_judge_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Four ranks' Stragglers on a real TCPStore: nothing is judged until every
     rank published; then rank 0 names rank 3 once, with its line and record."""
-    from ddpkit.train.stall import open_store
+    from ddpkit.train.watchdog.stall import open_store
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     metrics = tmp_path / "m.jsonl"

@@ -2,7 +2,7 @@
 of `ddpkit train` (torchrun agents, gloo). Rank 1's evaluation is slow (the
 others wait for it), rank 0 writes a checkpoint every epoch (the others wait
 for it), and from step SLOW_FROM on rank 2 sleeps SLOW_S in its data loading
-at every step (DDPKIT_TEST_SLOW_RANK, train/worktime.py). Rank 2 must be named
+at every step (DDPKIT_TEST_SLOW_RANK, train/watchdog/worktime.py). Rank 2 must be named
 a straggler within 20 steps of becoming slow, and nobody else ever: not the
 rank with the slow evaluation, not the ranks that wait, not before step
 SLOW_FROM (two uneven evaluations and checkpoints happened by then)."""

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ddpkit.launch.nodeoutput import LinePrinter, NodeHandle
-from ddpkit.launch.supervisor import ElasticPolicy, Outcome, RunText, Status, Supervisor
+from ddpkit.launch.supervise.nodeoutput import LinePrinter, NodeHandle
+from ddpkit.launch.supervise.supervisor import ElasticPolicy, Outcome, RunText, Status, Supervisor
 from ddpkit.runs import RunFolder, RunState
 
 WAIT_S = 10.0

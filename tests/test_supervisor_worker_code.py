@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch.supervisor import RunText, Supervisor
+from ddpkit.launch.supervise.supervisor import RunText, Supervisor
 from tests.test_supervisor_rejoin import WAIT_S, ScriptedNode
 
 CAUSE = ("ddpkit train: --data imagefolder --data-dir /x is missing on host h0 (rank 0), host h1 (rank 1): "
@@ -112,7 +112,7 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
     """Elastic: node 2's worker exits 12 (its agent 1); its host answers, it
     rejoins and finishes: the summary names 12, and the old code does not
     make the new run of the node a failure."""
-    from ddpkit.launch.supervisor import ElasticPolicy, Status
+    from ddpkit.launch.supervise.supervisor import ElasticPolicy, Status
     from tests.test_supervisor_rejoin import Hosts
 
     nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
@@ -152,7 +152,7 @@ def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Pa
     """The containers are removed at the end: with --log-dir the node's whole
     output, torchrun's traceback included, stays in DIR/node<I>.log."""
     from ddpkit.launch.docker import ContainerNode, NodePlan
-    from ddpkit.launch.nodeoutput import LinePrinter
+    from ddpkit.launch.supervise.nodeoutput import LinePrinter
 
     # no rank prefix: launch docker and launch ssh run torchrun without --log-line-prefix-template
     text = "\n".join([CAUSE, CAUSE, *torchrun_report(12, 1)]) + "\n"

@@ -55,9 +55,9 @@ def test_launch_local(tmp_path: Path) -> None:
 def test_rank_report_flags_are_checked_and_frozen(tmp_path: Path) -> None:
     import argparse
 
-    from ddpkit.train.config import TrainConfig
+    from ddpkit.train.config.options import problems
+    from ddpkit.train.config.values import TrainConfig
     from ddpkit.train.main import add_arguments
-    from ddpkit.train.options import problems
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launch.applied import compose_cli
+from ddpkit.launch.control.applied import compose_cli
 from tests.helpers.matrix import DDPKIT, IN_IMAGE, NODES, TIMEOUT_S, check, run_ok, write_spec
 from tests.infra import docker_daemon as daemon_infra
 from tests.infra.docker_daemon import REPO, Docker

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from ddpkit.launch import local, proctree
+from ddpkit.launch import local
+from ddpkit.launch.supervise import proctree
 from ddpkit.specfile import load_spec
 from ddpkit.targets.sshnode import stop_script
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from ddpkit.train.checkpoint_files import latest_checkpoint, read_checkpoint
+from ddpkit.train.checkpoint.files import latest_checkpoint, read_checkpoint
 
 WRITER = """
 import sys, torch
 from pathlib import Path
-from ddpkit.train.checkpoint_files import write_checkpoint
+from ddpkit.train.checkpoint.files import write_checkpoint
 d = Path(sys.argv[1]); step = int(sys.argv[2])
 print("ready", flush=True)
 while True:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit.train.data import SyntheticImages
-from ddpkit.train.models import build_model
+from ddpkit.train.data.loaders import SyntheticImages
+from ddpkit.train.model.build import build_model
 from tests.helpers.runs import TINY, alone, assert_bitwise_equal, final_model, metrics, run_ok, torchrun, wait_for_step
 from tests.test_train_units import write_cifar10
 
@@ -75,7 +75,7 @@ def test_dataparallel_with_balanced_batch_runs_in_one_process(tmp_path: Path) ->
 
 def test_cifar10_from_torchvision_format_on_resident_data(tmp_path: Path) -> None:
     write_cifar10(tmp_path / "data", per_batch=8, test=9)
-    out = run_ok(alone(tmp_path, ["--model", "ddpkit.train.tiny:cnn", "--workers", "0", "--data", "cifar10",
+    out = run_ok(alone(tmp_path, ["--model", "ddpkit.train.model.tiny:cnn", "--workers", "0", "--data", "cifar10",
                                   "--data-dir", str(tmp_path / "data"), "--gpu-resident-data", "--batch-size", "8",
                                   "--metrics", str(tmp_path / "m.jsonl")]))
     assert "5 steps" in out

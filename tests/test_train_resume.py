@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launch import proctree
+from ddpkit.launch.supervise import proctree
 from tests.helpers.runs import TINY, Job, assert_bitwise_equal, final_model, metrics, run_ok, torchrun, wait_for_step
 
 pytestmark = pytest.mark.slow

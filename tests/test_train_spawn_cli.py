@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.train.config import TrainConfig
+from ddpkit.train.config.values import TrainConfig
 from tests.helpers.runs import ROOT, TINY
 
 

@@ -17,12 +17,19 @@ import numpy as np
 import pytest
 import torch
 
-from ddpkit.launch import proctree
-from ddpkit.train.balanced_dp import chunk_sizes
-from ddpkit.train.data import DeviceResidentLoader, ResumableSampler, ShardSampler, SyntheticImages, read_cifar10, train_loader
-from ddpkit.train.loop import warmup_cosine
+from ddpkit.launch.supervise import proctree
+from ddpkit.train.data.loaders import (
+    DeviceResidentLoader,
+    ResumableSampler,
+    ShardSampler,
+    SyntheticImages,
+    read_cifar10,
+    train_loader,
+)
+from ddpkit.train.loop.training import warmup_cosine
 from ddpkit.train.main import add_arguments, run
-from ddpkit.train.models import build_model
+from ddpkit.train.model.balanced_dp import chunk_sizes
+from ddpkit.train.model.build import build_model
 
 from .helpers.held_lock_data import LOCK, HeldLockData
 
@@ -148,7 +155,7 @@ def test_bad_flags_exit_2_naming_the_flag(argv: list[str], flag: str, capsys: py
 def test_the_loss_is_read_every_log_interval_only_bar_or_not(mode: str) -> None:
     """Reading the loss syncs the host with the device; the bar used to ask
     for it after every step."""
-    from ddpkit.train.progress import Progress
+    from ddpkit.train.outputs.progress import Progress
 
     progress = Progress(mode, True, total=25, start=0, every=10)
     try:
@@ -167,8 +174,8 @@ def test_the_loss_is_read_every_log_interval_only_bar_or_not(mode: str) -> None:
 def test_the_summary_repeats_the_progress_lines_throughput_and_counts_in_words() -> None:
     """The summary's img/s is the last progress line's (training only), not
     diluted by the final evaluation and checkpoint its time includes."""
-    from ddpkit.train.loop import _Run
-    from ddpkit.train.progress import RunStatus, Summary
+    from ddpkit.train.loop.training import _Run
+    from ddpkit.train.outputs.progress import RunStatus, Summary
 
     run = _Run(t0=100.0, start_step=2)
     run.trained_at = 104.0  # 8 steps x 16 images in 4 s of training
@@ -213,7 +220,7 @@ def test_loader_workers_do_not_inherit_a_lock_another_thread_holds() -> None:
 
 LOADER_THEN_WAIT = """
 import sys, time
-from ddpkit.train.data import ResumableSampler, SyntheticImages, train_loader
+from ddpkit.train.data.loaders import ResumableSampler, SyntheticImages, train_loader
 data = SyntheticImages(16, 8, 4, seed=0)
 loader = train_loader(data, ResumableSampler(data, 1, 0, seed=0), batch_size=4, workers=2, pin=False)
 next(iter(loader))
@@ -226,7 +233,7 @@ time.sleep(600)
 def test_loader_workers_and_their_server_end_with_the_rank(sig: int) -> None:
     """A rank that dies without cleaning up (SIGKILL; the watchdog's os._exit)
     or is told to go takes its fork server and loader workers with it: they
-    would otherwise keep each other alive for good (train/loader_procs.py)."""
+    would otherwise keep each other alive for good (train/data/loader_procs.py)."""
     proc = subprocess.Popen([sys.executable, "-c", LOADER_THEN_WAIT], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

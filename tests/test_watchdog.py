@@ -14,11 +14,11 @@ import torch.distributed as dist
 from ddpkit import envnames
 from ddpkit.contract import Target, target_env
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch.nodeoutput import LinePrinter
-from ddpkit.launch.supervisor import Outcome, Status, Supervisor
+from ddpkit.launch.supervise.nodeoutput import LinePrinter
+from ddpkit.launch.supervise.supervisor import Outcome, Status, Supervisor
 from ddpkit.spec import JobSpec
-from ddpkit.train import stall
-from ddpkit.train.stall_model import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress
+from ddpkit.train.watchdog import stall
+from ddpkit.train.watchdog.stall_model import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress
 
 S = Settings(stall_s=10.0)
 

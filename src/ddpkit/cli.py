@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .exitcodes import ExitCode
-from .launch.applied import RENDER_TARGETS, record_render
+from .launch.control.applied import RENDER_TARGETS, record_render
 from .render import Rendered, RenderError, TemplatesError
 from .runs import RunsDirError
 from .spec import JobSpec, doctor_mode
@@ -25,20 +25,21 @@ from .train.argcheck import TrainArgsError, check_command, unknown_options_line
 # commands in one module). Command modules import torch inside run(), never
 # at module level, so `ddpkit render` and `--help` stay fast.
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("env",), "ddpkit.train.envinfo", "print what this process resolved: ranks, master, interface, backend, device"),
+    (("env",), "ddpkit.train.startup.envinfo", "print what this process resolved: ranks, master, interface, backend, device"),
     (("launch", "local"), "ddpkit.launch.local", "run the job as N torchrun agents (nodes) on this machine, gloo"),
-    (("launch", "ssh"), "ddpkit.launch.ssh", "start the job on bare-metal hosts over SSH (hostfile order = node rank)"),
+    (("launch", "ssh"), "ddpkit.launch.ssh.launcher", "start the job on bare-metal hosts over SSH (hostfile order = node rank)"),
     (("launch", "docker"), "ddpkit.launch.docker",
      "run the job as N containers of its image on one Docker network (node0 the master)"),
     (("train",), "ddpkit.train.main", "the DDP training entrypoint (run it under torchrun, srun, mpirun, a pod, or alone)"),
-    (("data",), "ddpkit.train.datasets_cli", "download a dataset once into a folder (ddpkit data cifar10 --root DIR)"),
+    (("data",), "ddpkit.train.data.download", "download a dataset once into a folder (ddpkit data cifar10 --root DIR)"),
     (("doctor",), "ddpkit.doctor", "preflight checks, collective correctness and (--bench) bandwidth on every rank"),
-    (("submit", "slurm"), "ddpkit.launch.submit_slurm",
+    (("submit", "slurm"), "ddpkit.launch.slurm.submit",
      "render the job, sbatch it, and (--follow) stream its logs until it ends"),
-    (("runs",), "ddpkit.launch.runctl:RUNS", "list the runs of launch and submit, newest first (docs/RUNS.md)"),
-    (("status",), "ddpkit.launch.runctl:STATUS", "one run's state, events and summary (RUN: id, job name, Slurm job id)"),
-    (("logs",), "ddpkit.launch.runctl:LOGS", "a run's node logs: --node N, --rank R, --tail N, --follow"),
-    (("cancel",), "ddpkit.launch.runctl:CANCEL",
+    (("runs",), "ddpkit.launch.control.commands:RUNS", "list the runs of launch and submit, newest first (docs/RUNS.md)"),
+    (("status",), "ddpkit.launch.control.commands:STATUS",
+     "one run's state, events and summary (RUN: id, job name, Slurm job id)"),
+    (("logs",), "ddpkit.launch.control.commands:LOGS", "a run's node logs: --node N, --rank R, --tail N, --follow"),
+    (("cancel",), "ddpkit.launch.control.commands:CANCEL",
      "stop a run as Ctrl-C or pre-emption would: its nodes checkpoint first (Slurm: the spec's signal, then scancel)"),
     (("report",), "ddpkit.report.command",
      "a run's loss, throughput, per-rank step times and events as one HTML page with PNGs (no network needed)"),

@@ -109,18 +109,18 @@ DDPKIT_WATCHDOG_STALL_S: Final = "DDPKIT_WATCHDOG_STALL_S"
 DDPKIT_WATCHDOG_FIRST_STEP_S: Final = "DDPKIT_WATCHDOG_FIRST_STEP_S"
 # The straggler judge (spec watchdog.straggler_factor; set only when not the default, wire.STRAGGLER_FACTOR).
 DDPKIT_WATCHDOG_STRAGGLER_FACTOR: Final = "DDPKIT_WATCHDOG_STRAGGLER_FACTOR"
-# Test hook, read only by train/worktime.py: RANK:SECONDS[:FROM_STEP] sleeps in that rank's data loading.
+# Test hook, read only by train/watchdog/worktime.py: RANK:SECONDS[:FROM_STEP] sleeps in that rank's data loading.
 DDPKIT_TEST_SLOW_RANK: Final = "DDPKIT_TEST_SLOW_RANK"
-# The rank whose DataLoader fork server and workers these are (train/loader_procs.py): they end with it.
+# The rank whose DataLoader fork server and workers these are (train/data/loader_procs.py): they end with it.
 DDPKIT_LOADER_RANK_PID: Final = "DDPKIT_LOADER_RANK_PID"
-# The fork server's own pid, which its workers inherit (train/loader_procs.py).
+# The fork server's own pid, which its workers inherit (train/data/loader_procs.py).
 DDPKIT_LOADER_SERVER_PID: Final = "DDPKIT_LOADER_SERVER_PID"
 # Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/ELASTIC.md).
 DDPKIT_WATCHDOG_LOSS_S: Final = "DDPKIT_WATCHDOG_LOSS_S"
-# The stop signal after which ddpkit train requeues its Slurm job (train/signals.py): the rendered
+# The stop signal after which ddpkit train requeues its Slurm job (train/stop/signals.py): the rendered
 # script sets preemption.signal, or empty (slurm.requeue false); unset means USR2.
 DDPKIT_SLURM_REQUEUE_ON: Final = "DDPKIT_SLURM_REQUEUE_ON"
-# An elastic Slurm job's batch shell, to be told (SIGUSR1) when training finished (train/slurm_batch.py).
+# An elastic Slurm job's batch shell, to be told (SIGUSR1) when training finished (train/stop/slurm_batch.py).
 DDPKIT_SLURM_BATCH_PID: Final = "DDPKIT_SLURM_BATCH_PID"
 DDPKIT_SLURM_BATCH_NODE: Final = "DDPKIT_SLURM_BATCH_NODE"
 # torch's NCCL flight recorder: ring-buffer entries, dump on a collective timeout, and the dump file prefix.

@@ -22,7 +22,7 @@ from collections.abc import Mapping, MutableMapping
 
 from . import envnames, preamble
 from .exitcodes import ExitCode
-from .train import launchinfo
+from .train.startup import launchinfo
 
 USAGE = "usage: python -m ddpkit.run PROGRAM [ARGS] | -m MODULE [ARGS]"
 

@@ -65,7 +65,7 @@ def control_prefix(env: Mapping[str, str] | None = None) -> str:
 
 def group_prefix(env: Mapping[str, str] | None = None) -> str | None:
     """The store prefix of the process group's own keys where ddpkit hands
-    init_process_group the store (train/netcheck.py): the addresses and
+    init_process_group the store (train/startup/netcheck.py): the addresses and
     counters the group exchanges at start-up, out of a stranger's reach.
     None without a key: the group's keys stay where torch puts them."""
     key = key_from(env)

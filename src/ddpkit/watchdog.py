@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import envnames
-from .train import stall
-from .train import stall_model as _wd
+from .train.watchdog import stall
+from .train.watchdog import stall_model as _wd
 
 __all__ = ["phase", "progress", "stop"]
 

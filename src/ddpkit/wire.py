@@ -49,7 +49,7 @@ def preamble_parts(env: Mapping[str, str]) -> tuple[str, ...]:
 # ddpkit, so an elastic job whose nodes run ddpkit train uses it.
 RDZV_HANDLER: Final = "ddpkit"
 
-# The straggler judge's default (spec watchdog.straggler_factor; train/straggler.py
+# The straggler judge's default (spec watchdog.straggler_factor; train/watchdog/straggler.py
 # uses it when the job environment does not say otherwise).
 STRAGGLER_FACTOR: Final = 1.33
 # watchdog.loss_s (the spec's default and floor; the trainer's default when
@@ -62,7 +62,7 @@ LOSS_FLOOR_S: Final = 3.0
 # The spec checks a job's --strategy / --devices-per-process against the
 # fields that size the GPU request; Kubernetes warns about --resume auto with
 # a --checkpoint-dir on storage that dies with the pod; elastic jobs get
-# --keep-global-batch-of appended. train/options.py declares the same names.
+# --keep-global-batch-of appended. train/config/options.py declares the same names.
 STRATEGY_FLAG: Final = "--strategy"
 DEVICES_PER_PROCESS_FLAG: Final = "--devices-per-process"
 RESUME_FLAG: Final = "--resume"
@@ -87,7 +87,7 @@ def flag_value(args: list[str], flag: str) -> str | None:
 # torchrun's own default --signals-to-handle, kept: an agent that dies on
 # SIGINT/SIGHUP/SIGQUIT instead of forwarding them leaves its workers behind.
 TORCHRUN_DEFAULT_SIGNALS: Final = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-# The signals `ddpkit train` stops on with a checkpoint (train/signals.py);
+# The signals `ddpkit train` stops on with a checkpoint (train/stop/signals.py);
 # the renderers tell torchrun's agent to forward them (contract.stop_args).
 TRAINER_STOP_SIGNALS: Final = ("SIGTERM", "SIGUSR2")
 

@@ -59,7 +59,7 @@ AGENTS = {b"ddpkit.agent", b"torch.distributed.run"}  # the module on an agent's
 def agents_and_workers(pids: list[int]) -> list[int]:
     """Of `pids` (a host's processes), each torchrun agent and every process
     under it: what a node loses when its trainer dies but the host stays."""
-    from ddpkit.launch import proctree
+    from ddpkit.launch.supervise import proctree
 
     found = []
     for pid in pids:
@@ -87,8 +87,8 @@ def _held_save(self: Any, pos: Any) -> Any:
 
 
 if __name__ == "__main__":
-    from ddpkit.train import checkpointer
     from ddpkit.train.__main__ import main
+    from ddpkit.train.checkpoint import checkpointer
 
     _real_save = checkpointer.Checkpointer.save
     checkpointer.Checkpointer.save = _held_save  # type: ignore[method-assign]

@@ -3,7 +3,7 @@
 `forge_env({"on_rank": 1, "rank": 0})` returns the environment that makes
 every Python process of a job (torchrun workers, --spawn children, the nodes
 of `ddpkit launch local`) load tests/helpers/forgehook/sitecustomize.py,
-which wraps ddpkit.train.rank_report.own_row: the process whose true rank is
+which wraps ddpkit.train.startup.rank_report.own_row: the process whose true rank is
 `on_rank` (default: the last rank) reports the given fields instead of its
 own. So a test can provoke a duplicate rank or a version mismatch without
 any test hook in the product.
@@ -43,7 +43,7 @@ def forged(row: Any, world_size: int, raw: str) -> Any:
 
 def install(raw: str) -> None:
     """Wrap rank_report.own_row in this process (called by the sitecustomize hook)."""
-    from ddpkit.train import rank_report
+    from ddpkit.train.startup import rank_report
 
     real: Callable[[Any], Any] = rank_report.own_row
 

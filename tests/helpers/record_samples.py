@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from ddpkit.train import data
 from ddpkit.train.__main__ import main
+from ddpkit.train.data import loaders as data
 
 SAMPLES_DIR = "DDPKIT_TEST_SAMPLES_DIR"
 consumed: list[int] = []

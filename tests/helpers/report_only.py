@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddpkit.train.rank_report import RankReportError, report
-from ddpkit.train.startup import DistContext, add_startup_arguments, init_distributed, run_spawned, shutdown
+from ddpkit.train.startup.distributed import DistContext, add_startup_arguments, init_distributed, run_spawned, shutdown
+from ddpkit.train.startup.rank_report import RankReportError, report
 
 
 def body(ctx: DistContext) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ddpkit.launch import proctree
 from ddpkit.launch.local import free_port
+from ddpkit.launch.supervise import proctree
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny", "--image-size", "8", "--workers", "0", "--progress", "plain"]

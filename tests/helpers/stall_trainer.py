@@ -12,7 +12,7 @@ import time
 
 
 def freeze_mid_run() -> None:
-    from ddpkit.train.stall_model import PULSE
+    from ddpkit.train.watchdog.stall_model import PULSE
 
     while PULSE.step < int(os.environ["STALL_AFTER_STEP"]):
         time.sleep(0.05)

@@ -19,9 +19,9 @@ import time
 from typing import Any
 
 from ddpkit import runkey
-from ddpkit.train import loss_judge
-from ddpkit.train.stall_model import Beat, Phase
-from ddpkit.train.straggler import Work
+from ddpkit.train.watchdog import node_loss as loss_judge
+from ddpkit.train.watchdog.stall_model import Beat, Phase
+from ddpkit.train.watchdog.straggler import Work
 
 EVIL = "evil-host"  # every forged record names this host: it must never reach the job's output
 

@@ -5,7 +5,7 @@ A linear classifier of 8x8 images (`--image-size 8`, tests.helpers.stall_models'
 STRAGGLER_TEST_EVAL_RANK every evaluation batch sleeps STRAGGLER_TEST_EVAL_SLEEP_S
 (the other ranks wait for it in the evaluation's all-reduce). An uneven
 evaluation is no straggler. Training steps are slowed by ddpkit's own test hook,
-DDPKIT_TEST_SLOW_RANK (train/worktime.py).
+DDPKIT_TEST_SLOW_RANK (train/watchdog/worktime.py).
 """
 
 from __future__ import annotations

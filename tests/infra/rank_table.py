@@ -1,4 +1,4 @@
-"""Read the rank report table (ddpkit.train.rank_report.print_table) back out
+"""Read the rank report table (ddpkit.train.startup.rank_report.print_table) back out
 of a log, so container tests can check that every rank reported exactly once.
 
     python -m tests.infra.rank_table LOG WORLD_SIZE   exit 0 when ranks 0..W-1 appear once

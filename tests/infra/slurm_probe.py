@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ddpkit.train.rank_report import report
-from ddpkit.train.signals import EXIT_PREEMPTED, StopAgreement, StopRequest, requeue_if_slurm
-from ddpkit.train.startup import DistContext, add_startup_arguments, init_distributed, shutdown
+from ddpkit.train.startup.distributed import DistContext, add_startup_arguments, init_distributed, shutdown
+from ddpkit.train.startup.rank_report import report
+from ddpkit.train.stop.signals import EXIT_PREEMPTED, StopAgreement, StopRequest, requeue_if_slurm
 
 
 def say(line: str) -> None:

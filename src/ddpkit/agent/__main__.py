@@ -11,8 +11,8 @@ from ..wire import threads_per_process
 # What a ddpkit worker imports before its first step (train/main.py's
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
 # modules, and the preamble a program of the user's own gets (ddpkit/preamble).
-PRELOAD = ("torch._dynamo", "ddpkit.train.main", "ddpkit.train.loop", "ddpkit.train.rank_report",
-           "ddpkit.train.data", "ddpkit.preamble.interface", "ddpkit.preamble.ranks", "ddpkit.preamble.progress",
+PRELOAD = ("torch._dynamo", "ddpkit.train.main", "ddpkit.train.loop.training", "ddpkit.train.startup.rank_report",
+           "ddpkit.train.data.loaders", "ddpkit.preamble.interface", "ddpkit.preamble.ranks", "ddpkit.preamble.progress",
            "ddpkit.preamble.metrics", "ddpkit.preamble.store")
 
 

@@ -6,7 +6,7 @@ it instead of starting an interpreter and importing torch again.
 Why a process of its own and not a fork of the agent at each start: by then
 the agent runs threads (the rendezvous keep-alive, the store, the log
 tailers), and a fork copies the locks they hold, unlocked by nobody in the
-child (train/loader_procs.py saw a rank stall on that). The zygote is forked
+child (train/data/loader_procs.py saw a rank stall on that). The zygote is forked
 while the agent is single-threaded and never starts a thread itself.
 
 A worker forked here is what torchrun's Popen would have started: a session

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..train.rank_report import RankReportError, report
-from ..train.startup import DistContext
+from ..train.startup.distributed import DistContext
+from ..train.startup.rank_report import RankReportError, report
 from .bench import bandwidth
 from .collectives import Group, barrier_latency, correctness
 from .results import BenchRow, Check, DoctorResult, Status

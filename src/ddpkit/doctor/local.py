@@ -33,7 +33,7 @@ class Where:
 
 
 def check_versions(where: Where) -> Check:
-    from ..train.rank_report import versions
+    from ..train.startup.rank_report import versions
 
     torch_v, cuda_v, nccl_v = versions()
     return where.check("versions", Status.PASS, f"torch {torch_v}, CUDA {cuda_v or '-'}, NCCL {nccl_v or '-'}")

@@ -16,9 +16,16 @@ from pathlib import Path
 
 from .. import netif
 from ..exitcodes import ExitCode
-from ..train.launchinfo import LaunchInfo, StartupError, detect_launch
-from ..train.netcheck import NetCheckError
-from ..train.startup import DistContext, add_startup_arguments, hostname, init_distributed, run_spawned, shutdown
+from ..train.startup.distributed import (
+    DistContext,
+    add_startup_arguments,
+    hostname,
+    init_distributed,
+    run_spawned,
+    shutdown,
+)
+from ..train.startup.launchinfo import LaunchInfo, StartupError, detect_launch
+from ..train.startup.netcheck import NetCheckError
 from . import exposure, local, network
 from .distributed import CPU_MAX_SIZE, GPU_MAX_SIZE, run_distributed
 from .results import Check, DoctorResult, Status

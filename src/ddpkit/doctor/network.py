@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import netif
-from ..train import netcheck
+from ..train.startup import netcheck
 from .results import Check, Status
 
 SECTION = "network"

@@ -34,11 +34,11 @@ from ..targets.limits import Limits, limits
 from ..targets.refusals import refuse
 from ..text import plural
 from ..train.argcheck import check_command
-from .interrupt import interrupts_raise
-from .nodeoutput import LOST, LinePrinter, add_dedup_argument, node_log
 from .runargs import add_train_args, with_train_args
 from .secrets import secret_values, with_run_key
-from .supervisor import Outcome, RunText, Supervisor
+from .supervise.interrupt import interrupts_raise
+from .supervise.nodeoutput import LOST, LinePrinter, add_dedup_argument, node_log
+from .supervise.supervisor import Outcome, RunText, Supervisor
 
 if TYPE_CHECKING:
     from docker.client import DockerClient

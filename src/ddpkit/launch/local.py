@@ -39,11 +39,11 @@ from ..targets.sshnode import new_rdzv_id
 from ..text import plural
 from ..train.argcheck import check_command
 from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
-from . import proctree
-from .nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .secrets import secret_values
-from .supervisor import ElasticPolicy, RunText, Supervisor
+from .supervise import proctree
+from .supervise.nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
+from .supervise.supervisor import ElasticPolicy, RunText, Supervisor
 
 FREE_PORT_TRIES = 200  # each a random pick among 22762 ports
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed

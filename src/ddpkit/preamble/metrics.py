@@ -101,7 +101,7 @@ class Recorder:
 
     def _writer(self) -> Any:
         if self._metrics is None:
-            from ..train.progress import Metrics
+            from ..train.outputs.progress import Metrics
 
             self._metrics = Metrics(self.path, enabled=True)
         return self._metrics

@@ -31,7 +31,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from .. import watchdog
-from ..train import stall_model as _wd
+from ..train.watchdog import stall_model as _wd
 from . import metrics
 
 SAMPLE_S = 1.0

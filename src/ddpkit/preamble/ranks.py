@@ -1,5 +1,5 @@
 """The rank report for a program of the user's own: the same table and
-checks as `ddpkit train`'s (train/rank_report.py), once the program's
+checks as `ddpkit train`'s (train/startup/rank_report.py), once the program's
 `torch.distributed.init_process_group` has returned.
 
 The rows travel through the process group's own store (each rank sets its
@@ -24,8 +24,8 @@ from typing import Any
 
 from .. import envnames, netif
 from ..exitcodes import ExitCode
-from ..train import process_env
-from ..train.rank_report import RankRow, ReportOutputs, check_rows, print_table, publish, versions
+from ..train.startup import process_env
+from ..train.startup.rank_report import RankRow, ReportOutputs, check_rows, print_table, publish, versions
 from .store import group_store
 
 SUBPREFIX = "rank-report"  # under the run's control prefix (runkey): a stranger cannot forge a row or the verdict

@@ -41,7 +41,7 @@ class NodeRow(_Model):
     status: str  # supervisor.Status's words: "ok", "failed first", "stopped", ...
     host: str
     first_failure: str = ""
-    straggler: str = ""  # the ranks of this node the watchdog named stragglers (launch/stragglers.py)
+    straggler: str = ""  # the ranks of this node the watchdog named stragglers (launch/supervise/stragglers.py)
 
 
 class RunSummary(_Model):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ..wire import TRAIN_MODULE
-from .options import static_problems
+from .config.options import static_problems
 
 SHELL_CHARS = ("$", "`")
 

@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING
 
 from .. import envnames
 from ..exitcodes import ExitCode
-from .clock import CLOCK
-from .config import TrainConfig
-from .options import DefaultsFormatter, add_training_arguments, problems
-from .startup import DistContext, add_startup_arguments
+from .config.options import DefaultsFormatter, add_training_arguments, problems
+from .config.values import TrainConfig
+from .startup.clock import CLOCK
+from .startup.distributed import DistContext, add_startup_arguments
 
 if TYPE_CHECKING:
-    from .faults import TrainFault
-    from .loop import Trainer
-    from .signals import StopRequest
-    from .stall import Watchdog
-    from .stall_model import Settings
+    from .loop.training import Trainer
+    from .stop.faults import TrainFault
+    from .stop.signals import StopRequest
+    from .watchdog.stall import Watchdog
+    from .watchdog.stall_model import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +56,7 @@ def _stop_request() -> StopRequest:
     """SIGTERM/SIGUSR2 handlers, installed before anything slow (start-up,
     rank report, model build): a pre-emption signal that arrives then must
     lead to a checkpoint and exit 75, not kill the process."""
-    from .signals import StopRequest
+    from .stop.signals import StopRequest
 
     stop = StopRequest()
     stop.install()
@@ -78,8 +78,8 @@ def import_trainer(model: str) -> None:
     # the model build, and done before the watchdog's heartbeats start, which a long page-in must not hold up.
     import torch._dynamo  # noqa: F401
 
-    from . import loop, rank_report  # noqa: F401
-    from .models import is_torchvision_resnet
+    from .model.build import is_torchvision_resnet
+    from .startup import rank_report  # noqa: F401
 
     if is_torchvision_resnet(model):
         import torchvision  # noqa: F401  (about a second: not for models that never use it)
@@ -88,11 +88,11 @@ def import_trainer(model: str) -> None:
 
 def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None) -> int:
     """Everything after start-up, on one rank. Returns the exit code."""
-    from . import slurm_batch
-    from .elastic import fit_global_batch
-    from .loop import Trainer, exit_code
-    from .progress import RunStatus
-    from .rank_report import ReportOutputs, report
+    from .loop.elastic import fit_global_batch
+    from .loop.training import Trainer, exit_code
+    from .outputs.progress import RunStatus
+    from .startup.rank_report import ReportOutputs, report
+    from .stop import slurm_batch
 
     stop = stop or _stop_request()
     report(ctx, env_names=config.rank_report_env,
@@ -126,7 +126,8 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
 def _report_membership(ctx: DistContext, trainer: Trainer, batch_note: str, *, keeps_batch: bool) -> None:
     """Elastic: after the rank report (and the resume, which knows the world
     size before), rank 0 says what changed since the checkpoint."""
-    from .elastic import AgentRestarts, changed_line
+    from .loop.elastic import changed_line
+    from .startup.launchinfo import AgentRestarts
 
     line = changed_line(AgentRestarts.from_env(), ctx.world_size, trainer.checkpointer.saved_world, batch_note,
                         keeps_batch)
@@ -135,14 +136,14 @@ def _report_membership(ctx: DistContext, trainer: Trainer, batch_note: str, *, k
 
 
 def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:
-    """The hang watchdog's thread (train/stall.py), after the rank report:
+    """The hang watchdog's thread (train/watchdog/stall.py), after the rank report:
     from here on a rank without progress is found and the job stopped."""
-    from .loss_judge import loss_s_from_env
-    from .stall import Identity, Outputs, start
-    from .stall_model import Settings
-    from .startup import StartupError
-    from .straggler import factor_from_env
-    from .worktime import SlowHook
+    from .startup.distributed import StartupError
+    from .watchdog.node_loss import loss_s_from_env
+    from .watchdog.stall import Identity, Outputs, start
+    from .watchdog.stall_model import Settings
+    from .watchdog.straggler import factor_from_env
+    from .watchdog.worktime import SlowHook
 
     try:
         settings = Settings.from_env()
@@ -199,7 +200,7 @@ class _SpawnEntry:
         self.config, self.causes = config, causes
 
     def __call__(self, ctx: DistContext) -> None:
-        from .faults import TrainFault
+        from .stop.faults import TrainFault
 
         try:
             code = train(ctx, self.config)
@@ -213,7 +214,7 @@ class _SpawnEntry:
     def failed(self, rank: int, exc: BaseException) -> None:
         """Before the group formed (the pre-join checks): exits with the
         error's code when it is one of ddpkit's, else returns (a traceback)."""
-        from .faults import TrainFault
+        from .stop.faults import TrainFault
 
         if isinstance(exc, TrainFault):
             sys.exit(self._cause(rank, str(exc), exc.code))
@@ -229,7 +230,7 @@ def _check_spawn_interface(config: TrainConfig) -> None:
     """--spawn: every child is on this machine, so its interface settings are
     checked once, here, before any child starts; children reading the host's
     interfaces moments apart (a bridge came or went) would word one fault twice."""
-    from .netcheck import NetCheckError, interface_problems
+    from .startup.netcheck import NetCheckError, interface_problems
 
     found = interface_problems(config.interface, os.environ, spans_hosts=False)
     if found:
@@ -244,13 +245,13 @@ def spawn_causes(folder: Path) -> list[str]:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .checkpoint_files import CheckpointError
-    from .data import DataError
-    from .loop import DataTooSmall
-    from .models import ModelError
-    from .rank_report import RankReportError
-    from .startup import StartupError
-    from .strategy import StrategyError
+    from .checkpoint.files import CheckpointError
+    from .data.loaders import DataError
+    from .loop.training import DataTooSmall
+    from .model.build import ModelError
+    from .model.strategy import StrategyError
+    from .startup.distributed import StartupError
+    from .startup.rank_report import RankReportError
 
     return (CheckpointError, DataError, DataTooSmall, ModelError, RankReportError, StartupError, StrategyError)
 
@@ -266,9 +267,9 @@ def run(args: argparse.Namespace) -> int:
 def run_config(config: TrainConfig) -> int:
     from torch.multiprocessing import ProcessExitedException
 
-    from .faults import TrainFault
-    from .stall import nccl_recorder_file
-    from .startup import init_distributed, run_spawned, shutdown
+    from .startup.distributed import init_distributed, run_spawned, shutdown
+    from .stop.faults import TrainFault
+    from .watchdog.stall import nccl_recorder_file
 
     expected = _expected_errors()
     try:

@@ -1,0 +1,3 @@
+"""`ddpkit runs / status / logs / cancel`: the life of a run after its launch, whatever target started
+it.
+"""

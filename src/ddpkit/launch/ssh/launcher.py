@@ -1,0 +1,252 @@
+"""`ddpkit launch ssh`: start a job on bare-metal hosts over SSH.
+
+hosts (hostfile or spec) -> ssh_config -> preflight on every host at once,
+each host then waiting on its open session -> every node told to go with its
+node rank (no second connection or login) -> the shared supervisor: output
+streamed with a `[nodeN host]` prefix and logged per node, the first failure,
+a dropped connection or Ctrl-C stops every node (TERM, then KILL after
+ssh.grace_s), and the summary table on stderr. An elastic job (spec.elastic)
+goes on without a failed node other than node 0 while min_nodes remain; its
+host is probed until it answers again, and the node's agent restarted to
+join at the next rendezvous, until it failed elastic.max_node_failures times;
+the summary names it as rejoined or excluded (docs/ELASTIC.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from ...contract import Target, master_port
+from ...exitcodes import ExitCode
+from ...quoting import shell_word
+from ...runs import NodeLog, RunFolder
+from ...spec import JobSpec, doctor_mode
+from ...specfile import dump_yaml
+from ...targets.refusals import refuse
+from ...targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_command, node_env
+from ...train.argcheck import check_command
+from ..runargs import add_train_args, with_train_args
+from ..secrets import secret_values, stdin_payload, with_run_key
+from ..supervise.nodeoutput import NodeHandle, add_dedup_argument
+from ..supervise.supervisor import ElasticPolicy, RunText, Supervisor
+from .connect import Endpoint, SshSettings, endpoint_for
+from .hostfile import load_hosts
+from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
+from .running_node import SshNode, safe_name
+
+PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ...specfile import add_spec_arguments
+
+    add_spec_arguments(parser)
+    parser.add_argument("--hostfile", type=Path, help="lines '[user@]host[:port] [slots=N]'; default: ssh.hosts")
+    parser.add_argument("--dry-run", action="store_true", help="print each host's launch line; connect to nothing")
+    parser.add_argument("--full", action="store_true", help="with --dry-run: the exact command sent to each host")
+    parser.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
+    parser.add_argument("--accept-new-host-keys", action="store_true",
+                        help="add unknown host keys to known_hosts (changed keys are still refused)")
+    parser.add_argument("--known-hosts", type=Path, help="known_hosts file (default: ssh_config or ~/.ssh/known_hosts)")
+    parser.add_argument("--ssh-config", type=Path, help="ssh_config file (default ~/.ssh/config)")
+    parser.add_argument("-i", "--identity", type=Path, help="private key to try first")
+    parser.add_argument("--master-addr", help="address the nodes reach node 0 by (default: first host's HostName)")
+    parser.add_argument("--log-dir", type=Path, metavar="DIR",
+                        help="one log file per node in DIR (default: ssh.log_dir if the spec sets it, else the "
+                             "run folder's logs/, see `ddpkit runs`)")
+    parser.add_argument("--grace", type=float, metavar="SECONDS",
+                        help="after a node failed: SIGTERM the others, wait this long, then SIGKILL (default: "
+                             "ssh.grace_s); after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
+                             "(preemption.checkpoint_s)")
+    add_dedup_argument(parser)
+    add_train_args(parser)
+
+
+@dataclass
+class Plan:
+    """Everything decided before any connection: hosts, addresses, commands."""
+
+    spec: JobSpec
+    endpoints: list[Endpoint]
+    master_addr: str
+    master_port: int
+    rdzv_id: str | None = None  # an elastic job's rendezvous id: one per run of `launch ssh`
+    # The secrets' values from this environment (launch.secrets), sent to each
+    # node on its session's stdin; empty for a dry run, which sends nothing.
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    log_dir: Path | None = None  # the run folder's logs/ when the spec leaves ssh.log_dir unset
+
+    def command(self, rank: int) -> NodeCommand:
+        return node_command(self.spec, rank, self.master_addr, rdzv_id=self.rdzv_id)
+
+    def log_path(self, rank: int) -> Path:
+        host = safe_name(self.endpoints[rank].alias)
+        folder = self.log_dir if self.log_dir is not None else Path(self.spec.ssh.log_dir)
+        return folder / f"{self.spec.name}.node{rank}.{host}.log"
+
+
+def settings_from(args: argparse.Namespace, spec: JobSpec) -> SshSettings:
+    return SshSettings(
+        config_path=args.ssh_config, known_hosts=args.known_hosts, identity=args.identity,
+        accept_new_host_keys=args.accept_new_host_keys, timeout_s=spec.ssh.connect_timeout_s,
+        default_user=spec.ssh.user, default_port=spec.ssh.port,
+        alive_interval_s=spec.ssh.alive_interval_s, alive_count=spec.ssh.alive_count,
+    )
+
+
+def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) -> Plan:
+    entries = load_hosts(spec, args.hostfile)
+    endpoints = [endpoint_for(e, settings) for e in entries]
+    port = master_port(spec, Target.SSH)
+    assert port is not None  # SSH always has a fixed port
+    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, new_rdzv_id(spec))
+
+
+def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
+    """Each host's launch line (the job's environment once, above them);
+    `full`: the exact command sent, with its process-group and clean-up shell."""
+    spec = plan.spec
+    out.write(f"# job {spec.name}: {len(plan.endpoints)} nodes, master {plan.master_addr}:{plan.master_port}\n")
+    if not full:
+        out.write("# every node's environment:\n")
+        out.writelines(f"#   {k}={shell_word(v)}\n" for k, v in node_env(spec).items())
+        if spec.secrets:
+            names = ", ".join(s.name for s in spec.secrets)
+            out.write(f"#   and the secrets {names}, from this environment over each session's stdin\n")
+    for rank, ep in enumerate(plan.endpoints):
+        via = f" via {ep.jump}" if ep.jump else ""
+        out.write(f"# node {rank}: {ep}{via}, log {plan.log_path(rank)}\n")
+        line = plan.command(rank).start if full else launch_line(
+            spec, rank, plan.master_addr, rdzv_id=plan.rdzv_id)
+        out.write(line + "\n")
+    if not full:
+        out.write("# --dry-run --full: the exact command sent to each host\n")
+
+
+def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) -> SshNode:
+    """The node's run on the session its passed preflight left waiting at GO."""
+    assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
+    return SshNode(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
+                   settings, plan.log_path(f.node), attempt=attempt, secrets=stdin_payload(plan.secrets))
+
+
+def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[SshNode]:
+    return [node_run(plan, f, settings) for f in facts]
+
+
+@dataclass
+class Revive:
+    """The supervisor's Reviver for launch ssh: stop what a failed node left
+    on its host (reconnecting, as teardown does), then run the preflight
+    again until the host passes it. The new session waits at GO, as every
+    node did at the start; the supervisor sends it."""
+
+    plan: Plan
+    settings: SshSettings
+    runs: list[SshNode] = field(default_factory=list)  # every run it made: the launcher closes them
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
+        old = node
+        assert isinstance(old, SshNode)
+        cleared = False
+        while not cancelled.is_set():
+            cleared = cleared or old.stop(self.plan.spec.ssh.grace_s) is None
+            run = self._try_start(old) if cleared else None
+            if run is not None:
+                if not cancelled.is_set():
+                    return run
+                run.close()
+            cancelled.wait(PROBE_S)
+        return None
+
+    def made(self) -> list[SshNode]:
+        with self._lock:
+            return list(self.runs)
+
+    def _try_start(self, old: SshNode) -> SshNode | None:
+        spec = self.plan.spec
+        facts = gather(HostFacts(old.rank, old.endpoint), spec, self.settings, self.plan.command(old.rank).start)
+        judge_host(facts, spec, self.plan.master_port)
+        if facts.problems:
+            close_all([facts])
+            return None
+        run = node_run(self.plan, facts, self.settings, attempt=old.attempt + 1)
+        with self._lock:
+            self.runs.append(run)
+        return run
+
+
+def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFolder | None = None) -> int:
+    from rich.console import Console
+
+    t0 = time.monotonic()
+    starts = [plan.command(rank).start for rank in range(len(plan.endpoints))]
+    facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port, starts)
+    stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+    if problems:
+        stderr.print(problem_table(problems))
+        if folder is not None:
+            folder.event("preflight", f"{len(problems)} problem(s); nothing was started")
+            folder.finish(ExitCode.PREFLIGHT)
+        return ExitCode.PREFLIGHT
+    print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
+          f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
+    note = plan.spec.watchdog.script_note(plan.spec.command, plan.spec.preamble.progress)
+    if note:
+        print(f"launch ssh: {note}", file=sys.stderr, flush=True)
+    runs = node_runs(plan, facts, settings)
+    # Node output on stdout, the summary on stderr (as the preflight's table).
+    stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    revive = Revive(plan, settings, list(runs))  # for an elastic job; its runs are closed below either way
+    elastic = ElasticPolicy.of(plan.spec.elastic, revive)
+    supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
+                            interrupt_grace_s=plan.spec.grace.launcher_grace_s, elastic=elastic,
+                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder)
+    try:
+        outcome = supervisor.run()  # every host is already waiting: GO is one write each
+        supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
+        return outcome.code
+    finally:
+        for run in revive.made():  # stops its keepalive, then closes its session and connection
+            run.close()
+        close_all(facts)  # hosts interrupted before they got a run: still waiting for the verdict
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...specfile import spec_from_args, warn_env
+
+    # --log-dir and --grace are the spec's ssh.log_dir and ssh.grace_s, as --set would give them.
+    own = list(args.overrides)
+    if args.log_dir:
+        own.append(f"ssh.log_dir={args.log_dir}")
+    if args.grace is not None:
+        own.append(f"ssh.grace_s={args.grace}")
+    spec = spec_from_args(argparse.Namespace(**{**vars(args), "overrides": own}))
+    spec = with_train_args(spec, args.train_args)
+    if args.doctor:
+        spec = doctor_mode(spec)
+    check_command(spec.command.module, spec.command.args)
+    refuse(spec, Target.SSH)
+    warn_env(spec, "launch ssh")
+    # a dry run shows commands, which hold the secrets' names only
+    values = {} if args.dry_run else secret_values(spec, "launch ssh")
+    settings = settings_from(args, spec)
+    plan = make_plan(spec, args, settings)
+    if args.dry_run:
+        print_dry_run(plan, sys.stdout, full=args.full)
+        return ExitCode.OK
+    plan.secrets = with_run_key(values)  # the node script reads the run key after the secrets
+    run = RunFolder.create(name=spec.name, target="ssh", nodes=len(plan.endpoints), nproc_per_node=spec.nproc_per_node,
+                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
+        plan.log_dir = run.logs_dir
+    run.set_logs([NodeLog(node=r, host=ep.alias, path=str(plan.log_path(r))) for r, ep in enumerate(plan.endpoints)])
+    print(f"launch ssh: run {run.path.name} (ddpkit status {run.record().id})", file=sys.stderr, flush=True)
+    return launch(plan, settings, dedup=args.dedup, folder=run)

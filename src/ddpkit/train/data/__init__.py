@@ -1,0 +1,1 @@
+"""Datasets, samplers, loaders and their worker processes, and `ddpkit data` that fetches a dataset."""

@@ -1,0 +1,148 @@
+"""What the user sees: a progress bar (or plain lines) on rank 0, one log file
+per rank, metrics as JSON Lines, and the closing summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ...text import plural
+
+if TYPE_CHECKING:
+    from .tensorboard import TensorBoardScalars
+
+
+def rank_logger(rank: int, log_dir: Path | None) -> logging.Logger:
+    """Every rank logs to <log-dir>/rank<R>.log; rank 0 also to stderr."""
+    log = logging.getLogger(f"ddpkit.train.rank{rank}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(log_dir / f"rank{rank}.log")
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+    if rank == 0:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+    return log
+
+
+class Metrics:
+    """Appends one JSON object per line; rank 0 only (others get a no-op).
+    With `tensorboard`, the same records' scalars go there too (--tensorboard)."""
+
+    def __init__(self, path: Path | None, enabled: bool, tensorboard: Path | None = None) -> None:
+        self.file: TextIO | None = None
+        self.board: TensorBoardScalars | None = None
+        if path is not None and enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115  open for the whole run; close() ends it
+        if tensorboard is not None and enabled:
+            from .tensorboard import TensorBoardScalars
+
+            self.board = TensorBoardScalars(tensorboard)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        record = {"kind": kind, "time": round(time.time(), 3), **fields}
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()  # a killed run keeps every line it wrote
+        if self.board is not None:
+            self.board.record(kind, record)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.board is not None:
+            self.board.close()
+
+
+class Progress:
+    """Rank 0's view of training: a rich bar on a terminal (or with --progress bar),
+    otherwise a plain line every `every` steps. Other ranks show nothing."""
+
+    def __init__(self, mode: str, enabled: bool, total: int, start: int, every: int) -> None:
+        self.enabled, self.total, self.every = enabled, total, every
+        self.bar = None
+        if enabled and (mode == "bar" or (mode == "auto" and sys.stdout.isatty())):
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[ips]} img/s"),
+                                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=total, completed=start, loss="-", ips="-")
+        self.t0, self.start = time.monotonic(), start
+
+    def update(self, step: int, epoch: int, loss: float | None, images_per_s: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            # the loss column keeps the last value read until the next one
+            shown: dict[str, Any] = {} if loss is None else {"loss": f"{loss:.4f}"}
+            self.bar.update(self.task, completed=step, ips=f"{images_per_s:,.0f}", **shown)
+        elif loss is not None:
+            done = step - self.start
+            eta = (time.monotonic() - self.t0) / done * (self.total - step) if done else 0.0
+            print(f"step {step}/{self.total} epoch {epoch} loss {loss:.4f} {images_per_s:,.0f} img/s "
+                  f"eta {eta:.0f}s", flush=True)
+
+    def wants_loss(self, step: int) -> bool:
+        """Reading the loss synchronises with the device (the host cannot
+        queue the next step meanwhile), so only every `every` steps, bar or
+        not: a bar that showed every step's loss would cost every step a sync."""
+        return self.enabled and (step % self.every == 0 or step == self.total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class RunStatus(str, Enum):
+    """How a run ended (the summary's and the metrics file's `status`)."""
+
+    FINISHED = "finished"
+    PREEMPTED = "preempted"  # a stop signal: checkpointed, exit ExitCode.PREEMPTED
+
+    def __str__(self) -> str:  # "ddpkit train finished: ..." (str, Enum on 3.10 would print RunStatus.FINISHED)
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+@dataclass
+class Summary:
+    status: RunStatus
+    steps: int
+    epochs_completed: int
+    seconds: float
+    images_per_second: float
+    accuracy: float | None
+    eval_loss: float | None
+    checkpoint: str | None
+    world_size: int
+    global_batch: int
+
+    def lines(self) -> list[str]:
+        acc = "-" if self.accuracy is None else f"{self.accuracy:.2%}"
+        return [
+            f"ddpkit train {self.status}: {plural(self.steps, 'step')}, {plural(self.epochs_completed, 'epoch')}, "
+            f"world size {self.world_size}, global batch {self.global_batch}",
+            f"  time {self.seconds:.1f}s, {self.images_per_second:,.0f} img/s while training",
+            f"  final accuracy {acc}",
+            f"  checkpoint {self.checkpoint or '-'}",
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status.value}

@@ -1,0 +1,483 @@
+"""The hang watchdog's thread: publish this rank's heartbeat, judge (on the
+monitor ranks), and on a stall dump every rank's stacks and stop the job.
+
+Everything goes through the rendezvous store with a client of our own (never
+a collective: those are what is stuck). On a stall, the monitor that saw it
+first writes the `stall` key; every rank's thread sees it, writes its stacks
+(faulthandler, `py-spy dump --native` when installed, the NCCL flight
+recorder's buffer with NCCL) to stderr and its log directory, acknowledges
+with the frame its main thread is in, and waits for `released`; the
+declaring monitor collects the acknowledgements, prints the report (the
+lines `launch/supervise/supervisor.py` reads), writes the `stall` metrics record, and
+releases everyone. Every rank then exits with ExitCode.STALLED; the ranks'
+launchers (torchrun, srun, a pod) see a failed worker and stop the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import faulthandler
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, MutableMapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ... import envnames, runkey
+from ...exitcodes import ExitCode
+from ...wire import LOSS_S
+from . import node_loss as loss_judge
+from .stall_model import PULSE, Beat, Judge, Phase, Settings, Suspect, Verdict, monitors
+from .straggler import Stragglers
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+STALL_KEY, RELEASED_KEY = "stall", "released"
+ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
+RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyway
+# Here one multi_get of 8,192 keys took several times longer than 32 of 256 keys each.
+MULTI_GET_KEYS = 256
+RANKS_PER_CHECK_S = 2048  # the monitor checks once per interval up to this many ranks
+PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
+# The report's per-rank line; launch/supervise/supervisor.py matches "ddpkit watchdog: STALL rank R node N host H".
+STALL_LINE = "ddpkit watchdog: STALL rank {rank} node {node} host {host} pid {pid}: step {step}, phase {phase}, {where}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    rank: int
+    world: int
+    local_world: int
+    node: int
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a stall's evidence goes (None: stderr only)."""
+
+    log_dir: Path | None = None
+    metrics: Path | None = None
+    nccl: bool = False
+
+
+@dataclass(frozen=True)
+class Ack:
+    """What a rank that could dump itself tells the declaring monitor."""
+
+    frame: str  # innermost frame of its main thread
+    in_torch: bool  # that frame is inside torch (waiting in a collective, most likely)
+    dump: str | None  # its stack file
+
+
+def _hb(rank: int) -> str:
+    return f"hb/{rank}"
+
+
+def _ack(rank: int) -> str:
+    return f"ack/{rank}"
+
+
+class Watchdog:
+    """One rank's watchdog thread (see the module docstring)."""
+
+    def __init__(self, store: dist.Store, ident: Identity, settings: Settings, outputs: Outputs,
+                 exit: Callable[[int], None] = os._exit, loss_s: float = LOSS_S) -> None:
+        self.store, self.ident, self.settings, self.outputs = store, ident, settings, outputs
+        # A node silent this long is lost (train/watchdog/node_loss.py); with stall_s
+        # no longer than loss_s the stall verdict comes first, and alone.
+        period = settings.interval_s * max(1, ident.world // RANKS_PER_CHECK_S)  # as check_every below
+        self.loss = loss_judge.LossWatch(loss_s, period) if loss_s < settings.stall_s else None
+        self.judge = Judge(ident.world, settings) if ident.rank in monitors(ident.world, ident.local_world) else None
+        self._exit = exit
+        self._stop = threading.Event()
+        self._seq = 0
+        self._step_times: deque[float] = deque(maxlen=20)
+        self._last_step: tuple[int, float] | None = None
+        self._initial_step = PULSE.step  # a step reported after this one ends the first-step allowance
+        self._keys = [_hb(r) for r in range(ident.world)]
+        # A check reads and decodes every heartbeat (about 50 ms of Python at
+        # 8,192 ranks, bench/watchdog.py): past RANKS_PER_CHECK_S ranks the
+        # monitor checks less often, a delay of seconds against a limit of a minute.
+        self.check_every = max(1, ident.world // RANKS_PER_CHECK_S)
+        self._all_published = False
+        # Stragglers ride on this thread: every rank publishes its own work, rank 0 judges (train/watchdog/straggler.py).
+        self.stragglers = Stragglers(store, ident.rank, ident.world, ident.node, ident.host, outputs.metrics)
+        self._thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
+        # Called with the reason before this rank leaves on a verdict: rank 0
+        # writes its last completed step there (train/checkpoint/last_step.py).
+        self.last_words: Callable[[str], object] | None = None
+
+    def start(self) -> None:
+        self.publish()  # at once: the monitors see every rank from its start
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Training ended: say so (a finished rank is not a stalled one) and stop."""
+        PULSE.phase = Phase.DONE
+        self._stop.set()
+        self._thread.join(timeout=5 * self.settings.interval_s)
+        with contextlib.suppress(Exception):  # the store may be gone with rank 0's agent
+            self.publish()
+
+    # ---- the thread --------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.interval_s):
+            try:
+                self.tick(time.monotonic())
+            except Exception as exc:  # a store that went away ends the job some other way; say why we stop
+                if not self._stop.is_set():
+                    print(f"ddpkit watchdog: rank {self.ident.rank}: stopped watching ({exc})", file=sys.stderr)
+                return
+
+    def tick(self, now: float) -> None:
+        """One round: publish, judge (monitors), act on a stall."""
+        self.publish(now)
+        if self.judge is not None and self._seq % self.check_every == 0:
+            verdict = self._check(now)
+            if verdict is not None:
+                self.store.compare_set(STALL_KEY, "", json.dumps(_verdict_record(verdict, self.ident.rank)))
+            else:
+                self._judge_loss(now)
+        if self._seq % self.check_every == 0:
+            self.stragglers.check()
+        if self.store.check([STALL_KEY]):  # the one verdict key: a stall, or a lost node
+            record = json.loads(self.store.get(STALL_KEY))
+            if record.get("kind") == loss_judge.KIND:
+                self.on_lost(record)
+            self.on_stall(record)
+
+    def publish(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._seq += 1
+        beat = Beat(self.ident.rank, self._seq, PULSE.beats, PULSE.step, PULSE.phase, self._step_s(now),
+                    PULSE.step != self._initial_step, self.ident.node, self.ident.pid, self.ident.host)
+        self.store.set(_hb(self.ident.rank), beat.encode().decode())  # the stub takes str; bytes go the same way
+        self.stragglers.publish()
+
+    def _step_s(self, now: float) -> float:
+        """The slowest of the last steps' times, measured here between publishes.
+        An evaluation or a checkpoint restarts the measurement (it is not a step)."""
+        step, phase = PULSE.step, PULSE.phase
+        if phase in (Phase.EVAL, Phase.CHECKPOINT, Phase.SETUP):
+            self._last_step = None
+        elif self._last_step is None or step < self._last_step[0]:
+            self._last_step = (step, now)
+        elif step > self._last_step[0]:
+            self._step_times.append((now - self._last_step[1]) / (step - self._last_step[0]))
+            self._last_step = (step, now)
+        return max(self._step_times, default=0.0)
+
+    def _check(self, now: float) -> Verdict | None:
+        assert self.judge is not None
+        if not self._all_published:
+            self._all_published = self.store.check(self._keys)
+        if self._all_published:
+            raws = [raw for at in range(0, len(self._keys), MULTI_GET_KEYS)
+                    for raw in self.store.multi_get(self._keys[at:at + MULTI_GET_KEYS])]
+            beats: list[Beat | None] = [Beat.decode(r, raw) for r, raw in enumerate(raws)]
+        else:  # a rank still starting: judge the others (one get each, only until all have published)
+            beats = [Beat.decode(r, self.store.get(k)) if self.store.check([k]) else None
+                     for r, k in enumerate(self._keys)]
+        return self.judge.observe(beats, now)
+
+    # ---- on a lost node (train/watchdog/node_loss.py) --------------------------------------------
+    def _judge_loss(self, now: float) -> None:
+        assert self.judge is not None
+        lost = [] if self.loss is None else self.loss.observe(self.judge, now)
+        if lost and self.loss is not None:
+            record = loss_judge.verdict_record(lost, self.loss.loss_s, self.ident.rank,
+                                               loss_judge.elastic_restarts_left())
+            self.store.compare_set(STALL_KEY, "", json.dumps(record))
+
+    def on_lost(self, record: dict[str, Any]) -> None:
+        """Every rank leaves with NODE_LOST: its main thread may wait in a
+        collective with the lost node that gloo cannot abort. The declarer
+        reports first; rank 0, whose process holds the store, leaves last
+        (once every other rank said it saw the verdict, or after ACK_WAIT_S).
+        Never returns."""
+        self._stop.set()
+        try:
+            if record["by"] == self.ident.rank:
+                loss_judge.report(record, self.outputs.metrics)
+            self.store.set(_ack(self.ident.rank), loss_judge.KIND)
+            self._last_words(loss_judge.reason(record))
+            if self.ident.rank == 0:
+                lost = {r["rank"] for r in record["lost"]}
+                keys = [_ack(r) for r in range(self.ident.world) if r not in lost]
+                deadline = time.monotonic() + ACK_WAIT_S
+                while time.monotonic() < deadline and not self.store.check(keys):
+                    time.sleep(0.1)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._exit(ExitCode.NODE_LOST)
+
+    # ---- on a stall ----------------------------------------------------------------------
+    def on_stall(self, record: dict[str, Any]) -> None:
+        """Dump, acknowledge, (declarer:) report, then exit STALLED. Never returns."""
+        self._stop.set()
+        try:  # whatever fails here (the store's host gone), this rank still exits
+            self.store.set(_ack(self.ident.rank), json.dumps(asdict(self._dump())))
+            suspects = ", ".join(str(r["rank"]) for r in record.get("suspects", []))
+            self._last_words(f"the job stalled: no progress for {record.get('idle_s')}s (rank(s) {suspects})")
+            if record["by"] == self.ident.rank:
+                self._report(record)
+                self.store.set(RELEASED_KEY, "1")
+            else:
+                self._wait_for(RELEASED_KEY, RELEASE_WAIT_S)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._exit(ExitCode.STALLED)
+
+    def _last_words(self, reason: str) -> None:
+        if self.last_words is not None:
+            self.last_words(reason)
+
+    def _wait_for(self, key: str, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if self.store.check([key]):
+                    return True
+            except Exception:  # the store's host exited: nothing more to wait for
+                return False
+            time.sleep(0.2)
+        return False
+
+    def _dump(self) -> Ack:
+        r = self.ident.rank
+        print(f"ddpkit watchdog: rank {r} ({self.ident.host}, pid {self.ident.pid}): the job stalled; "
+              f"stacks of all threads follow", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        frame, in_torch = main_frame()
+        text = _pyspy(self.ident.pid)
+        if text:
+            print(text, file=sys.stderr, flush=True)
+        path = None
+        if self.outputs.log_dir is not None:
+            path = self.outputs.log_dir / f"stall-rank{r}.txt"
+            _write_stacks(path, f"rank {r} at step {PULSE.step}, phase {PULSE.phase.value}\n", text)
+            if self.outputs.nccl:
+                _dump_nccl(self.outputs.log_dir / f"nccl-trace-rank{r}.pkl")
+        return Ack(frame, in_torch, str(path) if path else None)
+
+    def _report(self, record: dict[str, Any]) -> None:
+        expected = [r for r in range(self.ident.world) if r not in record["frozen"]]
+        deadline = time.monotonic() + ACK_WAIT_S
+        acks: dict[int, Ack] = {}
+        while time.monotonic() < deadline and len(acks) < len(expected):
+            for r in expected:
+                if r not in acks and self.store.check([_ack(r)]):
+                    acks[r] = Ack(**json.loads(self.store.get(_ack(r))))
+            time.sleep(0.2)
+        stalled = refine(record, acks)
+        lines = report_lines(record, stalled, acks, self.outputs)
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
+        if self.outputs.metrics is not None:
+            entry = {"kind": "stall", "time": round(time.time(), 3), "idle_s": record["idle_s"],
+                     "limit_s": record["limit_s"], "stalled": [_rank_record(s, acks) for s in stalled],
+                     "waiting": record["waiting"], "no_stack": sorted(set(range(self.ident.world)) - set(acks)),
+                     "dumps": _dump_place(self.outputs)}
+            self.outputs.metrics.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.outputs.metrics, "a", encoding="utf-8") as out:  # one write: O_APPEND keeps it whole
+                out.write(json.dumps(entry) + "\n")
+
+
+# ---- helpers (module level: the bench and the tests use them) ------------------------------
+def _verdict_record(verdict: Verdict, by: int) -> dict[str, Any]:
+    return {"by": by, "idle_s": round(verdict.idle_s, 1), "limit_s": round(verdict.limit_s, 1),
+            "suspects": [_suspect_record(s) for s in verdict.suspects],
+            "frozen": [s.beat.rank for s in verdict.suspects if s.frozen_s is not None],
+            "waiting": list(verdict.waiting)}
+
+
+def _suspect_record(s: Suspect) -> dict[str, Any]:
+    b = s.beat
+    return {"rank": b.rank, "node": b.node, "host": b.host, "pid": b.pid, "step": b.step, "phase": b.phase.value,
+            "idle_s": round(s.idle_s, 1), "frozen_s": None if s.frozen_s is None else round(s.frozen_s, 1)}
+
+
+def refine(record: dict[str, Any], acks: dict[int, Ack]) -> list[dict[str, Any]]:
+    """The suspects the report names. Ranks at the same step and phase tie
+    (with BatchNorm, DDP's forward broadcasts buffers: the ranks waiting for a
+    stuck forward are in forward too); a suspect whose main thread runs code
+    outside torch is stuck there, one inside torch waits for it."""
+    suspects: list[dict[str, Any]] = record["suspects"]
+    busy = [s for s in suspects if s["rank"] in acks and not acks[s["rank"]].in_torch]
+    return busy if busy and len(busy) < len(suspects) else suspects
+
+
+def report_lines(record: dict[str, Any], stalled: list[dict[str, Any]], acks: dict[int, Ack],
+                 outputs: Outputs) -> list[str]:
+    ranks = ", ".join(str(s["rank"]) for s in stalled)
+    lines = [f"ddpkit watchdog: the job stalled: no progress for {record['idle_s']:.0f}s "
+             f"(limit {record['limit_s']:.0f}s); stalled rank(s): {ranks}; stopping every rank "
+             f"(exit {int(ExitCode.STALLED)})"]
+    for s in stalled:
+        ack = acks.get(s["rank"])
+        if s["frozen_s"] is not None:
+            where = (f"frozen: no heartbeat for {s['frozen_s']:.0f}s (stopped, e.g. SIGSTOP, or blocked in native "
+                     "code holding the GIL); its last heartbeat is all there is")
+        else:
+            where = f"at {ack.frame}" if ack else "no stack received"
+        lines.append(STALL_LINE.format(rank=s["rank"], node=s["node"], host=s["host"], pid=s["pid"],
+                                       step=s["step"], phase=s["phase"], where=where))
+    named = {s["rank"] for s in stalled}
+    waiting = sorted(set(record["waiting"]) | {s["rank"] for s in record["suspects"]} - named)
+    if waiting:
+        lines.append(f"ddpkit watchdog: {len(waiting)} rank(s) waited for them: {_ranges(waiting)}")
+    lines.append(f"ddpkit watchdog: stacks of every rank: {_dump_place(outputs)}")
+    return lines
+
+
+def _rank_record(s: dict[str, Any], acks: dict[int, Ack]) -> dict[str, Any]:
+    ack = acks.get(s["rank"])
+    return {**s, "frame": ack.frame if ack else None, "dump": ack.dump if ack else None}
+
+
+def _dump_place(outputs: Outputs) -> str:
+    if outputs.log_dir is None:
+        return "each rank's stderr (give --log-dir to keep them in files)"
+    place = f"each rank's stderr and {outputs.log_dir}/stall-rank<R>.txt"
+    return place + (f"; NCCL flight recorder: {outputs.log_dir}/nccl-trace-rank<R>.pkl" if outputs.nccl else "")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """0-3, 5: short even for 8,192 ranks."""
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(out)
+
+
+def main_frame() -> tuple[str, bool]:
+    """The main thread's innermost frame ("file:line in function"), and
+    whether it is inside torch; when it is, the innermost frame outside torch
+    is added, since that is the line of the training code that called in."""
+    import threading as _threading
+
+    frame = sys._current_frames().get(_threading.main_thread().ident or -1)
+    if frame is None:
+        return "unknown (no main thread)", False
+    stack = traceback.extract_stack(frame)
+    inner = stack[-1]
+    torch_dir = _torch_dir()
+    in_torch = inner.filename.startswith(torch_dir)
+    text = f"{inner.filename}:{inner.lineno} in {inner.name}"
+    if in_torch:
+        outside = [f for f in stack if not f.filename.startswith(torch_dir)]
+        if outside:
+            text += f" (called from {outside[-1].filename}:{outside[-1].lineno} in {outside[-1].name})"
+    return text, in_torch
+
+
+def _torch_dir() -> str:
+    mod = sys.modules.get("torch")
+    # Without torch imported no frame can be in it: a prefix no path has.
+    return str(Path(mod.__file__).parent) if mod is not None and mod.__file__ else "\0"
+
+
+def pyspy_path() -> str | None:
+    """py-spy on PATH, or beside this interpreter (a virtual environment not on PATH)."""
+    found = shutil.which("py-spy")
+    beside = Path(sys.executable).parent / "py-spy"
+    return found or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+
+
+def _pyspy(pid: int) -> str:
+    tool = pyspy_path()
+    if tool is None:
+        return ""
+    try:
+        done = subprocess.run([tool, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=PYSPY_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy dump --native failed: {exc}"
+    if done.returncode != 0:
+        return f"py-spy dump --native failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
+    return "py-spy dump --native:\n" + done.stdout
+
+
+def _write_stacks(path: Path, header: str, pyspy_text: str) -> None:
+    """faulthandler's dump and py-spy's into one file, written whole (a
+    temporary file, then os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(header)
+        out.flush()
+        faulthandler.dump_traceback(out, all_threads=True)
+        out.write("\n" + pyspy_text)
+    os.replace(tmp, path)
+
+
+def _dump_nccl(path: Path) -> None:
+    """The NCCL flight recorder's ring buffer (TORCH_NCCL_TRACE_BUFFER_SIZE),
+    pickled as torch's fr_trace tool reads it."""
+    try:
+        from torch._C._distributed_c10d import _dump_nccl_trace  # type: ignore[attr-defined]  # not in the stubs
+
+        data = _dump_nccl_trace()
+    except Exception as exc:  # no NCCL group, or a build without the recorder
+        print(f"ddpkit watchdog: no NCCL flight recorder dump: {exc}", file=sys.stderr)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# ---- starting it --------------------------------------------------------------------------
+def open_store(master_addr: str | None, master_port: int | None, timeout_s: float = 60.0) -> dist.Store:
+    """A client of its own to the rendezvous store (or, without an address,
+    the process group's store, e.g. --spawn's file store), under the run's
+    control prefix (runkey.py): a client without the run key writes where
+    no rank reads."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    base: dist.Store
+    if master_addr and master_port:
+        base = dist.TCPStore(master_addr, int(master_port), is_master=False, timeout=timeout, wait_for_workers=False)
+    else:
+        base = dist.distributed_c10d._get_default_store()
+    return dist.PrefixStore(runkey.control_prefix(), base)
+
+
+def nccl_recorder_file(log_dir: Path | None, env: MutableMapping[str, str] = os.environ) -> None:
+    """Point the flight recorder's on-timeout dump at the job's log directory
+    (unless the user chose a place); read when the NCCL group is created."""
+    if log_dir is not None:
+        env.setdefault(envnames.TORCH_FR_DUMP_TEMP_FILE, str(log_dir / "nccl-trace-rank"))
+
+
+def start(ident: Identity, master_addr: str | None, master_port: int | None, outputs: Outputs,
+          settings: Settings | None = None, loss_s: float = LOSS_S) -> Watchdog | None:
+    """Start this rank's watchdog thread; None when the settings turn it off."""
+    settings = settings or Settings.from_env()
+    if not settings.enabled:
+        return None
+    if ident.rank == 0 and master_addr and runkey.key_from() is None:  # a network store, open to any client
+        print(runkey.UNKEYED_NOTE, file=sys.stderr, flush=True)
+    dog = Watchdog(open_store(master_addr, master_port), ident, settings, outputs, loss_s=loss_s)
+    dog.start()
+    return dog

@@ -1,0 +1,220 @@
+"""Stragglers: a rank whose own work per step is well above the job's.
+
+Under DDP every rank's whole step lasts as long as the slowest rank's (the
+others wait for it inside backward's all-reduce), so step times name nobody.
+Each rank's training loop times its OWN work instead (train/watchdog/worktime.py:
+data loading, forward, backward compute up to the moment its last gradient
+bucket goes to the all-reduce) into `WORK`, a window of its last
+`WINDOW_STEPS` steps. The hang watchdog's thread publishes the window's
+median with its heartbeat (`work/<rank>` in the store) and rank 0's thread
+applies `StragglerJudge`: a rank whose median is more than `factor` x the
+job's median (the lower middle of every rank's, so two ranks work too) and
+at least `MIN_GAP_S` above it is a straggler. The report is one line
+(`STRAGGLER_LINE`, read by launch/supervise/supervisor.py), a `straggler` metrics
+record, and the mark in the launcher's summary.
+
+An evaluation or a checkpoint is no step: it never enters the window, so
+an uneven one names nobody; neither does waiting (it is not timed).
+
+Everything but `Stragglers` (the store and the report) is pure, and this
+module has no torch import: tests/test_straggler.py drives the judge directly.
+docs/WATCHDOG.md ("Stragglers") is the user's page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ... import envnames
+from ...wire import STRAGGLER_FACTOR
+from .stall_model import PULSE
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+# A rank's time is the (lower) median of its last steps: a few slow steps (a GC
+# pause, a new epoch's loader) make no straggler; 6 slow steps of 10 do.
+WINDOW_STEPS = 10
+MIN_STEPS = 5  # a rank with fewer timed steps is not judged yet
+# A straggler is also at least this much slower a step: below it, one CPU
+# scheduling slice on a busy host makes the difference, and it costs little.
+MIN_GAP_S = 0.02
+MULTI_GET_KEYS = 256  # as the stall judge reads heartbeats (train/watchdog/stall.py)
+# The report's line; launch/supervise/supervisor.py matches "ddpkit watchdog: STRAGGLER rank R node N host H: DETAIL;".
+STRAGGLER_LINE = ("ddpkit watchdog: STRAGGLER rank {rank} node {node} host {host}: {detail}; "
+                  "its own work (data loading, forward, backward compute; not waiting) over its last {window} steps")
+
+
+def factor_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """The judge's factor (0: off); a value that is no number above 1 is refused at start-up."""
+    raw = env.get(envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR)
+    if not raw:
+        return STRAGGLER_FACTOR
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value != 0 and not 1 < value <= 100:
+        raise ValueError(f"{envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR}={raw!r}: give a factor above 1 "
+                         "(e.g. 1.33), or 0 to turn straggler detection off")
+    return value
+
+
+class WorkWindow:
+    """This rank's own work per step, the last `size` steps. Written by the
+    training loop's thread (one list item and one int per step, no lock),
+    read by the watchdog's thread (a list copy is whole under the GIL)."""
+
+    __slots__ = ("_ring", "count")
+
+    def __init__(self, size: int = WINDOW_STEPS) -> None:
+        self._ring = [0.0] * size
+        self.count = 0  # steps timed in this process
+
+    def add(self, seconds: float) -> None:
+        self._ring[self.count % len(self._ring)] = seconds
+        self.count += 1
+
+    def median(self) -> tuple[int, float]:
+        """(steps in the window, their lower median in seconds: a value one of them took)."""
+        count, ring = self.count, self._ring[:]
+        values = ring[:count] if count < len(ring) else ring
+        return len(values), statistics.median_low(values) if values else 0.0
+
+
+WORK = WorkWindow()
+
+
+@dataclass(frozen=True)
+class Work:
+    """One rank's published window."""
+
+    rank: int
+    step: int  # its training step when it published
+    steps: int  # steps in the window
+    own_s: float  # their median
+    node: int
+    host: str
+
+    def encode(self) -> str:
+        return f"{self.step} {self.steps} {self.own_s:.6f} {self.node} {self.host}"
+
+    @classmethod
+    def decode(cls, rank: int, raw: bytes | str) -> Work:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        step, steps, own_s, node, host = text.split(" ", 4)
+        return cls(rank, int(step), int(steps), float(own_s), int(node), host)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A rank became a straggler (`slow`), or caught up again."""
+
+    work: Work
+    median_s: float  # the job's
+    factor: float
+    slow: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.work.own_s / self.median_s if self.median_s > 0 else float("inf")
+
+    @property
+    def detail(self) -> str:
+        w = self.work
+        return (f"{w.own_s:.3f}s of own work a step against the job's median {self.median_s:.3f}s "
+                f"({self.ratio:.1f}x, limit {self.factor:g}x) at step {w.step}")
+
+    def line(self) -> str:
+        w = self.work
+        if self.slow:
+            return STRAGGLER_LINE.format(rank=w.rank, node=w.node, host=w.host, detail=self.detail,
+                                         window=w.steps)
+        return f"ddpkit watchdog: rank {w.rank} (host {w.host}) is no straggler any more: {self.detail}"
+
+    def record(self) -> dict[str, Any]:
+        w = self.work
+        return {"kind": "straggler", "time": round(time.time(), 3), "state": "slow" if self.slow else "caught_up",
+                "rank": w.rank, "node": w.node, "host": w.host, "step": w.step, "own_s": round(w.own_s, 6),
+                "median_s": round(self.median_s, 6), "ratio": round(self.ratio, 3), "factor": self.factor,
+                "window_steps": w.steps}
+
+
+@dataclass
+class StragglerJudge:
+    """Names ranks whose own work is above `factor` x the job's median.
+    A named rank is named again only after it caught up (below half the
+    margin, so one that hovers at the limit is not reported every second)."""
+
+    factor: float
+    slow: set[int] = field(default_factory=set)
+
+    def observe(self, works: Sequence[Work | None]) -> list[Change]:
+        ready = [w for w in works if w is not None and w.steps >= MIN_STEPS]
+        # Half the job at least: a median of a few early ranks says little.
+        if len(ready) < 2 or 2 * len(ready) < len(works):
+            return []
+        median = statistics.median_low(w.own_s for w in ready)
+        back = 1 + (self.factor - 1) / 2
+        changes = []
+        for w in ready:
+            if w.rank not in self.slow and w.own_s > self.factor * median and w.own_s - median >= MIN_GAP_S:
+                self.slow.add(w.rank)
+                changes.append(Change(w, median, self.factor, slow=True))
+            elif w.rank in self.slow and (w.own_s <= back * median or w.own_s - median < MIN_GAP_S / 2):
+                self.slow.discard(w.rank)
+                changes.append(Change(w, median, self.factor, slow=False))
+        return changes
+
+
+def _key(rank: int) -> str:
+    return f"work/{rank}"
+
+
+class Stragglers:
+    """The watchdog thread's part (train/watchdog/stall.py calls `publish` on every
+    rank and `check` on its checks): every rank publishes its window when it
+    timed a step since; rank 0 reads every rank's and reports."""
+
+    def __init__(self, store: dist.Store, rank: int, world: int, node: int, host: str,
+                 metrics: Path | None, factor: float | None = None) -> None:
+        self.store, self.rank, self.node, self.host, self.metrics = store, rank, node, host, metrics
+        factor = factor_from_env() if factor is None else factor
+        self.judge = StragglerJudge(factor) if rank == 0 and factor > 0 and world > 1 else None
+        self._keys = [_key(r) for r in range(world)]
+        self._published = -1
+        self._all_published = False
+
+    def publish(self) -> None:
+        if WORK.count == self._published:
+            return  # no step since: nothing new (and no store write)
+        self._published = WORK.count
+        steps, own_s = WORK.median()
+        self.store.set(_key(self.rank), Work(self.rank, PULSE.step, steps, own_s, self.node, self.host).encode())
+
+    def check(self) -> None:
+        if self.judge is None or WORK.count == 0:  # a user's script times no steps: nothing to read, ever
+            return
+        if not self._all_published:
+            self._all_published = self.store.check(self._keys)
+            if not self._all_published:
+                return
+        raws = [raw for at in range(0, len(self._keys), MULTI_GET_KEYS)
+                for raw in self.store.multi_get(self._keys[at:at + MULTI_GET_KEYS])]
+        for change in self.judge.observe([Work.decode(r, raw) for r, raw in enumerate(raws)]):
+            self._report(change)
+
+    def _report(self, change: Change) -> None:
+        print(change.line(), file=sys.stderr, flush=True)
+        if self.metrics is not None:
+            self.metrics.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.metrics, "a", encoding="utf-8") as out:  # one write: O_APPEND keeps it whole
+                out.write(json.dumps(change.record()) + "\n")
