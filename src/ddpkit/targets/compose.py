@@ -88,9 +88,8 @@ def build(spec: JobSpec) -> list[OutputFile]:
     refuse(spec, Target.COMPOSE)
     variables = {"spec": spec, "services": services(spec), "volumes": mounts.binds(spec),
                  "limits": compose_limits(spec)}
-    warning = mounts.container_checkpoint_warning(spec, "compose")
     return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml",
-                       notes=(*notes(spec), *([warning] if warning else [])))]
+                       notes=(*notes(spec), *mounts.container_warnings(spec, "compose")))]
 
 
 def _unescape(value: object) -> object:

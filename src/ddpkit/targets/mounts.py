@@ -24,6 +24,7 @@ from ..contract import Target
 from ..spec import JobSpec
 from ..spec.fields import MountParts
 from ..wire import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
+from .program_paths import ContainerView, mount_fix, program_warnings
 
 
 def parts(spec: JobSpec) -> list[MountParts]:
@@ -107,3 +108,14 @@ def container_checkpoint_warning(spec: JobSpec, where: str) -> str | None:
     return (f"warning: {where}: --resume auto but no writable mount holds --checkpoint-dir {shlex.quote(ckpt)}: "
             f"the checkpoints go when the container does, and a restart starts again. "
             f"Fix: add to mounts '/host/ckpt:{parent}' (a folder every node shares, for more than one host)")
+
+
+def container_warnings(spec: JobSpec, where: str) -> list[str]:
+    """Every warning for a target whose nodes are containers that bind the job's
+    mounts (compose, launch docker, ssh.docker): checkpoints and outputs kept
+    inside the container, host paths the container does not have."""
+    warning = container_checkpoint_warning(spec, where)
+    targets = [m.target for m in parts(spec)]
+    kept = [m.target for m in parts(spec) if not m.read_only]
+    view = ContainerView(where, seen=targets, kept=kept, fix=mount_fix)
+    return [*([warning] if warning else []), *program_warnings(spec, view)]

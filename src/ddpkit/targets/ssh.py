@@ -35,9 +35,8 @@ def variables(spec: JobSpec) -> dict[str, object]:
 
 def build(spec: JobSpec) -> list[OutputFile]:
     refuse(spec, Target.SSH)
-    warning = mounts.container_checkpoint_warning(spec, "ssh.docker") if spec.ssh.docker else None
-    return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec), "shell", 0o755,
-                       notes=(warning,) if warning else ())]
+    warnings = mounts.container_warnings(spec, "ssh.docker") if spec.ssh.docker else []
+    return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec), "shell", 0o755, notes=tuple(warnings))]
 
 
 def _assigned_word(text: str, name: str) -> str | None:

@@ -107,8 +107,7 @@ def build(spec: JobSpec) -> list[OutputFile]:
     level = pod.security_level(the_pod)
     # The two notes a platform engineer needs before applying (the CLI
     # prints them on stderr, so `ddpkit render k8s > job.yaml` stays clean YAML).
-    warning = resume_warning(spec)
-    notes = (*([warning] if warning else []), f"meets Pod Security level {level.value}")
+    notes = (*pod.storage_warnings(spec), f"meets Pod Security level {level.value}")
     variables: dict[str, Any] = {
         "job": meta(spec, launch, gang.object_labels(spec, labels(spec)), level.value),
         "pod": the_pod,

@@ -14,7 +14,7 @@ from ...contract import Arg, LaunchPlan, Target, resolve
 from ...quoting import kubelet_unliteral
 from ...render import RenderError, k8s_arg
 from ...spec import JobSpec, K8sVolume
-from .. import mounts, podsecurity
+from .. import mounts, podsecurity, program_paths
 from . import gang
 from .base import KindInfo, pss_comment
 
@@ -291,6 +291,15 @@ def resume_warning(spec: JobSpec) -> str | None:
         f"Fix: add to k8s.volumes {{name: ckpt, mount_path: {parent}, persistent_volume_claim: <claim>}} "
         f"(a ReadWriteMany PVC or nfs)"
     )
+
+
+def storage_warnings(spec: JobSpec) -> list[str]:
+    """The resume warning, and what a program of the user's own needs that the pod's volumes do not hold."""
+    warning = resume_warning(spec)
+    seen = [v.mount_path for v in spec.k8s.volumes]
+    kept = [v.mount_path for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only]
+    view = program_paths.ContainerView("k8s", seen=seen, kept=kept, fix=program_paths.volume_fix)
+    return [*([warning] if warning else []), *program_paths.program_warnings(spec, view)]
 
 
 # ---- verify: the same values read back from the parsed file ----
