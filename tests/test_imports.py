@@ -59,7 +59,10 @@ ALLOWED: dict[str, set[str]] = {
     "envnames": set(),
     "exitcodes": set(),
     "text": set(),
-    "__init__": set(),
+    # `ddpkit.on_stop`, the one line a program of the user's own adds to be stopped with a checkpoint
+    "__init__": {"preamble"},
+    # callbacks a program adds to a Hugging Face or Lightning Trainer: the preamble's stop part
+    "frameworks": {"preamble"} | BASE,
 }
 
 

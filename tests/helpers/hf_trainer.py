@@ -2,9 +2,13 @@
 BERT built from a config (nothing downloaded), a random token data set, CPU
 and gloo, DDP through the Trainer's own set-up. It calls nothing of ddpkit.
 
-  python hf_trainer.py OUTPUT_DIR EPOCHS
+  python hf_trainer.py OUTPUT_DIR EPOCHS [stop]
+
+With `stop`, the program adds ddpkit's callback (stopped with a checkpoint on a
+stop signal) and resumes from the last checkpoint in OUTPUT_DIR, as HF's docs show.
 """
 
+import os
 import sys
 
 import torch
@@ -27,13 +31,24 @@ class RandomTokens(Dataset):
 
 def main():
     output_dir, epochs = sys.argv[1], float(sys.argv[2])
+    stop = sys.argv[3:] == ["stop"]
     config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=32)
     model = BertForSequenceClassification(config)
     args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=8, num_train_epochs=epochs,
-                             save_steps=50, logging_steps=10, use_cpu=True, report_to=[], ddp_backend="gloo",
+                             save_steps=100_000 if stop else 50, logging_steps=10, use_cpu=True, report_to=[], ddp_backend="gloo",
                              disable_tqdm=True, seed=0)
-    Trainer(model=model, args=args, train_dataset=RandomTokens()).train()
+    if not stop:
+        Trainer(model=model, args=args, train_dataset=RandomTokens()).train()
+        return
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from ddpkit.frameworks.hf import StopCallback
+
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    print(f"resuming from {last}" if last else "starting", flush=True)
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(), callbacks=[StopCallback()])
+    trainer.train(resume_from_checkpoint=last)
 
 
 if __name__ == "__main__":

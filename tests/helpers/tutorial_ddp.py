@@ -5,7 +5,8 @@ only to run on CPU hosts with gloo. It calls nothing of ddpkit.
 
 Test knobs (flags): --step-sleep S per batch (so a test finds it mid-run),
 --eval-seconds S of forward-only evaluation after the first epoch,
---final FILE (rank 0 writes the final weights there).
+--final FILE (rank 0 writes the final weights there), --on-stop (the one
+line of ddpkit a program adds to be stopped with a snapshot: `ddpkit.on_stop`).
 """
 
 import argparse
@@ -43,6 +44,8 @@ class Trainer:
         self.epochs_run = 0
         self.snapshot_path = snapshot_path
         self.step_sleep = step_sleep
+        self.steps = 0
+        self.epoch = 0
         if os.path.exists(snapshot_path):
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
@@ -60,12 +63,14 @@ class Trainer:
         loss = F.mse_loss(output, targets)
         loss.backward()
         self.optimizer.step()
+        self.steps += 1
         time.sleep(self.step_sleep)
 
     def _run_epoch(self, epoch):
         b_sz = len(next(iter(self.train_data))[0])
         print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
+        self.epoch = epoch
         for source, targets in self.train_data:
             self._run_batch(source, targets)
 
@@ -73,6 +78,12 @@ class Trainer:
         snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}
         torch.save(snapshot, self.snapshot_path)
         print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
+
+    def stop_snapshot(self):
+        print(f"stop handler ran after step {self.steps}", flush=True)
+        if self.global_rank == 0:
+            snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": self.epoch, "STEP": self.steps}
+            torch.save(snapshot, self.snapshot_path)
 
     def evaluate(self, seconds):
         deadline = time.monotonic() + seconds
@@ -100,6 +111,10 @@ def main(args):
     loader = DataLoader(dataset, batch_size=args.batch_size, pin_memory=False, shuffle=False,
                         sampler=DistributedSampler(dataset))
     trainer = Trainer(model, loader, optimizer, args.save_every, args.snapshot, args.step_sleep)
+    if args.on_stop:
+        import ddpkit
+
+        ddpkit.on_stop(trainer.stop_snapshot)
     trainer.train(args.total_epochs, args.eval_seconds)
     if args.final and trainer.global_rank == 0:
         torch.save(trainer.model.module.state_dict(), args.final)
@@ -115,4 +130,5 @@ if __name__ == "__main__":
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--eval-seconds", type=float, default=0.0)
     parser.add_argument("--final")
+    parser.add_argument("--on-stop", action="store_true")
     main(parser.parse_args())

@@ -15,7 +15,11 @@ group. ddpkit's own programs (`-m ddpkit.*`) do all of this themselves.
   between steps (an evaluation, a slow first step); progress.py;
 - `metrics`: step times, samples per second and the loss as `ddpkit
   train`'s metrics records, where the launcher names a file for them
-  (DDPKIT_METRICS), for `ddpkit report`; metrics.py.
+  (DDPKIT_METRICS), for `ddpkit report`; metrics.py;
+- `stop`: a stop signal (SIGTERM, SIGUSR2) runs the program's stop handlers
+  (`ddpkit.on_stop`, ddpkit.frameworks' callbacks) at the same optimizer step
+  on every rank, then the process exits 75; without one, it ends the process
+  as before, with one line that says so; stop.py.
 
 It is installed by the agent's zygote in every forked worker and by
 `python -m ddpkit.run PROGRAM ARGS` wherever nothing forks the workers.
@@ -42,11 +46,11 @@ def install(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> tuple[s
     a less clear cause)."""
     if is_own_program(argv):
         return ()
-    from . import interface, metrics, progress, ranks
+    from . import interface, metrics, progress, ranks, stop
 
     steps: dict[str, Callable[[Mapping[str, str]], None]] = {
         "interface": interface.install, "rank_report": ranks.install, "progress": progress.install,
-        "metrics": metrics.install_from}
+        "metrics": metrics.install_from, "stop": stop.install}
     parts = preamble_parts(env)
     for part in parts:
         steps[part](env)

@@ -238,6 +238,8 @@ class Preamble(Strict):
                                                      "reported to the hang watchdog")
     metrics: bool = Field(default=True, description="step times, samples/s and the loss as metrics records, "
                                                     "where the launcher names a file (ddpkit report)")
+    stop: bool = Field(default=True, description="a stop signal runs the program's stop handlers (ddpkit.on_stop, "
+                                                 "ddpkit.frameworks' callbacks) at one optimizer step on every rank")
 
     def off(self) -> list[str]:
         """The parts turned off, as DDPKIT_PREAMBLE names them."""

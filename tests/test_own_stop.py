@@ -1,0 +1,130 @@
+"""Pre-emption for a program of the user's own (ddpkit/preamble/stop.py): a
+stop signal runs the program's stop handler at the same optimizer step on
+every rank, then each worker exits 75; without a handler the program ends as
+it did without ddpkit, and says so. Real programs under `ddpkit launch local`
+(2 nodes x 1 process, gloo): the PyTorch tutorial's script with its one line
+`ddpkit.on_stop`, a Hugging Face `Trainer` and a Lightning `Trainer` with
+ddpkit's callbacks; the launcher's SIGTERM is what `ddpkit cancel` sends."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpkit.exitcodes import ExitCode
+from tests.test_preamble import TUTORIAL, Job
+from tests.test_startup import ROOT
+
+HELPERS = ROOT / "tests" / "helpers"
+pytestmark = pytest.mark.slow
+AGREED = r"ddpkit: SIGTERM: every rank stops after optimizer step (\d+)"
+
+
+def stop_the_launcher(job: Job, ready: str) -> tuple[int, str]:
+    job.wait_for(ready)
+    job.proc.send_signal(signal.SIGTERM)
+    code = job.finish(120)
+    assert job.left == [], job.left
+    return code, job.text
+
+
+def agreed_step(text: str) -> int:
+    found = re.search(AGREED, text)
+    assert found, text[-3000:]
+    return int(found.group(1))
+
+
+def test_on_stop_runs_on_every_rank_at_the_same_step_and_the_workers_exit_75(tmp_path: Path) -> None:
+    job = Job(tmp_path, TUTORIAL, "100000", "100000", "--step-sleep", "0.02", "--on-stop",
+              "--snapshot", str(tmp_path / "snap.pt"))
+    code, text = stop_the_launcher(job, r"Epoch 1 \|")
+    step = agreed_step(text)
+    # Each rank's handler saw the program's own step counter at the agreed step: one line
+    # when both printed it alike ([all 2 ranks]), one a rank otherwise.
+    ran = re.findall(r"^\[(node\d rank\d|all 2 ranks)\] stop handler ran after step (\d+)$", text, re.M)
+    assert {int(n) for _, n in ran} == {step} and len(ran) in (1, 2), text[-3000:]
+    snapshot = torch.load(tmp_path / "snap.pt", map_location="cpu")
+    assert snapshot["STEP"] == step  # written by the handler at the agreed step (the tutorial's own has no STEP)
+    assert code == ExitCode.INTERRUPTED, text[-2000:]
+
+
+def test_without_a_handler_the_program_stops_at_once_and_says_no_checkpoint_was_written(tmp_path: Path) -> None:
+    job = Job(tmp_path, TUTORIAL, "100000", "100000", "--step-sleep", "0.02", "--snapshot", str(tmp_path / "snap.pt"))
+    code, text = stop_the_launcher(job, r"Epoch 1 \|")
+    assert "the program has no stop handler (ddpkit.on_stop, or ddpkit's callback for its Trainer), so it stops " \
+           "now, without a checkpoint" in text, text[-3000:]
+    assert not re.search(AGREED, text)
+    # The tutorial's own snapshot of epoch 0 is there; no handler wrote a step's.
+    assert "STEP" not in torch.load(tmp_path / "snap.pt", map_location="cpu")
+    assert code == ExitCode.INTERRUPTED, text[-2000:]
+
+
+def test_a_hugging_face_trainer_saves_its_checkpoint_at_the_agreed_step_and_resumes_from_it(tmp_path: Path) -> None:
+    out = tmp_path / "hf-out"
+    job = Job(tmp_path, HELPERS / "hf_trainer.py", str(out), "100000", "stop")
+    code, text = stop_the_launcher(job, r"'loss'")
+    step = agreed_step(text)
+    assert "the program's callback saves and stops" in text
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{step}"], text[-3000:]
+    state = (out / f"checkpoint-{step}" / "trainer_state.json").read_text()
+    assert f'"global_step": {step}' in state
+    assert code == ExitCode.INTERRUPTED, text[-2000:]
+    # The next start resumes from it, through the Trainer's own resume.
+    epochs = step // 16 + 2  # 256 samples, 8 a rank, 2 ranks: 16 steps an epoch
+    again = tmp_path / "again"
+    again.mkdir()
+    done = Job(again, HELPERS / "hf_trainer.py", str(out), str(epochs), "stop")
+    assert done.finish(300) == 0, done.text[-3000:]
+    assert f"resuming from {out / f'checkpoint-{step}'}" in done.text
+
+
+def test_a_lightning_trainer_saves_last_ckpt_at_the_agreed_step(tmp_path: Path) -> None:
+    root = tmp_path / "lt"
+    job = Job(tmp_path, HELPERS / "lightning_trainer.py", str(root), "100000", "2", "stop")
+    code, text = stop_the_launcher(job, r"ddpkit watchdog: on for this script")
+    step = agreed_step(text)
+    assert sorted(p.name for p in (root / "ckpt").iterdir()) == ["last.ckpt"], text[-3000:]
+    checkpoint = torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == step
+    assert code == ExitCode.INTERRUPTED, text[-2000:]
+
+
+PROGRAM = textwrap.dedent("""
+    import os, signal, sys, torch, ddpkit
+    mode = sys.argv[1]
+    if mode != "none":
+        ddpkit.on_stop(lambda: print(f"saved after {steps}", flush=True))
+    if mode == "own":
+        signal.signal(signal.SIGUSR2, lambda *_: print("own handler", flush=True))
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    for steps in range(1, 11):
+        opt.step()
+        if steps == 3:
+            os.kill(os.getpid(), signal.SIGUSR2)
+    print("finished", flush=True)
+""")
+
+
+@pytest.mark.parametrize(("mode", "code", "says"), [
+    # One process: agreed at the step after the signal (4), run before step 5 changes anything.
+    ("on_stop", ExitCode.PREEMPTED, "saved after 4"),
+    ("none", -signal.SIGUSR2, ""),  # nothing of ddpkit installed: the signal does what it always did
+    ("own", 0, "own handler"),  # the program's own handler replaces ddpkit's
+])
+def test_one_process_without_a_launcher(tmp_path: Path, mode: str, code: int, says: str) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}"}
+    done = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == code, done.stdout + done.stderr
+    assert says in done.stdout + done.stderr
+    assert ("finished" in done.stdout) == (mode == "own")
+    assert ("saved" in done.stdout) == (mode == "on_stop")
