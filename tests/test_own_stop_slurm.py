@@ -1,0 +1,103 @@
+"""Pre-emption of a Hugging Face and a Lightning `Trainer` program on a real
+Slurm cluster (2 nodes x 1 process, torchrun mode, gloo on the CPU), with
+ddpkit's callback added to each (ddpkit/frameworks): the time limit's
+warning (`--signal=B:USR2@N`: SIGUSR2 to the batch shell, sent here with
+`scancel --batch --signal=USR2`) reaches every worker through torchrun; every
+rank agrees on one optimizer step, the framework saves its own checkpoint
+there, rank 0 requeues the job, and the second run resumes from that
+checkpoint through the framework's own resume."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.helpers.runs import processes_in
+from tests.infra import slurm_cluster
+from tests.infra.shared import SlurmPool
+from tests.infra.slurm_cluster import SlurmCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+HELPERS = ROOT / "tests" / "helpers"
+AGREED = r"ddpkit: SIGUSR2: every rank stops after optimizer step (\d+); the program's callback saves and stops"
+
+_reason = slurm_cluster.available()
+pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pytest.mark.timeout(600),
+              pytest.mark.root]
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
+    with slurm_pool.lease(nodes=2) as c:
+        yield c
+
+
+def submit(cluster: SlurmCluster, folder: Path, name: str, script: Path, args: list[str]) -> tuple[Path, int]:
+    """Render the job with the real CLI and sbatch it; the rendered script and the job id."""
+    folder.mkdir(parents=True)
+    spec = {"name": name, "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
+            "command": {"python": PYTHON, "script": str(script), "args": args},
+            "env": {"OMP_NUM_THREADS": "1"}, "preemption": {"checkpoint_s": 20}}
+    (folder / "job.yaml").write_text(yaml.safe_dump(spec))
+    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "-f", str(folder / "job.yaml"),
+                          "-o", str(folder)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    rendered = folder / f"{name}.sbatch"
+    return rendered, cluster.sbatch(rendered)
+
+
+def output(script: Path, job: int) -> str:
+    path = script.parent / f"{script.stem}-{job}.out"
+    return path.read_text(errors="replace") if path.exists() else "(no output yet)"
+
+
+def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str) -> tuple[int, str]:
+    """Once the job printed `ready`, send the time limit's warning; wait for the job's end.
+    The agreed step and the whole output."""
+    deadline = time.monotonic() + 240
+    while ready not in output(script, job):
+        assert not cluster.job(job).finished, output(script, job)[-6000:]
+        assert time.monotonic() < deadline, f"never saw {ready!r}\n{output(script, job)[-6000:]}"
+        time.sleep(0.2)
+    sent = cluster.run(["scancel", "--batch", "--signal=USR2", str(job)])
+    assert sent.returncode == 0, sent.stderr
+    info = cluster.wait(job, timeout=400)
+    text = output(script, job)
+    assert info.state == "COMPLETED" and info.restarts == 1, f"{info}\n{text[-6000:]}"
+    assert f"requeueing Slurm job {job} (scontrol requeue)" in text, text[-6000:]
+    assert f"job {job} run 1 " in text and f"job {job} run 2 " in text
+    assert processes_in(script.parent) == [], "processes of the job left running"
+    found = re.search(AGREED, text)
+    assert found, text[-6000:]
+    return int(found.group(1)), text
+
+
+def test_a_hugging_face_trainer_is_preempted_requeued_and_resumes_from_its_checkpoint(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "job" / "hf-out"
+    script, job = submit(cluster, tmp_path / "job", "hf-stop", HELPERS / "hf_trainer.py", [str(out), "30", "stop"])
+    step, text = preempt_when(cluster, script, job, "'loss'")
+    # the stop's checkpoint, and the one the Trainer writes at the end of training (16 steps an epoch)
+    assert {p.name for p in out.glob("checkpoint-*")} == {f"checkpoint-{step}", "checkpoint-480"}, text[-6000:]
+    assert f'"global_step": {step}' in (out / f"checkpoint-{step}" / "trainer_state.json").read_text()
+    assert f"resuming from {out / f'checkpoint-{step}'}" in text, text[-6000:]
+
+
+def test_a_lightning_trainer_is_preempted_requeued_and_resumes_from_last_ckpt(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    root = tmp_path / "job" / "lt"
+    script, job = submit(cluster, tmp_path / "job", "lt-stop", HELPERS / "lightning_trainer.py",
+                         [str(root), "60", "2", "stop"])
+    step, text = preempt_when(cluster, script, job, "ddpkit watchdog: on for this script")
+    last = root / "ckpt" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == step
+    assert f"Restoring states from the checkpoint path at {last}" in text, text[-6000:]
