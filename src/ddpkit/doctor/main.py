@@ -25,7 +25,7 @@ from ..train.startup.distributed import (
     shutdown,
 )
 from ..train.startup.launchinfo import LaunchInfo, StartupError, detect_launch
-from ..train.startup.netcheck import NetCheckError
+from ..train.startup.netproblem import NetCheckError
 from . import exposure, local, network
 from .distributed import CPU_MAX_SIZE, GPU_MAX_SIZE, run_distributed
 from .results import Check, DoctorResult, Status

@@ -230,7 +230,8 @@ def _check_spawn_interface(config: TrainConfig) -> None:
     """--spawn: every child is on this machine, so its interface settings are
     checked once, here, before any child starts; children reading the host's
     interfaces moments apart (a bridge came or went) would word one fault twice."""
-    from .startup.netcheck import NetCheckError, interface_problems
+    from .startup.netlocal import interface_problems
+    from .startup.netproblem import NetCheckError
 
     found = interface_problems(config.interface, os.environ, spans_hosts=False)
     if found:
