@@ -23,8 +23,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # doctor are the entrypoint's side and never reach into rendering or launching.
 # wire: the facts renderer and trainer share (trainer flags, stop signals,
 # ports, the device rule); a leaf like envnames, so either side may use it.
-# processes: facts about this host's processes (psutil), for the launcher and the trainer alike.
-LEAVES = {"envnames", "exitcodes", "text", "processes"}
+# processes: facts about this host's processes (psutil), for the launcher and the trainer alike;
+# templatedir: where the shipped templates are, for the renderer and the report page.
+LEAVES = {"envnames", "exitcodes", "text", "processes", "templatedir"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
 BASE = LEAVES | {"wire", "runkey"}
@@ -61,6 +62,7 @@ ALLOWED: dict[str, set[str]] = {
     "exitcodes": set(),
     "text": set(),
     "processes": set(),
+    "templatedir": set(),
     "__init__": set(),
 }
 
