@@ -29,6 +29,7 @@ import yaml
 
 from . import quoting
 from .contract import Arg, FromNode
+from .exitcodes import ExitCode
 from .templatedir import default_template_dir
 from .text import plural
 
@@ -70,9 +71,13 @@ class Rendered:
 class RenderError(Exception):
     """A rendered file failed its post-render check: a bug in a template."""
 
+    exit_code = ExitCode.SOFTWARE
+
 
 class TemplatesError(ValueError):
     """`--templates DIR` cannot serve a template: bad input, one line (exit 2)."""
+
+    exit_code = ExitCode.BAD_INPUT
 
 
 # Characters PyYAML refuses to read raw, or reads as line breaks even inside
