@@ -17,7 +17,7 @@ from ddpkit.doctor.report import merged, print_tables, rank_ranges
 from ddpkit.doctor.results import BenchRow, Check, DoctorResult, Status
 from ddpkit.doctor.sizes import GIB, KIB, MIB, algbw, bus_factor, busbw, message_sizes, parse_size
 from ddpkit.exitcodes import ExitCode
-from ddpkit.train.startup import netcheck
+from ddpkit.train.startup import netlocal, netproblem
 from ddpkit.train.startup.launchinfo import LaunchInfo
 
 WHERE = local.Where(rank=3, host="node1")
@@ -159,7 +159,7 @@ HAVE = [LO, ETH_DOWN, ENS, BARE]
 )
 def test_interface_problem_names_the_cause_and_offers_what_exists(source: str, value: str, spans: bool,
                                                                   says: str) -> None:
-    problem = netcheck.interface_problem(source, value, spans, HAVE)
+    problem = netlocal.interface_problem(source, value, spans, HAVE)
     assert problem is not None and says in problem.cause
     assert "ens5=10.1.0.7" in problem.fix and "auto" in problem.fix
 
@@ -168,13 +168,13 @@ def test_interface_problem_names_the_cause_and_offers_what_exists(source: str, v
     ("GLOO_SOCKET_IFNAME", "ens5", True), ("NCCL_SOCKET_IFNAME", "^lo,docker", True),
     ("NCCL_SOCKET_IFNAME", "=ens5", True), ("--interface", "auto", True), ("--interface", "lo", False)])
 def test_interface_problem_passes_what_works(source: str, value: str, spans: bool) -> None:
-    assert netcheck.interface_problem(source, value, spans, HAVE) is None
+    assert netlocal.interface_problem(source, value, spans, HAVE) is None
 
 
 def test_env_wins_over_the_flag() -> None:
     env = {"NCCL_SOCKET_IFNAME": "a", "GLOO_SOCKET_IFNAME": "b"}
-    assert netcheck.interface_settings("auto", env) == [("NCCL_SOCKET_IFNAME", "a"), ("GLOO_SOCKET_IFNAME", "b")]
-    assert netcheck.interface_settings("ens5", {}) == [("--interface", "ens5")]
+    assert netlocal.interface_settings("auto", env) == [("NCCL_SOCKET_IFNAME", "a"), ("GLOO_SOCKET_IFNAME", "b")]
+    assert netlocal.interface_settings("ens5", {}) == [("--interface", "ens5")]
 
 
 def test_default_route_is_read_from_the_route_table(tmp_path: Path) -> None:
@@ -224,10 +224,10 @@ def _launch(launcher: str, rank: int, master: str, node_rank: int | None = None)
 
 
 def test_who_opens_the_store() -> None:
-    pod0 = netcheck.Peers.from_launch(_launch("pytorchjob", 0, "job-master-0"), {})
-    pod1 = netcheck.Peers.from_launch(_launch("pytorchjob", 1, "job-master-0"), {})
-    agent = netcheck.Peers.from_launch(_launch("torchrun", 0, "n0"), {"TORCHELASTIC_USE_AGENT_STORE": "True"})
-    local = netcheck.Peers.from_launch(_launch("slurm", 1, "127.0.0.1", node_rank=0), {})
+    pod0 = netproblem.Peers.from_launch(_launch("pytorchjob", 0, "job-master-0"), {})
+    pod1 = netproblem.Peers.from_launch(_launch("pytorchjob", 1, "job-master-0"), {})
+    agent = netproblem.Peers.from_launch(_launch("torchrun", 0, "n0"), {"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    local = netproblem.Peers.from_launch(_launch("slurm", 1, "127.0.0.1", node_rank=0), {})
     assert (pod0.hosts_store, pod0.joins_store, pod0.spans_hosts) == (True, True, True)
     assert (pod1.hosts_store, pod1.joins_store, pod1.on_master_node) == (False, True, False)
     assert not agent.joins_store and not agent.hosts_store  # torchrun's agent already met its peers
@@ -239,17 +239,17 @@ def test_a_port_someone_listens_on_is_in_use_and_a_closed_one_is_unreachable() -
         listener.bind(("", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        busy = netcheck.port_in_use_problem(port)
+        busy = netlocal.port_in_use_problem(port)
         assert busy is not None and f"master port {port} is already in use" in busy.cause and "ss -ltnp" in busy.fix
-    assert netcheck.port_in_use_problem(port) is None
+    assert netlocal.port_in_use_problem(port) is None
     started = time.monotonic()
-    gone = netcheck.connect_problem("127.0.0.1", port, window=0.6)
+    gone = netlocal.connect_problem("127.0.0.1", port, window=0.6)
     assert gone is not None and "Connection refused" in gone.cause and "firewall" in gone.fix
     assert 0.4 < time.monotonic() - started < 5  # retried for the window, not forever
 
 
 def test_a_bad_window_is_a_start_up_error_with_its_own_code() -> None:
-    with pytest.raises(netcheck.NetCheckError, match="DDPKIT_RENDEZVOUS_WINDOW='soon'") as err:
-        netcheck.window_s({"DDPKIT_RENDEZVOUS_WINDOW": "soon"})
+    with pytest.raises(netproblem.NetCheckError, match="DDPKIT_RENDEZVOUS_WINDOW='soon'") as err:
+        netproblem.window_s({"DDPKIT_RENDEZVOUS_WINDOW": "soon"})
     assert err.value.exit_code == ExitCode.STARTUP
-    assert netcheck.window_s({}) == netcheck.DEFAULT_WINDOW_S
+    assert netproblem.window_s({}) == netproblem.DEFAULT_WINDOW_S

@@ -23,7 +23,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # doctor are the entrypoint's side and never reach into rendering or launching.
 # wire: the facts renderer and trainer share (trainer flags, stop signals,
 # ports, the device rule); a leaf like envnames, so either side may use it.
-LEAVES = {"envnames", "exitcodes", "text"}
+# processes: facts about this host's processes (psutil), for the launcher and the trainer alike;
+# templatedir: where the shipped templates are, for the renderer and the report page.
+LEAVES = {"envnames", "exitcodes", "text", "processes", "templatedir"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
 BASE = LEAVES | {"wire", "runkey"}
@@ -59,6 +61,8 @@ ALLOWED: dict[str, set[str]] = {
     "envnames": set(),
     "exitcodes": set(),
     "text": set(),
+    "processes": set(),
+    "templatedir": set(),
     # `ddpkit.on_stop`, the one line a program of the user's own adds to be stopped with a checkpoint
     "__init__": {"preamble"},
     # callbacks a program adds to a Hugging Face or Lightning Trainer: the preamble's stop part

@@ -182,13 +182,32 @@ def test_stalls_and_stragglers_are_marked_on_their_ranks(tmp_path: Path) -> None
     data = report_data.load(stored)
     assert [(m.kind, m.ranks) for m in data.marks] == [("start", ()), ("straggler", (1,)), ("stall", (0,)),
                                                         ("preempted", ())]
-    from ddpkit.report.page import rank_rows
+    from ddpkit.report.page import rank_rows, render
 
     rows = rank_rows(data)
-    assert [row[:3] for row in rows] == [["0", "0", "h0"], ["1", "1", "h1"]]
-    assert [row[-2:] for row in rows] == [["-", '<span class="flag">6.0s</span>'],
-                                          ['<span class="flag">4.5s</span>', "-"]]
-    assert rows[1][5:7] == ["20.0", "30.0"]  # mean and slowest window, ms
+    assert [(row.rank, row.node_rank, row.host) for row in rows] == [(0, "0", "h0"), (1, "1", "h1")]
+    assert [(row.straggler_at, row.stalled_at) for row in rows] == [("", "6.0s"), ("4.5s", "")]
+    assert (rows[1].mean_ms, rows[1].slowest_ms) == ("20.0", "30.0")  # mean and slowest window, ms
+    html = render(data, {"curves": b"c", "heatmap": b"h", "timeline": b"t"})
+    assert ('<td>1</td><td>1</td><td>h1</td><td>11</td><td>cpu</td><td>20.0</td><td>30.0</td>'
+            '<td><span class="flag">4.5s</span></td><td>-</td></tr>') in html
+    assert '<td>-</td><td><span class="flag">6.0s</span></td></tr>' in html
+    assert '<img id="heatmap" alt="per-rank step-time heat map" src="data:image/png;base64,aA==">' in html
+    assert html.endswith("</tbody></table>\n</body></html>\n")
+
+
+def test_the_page_escapes_what_the_records_say(tmp_path: Path) -> None:
+    folder = RunFolder.create(name="esc", target="local", nodes=1, nproc_per_node=1, spec_yaml="name: esc\n",
+                              root=tmp_path)
+    t0 = folder.record().started
+    lines = [{"kind": "rank_report", "time": t0 + 1, "rank": 0, "node_rank": 0, "host": "<b>h</b>", "pid": 1,
+              "device": "cpu"},
+             {"kind": "train", "time": t0 + 2, "step": 1, "loss": 1.0, "images_per_s": 1.0}]
+    (folder.path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    from ddpkit.report.page import render
+
+    html = render(report_data.load(all_runs(tmp_path)[0]), {"curves": b"c", "heatmap": b"h", "timeline": b"t"})
+    assert "<td>&lt;b&gt;h&lt;/b&gt;</td>" in html and "<b>" not in html
 
 
 def test_a_run_without_metrics_is_one_line(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Issue 29 item 8: `secrets:` hand a value to every rank on every target
+"""`secrets:` hand a value to every rank on every target
 without writing it anywhere. Rendered files hold the names only (checked with
 a hostile, unique value in the rendering process's own environment, so a
 render that read it would be caught); the Slurm script and the SSH launchers

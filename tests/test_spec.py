@@ -98,7 +98,7 @@ def test_schema_is_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert "nproc_per_node" in schema["properties"]
 
 
-# ---- k8s.volumes in Kubernetes' own spelling (issue 29: the README's example was refused) ----
+# ---- k8s.volumes in Kubernetes' own spelling (as the README's example writes them) ----
 
 def _volume_spec(volume: dict[str, object]) -> dict[str, object]:
     return {"name": "v", "image": "x:1", "nodes": 2, "k8s": {"volumes": [volume]}}
@@ -151,7 +151,7 @@ def test_unknown_field_in_a_list_item_names_the_valid_fields() -> None:
     assert "mount_path" in problem and "persistent_volume_claim" in problem
 
 
-# ---- values as a user writes them in YAML (issue 29 item 6) ----
+# ---- values as a user writes them in YAML ----
 
 def test_numbers_in_env_become_their_text_and_slurm_mem_0_means_all_memory(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"

@@ -1,5 +1,5 @@
 """The store ddpkit's rank 0 opens itself (srun mode, mpirun, a manual
-start: train/startup/netcheck.py) listens at the address MASTER_ADDR names, not on
+start: train/startup/arrival.py) listens at the address MASTER_ADDR names, not on
 every address of the host; and falls back to every address where binding
 one would cut off peers."""
 
@@ -10,8 +10,9 @@ import subprocess
 
 import pytest
 
-from ddpkit.train.startup import netcheck
-from ddpkit.train.startup.netcheck import Peers, job_listener
+from ddpkit.train.startup import arrival
+from ddpkit.train.startup.arrival import job_listener
+from ddpkit.train.startup.netproblem import Peers
 
 
 def free_port() -> int:
@@ -58,7 +59,7 @@ def test_rank_0s_store_listens_at_the_master_address_and_answers_there() -> None
     port = free_port()
     peers = Peers(rank=0, world_size=1, spans_hosts=False, on_master_node=True, master_addr="127.0.0.1",
                   master_port=port, hosts_store=True, joins_store=True)
-    store = netcheck._create_store(peers, window=5)
+    store = arrival._create_store(peers, window=5)
     try:
         assert listening_on(port) == [f"127.0.0.1:{port}"]  # torch alone listens on '*'
         store.set("k", "v")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ddpkit.train.checkpoint.files import latest_checkpoint, read_checkpoint
+from ddpkit.train.checkpoint.files import latest_checkpoint, read_checkpoint, write_checkpoint
 
 WRITER = """
 import sys, torch
@@ -80,3 +80,14 @@ def test_kill_during_checkpoint_write_never_corrupts_latest(tmp_path: Path) -> N
         rounds += 1
         step = max(step, _check_latest(tmp_path))
     assert step > 0, "no checkpoint ever completed"
+
+
+def test_a_gone_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    left = tmp_path / f".ckpt-00000001.pt.tmp-{gone.pid}"
+    live = tmp_path / f".ckpt-00000001.pt.tmp-{os.getppid()}"
+    left.write_bytes(b"torn")
+    live.write_bytes(b"in flight")
+    write_checkpoint(tmp_path, 2, {"step": 2}, keep=2)
+    assert not left.exists() and live.exists()

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .exitcodes import ExitCode
+from .exitcodes import ExitCode, exit_on
 from .launch.control.applied import RENDER_TARGETS, record_render
 from .render import Rendered, RenderError, TemplatesError
 from .runs import RunsDirError
 from .spec import JobSpec, doctor_mode
-from .specfile import SpecError, SpecFileError, add_spec_arguments, spec_from_args, warn_env
+from .specfile import SpecError, add_spec_arguments, spec_from_args, warn_env
 from .targets import TARGETS, render
 from .train.argcheck import TrainArgsError, check_command, unknown_options_line
 
@@ -168,23 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler: Callable[[argparse.Namespace], int] = args.handler  # every command parser sets one (set_defaults)
         return handler(args)
-    except (TrainArgsError, TemplatesError) as exc:
-        print(f"ddpkit: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except SpecFileError as exc:
-        print(f"ddpkit: {exc.problems[0]} (nothing was written or started)", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except SpecError as exc:
-        print("ddpkit: invalid job spec (nothing was written or started):", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
+    except (TrainArgsError, TemplatesError, SpecError) as exc:
+        return exit_on("ddpkit", exc)
     except RenderError as exc:
-        print(f"ddpkit: internal template error: {exc}", file=sys.stderr)
-        return ExitCode.SOFTWARE
+        return exit_on("ddpkit: internal template error", exc)
     except RunsDirError as exc:  # this host cannot keep the run's record: nothing was started
-        print(f"ddpkit: {exc}", file=sys.stderr)
-        return ExitCode.PREFLIGHT
+        return exit_on("ddpkit", exc, ExitCode.PREFLIGHT)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ two in step.
 
 from __future__ import annotations
 
+import sys
 from enum import IntEnum
 
 
@@ -28,7 +29,6 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped
 
 
-
 # The codes a ddpkit.train worker exits with that a launcher passes on as its
 # own (torchrun's agent exits 1 whatever its worker's code was; launch/supervisor
 # reads the worker's code from the agent's report). Another program's code has
@@ -36,3 +36,21 @@ class ExitCode(IntEnum):
 WORKER_CODES = frozenset({ExitCode.BAD_INPUT, ExitCode.STARTUP, ExitCode.RESUME_MISMATCH, ExitCode.CHECKPOINT_DIR,
                           ExitCode.DATA_MISSING, ExitCode.STALLED, ExitCode.NODE_LOST,
                           ExitCode.PREEMPTED})
+
+
+def code_of(error: BaseException, default: ExitCode = ExitCode.BAD_INPUT) -> int:
+    """The code a command ends with on `error`: the error class's `exit_code`
+    (every error of ddpkit's that ends a command names its code so), else
+    `default`."""
+    return int(getattr(error, "exit_code", default))
+
+
+def exit_on(who: str, error: BaseException | str, code: ExitCode | None = None) -> int:
+    """Print `who: <error>` on stderr (an error's str() is what its user
+    reads: one line, or a heading and its list) and return the exit code:
+    `code` where the caller decides it, else code_of(error). A message
+    without an error is bad input."""
+    print(f"{who}: {error}", file=sys.stderr, flush=True)
+    if code is not None:
+        return int(code)
+    return code_of(error) if isinstance(error, BaseException) else int(ExitCode.BAD_INPUT)

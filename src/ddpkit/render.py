@@ -21,7 +21,6 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +29,8 @@ import yaml
 
 from . import quoting
 from .contract import Arg, FromNode
+from .exitcodes import ExitCode
+from .templatedir import default_template_dir
 from .text import plural
 
 FileKind = Literal["shell", "yaml", "text"]
@@ -70,18 +71,13 @@ class Rendered:
 class RenderError(Exception):
     """A rendered file failed its post-render check: a bug in a template."""
 
+    exit_code = ExitCode.SOFTWARE
+
 
 class TemplatesError(ValueError):
     """`--templates DIR` cannot serve a template: bad input, one line (exit 2)."""
 
-
-def default_template_dir() -> Path:
-    """Templates ship inside the wheel as ddpkit/templates; in a source
-    checkout they live at the repository root."""
-    packaged = resources.files("ddpkit") / "templates"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "templates"
+    exit_code = ExitCode.BAD_INPUT
 
 
 # Characters PyYAML refuses to read raw, or reads as line breaks even inside

@@ -4,8 +4,8 @@ added, so that the round after a lost node does not wait out the last call.
 torch's dynamic rendezvous (the handler behind `c10d`) completes a round as
 soon as max_nodes have joined; with fewer, once min_nodes are in it waits the
 last call for more. After a node is lost the others re-form without it, so
-max_nodes never come and every loss pays the whole last call (issue 30:
-5 of a crash's 15.5 s at loss_s 10) for a node that is gone.
+max_nodes never come and every loss pays the whole last call (at loss_s 10,
+about 5 of the 15.5 s a crash costs) for a node that is gone.
 
 The rule: a new round starts only when every member of the last round has
 left it, the living ones by leaving (each agent's exit at the start of

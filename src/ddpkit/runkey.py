@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from . import envnames
 
 ENV = envnames.DDPKIT_RUN_KEY
-KEY_BYTES = 32  # 256 bits; the floor is 128
-# The prefix of a process without a key: the one every ddpkit used before
-# keys, so a keyless job behaves as it always did, and is as exposed.
+KEY_BYTES = 32  # 256 bits; a key nobody can guess needs at least 128
+# The prefix of a process without a key: one fixed, public prefix, so any
+# client of the store can read and write its records (UNKEYED_NOTE says so).
 UNKEYED_PREFIX = "ddpkit-watchdog/"
 _NAMESPACE_HEX = 32  # 128 bits of the HMAC: not guessable, short enough for every store key
 UNKEYED_NOTE = (f"ddpkit: {ENV} is not set: ddpkit's control records in the rendezvous store (the watchdog's "

@@ -16,22 +16,32 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from .exitcodes import ExitCode
 from .spec import JobSpec, env_warnings
+
+NOTHING_DONE = "nothing was written or started"
 
 
 class SpecError(Exception):
-    """Invalid job input. The CLI prints `problems` and exits 2."""
+    """Invalid job input: str() is a heading and the `problems` as a list,
+    what the CLI prints before it exits 2."""
+
+    exit_code = ExitCode.BAD_INPUT
 
     def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
+        super().__init__(f"invalid job spec ({NOTHING_DONE}):" + "".join(f"\n  - {p}" for p in problems))
         self.problems = problems
 
 
 class SpecFileError(SpecError):
-    """The job spec's file cannot be read at all: one problem, one line."""
+    """The job spec's file cannot be read at all (or a launcher's own input,
+    such as a secret's value, is missing): one problem, one line."""
 
     def __init__(self, problem: str):
         super().__init__([problem])
+
+    def __str__(self) -> str:
+        return f"{self.problems[0]} ({NOTHING_DONE})"
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

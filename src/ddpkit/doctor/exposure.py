@@ -15,40 +15,22 @@ the master port range; docs/FAILURES.md, threat model).
 from __future__ import annotations
 
 import ipaddress
-import socket
-from pathlib import Path
+from collections.abc import Callable
+
+import psutil
 
 from .. import netif
 from .network import SECTION, Master
 from .results import Check, Status
 
 NAME = "master port exposure"
-_LISTEN = "0A"  # the kernel's TCP_LISTEN in /proc/net/tcp's `st` column
-PROC_NET = Path("/proc/net")
 
 
-def _decode(hex_addr: str) -> str:
-    """An address as /proc/net/tcp{,6} writes it: 32-bit words in host (little-endian) order."""
-    raw = bytes.fromhex(hex_addr)
-    words = b"".join(raw[at:at + 4][::-1] for at in range(0, len(raw), 4))
-    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)
-
-
-def listen_addresses(port: int, proc_net: Path = PROC_NET) -> list[str]:
+def listen_addresses(port: int) -> list[str]:
     """The local addresses at which a TCP socket of this network namespace
     listens on `port` ('0.0.0.0' or '::': every address)."""
-    found = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            rows = (proc_net / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            addr, _, port_hex = fields[1].partition(":")
-            if fields[3] == _LISTEN and int(port_hex, 16) == port:
-                found.add(_decode(addr))
-    return sorted(found)
+    return sorted({conn.laddr.ip for conn in psutil.net_connections(kind="tcp")
+                   if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port})
 
 
 def _every_address(addr: str) -> bool:
@@ -56,7 +38,7 @@ def _every_address(addr: str) -> bool:
 
 
 def check_exposure(master: Master, rank: int, host: str, interfaces: list[netif.Interface] | None = None,
-                   proc_net: Path = PROC_NET) -> Check:
+                   listening: Callable[[int], list[str]] = listen_addresses) -> Check:
     """One row for the host that holds the store: PASS when the port listens
     at the job's address only (or the host has no other network), WARN when
     it listens on every address and the host has others."""
@@ -65,7 +47,7 @@ def check_exposure(master: Master, rank: int, host: str, interfaces: list[netif.
 
     if master.addr is None or master.port is None:
         return row(Status.SKIP, "single process: no rendezvous port")
-    where = listen_addresses(master.port, proc_net)
+    where = listening(master.port)
     if not where:
         return row(Status.SKIP, f"nothing listens on {master.port} on this host: the store is on another")
     try:

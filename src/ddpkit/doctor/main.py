@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import netif
-from ..exitcodes import ExitCode
+from ..exitcodes import ExitCode, exit_on
 from ..train.startup.distributed import (
     DistContext,
     add_startup_arguments,
@@ -25,14 +25,13 @@ from ..train.startup.distributed import (
     shutdown,
 )
 from ..train.startup.launchinfo import LaunchInfo, StartupError, detect_launch
-from ..train.startup.netcheck import NetCheckError
+from ..train.startup.netproblem import NetCheckError
 from . import exposure, local, network
 from .distributed import CPU_MAX_SIZE, GPU_MAX_SIZE, run_distributed
 from .results import Check, DoctorResult, Status
 from .sizes import bus_factor, format_size, message_sizes, parse_size
 
-EXIT_FAIL = ExitCode.FAILED
-EXIT_BAD_INPUT = ExitCode.BAD_INPUT
+WHO = "ddpkit doctor"
 DOCTOR_DIST_TIMEOUT_S = 120  # a doctor should fail in minutes, not after the job's 30-minute timeout
 
 
@@ -139,7 +138,7 @@ def _alone(args: argparse.Namespace, place: Place, checks: list[Check], world: i
                                  place.rank, place.host)]
     result = DoctorResult(world, checks)
     _emit(args, result)
-    return EXIT_FAIL if result.failed else 0
+    return ExitCode.FAILED if result.failed else ExitCode.OK
 
 
 def run_process(args: argparse.Namespace) -> int:
@@ -189,7 +188,7 @@ def _verdict(ctx: DistContext, result: DoctorResult | None) -> int:
 
     code = [0]
     if ctx.is_main and result is not None:
-        code = [EXIT_FAIL if result.failed else 0]
+        code = [ExitCode.FAILED if result.failed else ExitCode.OK]
     if dist.is_initialized():
         dist.broadcast_object_list(code, src=0)
     return int(code[0])
@@ -210,15 +209,13 @@ def run(args: argparse.Namespace) -> int:
         if args.max_size is not None:
             message_sizes(args.min_size, args.max_size)
     except ValueError as exc:
-        print(f"ddpkit doctor: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_on(WHO, exc, ExitCode.BAD_INPUT)
     try:
         if args.spawn is not None:
             return _run_spawned(args)
         return run_process(args)
     except StartupError as exc:
-        print(f"ddpkit doctor: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_on(WHO, exc, ExitCode.BAD_INPUT)
 
 
 def _run_spawned(args: argparse.Namespace) -> int:
@@ -236,7 +233,7 @@ def _run_spawned(args: argparse.Namespace) -> int:
     try:
         run_spawned(args, functools.partial(_spawned_entry, args=args))
     except ProcessExitedException:
-        return EXIT_FAIL
+        return ExitCode.FAILED
     return 0
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import netif
-from ..train.startup import netcheck
+from ..train.startup import netlocal, netproblem
 from .results import Check, Status
 
 SECTION = "network"
@@ -34,7 +34,7 @@ def interface_names(cli_choice: str, env: dict[str, str]) -> list[tuple[str, str
     """(where it came from, value) for every interface setting in force.
     The environment variables win over the flag: that is what NCCL and Gloo read."""
     return [("--interface / DDPKIT_INTERFACE" if src == "--interface" else src, value)
-            for src, value in netcheck.interface_settings(cli_choice, env)]
+            for src, value in netlocal.interface_settings(cli_choice, env)]
 
 
 def check_interface(source: str, value: str, master_addr: str | None, rank: int, host: str,
@@ -46,22 +46,22 @@ def check_interface(source: str, value: str, master_addr: str | None, rank: int,
     if value == "auto":
         if master_addr is None:
             return row(Status.SKIP, "auto, single process: no peers to reach")
-        picked = netcheck.auto_choice(master_addr)
-        if isinstance(picked, netcheck.Problem):
+        picked = netlocal.auto_choice(master_addr)
+        if isinstance(picked, netproblem.Problem):
             return row(Status.FAIL, picked.cause, picked.fix)
         return row(Status.PASS, f"auto -> {picked.name} ({picked.reason})")
-    problem = netcheck.interface_problem(source, value, spans_hosts)
+    problem = netlocal.interface_problem(source, value, spans_hosts)
     if problem is not None:
         return row(Status.FAIL, problem.cause, problem.fix)
     if value.startswith("^"):
         return row(Status.PASS, f"{value!r} excludes interfaces (NCCL syntax)")
-    return row(Status.PASS, ", ".join(f"{n} {netif.ipv4_address(n)}" for n in netcheck.names_in(value)))
+    return row(Status.PASS, ", ".join(f"{n} {netif.ipv4_address(n)}" for n in netlocal.names_in(value)))
 
 
 def check_resolves(master: Master, rank: int, host: str) -> Check:
     if master.addr is None:
         return Check(SECTION, "master resolves", Status.SKIP, "single process: no master", rank=rank, host=host)
-    problem = netcheck.resolve_problem(master.addr)
+    problem = netlocal.resolve_problem(master.addr)
     if problem is not None:
         return Check(SECTION, "master resolves", Status.FAIL, problem.cause, problem.fix, rank, host, True)
     ip = netif.resolve_ipv4(master.addr)
@@ -74,13 +74,13 @@ def check_port(master: Master, timeout_s: float, rank: int, host: str) -> Check:
         return Check(SECTION, name, Status.SKIP, "single process: no rendezvous", rank=rank, host=host)
     where = f"{master.addr}:{master.port}"
     if master.hosts_store:
-        busy = netcheck.port_in_use_problem(master.port)
+        busy = netlocal.port_in_use_problem(master.port)
         if busy is not None:
             return Check(SECTION, name, Status.FAIL, busy.cause, busy.fix, rank, host, True)
         return Check(SECTION, name, Status.SKIP,
                      f"this process opens {where} itself and it is free; the rendezvous below proves it",
                      rank=rank, host=host)
-    ok, why, took = netcheck.port_answers(master.addr, master.port, timeout_s)
+    ok, why, took = netlocal.port_answers(master.addr, master.port, timeout_s)
     if ok:
         return Check(SECTION, name, Status.PASS, f"{where} answered in {took * 1000:.0f} ms", rank=rank, host=host)
     return Check(SECTION, name, Status.FAIL, f"{where} did not answer within {timeout_s:g} s ({why})",

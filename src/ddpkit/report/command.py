@@ -6,12 +6,12 @@ names a file, and the PNGs beside it (<stem>-curves.png, ...)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from ..exitcodes import ExitCode
+from ..exitcodes import ExitCode, exit_on
 from ..runs import UnknownRun, resolve
 
+WHO = "ddpkit report"
 DEFAULT_NAME = "report.html"
 
 
@@ -30,20 +30,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401  (an extra: the training image has no use for it)
     except ImportError:
-        print("ddpkit report: needs matplotlib, which is not installed here: pip install 'ddpkit[report]'",
-              file=sys.stderr)
-        return ExitCode.PREFLIGHT
+        return exit_on(WHO, "needs matplotlib, which is not installed here: pip install 'ddpkit[report]'",
+                       ExitCode.PREFLIGHT)
     try:
         return _report(args)
     except UnknownRun as exc:
-        print(f"ddpkit report: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
+        return exit_on(WHO, exc, ExitCode.BAD_INPUT)
     except NoMetrics as exc:
-        print(f"ddpkit report: {exc}", file=sys.stderr)
-        return ExitCode.FAILED
+        return exit_on(WHO, exc, ExitCode.FAILED)
     except OSError as exc:  # the output folder cannot be written
-        print(f"ddpkit report: cannot write the report: {exc}", file=sys.stderr)
-        return ExitCode.FAILED
+        return exit_on(f"{WHO}: cannot write the report", exc, ExitCode.FAILED)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -1,91 +1,96 @@
 """The report's HTML page: one file that needs nothing else (every figure
 embedded as a base64 PNG, the style inline, no script), so it opens the
-same from a laptop, a mail or a cluster's login node without a network."""
+same from a laptop, a mail or a cluster's login node without a network.
+The page is templates/report/page.html.j2; this module gathers its rows."""
 
 from __future__ import annotations
 
 import base64
 import time
-from html import escape
+from dataclasses import dataclass
+from functools import lru_cache
 from statistics import mean
 from typing import Any
 
+import jinja2
+
+from ..templatedir import default_template_dir
 from .data import Mark, ReportData
 from .plots import color
 
-STYLE = """
-body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1100px; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
-img { max-width: 100%; border: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
-th { background: #f0f0f0; }
-.flag { color: #b00; font-weight: bold; }
-.dot { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 50%; margin-right: 0.3em; }
-.muted { color: #777; }
-"""
+TEMPLATE = "report/page.html.j2"
 
 
-def _img(name: str, png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img id="{escape(name)}" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+@dataclass(frozen=True)
+class RankRow:
+    """One rank in the page's table: where it ran (the rank report) and its
+    step times; `-` where nothing was recorded. The flag columns are the
+    seconds since start at which a judge named the rank ('' when none did)."""
+
+    rank: int
+    node_rank: str
+    host: str
+    pid: str
+    device: str
+    mean_ms: str
+    slowest_ms: str
+    straggler_at: str
+    stalled_at: str
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    """Cells are HTML already (escaped where they carry text)."""
-    th = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+@dataclass(frozen=True)
+class EventRow:
+    time: float
+    kind: str
+    color: str
+    ranks: str
+    detail: str
 
 
 def _flagged(marks: list[Mark], rank: int) -> str:
-    times = [f"{m.time:.1f}s" for m in marks if rank in m.ranks]
-    return f'<span class="flag">{escape(", ".join(times))}</span>' if times else "-"
+    return ", ".join(f"{m.time:.1f}s" for m in marks if rank in m.ranks)
 
 
-def rank_rows(data: ReportData) -> list[list[str]]:
-    """One row per rank: where it ran (the rank report) and its step times."""
+def rank_rows(data: ReportData) -> list[RankRow]:
+    """One row per rank of the run's world."""
     by_rank: dict[int, dict[str, Any]] = {int(r["rank"]): r for r in data.ranks if "rank" in r}
     stalls, stragglers = data.rank_marks("stall"), data.rank_marks("straggler")
     rows = []
     for rank in range(data.world()):
         row = by_rank.get(rank, {})
         times = [w["step_s"][rank] * 1000 for w in data.step_times if rank < len(w["step_s"])]
-        rows.append([str(rank), *(escape(str(row.get(k, "-"))) for k in ("node_rank", "host", "pid", "device")),
-                     f"{mean(times):.1f}" if times else "-", f"{max(times):.1f}" if times else "-",
-                     _flagged(stragglers, rank), _flagged(stalls, rank)])
+        node_rank, host, pid, device = (str(row.get(k, "-")) for k in ("node_rank", "host", "pid", "device"))
+        rows.append(RankRow(rank, node_rank, host, pid, device,
+                            mean_ms=f"{mean(times):.1f}" if times else "-",
+                            slowest_ms=f"{max(times):.1f}" if times else "-",
+                            straggler_at=_flagged(stragglers, rank), stalled_at=_flagged(stalls, rank)))
     return rows
 
 
-def _event_rows(marks: list[Mark]) -> list[list[str]]:
-    return [[f"{m.time:.1f}", f'<span class="dot" style="background:{color(m.kind)}"></span>{escape(m.kind)}',
-             escape(", ".join(map(str, m.ranks)) or "-"), escape(m.detail)] for m in marks]
+def event_rows(marks: list[Mark]) -> list[EventRow]:
+    return [EventRow(m.time, m.kind, color(m.kind), ", ".join(map(str, m.ranks)) or "-", m.detail) for m in marks]
+
+
+def facts(data: ReportData) -> list[str]:
+    """The line under the title: when, how many ranks, the last train record, where the metrics are."""
+    out = [f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(data.started))}", f"{data.world()} ranks"]
+    last = data.train[-1] if data.train else None
+    if last is not None:
+        loss = "-" if last["loss"] is None else f"{last['loss']:.4g}"
+        out.append(f"last train record: step {last['step']}, loss {loss}")
+    out.append(f"metrics from {data.metrics_path}")
+    return out
+
+
+@lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(default_template_dir())),
+                             undefined=jinja2.StrictUndefined, autoescape=True, keep_trailing_newline=True)
+    return env.get_template(TEMPLATE)
 
 
 def render(data: ReportData, figures: dict[str, bytes]) -> str:
     """figures: name -> PNG ("curves", "heatmap", "timeline")."""
-    last = data.train[-1] if data.train else None
-    facts = [f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(data.started))}",
-             f"{data.world()} ranks"]
-    if last is not None:
-        loss = "-" if last["loss"] is None else f"{last['loss']:.4g}"
-        facts.append(f"last train record: step {last['step']}, loss {loss}")
-    facts.append(f"metrics from {data.metrics_path}")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>ddpkit report: {escape(data.title)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>ddpkit report: {escape(data.title)}</h1>",
-        f'<p class="muted">{escape("; ".join(facts))}</p>',
-        "<h2>Loss and throughput</h2>", _img("curves", figures["curves"], "loss and throughput over time"),
-        "<h2>Step time per rank</h2>",
-        '<p class="muted">red crosses: ranks a stall named; orange boxes: stragglers</p>',
-        _img("heatmap", figures["heatmap"], "per-rank step-time heat map"),
-        "<h2>Ranks</h2>",
-        _table(["rank", "node", "host", "pid", "device", "mean step ms", "slowest window ms", "straggler at",
-                "stalled at"], rank_rows(data)),
-        "<h2>Events</h2>", _img("timeline", figures["timeline"], "events on the time line"),
-        _table(["s since start", "event", "ranks", "detail"], _event_rows(data.marks)),
-        "</body></html>",
-    ]
-    return "\n".join(parts) + "\n"
+    encoded = {name: base64.b64encode(png).decode("ascii") for name, png in figures.items()}
+    return _template().render(title=data.title, facts=facts(data), figures=encoded, ranks=rank_rows(data),
+                              events=event_rows(data.marks))

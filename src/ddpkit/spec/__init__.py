@@ -5,7 +5,10 @@ nothing else, so a value is checked once, here, before any file is written.
 Reading it from YAML, `--set` and CLI flags is specfile's job.
 
 The package, by concern:
-  job.py      JobSpec and the sections every target shares
+  job.py      JobSpec: every section, and the validators that tie them together
+  sections.py the sections every target shares (rendezvous, network, command, elastic, watchdog, preamble)
+  environment.py  env: and secrets: against the variables the launchers own
+  consistency.py  the checks that span sections (elastic membership, device layout, a Slurm --export)
   fields.py   the base model and the annotated field types (SlurmTime, K8sQuantity, DNS names, ...)
   slurm.py, k8s.py, ssh.py, compose.py   one module per target's options
   secrets.py  secrets: (values written nowhere) and the token-shaped env: warning
@@ -21,6 +24,7 @@ JobSpec`), never from a submodule, so the files can move again.
 from ..wire import TRAIN_MODULE
 from .compose import ComposeNetworkName, ComposeOptions
 from .doctor_mode import DOCTOR_MODULE, doctor_mode
+from .environment import JOB_ENV_SETTINGS, RESERVED_ENV_EXACT, RESERVED_ENV_PREFIXES
 from .fields import (
     DNS1035,
     DNS1123_LABEL,
@@ -64,20 +68,7 @@ from .image import (
     container_image,
     enroot_image,
 )
-from .job import (
-    ELASTIC_MAX_RESTARTS,
-    JOB_ENV_SETTINGS,
-    MAX_GPUS_PER_NODE,
-    RESERVED_ENV_EXACT,
-    RESERVED_ENV_PREFIXES,
-    Backend,
-    Command,
-    Elastic,
-    JobSpec,
-    Network,
-    Rendezvous,
-    WatchdogOptions,
-)
+from .job import JobSpec
 from .k8s import (
     K8S_RESERVED_VOLUMES,
     VOLCANO_GROUP_ANNOTATION,
@@ -93,6 +84,16 @@ from .k8s import (
 )
 from .resources import Resources, deprecation_notes, docker_size, slurm_size
 from .secrets import K8sSecretRef, Secret, env_warnings, token_like_env
+from .sections import (
+    ELASTIC_MAX_RESTARTS,
+    MAX_GPUS_PER_NODE,
+    Backend,
+    Command,
+    Elastic,
+    Network,
+    Rendezvous,
+    WatchdogOptions,
+)
 from .slurm import (
     SBATCH_OWNED,
     SLURM_CONSTRAINT,

@@ -6,7 +6,8 @@ learn that doctor mode exists."""
 
 from __future__ import annotations
 
-from .job import Command, JobSpec
+from .job import JobSpec
+from .sections import Command
 
 DOCTOR_MODULE = "ddpkit.doctor"
 

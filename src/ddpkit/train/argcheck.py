@@ -23,6 +23,7 @@ import difflib
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ..exitcodes import ExitCode
 from ..wire import TRAIN_MODULE
 from .config.options import static_problems
 
@@ -31,6 +32,8 @@ SHELL_CHARS = ("$", "`")
 
 class TrainArgsError(ValueError):
     """One line: what is wrong with a ddpkit.train command line, and the fix."""
+
+    exit_code = ExitCode.BAD_INPUT
 
 
 class _Raising(argparse.ArgumentParser):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import envnames
-from ..exitcodes import ExitCode
+from ..exitcodes import ExitCode, code_of, exit_on
 from .config.options import DefaultsFormatter, add_training_arguments, problems
 from .config.values import TrainConfig
 from .startup.clock import CLOCK
@@ -28,10 +28,11 @@ from .startup.distributed import DistContext, add_startup_arguments
 
 if TYPE_CHECKING:
     from .loop.training import Trainer
-    from .stop.faults import TrainFault
     from .stop.signals import StopRequest
     from .watchdog.stall import Watchdog
     from .watchdog.stall_model import Settings
+
+WHO = "ddpkit train"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,16 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_training_arguments(parser)
 
 
-def _bad(message: str) -> int:
-    print(f"ddpkit train: {message}", file=sys.stderr)
-    return ExitCode.BAD_INPUT
-
-
-def _expected(exc: BaseException) -> int:
-    """One line for an expected error; its own exit code when it carries one
-    (a NetCheckError or RankReportError: STARTUP), else BAD_INPUT."""
-    _bad(str(exc))
-    return int(getattr(exc, "exit_code", ExitCode.BAD_INPUT))
+def _bad(error: BaseException | str) -> int:
+    """One line for an expected error or a fault; its own exit code when it
+    carries one (a NetCheckError or RankReportError: STARTUP; a TrainFault:
+    its own), else BAD_INPUT."""
+    return exit_on(WHO, error)
 
 
 def _stop_request() -> StopRequest:
@@ -61,11 +57,6 @@ def _stop_request() -> StopRequest:
     stop = StopRequest()
     stop.install()
     return stop
-
-
-def _fault(exc: TrainFault) -> int:
-    print(f"ddpkit train: {exc}", file=sys.stderr, flush=True)
-    return exc.code
 
 
 def import_trainer(model: str) -> None:
@@ -200,37 +191,30 @@ class _SpawnEntry:
         self.config, self.causes = config, causes
 
     def __call__(self, ctx: DistContext) -> None:
-        from .stop.faults import TrainFault
-
         try:
             code = train(ctx, self.config)
-        except TrainFault as exc:  # a one-line message and its exit code, not a child's traceback
-            code = self._cause(ctx.rank, str(exc), exc.code)
-        except _expected_errors() as exc:
-            code = self._cause(ctx.rank, str(exc), int(getattr(exc, "exit_code", ExitCode.BAD_INPUT)))
+        except _expected_errors() as exc:  # a one-line message and its exit code, not a child's traceback
+            code = self._cause(ctx.rank, exc)
         if code:
             sys.exit(code)
 
     def failed(self, rank: int, exc: BaseException) -> None:
         """Before the group formed (the pre-join checks): exits with the
         error's code when it is one of ddpkit's, else returns (a traceback)."""
-        from .stop.faults import TrainFault
-
-        if isinstance(exc, TrainFault):
-            sys.exit(self._cause(rank, str(exc), exc.code))
         if isinstance(exc, _expected_errors()):
-            sys.exit(self._cause(rank, str(exc), int(getattr(exc, "exit_code", ExitCode.BAD_INPUT))))
+            sys.exit(self._cause(rank, exc))
 
-    def _cause(self, rank: int, message: str, code: int) -> int:
-        (Path(self.causes) / f"rank{rank}").write_text(message, encoding="utf-8")
-        return int(code)
+    def _cause(self, rank: int, exc: BaseException) -> int:
+        (Path(self.causes) / f"rank{rank}").write_text(str(exc), encoding="utf-8")
+        return code_of(exc)
 
 
 def _check_spawn_interface(config: TrainConfig) -> None:
     """--spawn: every child is on this machine, so its interface settings are
     checked once, here, before any child starts; children reading the host's
     interfaces moments apart (a bridge came or went) would word one fault twice."""
-    from .startup.netcheck import NetCheckError, interface_problems
+    from .startup.netlocal import interface_problems
+    from .startup.netproblem import NetCheckError
 
     found = interface_problems(config.interface, os.environ, spans_hosts=False)
     if found:
@@ -245,6 +229,7 @@ def spawn_causes(folder: Path) -> list[str]:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    """ddpkit's errors that end `ddpkit train` with their one line and exit code (no traceback)."""
     from .checkpoint.files import CheckpointError
     from .data.loaders import DataError
     from .loop.training import DataTooSmall
@@ -252,8 +237,10 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from .model.strategy import StrategyError
     from .startup.distributed import StartupError
     from .startup.rank_report import RankReportError
+    from .stop.faults import TrainFault
 
-    return (CheckpointError, DataError, DataTooSmall, ModelError, RankReportError, StartupError, StrategyError)
+    return (CheckpointError, DataError, DataTooSmall, ModelError, RankReportError, StartupError, StrategyError,
+            TrainFault)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -295,12 +282,10 @@ def run_config(config: TrainConfig) -> int:
             except TrainFault as exc:
                 # Handled here, not outside `finally`: the traceback (which holds
                 # the model and DDP's reducer) must be freed before shutdown().
-                return _fault(exc)
+                return _bad(exc)
         finally:
             shutdown(ctx)
     except ProcessExitedException as exc:
         return exc.exit_code or ExitCode.FAILED
-    except TrainFault as exc:
-        return _fault(exc)
-    except expected as exc:
-        return _expected(exc)
+    except expected as exc:  # a TrainFault raised outside the group's life, or an input error
+        return _bad(exc)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 LATEST = "latest"
@@ -79,7 +80,7 @@ def _prune(directory: Path, keep: int, newest: Path) -> None:
             old.unlink(missing_ok=True)
     for stale in directory.glob(".ckpt-*.tmp-*"):  # left by a writer that was killed
         pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
             stale.unlink(missing_ok=True)
 
 

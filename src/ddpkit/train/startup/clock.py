@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from ... import processes
 
 _IMPORTED_AT = time.time()  # fallback process start where /proc cannot tell
 
@@ -33,13 +34,12 @@ def process_start() -> tuple[float, str]:
     adjusts it. Elsewhere: when this module was imported, which misses the
     interpreter's own start-up and the imports before it.
     """
-    try:
-        stat = Path("/proc/self/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # after "pid (comm)", field 3 is index 0
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - age, "/proc/self/stat"
-    except (OSError, ValueError, IndexError, AttributeError):
+    ticks = processes.start_ticks(os.getpid())
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if ticks is None or boottime is None:
         return _IMPORTED_AT, "ddpkit.train.startup.clock import"
+    age = time.clock_gettime(boottime) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - age, "/proc/self/stat"
 
 
 @dataclass

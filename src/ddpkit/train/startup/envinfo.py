@@ -7,12 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass
 
+from ...exitcodes import ExitCode, exit_on
 from .distributed import add_startup_arguments
-
-EXIT_BAD_INPUT = 2
 
 
 @dataclass(frozen=True)
@@ -82,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         resolved = resolve(args)
     except (StartupError, InterfaceError) as exc:
-        print(f"ddpkit env: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_on("ddpkit env", exc, ExitCode.BAD_INPUT)
     if args.json:
         print(json.dumps(asdict(resolved), sort_keys=True))
     else:

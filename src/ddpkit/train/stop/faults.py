@@ -15,19 +15,19 @@ from ...exitcodes import ExitCode
 class TrainFault(RuntimeError):
     """A fault with its own exit code; str() is the one-line message."""
 
-    code: ExitCode = ExitCode.FAILED
+    exit_code: ExitCode = ExitCode.FAILED
 
 
 class ResumeMismatch(TrainFault):
-    code = ExitCode.RESUME_MISMATCH
+    exit_code = ExitCode.RESUME_MISMATCH
 
 
 class CheckpointDirError(TrainFault):
-    code = ExitCode.CHECKPOINT_DIR
+    exit_code = ExitCode.CHECKPOINT_DIR
 
 
 class DataMissing(TrainFault):
-    code = ExitCode.DATA_MISSING
+    exit_code = ExitCode.DATA_MISSING
 
 
 def agree(problem: str | None, host: str, distributed: bool) -> list[tuple[int, str, str]]:

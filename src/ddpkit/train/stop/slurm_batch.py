@@ -17,9 +17,8 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Mapping
-from pathlib import Path
 
-from ... import envnames
+from ... import envnames, processes
 
 
 def batch_shell_pid(env: Mapping[str, str]) -> int | None:
@@ -31,11 +30,7 @@ def batch_shell_pid(env: Mapping[str, str]) -> int | None:
                                                   envnames.SLURM_JOB_ID))
     if not (pid and pid.isdigit() and node and job) or env.get(envnames.SLURMD_NODENAME) != node:
         return None
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return int(pid) if f"{envnames.SLURM_JOB_ID}={job}".encode() in environ else None
+    return int(pid) if processes.environ_has(int(pid), envnames.SLURM_JOB_ID, job) else None
 
 
 def tell_training_finished(env: Mapping[str, str] = os.environ) -> bool:

@@ -1,0 +1,39 @@
+"""Facts about this host's processes that more than one layer asks for,
+read through psutil: whether a process's environment holds a variable, and
+when a process started.
+
+A leaf: it imports nothing of the package, so the launcher and the trainer
+(which must start without the job spec) may both use it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+
+def environ_has(pid: int, name: str, value: str) -> bool:
+    """True when process `pid` runs with name=value in its environment; False
+    when it does not, has ended, or is not ours to read."""
+    try:
+        return bool(psutil.Process(pid).environ().get(name) == value)
+    except psutil.Error:
+        return False
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start in clock ticks after boot (field 22 of
+    /proc/PID/stat): with the pid it names one process even after the pid is
+    reused. None when no such process runs (a zombie has ended: None too).
+
+    psutil adds /proc/stat's boot time (whole seconds) to the ticks; taking
+    the same boot time off again gives the kernel's count back exactly."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return None
+        since_boot = float(proc.create_time() - psutil.boot_time())
+    except psutil.Error:
+        return None
+    return round(since_boot * os.sysconf("SC_CLK_TCK"))

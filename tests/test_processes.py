@@ -1,0 +1,48 @@
+"""ddpkit/processes.py on real processes: the start ticks are the kernel's
+own count (field 22 of /proc/PID/stat, what a run's launcher record keeps),
+and an environment variable is found only where it is set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddpkit import processes
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def kernel_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def test_start_ticks_are_the_kernels_count_and_none_once_ended() -> None:
+    assert processes.start_ticks(os.getpid()) == kernel_ticks(os.getpid())
+    child = subprocess.Popen(SLEEP)
+    try:
+        assert processes.start_ticks(child.pid) == kernel_ticks(child.pid)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the killed child never became a zombie"
+            time.sleep(0.01)
+        assert processes.start_ticks(child.pid) is None  # a zombie has ended
+    finally:
+        child.kill()
+        child.wait()
+    assert processes.start_ticks(child.pid) is None
+
+
+def test_environ_has_reads_the_process_environment() -> None:
+    child = subprocess.Popen(SLEEP, env={**os.environ, "DDPKIT_TEST_MARK": "a=b"})
+    try:
+        assert processes.environ_has(child.pid, "DDPKIT_TEST_MARK", "a=b")
+        assert not processes.environ_has(child.pid, "DDPKIT_TEST_MARK", "a")
+        assert not processes.environ_has(child.pid, "DDPKIT_TEST_ABSENT", "")
+    finally:
+        child.kill()
+        child.wait()
+    assert not processes.environ_has(child.pid, "DDPKIT_TEST_MARK", "a=b")
