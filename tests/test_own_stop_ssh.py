@@ -1,0 +1,119 @@
+"""Pre-emption of a Hugging Face and a Lightning `Trainer` program under
+`ddpkit launch ssh` (three real sshd hosts in network namespaces, 1 process
+each, gloo), with ddpkit's callback added to each: the launcher's SIGTERM
+(what `ddpkit cancel` sends) stops every node with grace, every rank agrees
+on one optimizer step, the framework saves its own checkpoint there, and the
+next launch resumes from it through the framework's own resume."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from ddpkit.exitcodes import ExitCode
+from tests.infra import netns, sshd
+from tests.infra.shared import SSH_NODES, SshPool
+from tests.test_launch_ssh import DDPKIT, hostfile, job_processes
+
+_REASON = netns.available() or sshd.available()
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=str(_REASON)),
+              pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = ROOT / "tests" / "helpers"
+AGREED = r"ddpkit: SIGTERM: every rank stops after optimizer step (\d+); the program's callback saves and stops"
+Cluster = tuple[netns.Network, sshd.SshHosts]
+
+
+@pytest.fixture(scope="module")
+def cluster(ssh_pool: SshPool) -> Iterator[Cluster]:
+    with ssh_pool.lease() as hosts:
+        yield hosts
+
+
+def write_job(folder: Path, name: str, script: Path, args: list[str]) -> Path:
+    spec = {"name": name, "nodes": len(SSH_NODES), "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
+            "command": {"python": sys.executable, "script": str(script), "args": args},
+            "env": {"OMP_NUM_THREADS": "1"},
+            "ssh": {"workdir": str(folder), "log_dir": str(folder / "logs"), "grace_s": 20, "connect_timeout_s": 3}}
+    job = folder / f"{name}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    return job
+
+
+class Launch:
+    """`ddpkit launch ssh` from the login host, its output collected as it comes."""
+
+    def __init__(self, cluster: Cluster, folder: Path, job: Path) -> None:
+        net, hosts = cluster
+        argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hostfile(folder, net)),
+                *hosts.launcher_flags()]
+        self.proc = net["login"].popen(argv, cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, needle: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            assert self.proc.poll() is None, self.text[-4000:]
+            assert time.monotonic() < deadline, f"never saw {needle!r}\n{self.text[-4000:]}"
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 300) -> int:
+        code = self.proc.wait(timeout)
+        self.reader.join(10)
+        return code
+
+
+def cancel_when(launch: Launch, ready: str) -> tuple[int, str]:
+    launch.wait_for(ready)
+    launch.proc.send_signal(signal.SIGTERM)
+    code = launch.finish(120)
+    found = re.search(AGREED, launch.text)
+    assert found, launch.text[-6000:]
+    assert code == ExitCode.INTERRUPTED, launch.text[-3000:]
+    return int(found.group(1)), launch.text
+
+
+def test_a_hugging_face_trainer_checkpoints_at_the_agreed_step_and_the_next_launch_resumes(
+        cluster: Cluster, tmp_path: Path) -> None:
+    out = tmp_path / "hf-out"
+    job = write_job(tmp_path, "hf-ssh", HELPERS / "hf_trainer.py", [str(out), "100000", "stop"])
+    step, text = cancel_when(Launch(cluster, tmp_path, job), "'loss'")
+    assert job_processes(str(tmp_path)) == []
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{step}"], text[-6000:]
+    assert f'"global_step": {step}' in (out / f"checkpoint-{step}" / "trainer_state.json").read_text()
+    epochs = step // 11 + 2  # 256 samples, 8 a rank, 3 ranks: 11 steps an epoch
+    again = write_job(tmp_path, "hf-ssh-again", HELPERS / "hf_trainer.py", [str(out), str(epochs), "stop"])
+    resumed = Launch(cluster, tmp_path, again)
+    assert resumed.finish() == 0, resumed.text[-6000:]
+    assert f"resuming from {out / f'checkpoint-{step}'}" in resumed.text
+
+
+def test_a_lightning_trainer_writes_last_ckpt_at_the_agreed_step(cluster: Cluster, tmp_path: Path) -> None:
+    root = tmp_path / "lt"
+    job = write_job(tmp_path, "lt-ssh", HELPERS / "lightning_trainer.py", [str(root), "100000", "3", "stop"])
+    step, text = cancel_when(Launch(cluster, tmp_path, job), "ddpkit watchdog: on for this script")
+    assert job_processes(str(tmp_path)) == []
+    checkpoint = torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == step, text[-6000:]
