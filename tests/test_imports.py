@@ -23,7 +23,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # doctor are the entrypoint's side and never reach into rendering or launching.
 # wire: the facts renderer and trainer share (trainer flags, stop signals,
 # ports, the device rule); a leaf like envnames, so either side may use it.
-LEAVES = {"envnames", "exitcodes", "text"}
+# records: every record the job sends back (watchdog reports, worker exits, metrics),
+# its one writer and reader; a leaf, so the job, its agent, launchers and report share it.
+LEAVES = {"envnames", "exitcodes", "text", "records"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
 BASE = LEAVES | {"wire", "runkey"}
@@ -59,6 +61,7 @@ ALLOWED: dict[str, set[str]] = {
     "envnames": set(),
     "exitcodes": set(),
     "text": set(),
+    "records": set(),
     "__init__": set(),
 }
 
