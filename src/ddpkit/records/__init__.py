@@ -34,7 +34,7 @@ from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop
 __all__ = ["FRAME", "KINDS", "AgentReport", "Checkpoint", "Eval", "LostRank", "NodeLost", "RankRow", "Record",
            "RecordError", "Reformed", "Resume", "Stall", "StalledRank", "Stamped", "StepTimes", "Startup", "Stop",
            "Straggler", "Summary", "Train", "WorkerExit", "append", "decode", "emit", "encode", "frame",
-           "from_fields", "read_file", "unframe"]
+           "from_fields", "read_file", "to_json", "unframe"]
 
 FRAME = "\x1eddpkit-record "
 
@@ -60,13 +60,18 @@ def fields_of(record: Record) -> dict[str, Any]:
     return {k: v for k, v in asdict(record).items() if not (v is None and k in omit)}
 
 
-def encode(record: Record, time: float | None = None) -> str:
-    """One line of JSON (no newline): kind, version, time when given, the fields
+def to_json(record: Record, time: float | None = None) -> dict[str, Any]:
+    """The record as a JSON object: kind, version, time when given, the fields
     (an `optional()` field only when it has a value)."""
     head: dict[str, Any] = {"kind": record.kind, "v": record.version}
     if time is not None:
         head["time"] = round(time, 3)
-    return json.dumps({**head, **fields_of(record)})
+    return {**head, **fields_of(record)}
+
+
+def encode(record: Record, time: float | None = None) -> str:
+    """The record as one line of JSON (no newline)."""
+    return json.dumps(to_json(record, time))
 
 
 def decode(text: str) -> Stamped:
