@@ -10,8 +10,9 @@ when it was written, when known). The same text travels two ways:
   line a person reads. A launcher reading the job's output recognises the
   frame with `str.startswith` (after torchrun's rank prefix), decodes it
   and keeps it off the console; a log read by hand (Slurm's output files,
-  `kubectl logs`) shows the human line and the record. The frame opens with
-  the ASCII record separator, which no line a person prints starts with.
+  `kubectl logs`) shows the human line and the record. The frame is plain
+  printable ASCII: a control character (the ASCII record separator, say)
+  would be a line break to Python's str.splitlines and to tools like it.
 
 A record written before versions were (no "v") is version 1. An unknown
 kind, a newer version or a missing field is a RecordError naming it.
@@ -36,7 +37,7 @@ __all__ = ["FRAME", "KINDS", "AgentReport", "Checkpoint", "Eval", "LostRank", "N
            "Straggler", "Summary", "Train", "WorkerExit", "append", "decode", "emit", "encode", "frame",
            "from_fields", "read_file", "to_json", "unframe"]
 
-FRAME = "\x1eddpkit-record "
+FRAME = "@@ddpkit-record "
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
     Stall, Straggler, NodeLost, Reformed, WorkerExit, AgentReport,
@@ -171,7 +172,9 @@ def read_file(path: Path) -> list[Stamped]:
     version it does not know (a newer ddpkit's): a reader of a run's file
     takes what it can use."""
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+        if not line.strip():
+            continue
         try:
             out.append(decode(line))
         except RecordError:
