@@ -17,7 +17,9 @@ ended with. What differs: no exec happens, so /proc/PID/environ shows the
 agent's environment (everything but torchrun's per-worker variables, which
 the worker's os.environ has), and the worker's parent is the zygote, not the
 agent. /proc/PID/cmdline, what ps shows, is rewritten to the worker's line
-(`show_argv`): the agent's line holds the worker's, so it fits.
+(worker.show_argv): the agent's line holds the worker's, so it fits. What a
+forked worker does to become one is worker.py's; this module is the zygote
+and the agent's end of it.
 
 The protocol, over one socket pair: the agent sends a WorkerRequest and gets
 ("pid", pid) or ("fail", why) back; whenever a worker ends the zygote sends
