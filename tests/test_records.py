@@ -130,3 +130,13 @@ def test_the_launcher_keeps_records_off_the_console_and_cuts_the_tail_at_the_fai
     assert printer.worker_code(1) == 12  # the first failed worker's
     assert printer.tail(node) == ["[node1 rank1] the worker's last line",  # type: ignore[arg-type]
                                   "[node1] worker rank 1 (pid 9) failed (exitcode: 12)"]
+
+
+def test_an_elastic_job_says_it_trained_again_and_from_which_world_size() -> None:
+    from ddpkit.train.loop.elastic import reformed
+    from ddpkit.train.startup.launchinfo import AgentRestarts
+
+    assert reformed(None, 2, 3) is None  # not restarted by an elastic agent: nothing re-formed
+    record = reformed(AgentRestarts(restart=1, max_restarts=3), 2, 3)
+    assert record == records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3) and record.before == 3
+    assert records.Reformed(restart=0, max_restarts=3, world=2, saved_world=None).before == 2
