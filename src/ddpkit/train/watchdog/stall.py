@@ -9,8 +9,9 @@ recorder's buffer with NCCL) to stderr and its log directory, acknowledges
 with the frame its main thread is in, and waits for `released`; the
 declaring monitor collects the acknowledgements, prints the report (lines
 for people, and the `stall` record a launcher reads: stall_report.py),
-writes the record to the metrics file, and releases everyone. Every rank then exits with ExitCode.STALLED; the ranks'
-launchers (torchrun, srun, a pod) see a failed worker and stop the rest.
+writes the record to the metrics file, and releases everyone. Every rank
+then exits with ExitCode.STALLED; the ranks' launchers (torchrun, srun, a
+pod) see a failed worker and stop the rest. The stacks themselves: stacks.py.
 """
 
 from __future__ import annotations
