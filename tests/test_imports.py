@@ -25,7 +25,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # ports, the device rule); a leaf like envnames, so either side may use it.
 # processes: facts about this host's processes (psutil), for the launcher and the trainer alike;
 # templatedir: where the shipped templates are, for the renderer and the report page.
-LEAVES = {"envnames", "exitcodes", "text", "processes", "templatedir"}
+# records: every record the job sends back (watchdog reports, worker exits, metrics),
+# its one writer and reader; a leaf, so the job, its agent, launchers and report share it.
+LEAVES = {"envnames", "exitcodes", "text", "processes", "templatedir", "records"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
 BASE = LEAVES | {"wire", "runkey"}
@@ -61,6 +63,7 @@ ALLOWED: dict[str, set[str]] = {
     "envnames": set(),
     "exitcodes": set(),
     "text": set(),
+    "records": set(),
     "processes": set(),
     "templatedir": set(),
     # `ddpkit.on_stop`, the one line a program of the user's own adds to be stopped with a checkpoint

@@ -7,7 +7,6 @@ The real thing (launch ssh, a link cut, a SIGSTOPped node): tests/test_elastic_s
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import torch.distributed as dist
 from bench.recovery import wait_until
 
+from ddpkit import records
 from ddpkit.exitcodes import WORKER_CODES, ExitCode
 from ddpkit.launch.supervise.supervisor import Outcome, Status, Supervisor
 from ddpkit.train.watchdog import node_loss as loss_judge
@@ -140,10 +140,11 @@ def test_the_store_protocol_three_nodes_one_silent(tmp_path: Path) -> None:
     act(dogs[1])
     declarer.join(timeout=60)
     assert codes == {0: ExitCode.NODE_LOST, 1: ExitCode.NODE_LOST}
-    [record] = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert record["kind"] == "lost" and record["noticed_by"] == "heartbeat" and record["loss_s"] == 5.0
-    assert [(r["rank"], r["node"], r["host"]) for r in record["lost"]] == [(2, 2, "h2")]
-    assert record["action"] == "stop"  # no elastic agent here
+    [stamped] = records.read_file(tmp_path / "m.jsonl")
+    record = stamped.record
+    assert isinstance(record, records.NodeLost) and record.noticed_by == "heartbeat" and record.loss_s == 5.0
+    assert [(r.rank, r.node, r.host) for r in record.lost] == [(2, 2, "h2")]
+    assert record.action == "stop"  # no elastic agent here
 
 
 class _Node:
@@ -154,8 +155,10 @@ class _Node:
         return self.code
 
 
-LOST_LINE = ("[rank0]:ddpkit watchdog: LOST rank 2 node 2 host h2 pid 77: no heartbeat for 11s (limit 10s), "
-             "last at step 9, phase backward")
+# What the declaring monitor sends (train/watchdog/node_loss.py report), as a launcher reads it.
+LOST_LINE = "[rank0]:" + records.frame(records.NodeLost(
+    by=0, noticed_by="heartbeat", loss_s=10.0, action="stop",
+    lost=(records.LostRank(rank=2, node=2, host="h2", pid=77, step=9, phase="backward", silent_s=11.0),)))
 
 
 def _supervisor(nodes: list[_Node]) -> tuple[Supervisor, list[int]]:
@@ -190,8 +193,8 @@ def test_an_elastic_job_that_went_on_says_how_long_recovery_took() -> None:
     sup.printer.clock = lambda: now[0]
     sup.printer.line(nodes[0], LOST_LINE)  # type: ignore[arg-type]  # at 100 s: silent since 89 s
     now[0] = 120.0
-    sup.printer.line(nodes[0], "[rank0]:elastic: restart 1 of at most 3; world size 3 -> 2 (the checkpoint was "  # type: ignore[arg-type]
-                               "written by 3 ranks); global batch 8")
+    reformed = records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3)
+    sup.printer.line(nodes[0], "[rank0]:" + records.frame(reformed))  # type: ignore[arg-type]
     outcome = Outcome(excluded=[nodes[2]], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[list-item]
     assert outcome.code == ExitCode.OK
     closing = sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]

@@ -101,7 +101,7 @@ PROGRAM = textwrap.dedent("""
     import os, signal, sys, torch, ddpkit
     mode = sys.argv[1]
     if mode != "none":
-        ddpkit.on_stop(lambda: print(f"saved after {steps}", flush=True))
+        ddpkit.on_stop(lambda: print(f"saved before step {steps}", flush=True))
     if mode == "own":
         signal.signal(signal.SIGUSR2, lambda *_: print("own handler", flush=True))
     p = torch.nn.Parameter(torch.zeros(1))
@@ -115,8 +115,8 @@ PROGRAM = textwrap.dedent("""
 
 
 @pytest.mark.parametrize(("mode", "code", "says"), [
-    # One process: agreed at the step after the signal (4), run before step 5 changes anything.
-    ("on_stop", ExitCode.PREEMPTED, "saved after 4"),
+    # One process: agreed after the step after the signal (4); the handler runs as step 5 begins.
+    ("on_stop", ExitCode.PREEMPTED, "saved before step 5"),
     ("none", -signal.SIGUSR2, ""),  # nothing of ddpkit installed: the signal does what it always did
     ("own", 0, "own handler"),  # the program's own handler replaces ddpkit's
 ])

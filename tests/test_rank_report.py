@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.train.startup.rank_report import RankRow, check_rows
+from ddpkit.records import RankRow
+from ddpkit.train.startup.rank_report import check_rows
 from tests.helpers.forge_rank_report import forge_env, forged
 from tests.test_startup import ROOT, free_port, run_ranks
 

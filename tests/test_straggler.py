@@ -7,7 +7,6 @@ protocol on a real TCPStore, and the launcher's summary column. The real
 from __future__ import annotations
 
 import datetime
-import json
 import time
 from pathlib import Path
 
@@ -16,9 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddpkit import envnames
+from ddpkit import envnames, records
 from ddpkit.contract import Target, target_env
-from ddpkit.launch.supervise.stragglers import NamedStraggler
 from ddpkit.launch.supervise.supervisor import Outcome, Supervisor, summary_table
 from ddpkit.runs import NodeRow, RunSummary
 from ddpkit.spec import JobSpec
@@ -79,11 +77,12 @@ def test_the_record_line_and_settings() -> None:
     line = change.line()
     assert line.startswith("ddpkit watchdog: STRAGGLER rank 3 node 1 host node-b: 0.301s of own work a step against "
                            "the job's median 0.010s (30.1x, limit 1.33x) at step 41; its own work")
-    assert NamedStraggler.parse("[rank0]:" + line) == NamedStraggler(3, 1, "node-b", change.detail)
     record = change.record()
-    assert {k: record[k] for k in ("kind", "state", "rank", "node", "host", "step", "own_s", "median_s")} == {
-        "kind": "straggler", "state": "slow", "rank": 3, "node": 1, "host": "node-b", "step": 41,
-        "own_s": 0.3012, "median_s": 0.01}
+    assert (record.kind, record.state, record.rank, record.node, record.host, record.step, record.own_s,
+            record.median_s) == ("straggler", "slow", 3, 1, "node-b", 41, 0.3012, 0.01)
+    assert record.line == f"rank 3 (node-b): {record.detail}" and record.detail in line
+    framed = records.frame(record)
+    assert records.unframe(framed) == records.Stamped(record)  # what the launcher reads back
     assert factor_from_env({}) == 1.33 and factor_from_env({envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR: "0"}) == 0
     for bad in ("1", "0.5", "fast"):
         with pytest.raises(ValueError, match="give a factor above 1"):
@@ -198,10 +197,13 @@ def test_the_store_protocol_publish_judge_report(tmp_path: Path, capsys: pytest.
         ranks[1].check()  # not rank 0: no judge
     finally:
         straggler.WORK = saved
-    [record] = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert (record["rank"], record["host"], record["state"], record["own_s"], record["median_s"]) == \
-        (3, "h1", "slow", 0.3, 0.1)
-    assert capsys.readouterr().err.count("ddpkit watchdog: STRAGGLER rank 3 node 1 host h1: 0.300s") == 1
+    [stamped] = records.read_file(metrics)
+    record = stamped.record
+    assert isinstance(record, records.Straggler)
+    assert (record.rank, record.host, record.state, record.own_s, record.median_s) == (3, "h1", "slow", 0.3, 0.1)
+    err = capsys.readouterr().err
+    assert err.count("ddpkit watchdog: STRAGGLER rank 3 node 1 host h1: 0.300s") == 1
+    assert err.count(records.frame(record)) == 1  # the record for the launcher, beside the line
 
 
 class _Node:
@@ -221,11 +223,13 @@ def test_the_supervisor_marks_the_straggler_in_a_column_of_its_own() -> None:
     sup.started = {0, 1}
     line = Work(3, 41, 10, 0.3, 1, "h1")
     [change] = StragglerJudge(1.33).observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [line])
-    sup.printer.line(nodes[0], "[rank0]:" + change.line())
-    sup.printer.line(nodes[0], "[rank0]:" + change.line())  # named twice (two episodes): one mark
+    sup.printer.line(nodes[0], "[rank0]:" + change.line())  # the line for people: no mark by itself
+    assert sup.printer.straggler_ranks() == []
+    sup.printer.line(nodes[0], "[rank0]:" + records.frame(change.record()))
+    sup.printer.line(nodes[0], "[rank0]:" + records.frame(change.record()))  # named twice (two episodes): one mark
     outcome = Outcome(stragglers=sup.printer.straggler_ranks())
     rows = [sup._row(n, outcome) for n in nodes]  # type: ignore[arg-type]
-    assert [r.straggler for r in rows] == ["", f"rank 3 (h1): {change.detail}"]
+    assert [r.straggler for r in rows] == ["", f"rank 3 (h1): {change.record().detail}"]
     record = Console(width=250, record=True)
     record.print(summary_table(RunSummary(title="t", elapsed_s=1.0, rows=rows, closing="")))
     text = record.export_text()

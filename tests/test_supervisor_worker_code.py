@@ -1,8 +1,9 @@
 """The supervisor passes on a ddpkit worker's own exit code and keeps
-torchrun's traceback out of the console (issue 29 item 3), on scripted nodes:
-torchrun's agent exits 1 whatever its worker's code; its report line carries
-the worker's code, and the traceback and ChildFailedError box after it go to
-the node's log only. Every rank's cause line is shown once, last."""
+torchrun's traceback out of the console, on scripted nodes: torchrun's agent
+exits 1 whatever its worker's code; ddpkit's agent sends the worker's code
+as a record, and marks torchrun's traceback and ChildFailedError box with
+another, so that they go to the node's log only. Every rank's cause line is
+shown once, last."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ddpkit import records
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise.supervisor import RunText, Supervisor
 from tests.test_supervisor_rejoin import WAIT_S, ScriptedNode
@@ -21,10 +23,10 @@ CAUSE = ("ddpkit train: --data imagefolder --data-dir /x is missing on host h0 (
 
 
 def torchrun_report(code: int, rank: int) -> list[str]:
-    """What torchrun's agent prints when its worker exits `code` (torch 2.x)."""
-    return [
-        f"E1125 02:20:43.433000 19590 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
-        f"(exitcode: {code}) local_rank: 0 (pid: 20011) of binary: /usr/bin/python",
+    """What ddpkit's agent prints when its worker exits `code` (torch 2.x): the
+    worker's exit record, torchrun's line, the record that marks torchrun's
+    report, and the report (its traceback and ChildFailedError box)."""
+    report = [
         "Traceback (most recent call last):",
         '  File "<frozen runpy>", line 198, in _run_module_as_main',
         "    raise ChildFailedError(",
@@ -36,6 +38,13 @@ def torchrun_report(code: int, rank: int) -> list[str]:
         f"  rank      : {rank} (local_rank: 0)",
         f"  exitcode  : {code} (pid: 20011)",
         "=" * 60,
+    ]
+    return [
+        records.frame(records.WorkerExit(rank=rank, local_rank=0, pid=20011, exitcode=code)),
+        f"E1125 02:20:43.433000 19590 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        f"(exitcode: {code}) local_rank: 0 (pid: 20011) of binary: /usr/bin/python",
+        records.frame(records.AgentReport(lines=len(report))),
+        *report,
     ]
 
 
@@ -178,8 +187,8 @@ def test_the_run_folder_records_a_stall_and_a_preempted_node_as_events(tmp_path:
 
     def drive() -> None:
         assert all(n.started.wait(WAIT_S) for n in nodes)
-        sup.printer.line(nodes[1], "[rank1]:ddpkit watchdog: STALL rank 1 node 1 host h1 pid 77: step 12, phase "
-                                   "forward, at model.py:30 in forward")
+        stalled = records.StalledRank(1, 1, "h1", 77, 12, "forward", 60.0, None, frame="model.py:30 in forward")
+        sup.printer.line(nodes[1], "[rank1]:" + records.frame(records.Stall(60.0, 60.0, (stalled,), (), (), "here")))
         for line in torchrun_report(int(ExitCode.PREEMPTED), 0):
             sup.printer.line(nodes[0], line)
         nodes[0].finish(1)  # torchrun's agent: 1, whatever its worker's code

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from ddpkit import envnames
+from ddpkit import envnames, records
 from ddpkit.contract import Target, target_env
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
 from ddpkit.launch.supervise.supervisor import Outcome, Status, Supervisor
 from ddpkit.spec import JobSpec
-from ddpkit.train.watchdog import stall
+from ddpkit.train.watchdog import stacks, stall, stall_report
 from ddpkit.train.watchdog.stall_model import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress
 
 S = Settings(stall_s=10.0)
@@ -145,16 +145,27 @@ def _suspect(rank: int, frozen_s: float | None = None) -> dict:
 
 def test_refine_keeps_the_rank_running_its_own_code_over_ranks_inside_torch() -> None:
     record = _record(_suspect(0), _suspect(1), _suspect(2))
-    acks = {0: stall.Ack("torch/nn/parallel/distributed.py:1 in forward", True, None),
-            1: stall.Ack("model.py:3 in forward", False, None),
-            2: stall.Ack("torch/nn/parallel/distributed.py:1 in forward", True, None)}
-    assert [s["rank"] for s in stall.refine(record, acks)] == [1]
-    assert [s["rank"] for s in stall.refine(record, {})] == [0, 1, 2]  # no stacks: no way to tell
+    acks = {0: stall_report.Ack("torch/nn/parallel/distributed.py:1 in forward", True, None),
+            1: stall_report.Ack("model.py:3 in forward", False, None),
+            2: stall_report.Ack("torch/nn/parallel/distributed.py:1 in forward", True, None)}
+    assert [s["rank"] for s in stall_report.refine(record, acks)] == [1]
+    assert [s["rank"] for s in stall_report.refine(record, {})] == [0, 1, 2]  # no stacks: no way to tell
+
+
+def test_the_stall_record_carries_each_named_ranks_frame_and_the_ranks_without_stacks() -> None:
+    record = _record(_suspect(0), _suspect(1))
+    acks = {1: stall_report.Ack("model.py:3 in forward", False, "/logs/stall-rank1.txt")}
+    report = stall_report.stall_record(record, acks, 3, "here")
+    assert [(s.rank, s.frame, s.dump) for s in report.stalled] == [(1, "model.py:3 in forward", "/logs/stall-rank1.txt")]
+    assert report.no_stack == (0, 2) and report.dumps == "here"
+    assert report.stalled[0].detail == "step 5, phase forward, at model.py:3 in forward"
+    assert records.decode(records.encode(report)).record == report
 
 
 def test_report_lines_name_the_rank_and_where_the_dumps_are(tmp_path: Path) -> None:
     record = _record(_suspect(3, frozen_s=9.0), frozen=(3,), waiting=tuple(range(3)) + tuple(range(4, 9)))
-    lines = stall.report_lines(record, record["suspects"], {}, stall.Outputs(tmp_path, None, True))
+    report = stall_report.stall_record(record, {}, 9, stall_report.dump_place(tmp_path, nccl=True))
+    lines = stall_report.report_lines(report, [s["rank"] for s in record["suspects"]])
     assert lines[0].startswith("ddpkit watchdog: the job stalled: no progress for 12s (limit 10s); stalled rank(s): 3")
     assert lines[1].startswith("ddpkit watchdog: STALL rank 3 node 1 host h1 pid 103: step 5, phase forward, frozen")
     assert lines[2] == "ddpkit watchdog: 8 rank(s) waited for them: 0-2, 4-8"
@@ -173,7 +184,7 @@ def test_main_frame_names_the_main_threads_line() -> None:
 
     def ask() -> None:
         spinning.wait()
-        got.append(stall.main_frame())
+        got.append(stacks.main_frame())
 
     threading.Thread(target=ask).start()
     _spin_until(spinning, got)
@@ -203,7 +214,7 @@ def test_the_store_protocol_two_ranks_one_stalled(tmp_path: Path) -> None:
             dog.publish(float(t))
         verdict = dogs[0]._check(float(t))
     assert verdict is not None and [s.beat.rank for s in verdict.suspects] == [0, 1]
-    dogs[0].store.compare_set(stall.STALL_KEY, "", json.dumps(stall._verdict_record(verdict, 0)))
+    dogs[0].store.compare_set(stall.STALL_KEY, "", json.dumps(stall_report.verdict_record(verdict, 0)))
     codes: dict[int, object] = {}
 
     def act(dog: stall.Watchdog) -> None:
@@ -218,9 +229,10 @@ def test_the_store_protocol_two_ranks_one_stalled(tmp_path: Path) -> None:
     for th in threads:
         th.join(timeout=60)
     assert codes == {0: ExitCode.STALLED, 1: ExitCode.STALLED}
-    [record] = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert record["kind"] == "stall" and record["no_stack"] == []
-    assert {s["rank"] for s in record["stalled"]} == {0, 1} and all(s["dump"] for s in record["stalled"])
+    [stamped] = records.read_file(tmp_path / "m.jsonl")
+    report = stamped.record
+    assert isinstance(report, records.Stall) and report.no_stack == () and stamped.time is not None
+    assert {s.rank for s in report.stalled} == {0, 1} and all(s.dump for s in report.stalled)
     assert "Thread 0x" in (tmp_path / "stall-rank1.txt").read_text()
 
 
@@ -241,8 +253,8 @@ def test_the_supervisor_reads_the_report_status_stalled_and_exit_13() -> None:
     nodes = [_Node(0), _Node(1)]
     sup = Supervisor(nodes, console, 1.0)  # type: ignore[arg-type]  # _Node has what these calls read
     sup.started = {0, 1}
-    sup.printer.line(nodes[0], "[rank0]:ddpkit watchdog: STALL rank 3 node 1 host h1 pid 77: step 9, phase forward, "
-                               "frozen: no heartbeat for 9s")
+    stalled = records.StalledRank(3, 1, "h1", 77, 9, "forward", 9.0, frozen_s=9.0)
+    sup.printer.line(nodes[0], "[rank0]:" + records.frame(records.Stall(9.0, 8.0, (stalled,), (), (), "stderr")))
     outcome = Outcome(first_failure=nodes[0], stalled=sup.printer.stalled_ranks())  # type: ignore[arg-type]
     assert outcome.code == ExitCode.STALLED
     assert [sup.status(n, outcome) for n in nodes] == [Status.STOPPED, Status.STALLED]  # type: ignore[arg-type]

@@ -52,12 +52,12 @@ def prepare(argv: list[str], env: MutableMapping[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .agent import zygote
+    from .agent import worker
 
     line = sys.argv[1:] if argv is None else argv
     prepare(line, os.environ)
     preamble.install(line)
-    sys.exit(zygote.run_as_main(line))
+    sys.exit(worker.run_as_main(line))
 
 
 if __name__ == "__main__":

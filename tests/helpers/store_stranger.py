@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from ddpkit import runkey
+from ddpkit import records, runkey
 from ddpkit.train.watchdog import node_loss as loss_judge
 from ddpkit.train.watchdog.stall_model import Beat, Phase
 from ddpkit.train.watchdog.straggler import Work
@@ -41,8 +41,8 @@ def stall_verdict(limit_s: float = 6.0) -> str:
 
 
 def loss_verdict() -> str:
-    lost = loss_judge.LostRank(rank=1, node=1, host=EVIL, pid=1, step=0, phase="forward", silent_s=600.0)
-    return json.dumps(loss_judge.verdict_record([lost], 30.0, 0, elastic=False))
+    lost = records.LostRank(rank=1, node=1, host=EVIL, pid=1, step=0, phase="forward", silent_s=600.0)
+    return records.encode(loss_judge.verdict([lost], 30.0, 0, elastic=False))
 
 
 class _Concat:

@@ -8,11 +8,16 @@ agent is still single-threaded, it forks a zygote (zygote.py) that imports
 torch, torch._dynamo and ddpkit's trainer once; handler.py routes torchrun's
 worker starts through it. A worker's start then costs a fork instead of an
 interpreter and those imports (about 3 CPU-seconds on the CI machine),
-paid again by every worker at every restart of an elastic job (issue 30:
-about half of a crashed node's recovery) and by every test's process.
+paid again by every worker at every restart of an elastic job (about
+half of a crashed node's recovery) and by every test's process.
 
 DDPKIT_AGENT_FORK=0 starts workers as torchrun does (new interpreters; a
 program of the user's own under `-m ddpkit.run`, for the preamble a forked
 worker gets: ddpkit/preamble). Nothing the zygote imports may initialise
 CUDA: zygote.cuda_refusal checks, and the agent falls back where it did.
+
+The agent also tells its launcher, as records on its stderr (ddpkit.records),
+what torchrun only logs: a failed worker's exit code (`worker_exit`, from
+handler.Watched, forked or not) and where torchrun's own report on it begins
+(`agent_report`, __main__.py), which a launcher keeps off its console.
 """

@@ -36,9 +36,10 @@ def share_cores(nproc_per_node: str, env: os._Environ[str] | dict[str, str]) -> 
 
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun  # torch: what the agent imports anyway
-    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
-    from . import handler, zygote
+    from .. import records
+    from . import handler, worker, zygote
 
     args = torchrun.parse_args(argv)
     share_cores(args.nproc_per_node, os.environ)
@@ -51,11 +52,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
     try:
         record(torchrun.run)(args)
+    except ChildFailedError:
+        # torchrun's report on a failed worker (its traceback and summary box)
+        # says nothing the worker's own lines and its exit record do not: the
+        # `agent_report` record ahead of it lets a launcher keep it to the node's log.
+        text = worker.exception_text(skipping=(__name__,))
+        records.emit(records.AgentReport(lines=text.count("\n")))
+        sys.stderr.write(text)
+        sys.exit(1)
     except Exception:
-        # What torchrun's own uncaught failure prints (ChildFailedError and its
-        # summary, a stop signal's SignalException), from torch's frames on:
-        # this module's two add nothing. Exit 1, as the interpreter would.
-        zygote.print_exception(skipping=(__name__,))
+        # What torchrun's own uncaught failure prints (a stop signal's
+        # SignalException, a rendezvous that timed out), from torch's frames
+        # on: this module's two add nothing. Exit 1, as the interpreter would.
+        worker.print_exception(skipping=(__name__,))
         sys.exit(1)
     finally:
         if started is not None:

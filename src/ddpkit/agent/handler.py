@@ -12,6 +12,12 @@ user's own runs under `-m ddpkit.run` to get the preamble all the same. The hook
 module attribute, so `unsupported()` checks it is there first; the agent
 says why and starts workers as torchrun does when a torch release moves it
 (tests/test_agent.py pins it).
+
+Every worker, forked or not, is watched (`Watched`): a worker that torchrun
+finds ended with a failure is said on the agent's stderr as a `worker_exit`
+record (ddpkit.records), which launchers read for the worker's own exit code
+(the agent itself exits 1). A worker that ends after torchrun began to stop
+it ended by torchrun's doing, which is no news.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
+from .. import envnames, records
 from ..wire import RUN_MODULE, is_ddpkit_module
-from .zygote import WorkerRequest, Zygote
+from .worker import WorkerRequest
+from .zygote import Zygote
 
 
 class ForkedProc:
@@ -71,6 +79,39 @@ class ForkedProc:
             os.close(self._pidfd)
             self._pidfd = -1
         return self.returncode
+
+
+class Watched:
+    """A worker's process (a Popen, or a ForkedProc) as torchrun uses it, that
+    says how it ended when that was a failure torchrun found (see the module's doc)."""
+
+    def __init__(self, proc: Any, env: dict[str, str]) -> None:
+        self.proc = proc
+        self.stopping = False  # torchrun began to stop it: how it ends is no news
+        self._rank, self._local_rank = _int(env.get(envnames.RANK)), _int(env.get(envnames.LOCAL_RANK))
+        self._said = False
+
+    def poll(self) -> int | None:
+        return self._noted(self.proc.poll())
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = int(self.proc.wait(timeout))
+        self._noted(code)
+        return code
+
+    def __getattr__(self, name: str) -> Any:  # pid, args, returncode, send_signal ...: the process's own
+        return getattr(self.proc, name)
+
+    def _noted(self, code: int | None) -> int | None:
+        if code and not self._said and not self.stopping:
+            self._said = True
+            records.emit(records.WorkerExit(rank=self._rank, local_rank=self._local_rank, pid=int(self.proc.pid),
+                                            exitcode=code))
+        return code
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _pidfd(pid: int) -> int:
@@ -131,16 +172,18 @@ def install(zygote: Zygote | None) -> None:
                                       _name(getattr(self, "_stderr", None)))
                 pid = zygote.spawn(request) if request is not None else None
                 if pid is not None:
-                    return ForkedProc(zygote, pid, args)
-            return super()._popen(tuple(with_runner(args)), env)
+                    return Watched(ForkedProc(zygote, pid, args), env)
+            return Watched(super()._popen(tuple(with_runner(args)), env), env)
 
         def close(self, death_sig: signal.Signals | None = None) -> None:
             """torch's close (killpg of the worker's session, then its files), for
             a worker that may have ended and been reaped since torchrun polled it."""
-            if not isinstance(self.proc, ForkedProc):
+            watched = cast(Watched, self.proc)
+            watched.stopping = True
+            if not isinstance(watched.proc, ForkedProc):
                 super().close(death_sig)
                 return
-            if self.proc.poll() is None:
+            if watched.proc.poll() is None:
                 try:
                     os.killpg(self.proc.pid, death_sig or signal.SIGTERM)
                 except ProcessLookupError:

@@ -17,7 +17,9 @@ ended with. What differs: no exec happens, so /proc/PID/environ shows the
 agent's environment (everything but torchrun's per-worker variables, which
 the worker's os.environ has), and the worker's parent is the zygote, not the
 agent. /proc/PID/cmdline, what ps shows, is rewritten to the worker's line
-(`show_argv`): the agent's line holds the worker's, so it fits.
+(worker.show_argv): the agent's line holds the worker's, so it fits. What a
+forked worker does to become one is worker.py's; this module is the zygote
+and the agent's end of it.
 
 The protocol, over one socket pair: the agent sends a WorkerRequest and gets
 ("pid", pid) or ("fail", why) back; whenever a worker ends the zygote sends
@@ -28,24 +30,20 @@ parent (PR_SET_PDEATHSIG); its workers stay, as Popen's would.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import gc
 import importlib
-import io
 import os
-import runpy
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
-from pathlib import Path
 from typing import cast
 
-from .. import envnames, preamble
+from .. import envnames
+from . import worker
+from .worker import WorkerRequest
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long a worker's start waits for the zygote's answer: its imports (a few
@@ -53,18 +51,6 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 SPAWN_REPLY_S = 120.0
 # torch.cuda.is_available() asks NVML, not the CUDA runtime, when this is 1 (torch.cuda._nvml_based_avail).
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
-
-
-@dataclass(frozen=True)
-class WorkerRequest:
-    """One worker to fork: `argv` after the interpreter and its -u, so
-    ("-m", module, *args) or (script, *args)."""
-
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    cwd: str
-    stdout: str | None
-    stderr: str | None
 
 
 class Zygote:
@@ -184,7 +170,7 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
         return
     _import(preload)
     refusal = cuda_refusal()
-    show_argv(["ddpkit.agent:", "zygote", "of", "agent", str(parent)])
+    worker.show_argv(["ddpkit.agent:", "zygote", "of", "agent", str(parent)])
     gc.collect()
     gc.freeze()  # objects from before the fork stay out of the workers' collections: fewer pages copied
     children: dict[int, int] = {}  # pidfd -> pid
@@ -254,7 +240,7 @@ def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, i
         for fd in children:
             os.close(fd)
         conn.close()
-        _become_worker(request)  # never returns
+        worker.become(request)  # never returns
     children[os.pidfd_open(pid)] = pid
     conn.send(("pid", pid))
 
@@ -267,136 +253,3 @@ def _reap(conn: Connection, pidfd: int, children: dict[int, int]) -> None:
         conn.send(("exit", pid, os.waitstatus_to_exitcode(status)))
     except OSError:
         pass  # the agent is gone; nobody to tell
-
-
-# ---- in a worker ---------------------------------------------------------------
-
-
-def _become_worker(request: WorkerRequest) -> None:
-    code = 1
-    try:
-        os.setsid()
-        os.chdir(request.cwd)
-        _redirect(1, request.stdout)
-        _redirect(2, request.stderr)
-        os.environ.clear()
-        os.environ.update(request.env)
-        _threads_from_env()
-        _unbuffered_stdio()
-        show_argv([sys.executable, "-u", *request.argv])
-        preamble.install(request.argv)
-        code = run_program(request.argv)
-    except BaseException:  # the program's own error: said as an interpreter would, exit 1
-        print_exception()
-    _finish(code)
-
-
-def show_argv(argv: list[str]) -> None:
-    """Write `argv` over this process's argument area (/proc/PID/cmdline, what
-    ps shows), cut to the area's size and padded with NULs; nothing where
-    /proc cannot tell where the area is. The area is the agent's: no exec
-    gave this process one of its own."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48 and 49
-    except (OSError, ValueError, IndexError):
-        return
-    size = end - start
-    if size <= 0:
-        return
-    text = b"\0".join(os.fsencode(arg) for arg in argv)[: size - 1]
-    ctypes.memmove(start, text.ljust(size, b"\0"), size)
-
-
-def print_exception(skipping: tuple[str, ...] = (__name__, "runpy")) -> None:
-    """The exception being handled, as an interpreter prints it uncaught, from
-    the first frame outside the modules `skipping` on (by default this module's
-    and runpy's: the program's own frames)."""
-    kind, exc, tb = sys.exc_info()
-    while tb is not None and tb.tb_frame.f_globals.get("__name__") in skipping:
-        tb = tb.tb_next
-    if exc is not None:
-        exc.__traceback__ = tb  # the hook prints the exception's own traceback, not its argument
-    sys.excepthook(kind, exc, tb)  # type: ignore[arg-type]
-
-
-def _threads_from_env() -> None:
-    """torch's intra-op thread count was fixed in the zygote, from the agent's
-    environment before torchrun set OMP_NUM_THREADS=1 for several workers; a
-    new interpreter would take it from the worker's own, so this one does."""
-    torch = sys.modules.get("torch")
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        value = os.environ.get(name, "")
-        if torch is not None and value.isdigit() and int(value) > 0:
-            torch.set_num_threads(int(value))
-            return
-
-
-def _redirect(fd: int, path: str | None) -> None:
-    if path is not None:
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-
-
-def _unbuffered_stdio() -> None:
-    """What `python -u` gives: no buffer between print and the file."""
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        old = getattr(sys, name)
-        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=old.encoding, errors=old.errors,
-                                  write_through=True)
-        setattr(sys, name, stream)
-
-
-def run_as_main(argv: Sequence[str]) -> int:
-    """run_program, with the program's uncaught error said as an interpreter
-    says it (its traceback from its own frames on) and exit code 1."""
-    try:
-        return run_program(argv)
-    except BaseException:
-        print_exception()
-        return 1
-
-
-def run_program(argv: Sequence[str]) -> int:
-    """Run the program as `python -u ARGV` would; its exit code."""
-    try:
-        if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]
-            sys.path[0] = os.getcwd()
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")  # __file__ absolute, as `python SCRIPT` makes it
-    except SystemExit as exc:
-        return _exit_status(exc)
-    except KeyboardInterrupt:
-        print_exception()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)  # ended by the signal, as an interpreter is
-    return 0
-
-
-def _exit_status(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code & 0xFF
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
-def _finish(code: int) -> None:
-    """An interpreter's exit: wait for non-daemon threads, run atexit, flush."""
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import envnames
+from ..records import StepTimes, Train
 from .store import group_store
 
 LOG_EVERY = 10
@@ -79,8 +80,7 @@ class Recorder:
         metrics = self._writer()
         elapsed = max(now - self._logged_at, 1e-9)
         loss = float(self.loss.item()) if self.loss is not None else None
-        metrics.write("train", step=step, loss=loss, loss_is=LOSS_IS,
-                      images_per_s=round(self.samples * world / elapsed, 3))
+        metrics.put(Train(step=step, loss=loss, loss_is=LOSS_IS, images_per_s=round(self.samples * world / elapsed, 3)))
         self.samples, self._logged_at = 0, now
         if store is not None and step > LOG_EVERY:
             self._step_times(store, metrics, step - LOG_EVERY, world)
@@ -92,7 +92,7 @@ class Recorder:
         values = [float(v) for v in store.multi_get(keys)]
         for key in keys:
             store.delete_key(key)
-        metrics.write("step_times", step=step, step_s=[round(v, 5) for v in values])
+        metrics.put(StepTimes(step=step, step_s=tuple(round(v, 5) for v in values)))
 
     def _step_store(self) -> Any:
         if self._store is None:

@@ -24,8 +24,9 @@ from typing import Any
 
 from .. import envnames, netif
 from ..exitcodes import ExitCode
+from ..records import RankRow
 from ..train.startup import process_env
-from ..train.startup.rank_report import RankRow, ReportOutputs, check_rows, print_table, publish, versions
+from ..train.startup.rank_report import ReportOutputs, check_rows, print_table, publish, versions
 from .store import group_store
 
 SUBPREFIX = "rank-report"  # under the run's control prefix (runkey): a stranger cannot forge a row or the verdict

@@ -1,7 +1,8 @@
 """What a report shows, read from a run folder: the run's record and events
 (ddpkit.runs) and the job's metrics records (the JSON Lines `ddpkit train
---metrics` appends: `train`, `step_times`, `stall`, `straggler`,
-`rank_report`, `eval`, `checkpoint`, `stop`, `resume`, `summary`).
+--metrics` appends, read as ddpkit.records: `train`, `step_times`, `stall`,
+`straggler`, `rank_report`, `eval`, `checkpoint`, `stop`, `resume`, ...;
+a line cut short, or a record this reader does not know, is left out).
 
 The metrics file is, first found: the one given (`ddpkit report --metrics`),
 `metrics.jsonl` in the run folder (where `launch local` has ddpkit train
@@ -10,13 +11,13 @@ recorded it (spec.yaml)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .. import records
 from ..runs import RunEvent, StoredRun
 from ..wire import METRICS_FLAG, flag_value
 
@@ -88,78 +89,60 @@ def _metrics_arg(spec_file: Path) -> Path | None:
     return None if value is None else Path(value).expanduser()
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every whole record; a line cut short (a killed job) is skipped."""
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and "kind" in rec:
-            out.append(rec)
-    return out
-
-
 def load(run: StoredRun, metrics: Path | None = None) -> ReportData:
     path = metrics_file(run, metrics)
-    records = read_records(path)
-    plotted = [r for r in records if r["kind"] in ("train", "step_times")]
-    if not plotted:
+    stamped = records.read_file(path)
+    if not any(isinstance(s.record, (records.Train, records.StepTimes)) for s in stamped):
         raise NoMetrics(f"run {run.record.id}: {path} has no `train` or `step_times` records to plot "
-                        f"({len(records)} other records); did the job train a step?")
+                        f"({len(stamped)} other records); did the job train a step?")
     rec = run.record
     # The run's start; a record older than it (a metrics file appended to by
     # an earlier run) would sit left of zero, so the axis starts at the earliest.
-    t0 = min([rec.started, *(float(r.get("time", rec.started)) for r in records)])
+    t0 = min([rec.started, *(s.time for s in stamped if s.time is not None)])
     data = ReportData(title=f"{rec.name} (run {rec.id}, {rec.target}: {rec.nodes}x{rec.nproc_per_node})",
                       started=t0, metrics_path=path)
-    for r in records:
-        _add_record(data, r, float(r.get("time", t0)) - t0)
+    for s in stamped:
+        _add_record(data, s.record, (t0 if s.time is None else s.time) - t0)
     data.marks += [_event_mark(e, t0) for e in run.folder.events()]
     data.marks.sort(key=lambda m: m.time)
     return data
 
 
-def _add_record(data: ReportData, r: dict[str, Any], t: float) -> None:
-    kind = r["kind"]
-    if kind == "train":
-        data.train.append({"time": t, "step": r.get("step"), "loss": r.get("loss"),
-                           "images_per_s": r.get("images_per_s")})
-    elif kind == "step_times":
-        data.step_times.append({"time": t, "step": r.get("step"), "step_s": list(r.get("step_s") or [])})
-    elif kind == "rank_report":
-        data.ranks = [row for row in data.ranks if row.get("rank") != r.get("rank")] + [r]
-    elif kind in MARKED:
-        data.marks.append(MARKED[kind](r, t))
+def _add_record(data: ReportData, r: records.Record, t: float) -> None:
+    if isinstance(r, records.Train):
+        data.train.append({"time": t, "step": r.step, "loss": r.loss, "images_per_s": r.images_per_s})
+    elif isinstance(r, records.StepTimes):
+        data.step_times.append({"time": t, "step": r.step, "step_s": list(r.step_s)})
+    elif isinstance(r, records.RankRow):
+        data.ranks = [row for row in data.ranks if row.get("rank") != r.rank] + [{**asdict(r), "time": t}]
+    else:
+        mark = _mark(r, t)
+        if mark is not None:
+            data.marks.append(mark)
 
 
-def _stall(r: dict[str, Any], t: float) -> Mark:
-    ranks = tuple(int(s["rank"]) for s in r.get("stalled") or [] if "rank" in s)
-    return Mark(t, "stall", f"no progress for {r.get('idle_s', '?')} s (limit {r.get('limit_s', '?')} s)", ranks)
+def _mark(r: records.Record, t: float) -> Mark | None:
+    """The time line's mark of a record that is an event (None: not one)."""
+    if isinstance(r, records.Stall):
+        return Mark(t, "stall", f"no progress for {r.idle_s} s (limit {r.limit_s} s)",
+                    tuple(s.rank for s in r.stalled))
+    if isinstance(r, records.Straggler):
+        detail = (f"state {r.state}, node {r.node}, host {r.host}, step {r.step}, own_s {r.own_s}, "
+                  f"median_s {r.median_s}, ratio {r.ratio}, factor {r.factor}, window_steps {r.window_steps}")
+        return Mark(t, "straggler", detail, (r.rank,))
+    if isinstance(r, records.Stop):
+        return Mark(t, "preempted", _said(("signal", r.signal), ("step", r.step), ("checkpoint", r.checkpoint)))
+    if isinstance(r, records.Resume):
+        return Mark(t, "resume", _said(("step", r.step), ("checkpoint", r.checkpoint)))
+    if isinstance(r, records.Checkpoint):
+        return Mark(t, "checkpoint", _said(("step", r.step)))
+    if isinstance(r, records.Eval):
+        return Mark(t, "eval", _said(("step", r.step), ("accuracy", r.accuracy)))
+    return None
 
 
-def _straggler(r: dict[str, Any], t: float) -> Mark:
-    # Written by the straggler judge: whatever else it carries, the rank it names.
-    ranks = tuple(int(x) for x in ([r["rank"]] if "rank" in r else r.get("ranks") or []))
-    detail = ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("kind", "time", "rank", "ranks"))
-    return Mark(t, "straggler", detail, ranks)
-
-
-def _simple(kind: str, fields: tuple[str, ...]) -> Any:
-    def make(r: dict[str, Any], t: float) -> Mark:
-        return Mark(t, kind, ", ".join(f"{f} {r[f]}" for f in fields if r.get(f) is not None))
-    return make
-
-
-MARKED = {
-    "stall": _stall,
-    "straggler": _straggler,
-    "stop": _simple("preempted", ("signal", "step", "checkpoint")),
-    "resume": _simple("resume", ("step", "checkpoint")),
-    "checkpoint": _simple("checkpoint", ("step",)),
-    "eval": _simple("eval", ("step", "accuracy")),
-}
+def _said(*pairs: tuple[str, object]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in pairs if value is not None)
 
 
 def _event_mark(e: RunEvent, t0: float) -> Mark:

@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = train_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:
-        # One line per rank, not the usage once per rank (issue 29).
+        # One line per rank, not the usage once per rank.
         print(unknown_options_line(parser, extras), file=sys.stderr)
         return ExitCode.BAD_INPUT
     return run(args)

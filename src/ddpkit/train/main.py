@@ -116,14 +116,19 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
 
 def _report_membership(ctx: DistContext, trainer: Trainer, batch_note: str, *, keeps_batch: bool) -> None:
     """Elastic: after the rank report (and the resume, which knows the world
-    size before), rank 0 says what changed since the checkpoint."""
-    from .loop.elastic import changed_line
+    size before), rank 0 says what changed since the checkpoint: a line for
+    people, and the `reformed` record for the launcher."""
+    from .. import records
+    from .loop.elastic import changed_line, reformed
     from .startup.launchinfo import AgentRestarts
 
-    line = changed_line(AgentRestarts.from_env(), ctx.world_size, trainer.checkpointer.saved_world, batch_note,
-                        keeps_batch)
+    restarts, saved_world = AgentRestarts.from_env(), trainer.checkpointer.saved_world
+    line = changed_line(restarts, ctx.world_size, saved_world, batch_note, keeps_batch)
     if line and ctx.rank == 0:
         print(line, flush=True)
+        record = reformed(restarts, ctx.world_size, saved_world)
+        if record is not None:
+            records.emit(record)
 
 
 def _watchdog(ctx: DistContext, config: TrainConfig) -> Watchdog | None:

@@ -2,8 +2,11 @@
 container, an SSH session), and the printer of every node's output
 (`LinePrinter`): one prefix per line, torchrun's worker prefix parsed back,
 lines several ranks print at once shown once, and what the summary needs
-from the output (each node's last lines, its failed worker's code, the
-watchdog's stall, straggler and lost-node lines, the workers' cause lines).
+from the output: each node's last lines, the workers' cause lines, and the
+records the job and its agent send (ddpkit.records, framed on their
+output): the watchdog's stall, straggler and lost-node reports, an elastic
+job training again, a failed worker's exit code. A record is kept off the
+console (the node's log keeps it); the lines a person reads come beside it.
 The supervisor (launch/supervise/supervisor.py) owns the run; this module only reads."""
 
 from __future__ import annotations
@@ -15,12 +18,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from ... import records
 from .dedup import Dedup, Released, Source
 from .recovery import Recovery
-from .stragglers import NamedStraggler
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -36,18 +38,9 @@ SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
 # see TORCHRUN_PREFIX_FLAG): the global rank, parsed back into ddpkit's prefix.
 TORCHRUN_PREFIX_FLAG = "--log-line-prefix-template=[rank${rank}]:"
 _TORCHRUN_PREFIX = re.compile(r"^\[rank(\d+)\]:")
-# The first line of torchrun's report on a failed worker, with the worker's
-# exit code (the agent itself exits 1); the traceback and the ChildFailedError
-# box after it say nothing the worker's own lines do not: they go to the node's
-# log, not the console.
-_TORCHRUN_FAILED = re.compile(r"torch/distributed/elastic/multiprocessing/api\.py:\d+\] failed \(exitcode: (-?\d+)\)")
-_TRACEBACK = "Traceback (most recent call last):"
-_BOX_RULE = re.compile(r"^={20,}\s*$")  # the ChildFailedError box opens and closes with one
 # A ddpkit.train worker's one-line cause (train/main.py, train/startup/netcheck.py):
 # every rank prints the same agreed line; the console shows it once, last.
 CAUSE_PREFIX = "ddpkit train: "
-# The hang watchdog's report names each stalled rank on one line (train/watchdog/stall.py STALL_LINE).
-_STALL = re.compile(r"ddpkit watchdog: STALL rank (\d+) node (\d+) host (\S+) pid \d+: (.*)$")
 
 
 class NodeHandle(Protocol):
@@ -80,20 +73,6 @@ class NodeHandle(Protocol):
         Safe on a node that has ended or never started. Returns a problem, if any."""
 
 
-@dataclass(frozen=True)
-class StalledRank:
-    """One rank the job's hang watchdog named (from its report line)."""
-
-    rank: int
-    node: int
-    host: str
-    detail: str  # "step 12, phase forward, at model.py:30 in forward"
-
-    @property
-    def line(self) -> str:
-        return f"rank {self.rank} ({self.host}): {self.detail}"
-
-
 class LinePrinter:
     """Every node's output, one line at a time, each with one prefix
     `[<label>]` or `[<label> rank<R>]`, and the last lines of each node.
@@ -108,13 +87,15 @@ class LinePrinter:
         self.dedup, self.clock = dedup, clock
         self._flusher: threading.Thread | None = None
         self.tails: dict[int, deque[str]] = {}
-        self.stalled: dict[int, StalledRank] = {}  # by rank: what the watchdog's report said
-        self.stragglers: dict[int, NamedStraggler] = {}  # by rank: the first time the watchdog named it
-        self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (torchrun's report)
+        self._tailed: dict[int, int] = {}  # node index -> lines it ever added to its tail
+        self._cut: dict[int, int] = {}  # node index -> its tail's length when its agent reported a failed worker
+        self.stalled: dict[int, records.StalledRank] = {}  # by rank: what the watchdog's report said
+        self.stragglers: dict[int, records.Straggler] = {}  # by rank: the first time the watchdog named it
+        self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (its agent's record)
         self.causes: dict[str, int] = {}  # each worker cause line (CAUSE_PREFIX), once, with its first node
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
         self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
-        self._in_box: dict[int, int] = {}  # node index -> box rules seen, while torchrun's traceback is held back
+        self._held_back: dict[int, int] = {}  # node index -> lines of its agent's failure report still to come
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
 
@@ -122,23 +103,16 @@ class LinePrinter:
         match = _TORCHRUN_PREFIX.match(text)
         prefix = f"[{node.label} rank{match.group(1)}] " if match else f"[{node.label}] "
         body = text[match.end():] if match else text
-        stall = _STALL.search(body) if "ddpkit watchdog: STALL" in body else None
-        straggler = NamedStraggler.parse(body)
         with self._lock:
-            if straggler:
-                self.stragglers.setdefault(straggler.rank, straggler)
-            if stall:
-                rank = int(stall.group(1))
-                self.stalled[rank] = StalledRank(rank, int(stall.group(2)), stall.group(3), stall.group(4))
-            lost = self.recovery.read(body, self.clock())
-            if lost is not None:
-                self.on_lost(lost)
+            if self._took_record(node.index, prefix, body):
+                return
             if body.startswith(CAUSE_PREFIX):  # a worker's (torchrun's agent never says it), prefixed or not
                 self.causes.setdefault(body, node.index)  # shown once, at the end (Supervisor.summary)
                 return
-            if not match and self._torchrun_report(node.index, body):
+            if not match and self._held_back.get(node.index):
+                self._held_back[node.index] -= 1  # the agent's report on a failed worker: the node's log has it
                 return
-            self.tails.setdefault(node.index, deque(maxlen=TAIL_LINES)).append(prefix + body)
+            self._add_to_tail(node.index, prefix + body)
             style = STYLES[node.index % len(STYLES)]
             if self.dedup is None:
                 self._print(Released(prefix, style, body))
@@ -175,23 +149,36 @@ class LinePrinter:
                 self.dedup = None
                 self._wake.notify_all()
 
-    def _torchrun_report(self, index: int, body: str) -> bool:
-        """Notes the worker's code from torchrun's report on a failed worker;
-        True for a line of the traceback and ChildFailedError box that follow it."""
-        failed = _TORCHRUN_FAILED.search(body)
-        if failed:
-            self.worker_codes.setdefault(index, int(failed.group(1)))
+    def _took_record(self, index: int, prefix: str, body: str) -> bool:
+        """Notes the record a framed line holds; False for any other line, and
+        for a record this launcher cannot read (shown as it came)."""
+        try:
+            stamped = records.unframe(body)
+        except records.RecordError:
             return False
-        if index not in self._in_box:
-            if index in self.worker_codes and body.strip() == _TRACEBACK:
-                self._in_box[index] = 0
-                return True
+        if stamped is None:
             return False
-        if _BOX_RULE.match(body):
-            self._in_box[index] += 1
-            if self._in_box[index] == 2:
-                del self._in_box[index]  # the box's closing rule: what follows is shown again
+        record = stamped.record
+        if isinstance(record, records.Stall):
+            self.stalled.update((s.rank, s) for s in record.stalled)
+        elif isinstance(record, records.Straggler) and record.slow:
+            self.stragglers.setdefault(record.rank, record)
+        elif isinstance(record, records.NodeLost):
+            for lost in self.recovery.node_lost(record, self.clock()):
+                self.on_lost(lost)
+        elif isinstance(record, records.Reformed):
+            self.recovery.trained_again(record, self.clock())
+        elif isinstance(record, records.WorkerExit) and index not in self.worker_codes:
+            self.worker_codes[index] = record.exitcode
+            self._add_to_tail(index, prefix + record.line)
+            self._cut[index] = self._tailed[index]
+        elif isinstance(record, records.AgentReport):
+            self._held_back[index] = record.lines
         return True
+
+    def _add_to_tail(self, index: int, line: str) -> None:
+        self.tails.setdefault(index, deque(maxlen=TAIL_LINES)).append(line)
+        self._tailed[index] = self._tailed.get(index, 0) + 1
 
     def worker_code(self, index: int) -> int | None:
         with self._lock:
@@ -201,7 +188,8 @@ class LinePrinter:
         """A node that comes back (elastic) starts without its last failure's code."""
         with self._lock:
             self.worker_codes.pop(index, None)
-            self._in_box.pop(index, None)
+            self._cut.pop(index, None)
+            self._held_back.pop(index, None)
             self.recovery.forget(index)
 
     def cause_lines(self, first: int | None) -> list[str]:
@@ -210,23 +198,21 @@ class LinePrinter:
             causes = list(self.causes.items())
         return [c for c, n in causes if n != first] + [c for c, n in causes if n == first]
 
-    def stalled_ranks(self) -> list[StalledRank]:
+    def stalled_ranks(self) -> list[records.StalledRank]:
         with self._lock:
             return sorted(self.stalled.values(), key=lambda s: s.rank)
 
-    def straggler_ranks(self) -> list[NamedStraggler]:
+    def straggler_ranks(self) -> list[records.Straggler]:
         with self._lock:
             return sorted(self.stragglers.values(), key=lambda s: s.rank)
 
     def tail(self, node: NodeHandle) -> list[str]:
-        """The node's last lines; when torchrun reported a failed worker,
-        the worker's last lines and the report's first line."""
+        """The node's last lines; when its agent reported a failed worker,
+        the lines before that and the worker's exit code."""
         with self._lock:
             lines = list(self.tails.get(node.index, ()))
-        for at in range(len(lines) - 1, -1, -1):
-            if _TORCHRUN_FAILED.search(lines[at]):
-                return lines[:at + 1]
-        return lines
+            after = self._tailed.get(node.index, 0) - self._cut.get(node.index, self._tailed.get(node.index, 0))
+        return lines[:len(lines) - after]
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """What the supervisor learns from a job's lost-node report: which node the
-hang watchdog found silent (train/watchdog/node_loss.py's LOST lines), and, in an
-elastic job, when the others trained again (rank 0's "elastic: restart"
-line after the new rendezvous): the summary says which node was lost, how it
+hang watchdog found silent (the `lost` record of train/watchdog/node_loss.py),
+and, in an elastic job, when the others trained again (the `reformed` record
+rank 0 sends after the new rendezvous): the summary says which node was lost, how it
 was noticed and how long recovery took.
 
 A launcher cannot see a frozen node on its own (its SSH session still
@@ -12,57 +12,34 @@ elastic policy to it as to a node that failed.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-# train/watchdog/node_loss.py LOST_LINE
-_LOST = re.compile(r"ddpkit watchdog: LOST rank (\d+) node (\d+) host (\S+) pid \d+: no heartbeat for (\d+(?:\.\d+)?)s")
-# train/loop/elastic.py changed_line, printed by the new rank 0 once it resumed
-_REFORMED = re.compile(r"elastic: restart \d+ of at most \d+; world size (\d+)(?: -> (\d+))?")
-
-
-@dataclass(frozen=True)
-class LostRank:
-    """One rank the job's watchdog found silent (from its report line)."""
-
-    rank: int
-    node: int
-    host: str
-    silent_s: float
-
-    @property
-    def reason(self) -> str:
-        return (f"no heartbeat for {self.silent_s:.0f}s, noticed by the job's heartbeats (frozen, or cut off "
-                "without a reset)")
+from ...records import LostRank, NodeLost, Reformed
 
 
 @dataclass
 class Recovery:
-    """Fed every line (LinePrinter.line) with the supervisor's clock."""
+    """Fed the job's `lost` and `reformed` records (LinePrinter) with the supervisor's clock."""
 
     lost: dict[int, LostRank] = field(default_factory=dict)  # by rank
     silent_since: dict[int, float] = field(default_factory=dict)  # node -> when its silence began
     reformed: list[tuple[int, int, float]] = field(default_factory=list)  # world before, after, seconds after loss
 
-    def read(self, body: str, now: float) -> int | None:
-        """Notes a LOST or re-formed line; the node newly reported lost, if any."""
-        if "ddpkit watchdog: LOST" in body:
-            m = _LOST.search(body)
-            if m is None:
-                return None
-            lost = LostRank(int(m.group(1)), int(m.group(2)), m.group(3), float(m.group(4)))
+    def node_lost(self, verdict: NodeLost, now: float) -> list[int]:
+        """Notes the lost ranks; the nodes newly reported lost."""
+        new = []
+        for lost in verdict.lost:
             self.lost[lost.rank] = lost
-            if lost.node in self.silent_since:
-                return None
-            self.silent_since[lost.node] = now - lost.silent_s
-            return lost.node
-        if self.silent_since and "elastic: restart" in body:
-            m = _REFORMED.search(body)
-            if m is not None:
-                since = max(self.silent_since.values())
-                self.reformed.append((int(m.group(1)), int(m.group(2) or m.group(1)), now - since))
-        return None
+            if lost.node not in self.silent_since:
+                self.silent_since[lost.node] = now - lost.silent_s
+                new.append(lost.node)
+        return new
 
+    def trained_again(self, reformed: Reformed, now: float) -> None:
+        """The job re-formed; counted as a recovery after a node was reported lost."""
+        if self.silent_since:
+            since = max(self.silent_since.values())
+            self.reformed.append((reformed.before, reformed.world, now - since))
     def forget(self, node: int) -> None:
         """A lost node that came back (elastic) is in the job again."""
         self.lost = {r: x for r, x in self.lost.items() if x.node != node}

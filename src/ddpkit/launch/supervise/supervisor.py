@@ -31,12 +31,12 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from ...exitcodes import WORKER_CODES, ExitCode
+from ...records import LostRank, StalledRank, Straggler
 from ...runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup
 from .interrupt import interrupts_raise
-from .nodeoutput import LOST, SUMMARY_LINES, LinePrinter, NodeHandle, StalledRank
-from .recovery import LostRank
-from .stragglers import NamedStraggler, straggler_cell
+from .nodeoutput import LOST, SUMMARY_LINES, LinePrinter, NodeHandle
+from .stragglers import straggler_cell
 
 if TYPE_CHECKING:
 
@@ -141,7 +141,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     stalled: list[StalledRank] = field(default_factory=list)  # named by the job's hang watchdog
-    stragglers: list[NamedStraggler] = field(default_factory=list)  # named by its straggler judge
+    stragglers: list[Straggler] = field(default_factory=list)  # named by its straggler judge
     worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
     lost: list[LostRank] = field(default_factory=list)  # ranks the job's watchdog found silent (launch/supervise/recovery.py)
 

@@ -1,5 +1,5 @@
 """The state of the last completed step, written when a peer is lost, so that
-a restart loses at most the step in flight (issue 30, item 4).
+a restart loses at most the step in flight.
 
 Under DDP every rank holds the whole model and optimizer of the last step all
 ranks completed. When a node is lost the survivors' agents restart their

@@ -10,7 +10,8 @@ wrote it). Two things are decided here:
   job's global batch kept by gradient accumulation, or, without the flag,
   the global batch shrinks with the world and the learning rate follows
   (linear scaling, loop.Trainer._replan);
-- the "what changed" line printed after the rank report.
+- the "what changed" line printed after the rank report, and the
+  `reformed` record beside it that tells the launcher the job trains again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ...records import Reformed
 from ..config.values import TrainConfig
 from ..startup.launchinfo import AgentRestarts
 
@@ -71,3 +73,11 @@ def changed_line(restarts: AgentRestarts | None, world: int, saved_world: int | 
         world_part = f"world size {saved_world} -> {world} (the checkpoint was written by {saved_world} ranks)"
     mode = batch_note if keeps_batch else f"{batch_note}; it follows the world size and the lr follows it (linear scaling)"
     return f"{head}; {world_part}; {mode}"
+
+
+def reformed(restarts: AgentRestarts | None, world: int, saved_world: int | None) -> Reformed | None:
+    """The `reformed` record after a (re-)rendezvous of torchrun's elastic
+    agent; None for a job that torchrun does not restart."""
+    if restarts is None:
+        return None
+    return Reformed(restart=restarts.restart, max_restarts=restarts.max_restarts, world=world, saved_world=saved_world)

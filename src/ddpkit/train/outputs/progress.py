@@ -1,9 +1,8 @@
 """What the user sees: a progress bar (or plain lines) on rank 0, one log file
-per rank, metrics as JSON Lines, and the closing summary."""
+per rank, metrics as JSON Lines (ddpkit.records), and the closing summary."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -12,6 +11,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ... import records
 from ...text import plural
 
 if TYPE_CHECKING:
@@ -37,8 +37,9 @@ def rank_logger(rank: int, log_dir: Path | None) -> logging.Logger:
 
 
 class Metrics:
-    """Appends one JSON object per line; rank 0 only (others get a no-op).
-    With `tensorboard`, the same records' scalars go there too (--tensorboard)."""
+    """Appends one record per line (records.encode, with the time); rank 0
+    only (others get a no-op). With `tensorboard`, the same records' scalars
+    go there too (--tensorboard)."""
 
     def __init__(self, path: Path | None, enabled: bool, tensorboard: Path | None = None) -> None:
         self.file: TextIO | None = None
@@ -51,13 +52,17 @@ class Metrics:
 
             self.board = TensorBoardScalars(tensorboard)
 
-    def write(self, kind: str, **fields: Any) -> None:
-        record = {"kind": kind, "time": round(time.time(), 3), **fields}
+    def put(self, record: records.Record) -> None:
+        now = time.time()
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(records.encode(record, now) + "\n")
             self.file.flush()  # a killed run keeps every line it wrote
         if self.board is not None:
-            self.board.record(kind, record)
+            self.board.record(record, now)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        """The record of `kind` with these fields (RecordError when they are not its fields)."""
+        self.put(records.from_fields({"kind": kind, **fields}).record)
 
     def close(self) -> None:
         if self.file is not None:

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...records import StepTimes
+
 if TYPE_CHECKING:
     from .progress import Metrics
-
-RECORD_KIND = "step_times"
-
 
 class RankStepTimes:
     def __init__(self, metrics: Metrics, device: torch.device, world: int, distributed: bool, every: int,
@@ -53,4 +52,4 @@ class RankStepTimes:
             means = [float(p.item()) for p in parts]
         else:
             means = [float(mine.item())]
-        self.metrics.write(RECORD_KIND, step=step, step_s=[round(m, 5) for m in means])
+        self.metrics.put(StepTimes(step=step, step_s=tuple(round(m, 5) for m in means)))

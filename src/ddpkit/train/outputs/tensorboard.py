@@ -9,20 +9,21 @@ writes, so both say the same. Needs the `tensorboard` package (the extra
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from ...records import Eval, Record, StepTimes, Train
 
 PACKAGE = "tensorboard"
 
 
-def scalars(kind: str, record: dict[str, Any]) -> list[tuple[str, float]]:
+def scalars(record: Record) -> list[tuple[str, float]]:
     """The (tag, value) pairs of one metrics record (none for most kinds)."""
-    if kind == "train":
-        pairs = [("train/loss", record.get("loss")), ("train/images_per_s", record.get("images_per_s")),
-                 ("train/lr", record.get("lr"))]
-    elif kind == "step_times":
-        pairs = [(f"step_time_ms/rank{r}", s * 1000) for r, s in enumerate(record.get("step_s") or [])]
-    elif kind == "eval":
-        pairs = [("eval/accuracy", record.get("accuracy")), ("eval/loss", record.get("loss"))]
+    pairs: list[tuple[str, float | None]]
+    if isinstance(record, Train):
+        pairs = [("train/loss", record.loss), ("train/images_per_s", record.images_per_s), ("train/lr", record.lr)]
+    elif isinstance(record, StepTimes):
+        pairs = [(f"step_time_ms/rank{r}", s * 1000) for r, s in enumerate(record.step_s)]
+    elif isinstance(record, Eval):
+        pairs = [("eval/accuracy", record.accuracy), ("eval/loss", record.loss)]
     else:
         return []
     return [(tag, float(value)) for tag, value in pairs if value is not None]
@@ -34,13 +35,13 @@ class TensorBoardScalars:
 
         self.writer = SummaryWriter(log_dir=str(directory))
 
-    def record(self, kind: str, record: dict[str, Any]) -> None:
-        step = record.get("step")
+    def record(self, record: Record, walltime: float) -> None:
+        step = getattr(record, "step", None)
         if step is None:
             return
-        for tag, value in scalars(kind, record):
-            self.writer.add_scalar(tag, value, int(step), walltime=record.get("time"))
-        if kind == "train":
+        for tag, value in scalars(record):
+            self.writer.add_scalar(tag, value, int(step), walltime=walltime)
+        if isinstance(record, Train):
             self.writer.flush()  # a killed run keeps what it showed, as the metrics file does
 
     def close(self) -> None:

@@ -22,16 +22,16 @@ import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import envnames, netif
+from ... import envnames, netif, records
 from ...exitcodes import ExitCode
+from ...records import RankRow
 from . import process_env
 from .distributed import DistContext
 
-RECORD_KIND = "rank_report"
 STDOUT = "-"  # --rank-report-json -: the records go to stdout, one JSON line each
 
 
@@ -39,35 +39,6 @@ class RankReportError(RuntimeError):
     """The processes of the job do not form one consistent job."""
 
     exit_code = ExitCode.STARTUP  # `ddpkit train` exits with it (main.run)
-
-
-@dataclass(frozen=True)
-class RankRow:
-    rank: int
-    local_rank: int
-    node_rank: int
-    host: str
-    pid: int
-    device: str
-    interface: str | None
-    address: str | None
-    torch: str
-    cuda: str | None
-    nccl: str | None
-    launcher: str
-    # The rest has defaults so that rows forged or built in tests stay short.
-    world_size: int = 0
-    master_addr: str | None = None
-    master_port: int | None = None
-    backend: str = ""
-    nccl_socket_ifname: str | None = None
-    gloo_socket_ifname: str | None = None
-    # --rank-report-env NAME: the value of each named variable in this process (None: unset)
-    env: dict[str, str | None] = field(default_factory=dict)
-
-    @property
-    def versions(self) -> tuple[str, str | None, str | None]:
-        return (self.torch, self.cuda, self.nccl)
 
 
 @dataclass(frozen=True)
@@ -166,8 +137,8 @@ class ReportOutputs:
 
 
 def record(row: RankRow) -> dict[str, Any]:
-    """One process's machine-readable record (the metrics line's fields)."""
-    return {"kind": RECORD_KIND, **asdict(row)}
+    """One process's machine-readable record (records.RankRow as JSON)."""
+    return records.to_json(row)
 
 
 def gather(ctx: DistContext, env_names: Sequence[str] = ()) -> list[RankRow]:
@@ -196,9 +167,9 @@ def publish(rows: list[RankRow], problems: list[str], outputs: ReportOutputs, wo
         # One short line per process: a single write each, so lines from
         # other processes sharing the stream cannot split a record.
         for row in rows:
-            print(json.dumps(record(row)), flush=True)  # "kind" first: readers find records by it
+            print(records.encode(row), flush=True)  # "kind" first: readers find records by it
     elif outputs.json_path is not None:
-        document = {"kind": RECORD_KIND, "world_size": world_size, "problems": problems,
+        document = {"kind": RankRow.kind, "world_size": world_size, "problems": problems,
                     "processes": [record(r) for r in rows]}
         _write_atomically(Path(outputs.json_path), json.dumps(document, indent=1) + "\n")
     if outputs.metrics is not None:
@@ -207,7 +178,7 @@ def publish(rows: list[RankRow], problems: list[str], outputs: ReportOutputs, wo
         metrics = Metrics(outputs.metrics, enabled=True)
         try:
             for row in rows:
-                metrics.write(RECORD_KIND, **asdict(row))
+                metrics.put(row)
         finally:
             metrics.close()
 

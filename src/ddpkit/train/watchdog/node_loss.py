@@ -5,8 +5,8 @@ A node that dies closes its connections and the others' collectives fail at
 once; a node that goes silent without a reset leaves them waiting in a
 collective until it times out (30 minutes by default). The hang watchdog's
 monitors already read every rank's heartbeat once a second (train/watchdog/stall.py);
-this module is the rule they apply to it, its report line and its metrics
-record. The watchdog thread acts on the verdict: every rank exits with
+this module is the rule they apply to it, its report lines and its `lost`
+record (on stderr for the launcher, and in the metrics file). The watchdog thread acts on the verdict: every rank exits with
 ExitCode.NODE_LOST. gloo cannot abort a pending collective (pytorch#130345),
 but a process can always leave, even from another thread while its main
 thread waits in one: in an elastic job each surviving agent sees a failed
@@ -18,26 +18,24 @@ No torch import: the rule is tested without a process group.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from ... import envnames
+from ... import envnames, records
 from ...exitcodes import ExitCode
+from ...records import LostRank, NodeLost
 from ...wire import LOSS_FLOOR_S, LOSS_S
 from ..startup.launchinfo import AgentRestarts
 from .stall_model import UNJUDGED, Judge, Phase
 
-# The report's per-rank line; launch/supervise/recovery.py matches "ddpkit watchdog: LOST rank R node N host H".
+# The report's per-rank line, for people; launchers read the `lost` record instead.
 LOST_LINE = ("ddpkit watchdog: LOST rank {rank} node {node} host {host} pid {pid}: no heartbeat for {silent_s:.1f}s "
              "(limit {limit_s:g}s), last at step {step}, phase {phase}")
 NOTICED_BY = "heartbeat"  # how the loss was noticed (the metrics record and the launchers say so)
-KIND = "lost"  # the verdict's kind in the watchdog's verdict key, and the metrics record's
 
 
 def loss_s_from_env(env: Mapping[str, str] = os.environ) -> float:
@@ -53,17 +51,6 @@ def loss_s_from_env(env: Mapping[str, str] = os.environ) -> float:
         raise ValueError(f"{envnames.DDPKIT_WATCHDOG_LOSS_S}={raw!r}: give seconds as a number, at least "
                          f"{LOSS_FLOOR_S:g} (three heartbeats)")
     return value
-
-
-@dataclass(frozen=True)
-class LostRank:
-    rank: int
-    node: int
-    host: str
-    pid: int
-    step: int
-    phase: str
-    silent_s: float
 
 
 class LossWatch:
@@ -118,40 +105,38 @@ def elastic_restarts_left(env: Mapping[str, str] | None = None) -> bool:
     return restarts is not None and restarts.restart < restarts.max_restarts
 
 
-def verdict_record(lost: list[LostRank], loss_s: float, by: int, elastic: bool) -> dict[str, Any]:
+def verdict(lost: list[LostRank], loss_s: float, by: int, elastic: bool) -> NodeLost:
     """What the declaring monitor writes to the verdict key (and, with the
     time, to --metrics): which ranks were lost, how it was noticed, and what
     the job does about it."""
-    return {"kind": KIND, "by": by, "noticed_by": NOTICED_BY, "loss_s": loss_s,
-            "action": "re-form" if elastic else "stop", "lost": [asdict(r) for r in lost]}
+    return NodeLost(by=by, noticed_by=NOTICED_BY, loss_s=loss_s, action="re-form" if elastic else "stop",
+                    lost=tuple(lost))
 
 
-def reason(record: dict[str, Any]) -> str:
+def _nodes(verdict: NodeLost) -> str:
+    return ", ".join(f"node {n} ({h})" for n, h in dict.fromkeys((r.node, r.host) for r in verdict.lost))
+
+
+def reason(verdict: NodeLost) -> str:
     """The verdict in a few words (the checkpoint written for it says this)."""
-    nodes = ", ".join(f"node {n} ({h})" for n, h in dict.fromkeys((r["node"], r["host"]) for r in record["lost"]))
-    return f"lost {nodes}: no heartbeat for {record['loss_s']:g}s, noticed by the {record['noticed_by']}s"
+    return f"lost {_nodes(verdict)}: no heartbeat for {verdict.loss_s:g}s, noticed by the {verdict.noticed_by}s"
 
 
-def report_lines(record: dict[str, Any]) -> list[str]:
-    lost = [LostRank(**r) for r in record["lost"]]
-    nodes = ", ".join(f"node {n} ({h})" for n, h in dict.fromkeys((r.node, r.host) for r in lost))
+def report_lines(verdict: NodeLost) -> list[str]:
     code = int(ExitCode.NODE_LOST)
     then = ("the others leave their workers (exit {c}) so that the agents re-form the job without it"
-            if record["action"] == "re-form" else "stopping every rank (exit {c})").format(c=code)
-    lines = [f"ddpkit watchdog: lost {nodes}: no heartbeat from any of its ranks for {record['loss_s']:g}s "
+            if verdict.action == "re-form" else "stopping every rank (exit {c})").format(c=code)
+    lines = [f"ddpkit watchdog: lost {_nodes(verdict)}: no heartbeat from any of its ranks for {verdict.loss_s:g}s "
              f"(frozen, or cut off without a reset); {then}"]
-    lines += [LOST_LINE.format(limit_s=record["loss_s"], **asdict(r)) for r in lost]
+    lines += [LOST_LINE.format(limit_s=verdict.loss_s, **asdict(r)) for r in verdict.lost]
     return lines
 
 
-def report(record: dict[str, Any], metrics: Path | None) -> None:
-    """The declaring monitor's report (stderr, where the launchers read the
-    LOST lines) and the `lost` metrics record."""
-    for line in report_lines(record):
+def report(verdict: NodeLost, metrics: Path | None) -> None:
+    """The declaring monitor's report: its lines and the `lost` record on
+    stderr (the launchers read the record), and the record in --metrics."""
+    for line in report_lines(verdict):
         print(line, file=sys.stderr, flush=True)
+    records.emit(verdict)
     if metrics is not None:
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        entry = {"kind": KIND, "time": round(time.time(), 3),
-                 **{k: v for k, v in record.items() if k != "kind"}}
-        with open(metrics, "a", encoding="utf-8") as out:  # one write: O_APPEND keeps it whole
-            out.write(json.dumps(entry) + "\n")
+        records.append(metrics, verdict, time.time())

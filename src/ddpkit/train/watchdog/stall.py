@@ -7,10 +7,11 @@ first writes the `stall` key; every rank's thread sees it, writes its stacks
 (faulthandler, `py-spy dump --native` when installed, the NCCL flight
 recorder's buffer with NCCL) to stderr and its log directory, acknowledges
 with the frame its main thread is in, and waits for `released`; the
-declaring monitor collects the acknowledgements, prints the report (the
-lines `launch/supervise/supervisor.py` reads), writes the `stall` metrics record, and
-releases everyone. Every rank then exits with ExitCode.STALLED; the ranks'
-launchers (torchrun, srun, a pod) see a failed worker and stop the rest.
+declaring monitor collects the acknowledgements, prints the report (lines
+for people, and the `stall` record a launcher reads: stall_report.py),
+writes the record to the metrics file, and releases everyone. Every rank
+then exits with ExitCode.STALLED; the ranks' launchers (torchrun, srun, a
+pod) see a failed worker and stop the rest. The stacks themselves: stacks.py.
 """
 
 from __future__ import annotations
@@ -20,23 +21,22 @@ import datetime
 import faulthandler
 import json
 import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import envnames, runkey
+from ... import envnames, records, runkey
 from ...exitcodes import ExitCode
 from ...wire import LOSS_S
 from . import node_loss as loss_judge
-from .stall_model import PULSE, Beat, Judge, Phase, Settings, Suspect, Verdict, monitors
+from .stacks import dump_nccl, main_frame, pyspy, write_stacks
+from .stall_model import PULSE, Beat, Judge, Phase, Settings, Verdict, monitors
+from .stall_report import Ack, dump_place, report_lines, stall_record, verdict_record
 from .straggler import Stragglers
 
 if TYPE_CHECKING:
@@ -48,9 +48,6 @@ RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyw
 # Here one multi_get of 8,192 keys took several times longer than 32 of 256 keys each.
 MULTI_GET_KEYS = 256
 RANKS_PER_CHECK_S = 2048  # the monitor checks once per interval up to this many ranks
-PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
-# The report's per-rank line; launch/supervise/supervisor.py matches "ddpkit watchdog: STALL rank R node N host H".
-STALL_LINE = "ddpkit watchdog: STALL rank {rank} node {node} host {host} pid {pid}: step {step}, phase {phase}, {where}"
 
 
 @dataclass(frozen=True)
@@ -70,15 +67,6 @@ class Outputs:
     log_dir: Path | None = None
     metrics: Path | None = None
     nccl: bool = False
-
-
-@dataclass(frozen=True)
-class Ack:
-    """What a rank that could dump itself tells the declaring monitor."""
-
-    frame: str  # innermost frame of its main thread
-    in_torch: bool  # that frame is inside torch (waiting in a collective, most likely)
-    dump: str | None  # its stack file
 
 
 def _hb(rank: int) -> str:
@@ -147,15 +135,17 @@ class Watchdog:
         if self.judge is not None and self._seq % self.check_every == 0:
             verdict = self._check(now)
             if verdict is not None:
-                self.store.compare_set(STALL_KEY, "", json.dumps(_verdict_record(verdict, self.ident.rank)))
+                self.store.compare_set(STALL_KEY, "", json.dumps(verdict_record(verdict, self.ident.rank)))
             else:
                 self._judge_loss(now)
         if self._seq % self.check_every == 0:
             self.stragglers.check()
         if self.store.check([STALL_KEY]):  # the one verdict key: a stall, or a lost node
             record = json.loads(self.store.get(STALL_KEY))
-            if record.get("kind") == loss_judge.KIND:
-                self.on_lost(record)
+            if record.get("kind") == records.NodeLost.kind:
+                lost = records.from_fields(record).record
+                assert isinstance(lost, records.NodeLost)
+                self.on_lost(lost)
             self.on_stall(record)
 
     def publish(self, now: float | None = None) -> None:
@@ -197,11 +187,10 @@ class Watchdog:
         assert self.judge is not None
         lost = [] if self.loss is None else self.loss.observe(self.judge, now)
         if lost and self.loss is not None:
-            record = loss_judge.verdict_record(lost, self.loss.loss_s, self.ident.rank,
-                                               loss_judge.elastic_restarts_left())
-            self.store.compare_set(STALL_KEY, "", json.dumps(record))
+            verdict = loss_judge.verdict(lost, self.loss.loss_s, self.ident.rank, loss_judge.elastic_restarts_left())
+            self.store.compare_set(STALL_KEY, "", records.encode(verdict))
 
-    def on_lost(self, record: dict[str, Any]) -> None:
+    def on_lost(self, verdict: records.NodeLost) -> None:
         """Every rank leaves with NODE_LOST: its main thread may wait in a
         collective with the lost node that gloo cannot abort. The declarer
         reports first; rank 0, whose process holds the store, leaves last
@@ -209,12 +198,12 @@ class Watchdog:
         Never returns."""
         self._stop.set()
         try:
-            if record["by"] == self.ident.rank:
-                loss_judge.report(record, self.outputs.metrics)
-            self.store.set(_ack(self.ident.rank), loss_judge.KIND)
-            self._last_words(loss_judge.reason(record))
+            if verdict.by == self.ident.rank:
+                loss_judge.report(verdict, self.outputs.metrics)
+            self.store.set(_ack(self.ident.rank), verdict.kind)
+            self._last_words(loss_judge.reason(verdict))
             if self.ident.rank == 0:
-                lost = {r["rank"] for r in record["lost"]}
+                lost = {r.rank for r in verdict.lost}
                 keys = [_ack(r) for r in range(self.ident.world) if r not in lost]
                 deadline = time.monotonic() + ACK_WAIT_S
                 while time.monotonic() < deadline and not self.store.check(keys):
@@ -263,15 +252,15 @@ class Watchdog:
               f"stacks of all threads follow", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
         frame, in_torch = main_frame()
-        text = _pyspy(self.ident.pid)
+        text = pyspy(self.ident.pid)
         if text:
             print(text, file=sys.stderr, flush=True)
         path = None
         if self.outputs.log_dir is not None:
             path = self.outputs.log_dir / f"stall-rank{r}.txt"
-            _write_stacks(path, f"rank {r} at step {PULSE.step}, phase {PULSE.phase.value}\n", text)
+            write_stacks(path, f"rank {r} at step {PULSE.step}, phase {PULSE.phase.value}\n", text)
             if self.outputs.nccl:
-                _dump_nccl(self.outputs.log_dir / f"nccl-trace-rank{r}.pkl")
+                dump_nccl(self.outputs.log_dir / f"nccl-trace-rank{r}.pkl")
         return Ack(frame, in_torch, str(path) if path else None)
 
     def _report(self, record: dict[str, Any]) -> None:
@@ -283,167 +272,12 @@ class Watchdog:
                 if r not in acks and self.store.check([_ack(r)]):
                     acks[r] = Ack(**json.loads(self.store.get(_ack(r))))
             time.sleep(0.2)
-        stalled = refine(record, acks)
-        lines = report_lines(record, stalled, acks, self.outputs)
-        for line in lines:
+        report = stall_record(record, acks, self.ident.world, dump_place(self.outputs.log_dir, self.outputs.nccl))
+        for line in report_lines(report, [s["rank"] for s in record["suspects"]]):
             print(line, file=sys.stderr, flush=True)
+        records.emit(report)
         if self.outputs.metrics is not None:
-            entry = {"kind": "stall", "time": round(time.time(), 3), "idle_s": record["idle_s"],
-                     "limit_s": record["limit_s"], "stalled": [_rank_record(s, acks) for s in stalled],
-                     "waiting": record["waiting"], "no_stack": sorted(set(range(self.ident.world)) - set(acks)),
-                     "dumps": _dump_place(self.outputs)}
-            self.outputs.metrics.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.outputs.metrics, "a", encoding="utf-8") as out:  # one write: O_APPEND keeps it whole
-                out.write(json.dumps(entry) + "\n")
-
-
-# ---- helpers (module level: the bench and the tests use them) ------------------------------
-def _verdict_record(verdict: Verdict, by: int) -> dict[str, Any]:
-    return {"by": by, "idle_s": round(verdict.idle_s, 1), "limit_s": round(verdict.limit_s, 1),
-            "suspects": [_suspect_record(s) for s in verdict.suspects],
-            "frozen": [s.beat.rank for s in verdict.suspects if s.frozen_s is not None],
-            "waiting": list(verdict.waiting)}
-
-
-def _suspect_record(s: Suspect) -> dict[str, Any]:
-    b = s.beat
-    return {"rank": b.rank, "node": b.node, "host": b.host, "pid": b.pid, "step": b.step, "phase": b.phase.value,
-            "idle_s": round(s.idle_s, 1), "frozen_s": None if s.frozen_s is None else round(s.frozen_s, 1)}
-
-
-def refine(record: dict[str, Any], acks: dict[int, Ack]) -> list[dict[str, Any]]:
-    """The suspects the report names. Ranks at the same step and phase tie
-    (with BatchNorm, DDP's forward broadcasts buffers: the ranks waiting for a
-    stuck forward are in forward too); a suspect whose main thread runs code
-    outside torch is stuck there, one inside torch waits for it."""
-    suspects: list[dict[str, Any]] = record["suspects"]
-    busy = [s for s in suspects if s["rank"] in acks and not acks[s["rank"]].in_torch]
-    return busy if busy and len(busy) < len(suspects) else suspects
-
-
-def report_lines(record: dict[str, Any], stalled: list[dict[str, Any]], acks: dict[int, Ack],
-                 outputs: Outputs) -> list[str]:
-    ranks = ", ".join(str(s["rank"]) for s in stalled)
-    lines = [f"ddpkit watchdog: the job stalled: no progress for {record['idle_s']:.0f}s "
-             f"(limit {record['limit_s']:.0f}s); stalled rank(s): {ranks}; stopping every rank "
-             f"(exit {int(ExitCode.STALLED)})"]
-    for s in stalled:
-        ack = acks.get(s["rank"])
-        if s["frozen_s"] is not None:
-            where = (f"frozen: no heartbeat for {s['frozen_s']:.0f}s (stopped, e.g. SIGSTOP, or blocked in native "
-                     "code holding the GIL); its last heartbeat is all there is")
-        else:
-            where = f"at {ack.frame}" if ack else "no stack received"
-        lines.append(STALL_LINE.format(rank=s["rank"], node=s["node"], host=s["host"], pid=s["pid"],
-                                       step=s["step"], phase=s["phase"], where=where))
-    named = {s["rank"] for s in stalled}
-    waiting = sorted(set(record["waiting"]) | {s["rank"] for s in record["suspects"]} - named)
-    if waiting:
-        lines.append(f"ddpkit watchdog: {len(waiting)} rank(s) waited for them: {_ranges(waiting)}")
-    lines.append(f"ddpkit watchdog: stacks of every rank: {_dump_place(outputs)}")
-    return lines
-
-
-def _rank_record(s: dict[str, Any], acks: dict[int, Ack]) -> dict[str, Any]:
-    ack = acks.get(s["rank"])
-    return {**s, "frame": ack.frame if ack else None, "dump": ack.dump if ack else None}
-
-
-def _dump_place(outputs: Outputs) -> str:
-    if outputs.log_dir is None:
-        return "each rank's stderr (give --log-dir to keep them in files)"
-    place = f"each rank's stderr and {outputs.log_dir}/stall-rank<R>.txt"
-    return place + (f"; NCCL flight recorder: {outputs.log_dir}/nccl-trace-rank<R>.pkl" if outputs.nccl else "")
-
-
-def _ranges(ranks: list[int]) -> str:
-    """0-3, 5: short even for 8,192 ranks."""
-    out: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ", ".join(out)
-
-
-def main_frame() -> tuple[str, bool]:
-    """The main thread's innermost frame ("file:line in function"), and
-    whether it is inside torch; when it is, the innermost frame outside torch
-    is added, since that is the line of the training code that called in."""
-    import threading as _threading
-
-    frame = sys._current_frames().get(_threading.main_thread().ident or -1)
-    if frame is None:
-        return "unknown (no main thread)", False
-    stack = traceback.extract_stack(frame)
-    inner = stack[-1]
-    torch_dir = _torch_dir()
-    in_torch = inner.filename.startswith(torch_dir)
-    text = f"{inner.filename}:{inner.lineno} in {inner.name}"
-    if in_torch:
-        outside = [f for f in stack if not f.filename.startswith(torch_dir)]
-        if outside:
-            text += f" (called from {outside[-1].filename}:{outside[-1].lineno} in {outside[-1].name})"
-    return text, in_torch
-
-
-def _torch_dir() -> str:
-    mod = sys.modules.get("torch")
-    # Without torch imported no frame can be in it: a prefix no path has.
-    return str(Path(mod.__file__).parent) if mod is not None and mod.__file__ else "\0"
-
-
-def pyspy_path() -> str | None:
-    """py-spy on PATH, or beside this interpreter (a virtual environment not on PATH)."""
-    found = shutil.which("py-spy")
-    beside = Path(sys.executable).parent / "py-spy"
-    return found or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
-
-
-def _pyspy(pid: int) -> str:
-    tool = pyspy_path()
-    if tool is None:
-        return ""
-    try:
-        done = subprocess.run([tool, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
-                              timeout=PYSPY_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"py-spy dump --native failed: {exc}"
-    if done.returncode != 0:
-        return f"py-spy dump --native failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
-    return "py-spy dump --native:\n" + done.stdout
-
-
-def _write_stacks(path: Path, header: str, pyspy_text: str) -> None:
-    """faulthandler's dump and py-spy's into one file, written whole (a
-    temporary file, then os.replace)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(header)
-        out.flush()
-        faulthandler.dump_traceback(out, all_threads=True)
-        out.write("\n" + pyspy_text)
-    os.replace(tmp, path)
-
-
-def _dump_nccl(path: Path) -> None:
-    """The NCCL flight recorder's ring buffer (TORCH_NCCL_TRACE_BUFFER_SIZE),
-    pickled as torch's fr_trace tool reads it."""
-    try:
-        from torch._C._distributed_c10d import _dump_nccl_trace  # type: ignore[attr-defined]  # not in the stubs
-
-        data = _dump_nccl_trace()
-    except Exception as exc:  # no NCCL group, or a build without the recorder
-        print(f"ddpkit watchdog: no NCCL flight recorder dump: {exc}", file=sys.stderr)
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+            records.append(self.outputs.metrics, report, time.time())
 
 
 # ---- starting it --------------------------------------------------------------------------

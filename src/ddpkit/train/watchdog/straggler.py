@@ -10,8 +10,8 @@ median with its heartbeat (`work/<rank>` in the store) and rank 0's thread
 applies `StragglerJudge`: a rank whose median is more than `factor` x the
 job's median (the lower middle of every rank's, so two ranks work too) and
 at least `MIN_GAP_S` above it is a straggler. The report is one line
-(`STRAGGLER_LINE`, read by launch/supervise/supervisor.py), a `straggler` metrics
-record, and the mark in the launcher's summary.
+for people (`STRAGGLER_LINE`), the `straggler` record (on stderr, where the
+launcher reads it for its summary, and in the metrics file).
 
 An evaluation or a checkpoint is no step: it never enters the window, so
 an uneven one names nobody; neither does waiting (it is not timed).
@@ -23,7 +23,6 @@ docs/WATCHDOG.md ("Stragglers") is the user's page.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -31,9 +30,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ... import envnames
+from ... import envnames, records
 from ...wire import STRAGGLER_FACTOR
 from .stall_model import PULSE
 
@@ -48,7 +47,7 @@ MIN_STEPS = 5  # a rank with fewer timed steps is not judged yet
 # scheduling slice on a busy host makes the difference, and it costs little.
 MIN_GAP_S = 0.02
 MULTI_GET_KEYS = 256  # as the stall judge reads heartbeats (train/watchdog/stall.py)
-# The report's line; launch/supervise/supervisor.py matches "ddpkit watchdog: STRAGGLER rank R node N host H: DETAIL;".
+# The report's line, for people; launchers read the `straggler` record instead.
 STRAGGLER_LINE = ("ddpkit watchdog: STRAGGLER rank {rank} node {node} host {host}: {detail}; "
                   "its own work (data loading, forward, backward compute; not waiting) over its last {window} steps")
 
@@ -127,25 +126,17 @@ class Change:
     def ratio(self) -> float:
         return self.work.own_s / self.median_s if self.median_s > 0 else float("inf")
 
-    @property
-    def detail(self) -> str:
-        w = self.work
-        return (f"{w.own_s:.3f}s of own work a step against the job's median {self.median_s:.3f}s "
-                f"({self.ratio:.1f}x, limit {self.factor:g}x) at step {w.step}")
-
     def line(self) -> str:
-        w = self.work
+        w, detail = self.work, self.record().detail
         if self.slow:
-            return STRAGGLER_LINE.format(rank=w.rank, node=w.node, host=w.host, detail=self.detail,
-                                         window=w.steps)
-        return f"ddpkit watchdog: rank {w.rank} (host {w.host}) is no straggler any more: {self.detail}"
+            return STRAGGLER_LINE.format(rank=w.rank, node=w.node, host=w.host, detail=detail, window=w.steps)
+        return f"ddpkit watchdog: rank {w.rank} (host {w.host}) is no straggler any more: {detail}"
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> records.Straggler:
         w = self.work
-        return {"kind": "straggler", "time": round(time.time(), 3), "state": "slow" if self.slow else "caught_up",
-                "rank": w.rank, "node": w.node, "host": w.host, "step": w.step, "own_s": round(w.own_s, 6),
-                "median_s": round(self.median_s, 6), "ratio": round(self.ratio, 3), "factor": self.factor,
-                "window_steps": w.steps}
+        return records.Straggler(state="slow" if self.slow else "caught_up", rank=w.rank, node=w.node, host=w.host,
+                                 step=w.step, own_s=round(w.own_s, 6), median_s=round(self.median_s, 6),
+                                 ratio=round(self.ratio, 3), factor=self.factor, window_steps=w.steps)
 
 
 @dataclass
@@ -214,7 +205,7 @@ class Stragglers:
 
     def _report(self, change: Change) -> None:
         print(change.line(), file=sys.stderr, flush=True)
+        record = change.record()
+        records.emit(record)
         if self.metrics is not None:
-            self.metrics.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.metrics, "a", encoding="utf-8") as out:  # one write: O_APPEND keeps it whole
-                out.write(json.dumps(change.record()) + "\n")
+            records.append(self.metrics, record, time.time())

@@ -1,0 +1,179 @@
+"""A worker forked from the zygote (zygote.py) becoming what torchrun's
+Popen would have started: its session, directory, stdio files and
+environment, unbuffered stdio, its argv shown in ps, the preamble, then the
+program run as `python -u ARGV` would run it, ending with the exit code an
+interpreter would have ended with. `run_program` and `print_exception` also
+serve `python -m ddpkit.run` and the agent's own error."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .. import preamble
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    """One worker to fork: `argv` after the interpreter and its -u, so
+    ("-m", module, *args) or (script, *args)."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    stdout: str | None
+    stderr: str | None
+
+
+def become(request: WorkerRequest) -> None:
+    """Turn this fresh fork into the worker `request` asks for; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        os.chdir(request.cwd)
+        _redirect(1, request.stdout)
+        _redirect(2, request.stderr)
+        os.environ.clear()
+        os.environ.update(request.env)
+        _threads_from_env()
+        _unbuffered_stdio()
+        show_argv([sys.executable, "-u", *request.argv])
+        preamble.install(request.argv)
+        code = run_program(request.argv)
+    except BaseException:  # the program's own error: said as an interpreter would, exit 1
+        print_exception()
+    _finish(code)
+
+
+def show_argv(argv: list[str]) -> None:
+    """Write `argv` over this process's argument area (/proc/PID/cmdline, what
+    ps shows), cut to the area's size and padded with NULs; nothing where
+    /proc cannot tell where the area is. The area is the agent's: no exec
+    gave this process one of its own."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return
+    size = end - start
+    if size <= 0:
+        return
+    text = b"\0".join(os.fsencode(arg) for arg in argv)[: size - 1]
+    ctypes.memmove(start, text.ljust(size, b"\0"), size)
+
+
+def print_exception(skipping: tuple[str, ...] = (__name__, "runpy")) -> None:
+    """The exception being handled, as an interpreter prints it uncaught, from
+    the first frame outside the modules `skipping` on (by default this module's
+    and runpy's: the program's own frames)."""
+    kind, exc, tb = _trimmed(skipping)
+    sys.excepthook(kind, exc, tb)  # type: ignore[arg-type]
+
+
+def exception_text(skipping: tuple[str, ...]) -> str:
+    """What print_exception would print with the interpreter's own hook, as text."""
+    kind, exc, tb = _trimmed(skipping)
+    return "".join(traceback.format_exception(kind, exc, tb))
+
+
+def _trimmed(skipping: tuple[str, ...]) -> tuple[Any, BaseException | None, TracebackType | None]:
+    kind, exc, tb = sys.exc_info()
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in skipping:
+        tb = tb.tb_next
+    if exc is not None:
+        exc.__traceback__ = tb  # the hook prints the exception's own traceback, not its argument
+    return kind, exc, tb
+
+
+def _threads_from_env() -> None:
+    """torch's intra-op thread count was fixed in the zygote, from the agent's
+    environment before torchrun set OMP_NUM_THREADS=1 for several workers; a
+    new interpreter would take it from the worker's own, so this one does."""
+    torch = sys.modules.get("torch")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        if torch is not None and value.isdigit() and int(value) > 0:
+            torch.set_num_threads(int(value))
+            return
+
+
+def _redirect(fd: int, path: str | None) -> None:
+    if path is not None:
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _unbuffered_stdio() -> None:
+    """What `python -u` gives: no buffer between print and the file."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=old.encoding, errors=old.errors,
+                                  write_through=True)
+        setattr(sys, name, stream)
+
+
+def run_as_main(argv: Sequence[str]) -> int:
+    """run_program, with the program's uncaught error said as an interpreter
+    says it (its traceback from its own frames on) and exit code 1."""
+    try:
+        return run_program(argv)
+    except BaseException:
+        print_exception()
+        return 1
+
+
+def run_program(argv: Sequence[str]) -> int:
+    """Run the program as `python -u ARGV` would; its exit code."""
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")  # __file__ absolute, as `python SCRIPT` makes it
+    except SystemExit as exc:
+        return _exit_status(exc)
+    except KeyboardInterrupt:
+        print_exception()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # ended by the signal, as an interpreter is
+    return 0
+
+
+def _exit_status(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int) -> None:
+    """An interpreter's exit: wait for non-daemon threads, run atexit, flush."""
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -1,0 +1,91 @@
+"""A rank's stacks when its job stalled: the main thread's frame (what the
+report names), faulthandler's and py-spy's dumps of every thread (stderr and
+the log directory), and the NCCL flight recorder's buffer."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import shutil
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
+
+
+def main_frame() -> tuple[str, bool]:
+    """The main thread's innermost frame ("file:line in function"), and
+    whether it is inside torch; when it is, the innermost frame outside torch
+    is added, since that is the line of the training code that called in."""
+    import threading as _threading
+
+    frame = sys._current_frames().get(_threading.main_thread().ident or -1)
+    if frame is None:
+        return "unknown (no main thread)", False
+    stack = traceback.extract_stack(frame)
+    inner = stack[-1]
+    torch_dir = _torch_dir()
+    in_torch = inner.filename.startswith(torch_dir)
+    text = f"{inner.filename}:{inner.lineno} in {inner.name}"
+    if in_torch:
+        outside = [f for f in stack if not f.filename.startswith(torch_dir)]
+        if outside:
+            text += f" (called from {outside[-1].filename}:{outside[-1].lineno} in {outside[-1].name})"
+    return text, in_torch
+
+
+def _torch_dir() -> str:
+    mod = sys.modules.get("torch")
+    # Without torch imported no frame can be in it: a prefix no path has.
+    return str(Path(mod.__file__).parent) if mod is not None and mod.__file__ else "\0"
+
+
+def pyspy_path() -> str | None:
+    """py-spy on PATH, or beside this interpreter (a virtual environment not on PATH)."""
+    found = shutil.which("py-spy")
+    beside = Path(sys.executable).parent / "py-spy"
+    return found or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+
+
+def pyspy(pid: int) -> str:
+    tool = pyspy_path()
+    if tool is None:
+        return ""
+    try:
+        done = subprocess.run([tool, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=PYSPY_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy dump --native failed: {exc}"
+    if done.returncode != 0:
+        return f"py-spy dump --native failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
+    return "py-spy dump --native:\n" + done.stdout
+
+
+def write_stacks(path: Path, header: str, pyspy_text: str) -> None:
+    """faulthandler's dump and py-spy's into one file, written whole (a
+    temporary file, then os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(header)
+        out.flush()
+        faulthandler.dump_traceback(out, all_threads=True)
+        out.write("\n" + pyspy_text)
+    os.replace(tmp, path)
+
+
+def dump_nccl(path: Path) -> None:
+    """The NCCL flight recorder's ring buffer (TORCH_NCCL_TRACE_BUFFER_SIZE),
+    pickled as torch's fr_trace tool reads it."""
+    try:
+        from torch._C._distributed_c10d import _dump_nccl_trace  # type: ignore[attr-defined]  # not in the stubs
+
+        data = _dump_nccl_trace()
+    except Exception as exc:  # no NCCL group, or a build without the recorder
+        print(f"ddpkit watchdog: no NCCL flight recorder dump: {exc}", file=sys.stderr)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

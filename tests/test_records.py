@@ -1,0 +1,142 @@
+"""ddpkit.records: every record the job sends back, its one writer and one
+reader; the agent's record of a failed worker; the launcher's reading of
+framed records (kept off the console, a failed worker's code, the tail)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ddpkit import records
+from ddpkit.agent.handler import Watched
+from ddpkit.launch.supervise.nodeoutput import LinePrinter
+
+STALLED = records.StalledRank(3, 1, "h1", 77, 9, "forward", 61.0, None, frame="model.py:30 in forward")
+EVERY_KIND: list[records.Record] = [
+    records.Stall(61.0, 60.0, (STALLED,), (0, 1), (2,), "stderr"),
+    records.Straggler("slow", 3, 1, "h1", 41, 0.3, 0.01, 30.0, 1.33, 10),
+    records.NodeLost(0, "heartbeat", 10.0, "stop", (records.LostRank(2, 2, "h2", 7, 9, "backward", 11.0),)),
+    records.Reformed(1, 3, 2, 3),
+    records.WorkerExit(1, 0, 20011, 12),
+    records.AgentReport(11),
+    records.Train(10, 1.5, 100.0, epoch=0, lr=0.1),
+    records.Train(10, None, 100.0, loss_is="the tensor backward() was called on"),
+    records.Eval(10, 0, 0.5, 1.2, 5, 10),
+    records.StepTimes(10, (0.01, 0.02)),
+    records.RankRow(0, 0, 0, "h0", 10, "cpu", "lo", "127.0.0.1", "2.5", None, None, "torchrun", env={"X": None}),
+    records.Checkpoint(10, "/c/ckpt-10.pt"),
+    records.Checkpoint(10, "/c/ckpt-10.pt", from_memory="the stop signal"),
+    records.Stop("SIGUSR2", 10, "/c/ckpt-10.pt", 0),
+    records.Resume(10, 1, "/c/ckpt-10.pt"),
+    records.Startup({"process_start": 0.0, "first_step_done": 4.5}, {"imports": 2.0}, 4.5, "proc", 10),
+    records.Summary("finished", 10, 1, 4.0, 100.0, 0.5, 1.2, None, 2, 16),
+]
+
+
+def test_every_kind_has_a_record_and_the_reader_reads_back_what_the_writer_wrote() -> None:
+    assert {type(r) for r in EVERY_KIND} == set(records.KINDS.values())
+    for record in EVERY_KIND:
+        assert records.decode(records.encode(record, 12.5)) == records.Stamped(record, 12.5)
+        assert records.unframe(records.frame(record)) == records.Stamped(record)
+
+
+def test_a_line_starts_with_kind_version_and_time_and_an_unfilled_optional_field_is_left_out() -> None:
+    text = records.encode(records.Train(10, 1.5, 100.0), 12.0)
+    assert text.startswith('{"kind": "train", "v": 1, "time": 12.0, "step": 10')
+    assert "epoch" not in json.loads(text) and json.loads(records.encode(records.Train(1, None, 2.0)))["loss"] is None
+
+
+def test_a_record_written_before_versions_is_version_1() -> None:
+    old = '{"kind": "stop", "time": 5.0, "signal": "SIGTERM", "step": 6, "checkpoint": null, "slurm_restart_count": 1}'
+    assert records.decode(old) == records.Stamped(records.Stop("SIGTERM", 6, None, 1), 5.0)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ('{"kind": "later"}', "unknown record kind 'later'"),
+    ('{"kind": "train", "v": 2, "step": 1, "loss": 1, "images_per_s": 1}', "version 2: this reader knows version 1"),
+    ('{"kind": "eval", "step": 1}', "'eval': "),
+    ('{"kind": "train", "step": 1, "loss": 1, "images_per_s": 1, "colour": "red"}', "unknown field(s) colour"),
+    ('{"kind": "stall", "idle_s": 1, "limit_s": 1, "stalled": 3, "waiting": [], "no_stack": [], "dumps": ""}',
+     "a list expected"),
+    ('{"kind": "tra', "not a record"),
+    ('[1, 2]', "no kind"),
+])
+def test_the_reader_names_what_it_cannot_read(text: str, said: str) -> None:
+    with pytest.raises(records.RecordError, match=None) as caught:
+        records.decode(text)
+    assert said in str(caught.value)
+
+
+def test_a_file_reader_leaves_out_what_it_cannot_read(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    records.append(path, records.StepTimes(2, (0.1,)), 3.0)
+    with path.open("a") as out:
+        out.write('{"kind": "later", "v": 1}\n{"kind": "st')
+    assert records.read_file(path) == [records.Stamped(records.StepTimes(2, (0.1,)), 3.0)]
+
+
+class _Proc:
+    """What Watched reads of a process."""
+
+    def __init__(self, code: int | None) -> None:
+        self.pid, self.code = 4242, code
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.code or 0
+
+
+def test_the_agent_says_a_failed_worker_once_and_not_one_it_stopped(capsys: pytest.CaptureFixture[str]) -> None:
+    env = {"RANK": "5", "LOCAL_RANK": "1"}
+    failed = Watched(_Proc(12), env)
+    assert failed.poll() == 12 and failed.wait() == 12 and failed.pid == 4242
+    stopped = Watched(_Proc(-15), env)
+    stopped.stopping = True
+    assert stopped.wait() == -15
+    assert Watched(_Proc(0), env).poll() == 0 and Watched(_Proc(None), env).poll() is None
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    [line] = err.splitlines()
+    assert records.unframe(line) == records.Stamped(records.WorkerExit(rank=5, local_rank=1, pid=4242, exitcode=12))
+
+
+class _Node:
+    def __init__(self, index: int) -> None:
+        self.index, self.host, self.label = index, f"h{index}", f"node{index}"
+
+
+def test_the_launcher_keeps_records_off_the_console_and_cuts_the_tail_at_the_failed_worker() -> None:
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300))
+    node = _Node(1)
+    printer.line(node, "[rank1]:the worker's last line")  # type: ignore[arg-type]  # _Node has what line reads
+    printer.line(node, records.frame(records.WorkerExit(rank=1, local_rank=0, pid=9, exitcode=12)))  # type: ignore[arg-type]
+    printer.line(node, records.frame(records.WorkerExit(rank=0, local_rank=1, pid=8, exitcode=1)))  # type: ignore[arg-type]
+    printer.line(node, "torchrun: failed")  # type: ignore[arg-type]
+    printer.line(node, records.frame(records.AgentReport(lines=2)))  # type: ignore[arg-type]
+    for line in ("Traceback (most recent call last):", "ChildFailedError", "after the report"):
+        printer.line(node, line)  # type: ignore[arg-type]
+    printer.line(node, "[rank1]:" + records.FRAME + '{"kind": "later"}')  # type: ignore[arg-type]  # unreadable: shown
+    printer.close()
+    shown = out.getvalue()
+    assert records.FRAME not in shown.replace(records.FRAME + '{"kind": "later"}', "")
+    assert "Traceback" not in shown and "ChildFailedError" not in shown and "[node1] after the report" in shown
+    assert printer.worker_code(1) == 12  # the first failed worker's
+    assert printer.tail(node) == ["[node1 rank1] the worker's last line",  # type: ignore[arg-type]
+                                  "[node1] worker rank 1 (pid 9) failed (exitcode: 12)"]
+
+
+def test_an_elastic_job_says_it_trained_again_and_from_which_world_size() -> None:
+    from ddpkit.train.loop.elastic import reformed
+    from ddpkit.train.startup.launchinfo import AgentRestarts
+
+    assert reformed(None, 2, 3) is None  # not restarted by an elastic agent: nothing re-formed
+    record = reformed(AgentRestarts(restart=1, max_restarts=3), 2, 3)
+    assert record == records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3) and record.before == 3
+    assert records.Reformed(restart=0, max_restarts=3, world=2, saved_world=None).before == 2
