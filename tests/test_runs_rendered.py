@@ -1,4 +1,4 @@
-"""Runs of rendered jobs (launch/control/applied.py): `ddpkit render k8s|compose`
+"""Runs of rendered jobs (launch/control/applied.py, backends/kubectl.py): `ddpkit render k8s|compose`
 records a run, and `status`/`logs`/`cancel` ask kubectl or docker compose
 about it, or name the exact command where the tool is not installed.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launch.control.applied import condition_state
+from ddpkit.launch.control.backends.kubectl import condition_state
 from ddpkit.runs import RunState, all_runs
 
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
