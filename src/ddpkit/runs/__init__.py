@@ -18,10 +18,10 @@ from .record import (
     state_for_code,
 )
 from .store import StoredRun, UnknownRun, all_runs, launcher_alive, resolve, shown_state
-from .tail import Tail
+from .tail import LineBuffer, Tail
 
 __all__ = [
-    "Applied", "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord", "RunsDirError", "RunState", "RunSummary", "SlurmJob",
-    "StoredRun", "Tail", "UnknownRun", "all_runs", "launcher_alive", "resolve", "runs_root", "shown_state",
-    "state_for_code",
+    "Applied", "LineBuffer", "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord", "RunsDirError", "RunState",
+    "RunSummary", "SlurmJob", "StoredRun", "Tail", "UnknownRun", "all_runs", "launcher_alive", "resolve", "runs_root",
+    "shown_state", "state_for_code",
 ]
