@@ -345,38 +345,88 @@ def test_a_killed_launcher_is_lost_and_cancel_stops_what_it_left(tmp_path: Path)
 
 # ---- where a Slurm job's state comes from -------------------------------------------------
 
-# Stand-ins for Slurm's commands: each answers as the real one does for a
-# job that has left the queue (squeue: nothing), on a cluster with or
-# without accounting ($ACCOUNTING), and logs its call.
+# Stand-ins for Slurm's commands: each answers as the real one does on a
+# cluster with or without accounting ($ACCOUNTING), for job 4710 still in the
+# queue and 4711 and 4712 that have left it (4713: known to none), and logs
+# its call.
 STAND_INS = {
-    "squeue": 'echo "squeue $*" >> "$CALLS"',
-    "sacct": 'echo "sacct $*" >> "$CALLS"; echo "COMPLETED|0:0|node[1-2]"',
+    "squeue": 'echo "squeue $*" >> "$CALLS"; echo "4710|RUNNING|None|node[1-2]"',
+    "sacct": 'echo "sacct $*" >> "$CALLS"; echo "4711|COMPLETED|0:0|node[1-2]"; echo "4712|REQUEUED|0:0|node1"; '
+             'echo "4712|TIMEOUT|0:15|node1"',
     "scontrol": '''echo "scontrol $*" >> "$CALLS"
 case "$1 $2" in
   "show config") echo "AccountingStorageType   = $ACCOUNTING" ;;
   "show hostnames") echo node1; echo node2 ;;
-  "show job") echo "JobId=4711 JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0 NodeList=node[1-2] Restarts=0" ;;
+  "show job") for j in 4711 4712 9999; do
+      echo "JobId=$j JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0 NodeList=node[1-2] Restarts=0"; done ;;
 esac''',
 }
 
 
-@pytest.mark.parametrize(("accounting", "state", "source"), [
-    ("accounting_storage/slurmdbd", "COMPLETED", "sacct"),
-    ("accounting_storage/none", "FAILED", "scontrol"),
-])
-def test_a_job_that_left_the_queue_is_read_from_sacct_with_accounting_else_scontrol(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accounting: str, state: str, source: str) -> None:
-    from ddpkit.launch.slurm.submit import queue_state
-
+@pytest.fixture
+def slurm_stand_ins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name, body in STAND_INS.items():
         (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    return tmp_path / "calls"
+
+
+@pytest.mark.parametrize(("accounting", "ended", "source"), [
+    ("accounting_storage/slurmdbd", {4711: "COMPLETED", 4712: "TIMEOUT"}, "sacct"),
+    ("accounting_storage/none", {4711: "FAILED", 4712: "FAILED"}, "scontrol"),
+])
+def test_the_jobs_a_command_shows_are_asked_about_once(
+        slurm_stand_ins: Path, monkeypatch: pytest.MonkeyPatch, accounting: str, ended: dict[int, str],
+        source: str) -> None:
+    """One squeue for every job; for those it no longer lists, sacct where the
+    cluster keeps accounting, else scontrol: each command once, whatever the
+    number of jobs, and no node list expanded that nobody shows."""
+    from ddpkit.launch.slurm.jobs import SlurmQueue
+
     monkeypatch.setenv("ACCOUNTING", accounting)
+    queue = SlurmQueue([4710, 4711, 4712, 4713])
+    found = {job: queue.get(job) for job in (4710, 4711, 4712, 4713)}
+    assert {job: (f.state, f.source) for job, f in found.items() if f is not None} == {
+        4710: ("RUNNING", "squeue"), **{job: (state, source) for job, state in ended.items()}}
+    assert found[4713] is None
+    calls = [line.split()[:2] for line in slurm_stand_ins.read_text().splitlines()]
+    expected = [["squeue", "-h"], ["scontrol", "show"], *([["sacct", "-n"]] if source == "sacct" else []),
+                ["scontrol", "show"]]
+    assert calls == expected, calls
+    squeue = slurm_stand_ins.read_text().splitlines()[0]
+    assert "-j 4710,4711,4712,4713 " in squeue, squeue
+
+
+def test_one_job_left_the_queue_is_read_by_its_id(slurm_stand_ins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpkit.launch.slurm.jobs import queue_state
+
+    monkeypatch.setenv("ACCOUNTING", "accounting_storage/none")
     found = queue_state(4711)
-    assert found is not None
-    job, read_from = found
-    assert (job.state, read_from, job.nodes) == (state, source, ["node1", "node2"])
-    calls = [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines() if "hostnames" not in line]
-    assert calls[0] == "squeue" and calls[-1] == source, calls  # the queue first, then one of the two
+    assert found is not None and (found.state, found.source, found.exit_status) == ("FAILED", "scontrol", 3)
+    assert slurm_stand_ins.read_text().splitlines()[-1] == "scontrol show job -o 4711"
+
+
+def test_runs_asks_slurm_once_for_every_active_job(tmp_path: Path, slurm_stand_ins: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ddpkit runs` over three active Slurm runs and one recorded as ended:
+    three Slurm commands in all, the ended one not asked about."""
+    runs_dir = tmp_path / "runs"
+    for job in (4710, 4711, 4712, 4713):
+        folder = new_run(runs_dir, f"j{job}", time.time(), target="slurm")
+        folder.set_slurm(SlurmJob(job_id=job, script="/s", output="/o", tasks_per_node=1, rank_per_task=False,
+                                  signal="USR2", signal_grace_s=90))
+        if job == 4713:
+            folder.finish(0)
+    monkeypatch.setenv("ACCOUNTING", "accounting_storage/slurmdbd")
+    listed = ddpkit(runs_dir, "runs")  # PATH: the stand-ins
+    assert listed.returncode == 0, listed.stderr
+    for job, state in ((4710, "running"), (4711, "finished"), (4712, "failed"), (4713, "finished")):
+        assert re.search(rf"j{job}\s*│\s*slurm\s*│\s*{state}\s*│", listed.stdout), listed.stdout
+    calls = slurm_stand_ins.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["squeue", "scontrol", "sacct"], calls
+    assert "-j 4710,4711,4712 " in calls[0], calls
+    # A job's end Slurm reported is kept in its record: Slurm forgets it.
+    ended = {r.record.name: (r.record.state, r.record.exit_code) for r in all_runs(runs_dir)}
+    assert ended["j4712"] == (RunState.FAILED, 15 + 128) and ended["j4711"] == (RunState.FINISHED, 0)

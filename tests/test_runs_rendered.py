@@ -1,4 +1,4 @@
-"""Runs of rendered jobs (launch/control/applied.py): `ddpkit render k8s|compose`
+"""Runs of rendered jobs (launch/control/applied.py, backends/kubectl.py): `ddpkit render k8s|compose`
 records a run, and `status`/`logs`/`cancel` ask kubectl or docker compose
 about it, or name the exact command where the tool is not installed.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launch.control.applied import condition_state
+from ddpkit.launch.control.backends.kubectl import condition_state
 from ddpkit.runs import RunState, all_runs
 
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
@@ -71,6 +71,20 @@ def render(env: dict[str, str], tmp_path: Path, kind: str = "pytorchjob") -> Pat
     return tmp_path / "out"
 
 
+@pytest.mark.parametrize(("kind", "api_kind", "group"), [
+    ("pytorchjob", "PyTorchJob", "kubeflow.org"), ("indexed-job", "Job", "batch"),
+    ("jobset", "JobSet", "jobset.x-k8s.io"), ("trainjob", "TrainJob", "trainer.kubeflow.org"),
+])
+def test_the_recorded_job_object_is_the_one_the_kind_renders(env: dict[str, str], tmp_path: Path, kind: str,
+                                                             api_kind: str, group: str) -> None:
+    """The kind's register (its Controller) names the object its template
+    writes: `status` asks kubectl for that object."""
+    render(env, tmp_path, kind)
+    (run,) = all_runs(Path(env["DDPKIT_RUNS_DIR"]))
+    assert run.record.applied is not None
+    assert (run.record.applied.kind, run.record.applied.group) == (api_kind, group)
+
+
 def test_render_records_one_run_per_job_and_target(env: dict[str, str], tmp_path: Path) -> None:
     render(env, tmp_path)
     render(env, tmp_path)  # the same job again: the cluster holds one object of that name
@@ -117,6 +131,7 @@ def test_status_of_a_job_not_yet_applied_says_how_to_apply_it(env: dict[str, str
                       "training.kubeflow.org/replica-index=1"),
     ("indexed-job", 2, "batch.kubernetes.io/job-name=tiny-k8s,batch.kubernetes.io/job-completion-index=2"),
     ("jobset", 1, "jobset.sigs.k8s.io/jobset-name=tiny-k8s,batch.kubernetes.io/job-completion-index=1"),
+    ("trainjob", 1, "jobset.sigs.k8s.io/jobset-name=tiny-k8s,batch.kubernetes.io/job-completion-index=1"),
 ])
 def test_logs_of_a_node_select_its_pod_by_the_controllers_labels(
         env: dict[str, str], tmp_path: Path, kind: str, node: int, selector: str) -> None:

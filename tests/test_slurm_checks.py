@@ -8,7 +8,7 @@ import pytest
 
 from ddpkit.launch.slurm import checks as slurm_checks
 from ddpkit.launch.slurm.checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
-from ddpkit.launch.slurm.submit import JobState
+from ddpkit.launch.slurm.jobs import JobState
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 
@@ -93,7 +93,7 @@ def test_hopeless_reasons_are_only_limits() -> None:
 def test_follow_labels_lines_by_the_allocation_the_job_ran_on() -> None:
     """A COMPLETING job's NodeList holds only the nodes still completing (ci39: rank 1's last line,
     read then, came out under node2 instead of node1); a requeued run's new allocation is taken."""
-    from ddpkit.launch.slurm.submit import labelling_nodes, node_prefix
+    from ddpkit.launch.slurm.follow import labelling_nodes, node_prefix
 
     def seen(state: str, nodes: list[str]) -> JobState:
         return JobState(state, "", None, nodes)

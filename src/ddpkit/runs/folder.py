@@ -20,12 +20,17 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
 
 from ..envnames import DDPKIT_RUNS_DIR
 from ..text import plural
 from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, SlurmJob, state_for_code
 
 RUN_JSON = "run.json"
+LOCK = ".run.json.lock"
+LOCK_S = 30.0  # a writer holds it for one read and one write; longer means a stuck process, reported as OSError
 EVENTS = "events.jsonl"
 SPEC = "spec.yaml"
 RENDERED = "rendered"
@@ -109,10 +114,24 @@ class RunFolder:
         return RunRecord.model_validate_json((self.path / RUN_JSON).read_text())
 
     def write(self, record: RunRecord) -> None:
+        """The whole record as given. A change to the stored record goes
+        through `update`, which holds the folder's lock around its read."""
         # Readers (`ddpkit runs` in another shell) must never see half a file.
         tmp = self.path / f".{RUN_JSON}.{os.getpid()}"
         tmp.write_text(record.model_dump_json(indent=2) + "\n")
         os.replace(tmp, self.path / RUN_JSON)
+
+    def update(self, **changes: Any) -> RunRecord:
+        """Read, change and write run.json under the folder's lock: the
+        launcher recording its end and `ddpkit cancel` or `ddpkit status`
+        recording Slurm's never write over each other's change."""
+        try:
+            with FileLock(self.path / LOCK, timeout=LOCK_S):
+                record = self.record().model_copy(update=changes)
+                self.write(record)
+        except TimeoutError as exc:  # filelock.Timeout: one line, not a traceback
+            raise OSError(f"{self.path / LOCK} held for over {LOCK_S:g} s") from exc
+        return record
 
     def event(self, kind: str, detail: str = "", node: int | None = None) -> None:
         line = RunEvent(time=time.time(), kind=kind, detail=detail, node=node).model_dump_json(exclude_none=True)
@@ -133,17 +152,18 @@ class RunFolder:
         return out
 
     def set_logs(self, logs: list[NodeLog]) -> None:
-        self.write(self.record().model_copy(update={"logs": logs}))
+        self.update(logs=logs)
 
     def set_slurm(self, job: SlurmJob) -> None:
-        self.write(self.record().model_copy(update={"slurm": job}))
+        self.update(slurm=job)
 
-    def finish(self, code: int | None, summary: RunSummary | None = None, state: RunState | None = None) -> None:
+    def finish(self, code: int | None, summary: RunSummary | None = None,
+               state: RunState | None = None) -> RunRecord:
         """The end: exit code (None: the launcher never gave one), state (from
-        the code unless given) and the summary."""
+        the code unless given) and the summary. The record as written."""
         if state is None:
             assert code is not None, "an end without an exit code needs its state"
             state = state_for_code(code)
-        self.write(self.record().model_copy(update={"state": state, "exit_code": code, "ended": time.time(),
-                                                   "summary": summary}))
+        record = self.update(state=state, exit_code=code, ended=time.time(), summary=summary)
         self.event("exit", f"{state.value}" + ("" if code is None else f", exit code {code}"))
+        return record

@@ -69,8 +69,10 @@ def launcher_alive(record: RunRecord) -> bool | None:
 
 
 def shown_state(record: RunRecord) -> RunState:
-    """The stored state, except a launch run whose launcher is gone without
-    writing its end: lost (killed with SIGKILL, its machine rebooted)."""
-    if record.state == RunState.RUNNING and record.slurm is None and launcher_alive(record) is False:
+    """The stored state of a run whose launcher is ddpkit's own process,
+    except that a launcher gone without writing its end shows the run lost
+    (killed with SIGKILL, its machine rebooted). Not for a run that another
+    scheduler holds (Slurm): its process may end long before the job."""
+    if record.state == RunState.RUNNING and launcher_alive(record) is False:
         return RunState.LOST
     return record.state

@@ -1,5 +1,6 @@
-"""What every run command (`ddpkit runs`, `status`, `logs`, `cancel`) shares:
-its entry in the CLI and the one-line refusal, never a traceback."""
+"""What every run command (`ddpkit runs`, `status`, `logs`, `cancel`)
+shares: its entry in the CLI, the states a run is active in, and the one
+mapper from an error to one line on stderr and its exit code."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...exitcodes import ExitCode
-from ...runs import UnknownRun
+from ...runs import RunState, UnknownRun
+
+POLL_S = 0.5  # how often a command that waits (cancel, logs --follow) asks again
+ACTIVE = (RunState.RUNNING, RunState.PENDING)
 
 
 @dataclass(frozen=True)
 class Command:
-    """One `ddpkit` command of this module (cli.COMMANDS names it `module:NAME`)."""
+    """One `ddpkit` command of this package (cli.COMMANDS names it `module:NAME`)."""
 
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
@@ -23,9 +27,34 @@ class Command:
 class RunCommandError(Exception):
     """A one-line refusal, with its exit code."""
 
-    def __init__(self, line: str, code: int = ExitCode.BAD_INPUT) -> None:
+    def __init__(self, line: str, exit_code: int = ExitCode.BAD_INPUT) -> None:
         super().__init__(line)
-        self.code = code
+        self.exit_code = exit_code
+
+
+class ToolMissing(RunCommandError):
+    """kubectl or docker compose is not installed here: the line names the
+    exact command to run where it is (exit 3)."""
+
+    def __init__(self, tool: str, command: str) -> None:
+        super().__init__(f"{tool} is not installed here; where it is, run: {command}", ExitCode.PREFLIGHT)
+        self.tool = tool
+        self.command = command
+
+
+def exit_line(exc: BaseException) -> tuple[str, int] | None:
+    """The one line and exit code for an error a run command may meet; None
+    for one it does not expect (raised on, as a bug)."""
+    if isinstance(exc, UnknownRun):
+        return str(exc), ExitCode.BAD_INPUT
+    if isinstance(exc, RunCommandError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, FileNotFoundError):  # a Slurm command missing on this host
+        return (f"{exc.filename or exc} is not installed here: run this on a host that has it (a Slurm login node)",
+                ExitCode.PREFLIGHT)
+    if isinstance(exc, OSError):
+        return str(exc), ExitCode.FAILED
+    return None
 
 
 def one_line(command: str, body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -33,19 +62,19 @@ def one_line(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
     def run(args: argparse.Namespace) -> int:
         try:
             return body(args)
-        except UnknownRun as exc:
-            print(f"ddpkit {command}: {exc}", file=sys.stderr)
-            return ExitCode.BAD_INPUT
-        except RunCommandError as exc:
-            print(f"ddpkit {command}: {exc}", file=sys.stderr)
-            return exc.code
-        except FileNotFoundError as exc:  # a Slurm command missing on this host
-            print(f"ddpkit {command}: {exc.filename or exc} is not installed here: run this on a host that has "
-                  "it (a Slurm login node)", file=sys.stderr)
-            return ExitCode.PREFLIGHT
-        except OSError as exc:
-            print(f"ddpkit {command}: {exc}", file=sys.stderr)
-            return ExitCode.FAILED
         except KeyboardInterrupt:
             return ExitCode.INTERRUPTED
+        except Exception as exc:
+            said = exit_line(exc)
+            if said is None:
+                raise
+            print(f"ddpkit {command}: {said[0]}", file=sys.stderr)
+            return said[1]
     return run
+
+
+def already_ended(run_id: str, state: RunState, exit_code: int | None) -> int:
+    """`cancel` of a run that is over: says so; exit 0 unless it was lost."""
+    print(f"ddpkit cancel: run {run_id} has already ended: {state.value}"
+          + ("" if exit_code is None else f", exit code {exit_code}"))
+    return ExitCode.OK if state != RunState.LOST else ExitCode.FAILED

@@ -1,52 +1,76 @@
-"""A run's node log files as `ddpkit logs` reads them: which files hold a
-node's or a rank's lines, and each line with the console's prefix
+"""A run's log files as `ddpkit logs` reads them: which lines of which
+files hold a node's or a rank's lines, each with the console's prefix
 (`[node0 rank1]`, `[node0]`): launch logs tagged by torchrun, Slurm output
-labelled by srun (docs/RUNS.md)."""
+labelled by srun (docs/RUNS.md); and the printing of them, once or
+followed until the run ends. Rendered jobs' logs are their tool's."""
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...exitcodes import ExitCode
-from ...runs import NodeLog, RunRecord
-from .common import RunCommandError
+from ...runs import NodeLog, RunRecord, Tail
+from .common import POLL_S, RunCommandError
 
 _RANK_TAG = re.compile(r"^\[rank(\d+)\]:")  # torchrun's prefix in a launch local node log (supervisor)
 _TASK_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label
+
+Pick = Callable[[str], str | None]  # the line to print, or None to leave it out
+
+
+@dataclass(frozen=True)
+class LogRequest:
+    """What `ddpkit logs` asks for: one node's or one rank's lines (or all),
+    the last N of them, and whether to follow the run to its end."""
+
+    node: int | None = None
+    rank: int | None = None
+    tail: int | None = None
+    follow: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LogRequest:
+        return cls(args.node, args.rank, args.tail, args.follow)
+
+    def check(self, rec: RunRecord) -> None:
+        """A node or rank the run does not have: one line, exit 2."""
+        world = rec.nodes * rec.nproc_per_node
+        if self.rank is not None and not 0 <= self.rank < world:
+            raise RunCommandError(f"--rank {self.rank}: run {rec.id} has ranks 0-{world - 1}")
+        if self.node is not None and not 0 <= self.node < rec.nodes:
+            raise RunCommandError(f"--node {self.node}: run {rec.id} has nodes 0-{rec.nodes - 1}")
+
+    def node_of_rank(self, rec: RunRecord) -> int | None:
+        """The node asked for, or the one that holds the rank asked for."""
+        return self.node if self.rank is None else self.rank // rec.nproc_per_node
+
 
 @dataclass
 class Source:
     """One log file and how its lines are picked and prefixed."""
 
-    path: Path
-    pick: Callable[[str], str | None]  # the line to print, or None to leave it out
-    offset: int = 0
-    partial: str = field(default="", repr=False)
+    tail: Tail
+    pick: Pick
 
     def read(self) -> list[str]:
         """The complete lines written since the last read."""
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(chunk)
-        lines = (self.partial + chunk.decode("utf-8", "replace")).split("\n")
-        self.partial = lines.pop()
-        return [shown for line in lines if (shown := self.pick(line.rstrip("\r"))) is not None]
+        return self._picked(self.tail.read())
 
     def rest(self) -> list[str]:
         """A last line without its newline, once the run has ended."""
-        last, self.partial = self.partial, ""
-        shown = self.pick(last) if last else None
-        return [] if shown is None else [shown]
+        return self._picked(self.tail.rest())
+
+    def _picked(self, lines: list[str]) -> list[str]:
+        return [shown for line in lines if (shown := self.pick(line.rstrip("\r"))) is not None]
 
 
-def _launch_pick(log: NodeLog, rank: int | None) -> Callable[[str], str | None]:
+def _launch_pick(log: NodeLog, rank: int | None) -> Pick:
     """Lines of a launch node log, with the console's prefix: `[node0 rank1]`
     for a worker line torchrun tagged, `[node0]` otherwise."""
     def pick(line: str) -> str | None:
@@ -59,12 +83,24 @@ def _launch_pick(log: NodeLog, rank: int | None) -> Callable[[str], str | None]:
     return pick
 
 
-def _slurm_pick(rec: RunRecord, node: int | None, rank: int | None) -> Callable[[str], str | None]:
-    """Lines of a Slurm job's output: `T: text` from srun --label, task T on
-    node T // tasks_per_node (block distribution); the batch shell's own lines
-    have no label."""
+def launch_sources(rec: RunRecord, request: LogRequest, launcher: str) -> tuple[list[Source], str | None]:
+    """A launch run's node logs to read, and a note when they cannot pick one rank's lines."""
+    if not rec.logs:
+        raise RunCommandError(f"run {rec.id} ({rec.target}) recorded no node logs", ExitCode.FAILED)
+    want = request.node_of_rank(rec)
+    logs = [log for log in rec.logs if want is None or log.node == want]
+    note = None
+    if request.rank is not None and not all(log.rank_tagged for log in logs):
+        note = f"{launcher}'s node logs do not tag ranks; showing node {want}, which holds rank {request.rank}"
+    return [Source(Tail(Path(log.path)), _launch_pick(log, request.rank)) for log in logs], note
+
+
+def slurm_source(rec: RunRecord, request: LogRequest) -> tuple[Source, str | None]:
+    """A Slurm job's output file: `T: text` from srun --label, task T on
+    node T // tasks_per_node (block distribution); the batch shell's own
+    lines have no label. Torchrun mode does not tag ranks: a rank's node."""
     assert rec.slurm is not None
-    job = rec.slurm
+    job, node, rank = rec.slurm, request.node, request.rank
 
     def pick(line: str) -> str | None:
         m = _TASK_LABEL.match(line)
@@ -77,26 +113,41 @@ def _slurm_pick(rec: RunRecord, node: int | None, rank: int | None) -> Callable[
         if rank is not None and (task != rank if job.rank_per_task else on != rank // rec.nproc_per_node):
             return None
         return f"[node{on} rank{task}] {m.group(2)}" if job.rank_per_task else f"[node{on}] {m.group(2)}"
-    return pick
 
-
-def sources(rec: RunRecord, node: int | None, rank: int | None) -> tuple[list[Source], str | None]:
-    """The files to read, and a note when the logs cannot pick one rank's lines."""
-    world = rec.nodes * rec.nproc_per_node
-    if rank is not None and not 0 <= rank < world:
-        raise RunCommandError(f"--rank {rank}: run {rec.id} has ranks 0-{world - 1}")
-    if node is not None and not 0 <= node < rec.nodes:
-        raise RunCommandError(f"--node {node}: run {rec.id} has nodes 0-{rec.nodes - 1}")
     note = None
-    if rec.slurm is not None:
-        if rank is not None and not rec.slurm.rank_per_task:
-            note = (f"torchrun mode: the job's output does not tag ranks; showing node {rank // rec.nproc_per_node}, "
-                    f"which holds rank {rank}")
-        return [Source(Path(rec.slurm.output), _slurm_pick(rec, node, rank))], note
-    if not rec.logs:
-        raise RunCommandError(f"run {rec.id} ({rec.target}) recorded no node logs", ExitCode.FAILED)
-    want = node if rank is None else rank // rec.nproc_per_node
-    logs = [log for log in rec.logs if want is None or log.node == want]
-    if rank is not None and not all(log.rank_tagged for log in logs):
-        note = f"launch {rec.target}'s node logs do not tag ranks; showing node {want}, which holds rank {rank}"
-    return [Source(Path(log.path), _launch_pick(log, rank)) for log in logs], note
+    if rank is not None and not job.rank_per_task:
+        note = (f"torchrun mode: the job's output does not tag ranks; showing node {rank // rec.nproc_per_node}, "
+                f"which holds rank {rank}")
+    return Source(Tail(Path(job.output)), pick), note
+
+
+def print_files(found: list[Source], note: str | None, request: LogRequest, active: Callable[[], bool]) -> int:
+    """The files' lines (the last `tail` of each), then with --follow what
+    they gain until `active()` says the run has ended."""
+    if note:
+        print(f"ddpkit logs: {note}", file=sys.stderr)
+    missing = [s.tail.path for s in found if not s.tail.path.exists()]
+    if missing and not request.follow:
+        print(f"ddpkit logs: no log yet at {', '.join(map(str, missing))}", file=sys.stderr)
+    for source in found:
+        lines = source.read()
+        if not request.follow:
+            lines += source.rest()
+        if request.tail is not None:
+            lines = lines[-request.tail:] if request.tail > 0 else []
+        _out(lines)
+    if not request.follow:
+        return ExitCode.OK
+    while True:
+        ended = not active()  # asked before the files are read: no line is missed
+        for source in found:
+            _out(source.read() + (source.rest() if ended else []))
+        if ended:
+            return ExitCode.OK
+        time.sleep(POLL_S)
+
+
+def _out(lines: list[str]) -> None:
+    if lines:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()

@@ -1,5 +1,6 @@
 """What every Kubernetes kind shares: the kinds, the facts each kind module
-declares about itself (`KindInfo`), the job object's names and labels, and
+declares about itself (`KindInfo`, with its `Controller`: the one register
+of a kind's object and pod labels, which `ddpkit status` and `logs` read), the job object's names and labels, and
 the `Meta` view every template reads for them. No kind is named here."""
 
 from __future__ import annotations
@@ -21,6 +22,29 @@ PSS_PREFIX = "# Pod Security Standard: "
 
 
 @dataclass(frozen=True)
+class Controller:
+    """How kubectl finds one kind's job object and the pod of each node: by
+    the labels its controller sets (not ours), which hold even where a
+    runtime replaces the pod template."""
+
+    api_kind: str  # the object's `kind:`
+    group: str  # its API group: `kubectl get <kind>.<group>` is unambiguous beside other CRDs
+    job_label: str  # on every pod of the job: its value is the job object's name
+    node_label: str  # numbers the pods (within a role, where roles number them)
+    # Where the controller numbers pods per role (label, first role, second role): node 0 is
+    # the first role's pod 0, node i the second role's pod i-1.
+    roles: tuple[str, str, str] | None = None
+
+    def node_selector(self, node: int) -> str:
+        """The label selector of node `node`'s pods, beside the job's."""
+        if self.roles is None:
+            return f"{self.node_label}={node}"
+        label, first, second = self.roles
+        role, index = (first, 0) if node == 0 else (second, node - 1)
+        return f"{label}={role},{self.node_label}={index}"
+
+
+@dataclass(frozen=True)
 class KindInfo:
     """What the shared code needs to know about one kind."""
 
@@ -28,6 +52,7 @@ class KindInfo:
     target: Target  # its row in the rank contract
     container: str  # the training container's name (the controllers look for it)
     volcano: VolcanoVia
+    controller: Controller  # what `ddpkit status` and `logs` ask kubectl for
     run_policy: str | None = None  # the key under `spec` that holds suspend and gang fields (PyTorchJob: runPolicy)
     port_name: str | None = None  # a named container port the controller reads the master port from
 

@@ -9,10 +9,12 @@ from typing import Any
 
 from ...contract import Target
 from ...spec import JobSpec
-from .base import KindInfo
+from .base import Controller, KindInfo
 from .pod import Container, check_container
 
-INFO = KindInfo("indexed-job", Target.INDEXED_JOB, container="trainer", volcano="pod-group")
+INFO = KindInfo("indexed-job", Target.INDEXED_JOB, container="trainer", volcano="pod-group",
+                controller=Controller("Job", "batch", "batch.kubernetes.io/job-name",
+                                      "batch.kubernetes.io/job-completion-index"))
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,14 @@ from typing import Any
 
 from ...contract import Target
 from ...spec import JobSpec
-from .base import DNS_LABEL_MAX, KindInfo, backoff_limit, single
+from .base import DNS_LABEL_MAX, Controller, KindInfo, backoff_limit, single
 from .pod import Container, check_container
 
 # The one replicated Job, whose name is also the training container's.
 RJOB = "node"
-INFO = KindInfo("jobset", Target.JOBSET, container=RJOB, volcano="pod-group")
+INFO = KindInfo("jobset", Target.JOBSET, container=RJOB, volcano="pod-group",
+                controller=Controller("JobSet", "jobset.x-k8s.io", "jobset.sigs.k8s.io/jobset-name",
+                                      "batch.kubernetes.io/job-completion-index"))
 # The webhook checks that the longest pod name, <jobset>-<rjob>-<jobIndex>-<podIndex>
 # plus the Job controller's 5-character random suffix, is a DNS-1035 label.
 POD_SUFFIX = "-abcde"

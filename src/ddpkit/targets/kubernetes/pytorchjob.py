@@ -13,10 +13,13 @@ from typing import Any
 
 from ...contract import Target, elastic_rdzv_backend, resolve
 from ...spec import JobSpec
-from .base import KindInfo, single
+from .base import Controller, KindInfo, single
 from .pod import Container, check_container
 
 INFO = KindInfo("pytorchjob", Target.PYTORCHJOB, container="pytorch", volcano="scheduling-policy",
+                controller=Controller("PyTorchJob", "kubeflow.org", "training.kubeflow.org/job-name",
+                                      "training.kubeflow.org/replica-index",
+                                      roles=("training.kubeflow.org/replica-type", "master", "worker")),
                 run_policy="runPolicy", port_name="pytorchjob-port")
 ROLES = ("Master", "Worker")
 

@@ -15,12 +15,14 @@ from typing import Any
 from ... import envnames
 from ...contract import Target
 from ...spec import JobSpec
-from .base import KindInfo, single
+from .base import Controller, KindInfo, single
 from .pod import Container, check_container, container
 
 # The runtime's replicated job and its container are both named "node".
 NODE = "node"
-INFO = KindInfo("trainjob", Target.TRAINJOB, container=NODE, volcano="refused")
+INFO = KindInfo("trainjob", Target.TRAINJOB, container=NODE, volcano="refused",
+                controller=Controller("TrainJob", "trainer.kubeflow.org", "jobset.sigs.k8s.io/jobset-name",
+                                      "batch.kubernetes.io/job-completion-index"))
 # The torch plugin refuses these names in trainer.env.
 RESERVED_ENV = frozenset(
     {envnames.PET_NNODES, envnames.PET_NPROC_PER_NODE, envnames.PET_NODE_RANK, envnames.PET_MASTER_ADDR,

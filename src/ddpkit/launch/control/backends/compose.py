@@ -1,0 +1,97 @@
+"""A job rendered for docker compose (`ddpkit render compose`, started by
+`docker compose up`): `docker compose ps` knows its containers' states and
+`docker compose logs` their output (services are `node<I>`,
+templates/compose). ddpkit did not start it and does not stop it: cancel
+names the `docker compose down` that does."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from ....runs import Applied, RunState, StoredRun
+from ..applied import compose_cli, last_error, print_tool_logs, run_tool
+from ..common import RunCommandError
+from ..logs import LogRequest
+from .base import Now, log_lines
+from .launched import Launched
+
+ACTIVE_CONTAINER = ("running", "restarting", "paused", "created")
+RENDERING = Launched("compose")  # a run folder whose files are not recorded yet: the render's own process
+
+
+class Compose:
+    launcher = "compose"
+    rendered = True
+
+    def describe(self, run: StoredRun) -> Now:
+        a = run.record.applied
+        if a is None:
+            return RENDERING.describe(run)
+        cli = compose_cli()
+        words = _base(a, cli or ["docker", "compose"]) + ["ps", "--all", "--format", "json"]
+        if not cli:
+            return Now(RunState.RENDERED, None, f"compose is not installed here; where it is: {shlex.join(words)}",
+                       None)
+        done = run_tool(words)
+        if done.returncode != 0:
+            return Now(RunState.RENDERED, None, f"docker compose could not say: {last_error(done)}", None)
+        rows = _json_rows(done.stdout)
+        if not rows:
+            return Now(RunState.RENDERED, None, f"no containers: start them with `{shlex.join(_base(a, cli))} up`",
+                       None)
+        return _from_containers(a, cli, rows)
+
+    def status_lines(self, run: StoredRun) -> list[str]:
+        a = run.record.applied
+        return log_lines(run.record) + [f"file      {f}" for f in (a.files if a else [])]
+
+    def logs(self, run: StoredRun, request: LogRequest) -> int:
+        rec = run.record
+        if rec.applied is None:
+            return RENDERING.logs(run, request)
+        cli = compose_cli()
+        words = [*_base(rec.applied, cli or ["docker", "compose"]), "logs", "--no-color"]
+        if request.tail is not None:
+            words.append(f"--tail={request.tail}")
+        if request.follow:
+            words.append("-f")
+        node = request.node_of_rank(rec)
+        words += [] if node is None else [f"node{node}"]  # services are node<I> (templates/compose)
+        return print_tool_logs(words, bool(cli), rec, request)
+
+    def cancel(self, run: StoredRun, now: Now) -> int:
+        a = run.record.applied
+        if a is None:
+            return RENDERING.cancel(run, now)
+        stop = shlex.join([*_base(a, compose_cli() or ["docker", "compose"]), "down", "--timeout", "90"])
+        raise RunCommandError(f"run {run.record.id} was rendered for {self.launcher}, which started it, not ddpkit; "
+                              f"stop it with: {stop}")
+
+
+def _base(a: Applied, cli: list[str]) -> list[str]:
+    return [*cli, "-f", a.files[0], "-p", a.project]
+
+
+def _from_containers(a: Applied, cli: list[str], rows: list[dict[str, Any]]) -> Now:
+    """node0 decides once it has exited, as `up --exit-code-from node0` does.
+    An elastic job (`up -d`) can end on the survivors while a lost node's
+    container is still paused or running."""
+    states = {str(r.get("Service")): (str(r.get("State")), int(r.get("ExitCode") or 0)) for r in rows}
+    summary = ", ".join(f"{svc} {st}" + (f" ({code})" if st == "exited" else "")
+                        for svc, (st, code) in sorted(states.items()))
+    node0, code = states.get("node0", ("exited", 1))
+    if node0 != "exited" and any(st in ACTIVE_CONTAINER for st, _ in states.values()):
+        return Now(RunState.RUNNING, None, f"{summary} (docker compose)", None)
+    left = sorted(svc for svc, (st, _) in states.items() if st in ACTIVE_CONTAINER)
+    tail = f"; {', '.join(left)} left: `{shlex.join(_base(a, cli))} down` removes them" if left else ""
+    return Now(RunState.FINISHED if code == 0 else RunState.FAILED, code, f"{summary} (docker compose){tail}", None)
+
+
+def _json_rows(text: str) -> list[dict[str, Any]]:
+    """`ps --format json`: one object per line (compose v2.21+) or one array."""
+    text = text.strip()
+    if text.startswith("["):
+        return [r for r in json.loads(text) if isinstance(r, dict)]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,164 @@
+"""A submitted Slurm job: its state from the command's one batched query
+(launch/slurm/jobs.SlurmQueue), its output file labelled by srun, and
+cancel as pre-emption: the spec's signal to the batch shell first, as
+`--signal=B:SIG@N` would send it before the time limit, so the trainer
+checkpoints, then scancel once the job left its run or the Slurm link of
+the grace chain is up. A run whose job is not recorded yet (the folder is
+made before sbatch) is its submitting process's."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass
+
+from ....exitcodes import ExitCode
+from ....runs import RunState, SlurmJob, StoredRun
+from ...slurm.jobs import Listed, SlurmQueue, hostnames, queue_state, run_state
+from ..common import ACTIVE, POLL_S, RunCommandError, already_ended
+from ..logs import LogRequest, print_files, slurm_source
+from .base import Now, log_lines
+from .launched import Launched
+
+SLURM_END_S = 60.0  # scancel to a final state
+SUBMITTING = Launched("slurm")
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """`queue`: the jobs this command asks Slurm about, asked once."""
+
+    queue: SlurmQueue
+    launcher: str = "submit slurm"
+    rendered: bool = False
+
+    def describe(self, run: StoredRun) -> Now:
+        job = run.record.slurm
+        if job is None:
+            return SUBMITTING.describe(run)
+        if not self.queue.asks(job.job_id):  # `runs`: a job recorded as ended is not asked about
+            rec = run.record
+            return Now(rec.state, rec.exit_code, f"Slurm job {job.job_id}", rec.ended)
+        return self._asked(run, job)
+
+    def _asked(self, run: StoredRun, job: SlurmJob) -> Now:
+        rec = run.record
+        try:
+            found = self.queue.get(job.job_id)
+        except FileNotFoundError as exc:  # a host without Slurm's client: show what is recorded
+            return Now(rec.state, rec.exit_code, f"Slurm job {job.job_id}: {exc.filename} is not installed here "
+                                                 "(run this on a Slurm login node)", rec.ended)
+        if found is None:
+            return Now(rec.state, rec.exit_code, f"Slurm job {job.job_id}: unknown to squeue, sacct and scontrol",
+                       rec.ended)
+        detail = _detail(found, self.queue.shows_nodes)
+        shown = run_state(found.state)
+        if not found.finished:
+            return Now(shown, None, detail, None)
+        if rec.state in ACTIVE:  # kept: Slurm forgets the job (MinJobAge), the record does not
+            try:
+                rec = run.folder.finish(found.exit_status, state=shown)
+            except OSError:  # someone else's run folder: show the state, keep nothing
+                return Now(shown, found.exit_status, detail, None)
+        return Now(rec.state, rec.exit_code, detail, rec.ended)
+
+    def status_lines(self, run: StoredRun) -> list[str]:
+        job = run.record.slurm
+        return ([] if job is None else [f"output    {job.output}"]) + log_lines(run.record)
+
+    def logs(self, run: StoredRun, request: LogRequest) -> int:
+        job = run.record.slurm
+        if job is None:
+            return SUBMITTING.logs(run, request)
+        source, note = slurm_source(run.record, request)
+        return print_files([source], note, request, lambda: _active(run, job))
+
+    def cancel(self, run: StoredRun, now: Now) -> int:
+        rec = run.folder.record()
+        if rec.slurm is None:
+            return SUBMITTING.cancel(run, now)
+        if now.state not in ACTIVE:
+            return already_ended(rec.id, now.state, now.exit_code)
+        return _cancel(StoredRun(run.folder, rec), rec.slurm, now)
+
+
+def queue_for(runs: list[StoredRun], *, ended_too: bool = True, shows_nodes: bool = False) -> SlurmQueue:
+    """The Slurm jobs of these runs, to be asked about once: every one, or
+    (`ended_too` False: `ddpkit runs`) those still active in their record,
+    whose end the record keeps once Slurm has forgotten the job."""
+    return SlurmQueue([r.record.slurm.job_id for r in runs
+                       if r.record.slurm is not None and (ended_too or r.record.state in ACTIVE)],
+                      shows_nodes=shows_nodes)
+
+
+def _active(run: StoredRun, job: SlurmJob) -> bool:
+    """Asked anew each time: a follower waits on the job."""
+    fresh = StoredRun(run.folder, run.folder.record())
+    return Slurm(SlurmQueue([job.job_id])).describe(fresh).state in ACTIVE
+
+
+def _detail(found: Listed, with_nodes: bool) -> str:
+    detail = f"Slurm {found.state}"
+    if found.state == "PENDING":
+        detail += f" ({found.reason})"
+    nodes = hostnames(found.nodelist) if with_nodes else []
+    if nodes:
+        detail += f" on {','.join(nodes)}"
+    return detail + f" ({found.source})"
+
+
+def _scancel(*words: str) -> None:
+    done = subprocess.run(["scancel", *words], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RunCommandError(f"scancel {' '.join(words)}: {done.stderr.strip() or f'exit {done.returncode}'}",
+                              ExitCode.FAILED)
+
+
+def _cancel(run: StoredRun, job: SlurmJob, now: Now) -> int:
+    if now.state == RunState.RUNNING:
+        _checkpoint_first(run, job)
+    else:
+        run.folder.event("cancel", "ddpkit cancel: scancel (the job never started: nothing to checkpoint)")
+    final = _scancel_until_final(job.job_id)
+    if final is None:
+        raise RunCommandError(f"Slurm job {job.job_id} did not reach a final state within {SLURM_END_S:g} s of "
+                              f"scancel; see `ddpkit status {job.job_id}`", ExitCode.FAILED)
+    state = run_state(final.state)
+    run.folder.finish(final.exit_status, state=state)
+    print(f"ddpkit cancel: Slurm job {job.job_id} {final.state} (run {run.record.id} {state.value})")
+    return ExitCode.OK if state == RunState.CANCELLED else ExitCode.FAILED
+
+
+def _checkpoint_first(run: StoredRun, job: SlurmJob) -> None:
+    """What --signal=B:SIG@N delivers before the time limit: the batch shell
+    forwards it to the step and the trainer checkpoints
+    (templates/slurm/job.sbatch.j2); waited on until the job leaves its run."""
+    run.folder.event("cancel", f"ddpkit cancel: SIG{job.signal} to the batch shell, scancel after at most "
+                               f"{job.signal_grace_s} s")
+    _scancel("--batch", f"--signal={job.signal}", str(job.job_id))
+    print(f"ddpkit cancel: sent SIG{job.signal} to Slurm job {job.job_id}'s batch shell (its checkpoint signal); "
+          f"scancel once it stops, at most {job.signal_grace_s} s from now", flush=True)
+    deadline = time.monotonic() + job.signal_grace_s
+    while time.monotonic() < deadline:
+        found = queue_state(job.job_id)
+        if found is None or found.state not in ("RUNNING", "COMPLETING"):
+            # Checkpointed and requeued (or ended): nothing more to wait for.
+            left = "unknown to Slurm" if found is None else found.state
+            run.folder.event("preempted", f"the job left its run after SIG{job.signal}: {left}")
+            return
+        time.sleep(POLL_S)
+    run.folder.event("stop", f"still running {job.signal_grace_s} s after SIG{job.signal}: scancel")
+
+
+def _scancel_until_final(job_id: int) -> Listed | None:
+    found = queue_state(job_id)
+    if found is not None and found.finished:
+        return found
+    _scancel(str(job_id))
+    deadline = time.monotonic() + SLURM_END_S
+    while time.monotonic() < deadline:
+        found = queue_state(job_id)
+        if found is not None and found.finished:
+            return found
+        time.sleep(POLL_S)
+    return None

@@ -1,0 +1,219 @@
+"""What Slurm says about submitted jobs: its job states in a run's words,
+one job's state as `submit --follow` reads it (scontrol, else sacct), and
+the state of every job one `ddpkit runs` or `status` shows, asked once for
+them all (`SlurmQueue`)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from ...exitcodes import ExitCode
+from ...runs import RunState
+from . import checks as slurm_checks
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
+# Slurm's words for a job that has not started, or is starting, or is between runs.
+QUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
+                 "SUSPENDED"}
+
+
+def is_final(slurm_state: str) -> bool:
+    """Whether the job has ended (`CANCELLED by 0` counts: Slurm adds who)."""
+    return slurm_state.split()[0] in FINAL_STATES if slurm_state else False
+
+
+def exit_status(slurm_state: str, exit_code: str) -> int:
+    """0 only for COMPLETED; otherwise the job's exit code, 128+signal, or FAILED."""
+    if slurm_state == "COMPLETED":
+        return ExitCode.OK
+    code, _, sig = exit_code.partition(":")
+    if code.isdigit() and int(code):
+        return int(code)
+    return 128 + int(sig) if sig.isdigit() and int(sig) else ExitCode.FAILED
+
+
+def run_state(slurm_state: str) -> RunState:
+    """A run folder's state for one of Slurm's job states."""
+    word = slurm_state.split()[0] if slurm_state else ""
+    if word == "COMPLETED":
+        return RunState.FINISHED
+    if word == "CANCELLED":
+        return RunState.CANCELLED
+    if word in FINAL_STATES:
+        return RunState.FAILED
+    return RunState.PENDING if word in QUEUED_STATES else RunState.RUNNING
+
+
+def hostnames(nodelist: str) -> list[str]:
+    if not nodelist or nodelist == "(null)":
+        return []
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
+    return out.stdout.split()
+
+
+def _slurm(*words: str) -> str:
+    """A Slurm command's output; "" where it failed (a job it does not know)."""
+    out = subprocess.run(list(words), capture_output=True, text=True, check=False)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+# ---- one job, as `submit slurm --follow` follows it -----------------------------------
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str
+    exit_code: str
+    stdout: str | None
+    nodes: list[str]
+    reason: str = "None"
+    restarts: int = 0
+
+    @property
+    def hopeless(self) -> bool:
+        """Pending for a reason that waiting cannot clear."""
+        return self.state == "PENDING" and self.reason in slurm_checks.HOPELESS_REASONS
+
+    @property
+    def finished(self) -> bool:
+        return is_final(self.state)
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status(self.state, self.exit_code)
+
+
+def job_state(job_id: int) -> JobState | None:
+    """From scontrol while slurmctld still knows the job, else from sacct."""
+    shown = _slurm("scontrol", "show", "job", "-o", str(job_id))
+    if shown:
+        f = slurm_checks.fields(shown)
+        return JobState(f["JobState"], f.get("ExitCode", ""), f.get("StdOut"), hostnames(f.get("NodeList", "")),
+                        f.get("Reason", "None"), int(f.get("Restarts", "0") or 0))
+    lines = _slurm("sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,ExitCode").splitlines()
+    if not lines:
+        return None
+    state, _, code = lines[-1].partition("|")
+    return JobState(state, code, None, [])
+
+
+# ---- every job a command shows, asked once -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One job as squeue, sacct or scontrol listed it. The node list stays
+    compressed (`node[1-2]`): expanding it costs a subprocess, spent only
+    where it is shown (`hostnames`)."""
+
+    state: str
+    exit_code: str
+    nodelist: str
+    source: str  # the command that listed it: squeue, sacct or scontrol
+    reason: str = "None"
+
+    @property
+    def finished(self) -> bool:
+        return is_final(self.state)
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status(self.state, self.exit_code)
+
+
+def accounting() -> bool:
+    """Whether the cluster keeps accounting (sacct answers for finished jobs)."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False)
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageType":
+            return value.strip() not in ("", "accounting_storage/none")
+    return False
+
+
+def _rows(text: str, width: int) -> Iterable[tuple[int, list[str]]]:
+    """`JOBID|field|...` lines as (job id, the other fields); an array or
+    heterogeneous job's id (`12_3`, `12+0`) is none of ddpkit's."""
+    for line in text.splitlines():
+        job, *rest = (line.split("|") + [""] * width)[:width + 1]
+        if job.strip().isdigit():
+            yield int(job), rest
+
+
+def _squeue(job_ids: Collection[int]) -> dict[int, Listed]:
+    ids = ",".join(map(str, sorted(job_ids)))
+    return {job: Listed(state, "", nodelist, "squeue", reason or "None")
+            for job, (state, reason, nodelist) in _rows(_slurm("squeue", "-h", "-j", ids, "-o", "%i|%T|%r|%N"), 3)}
+
+
+def _sacct(job_ids: Collection[int]) -> dict[int, Listed]:
+    """The last row of each job: a requeued job's latest run."""
+    ids = ",".join(map(str, sorted(job_ids)))
+    text = _slurm("sacct", "-n", "-X", "-P", "-j", ids, "-o", "JobID,State,ExitCode,NodeList")
+    return {job: Listed(state, code, nodelist, "sacct") for job, (state, code, nodelist) in _rows(text, 3)}
+
+
+def _scontrol(job_ids: Collection[int]) -> dict[int, Listed]:
+    """`scontrol show job` takes one id: more are read from its list of every job it knows."""
+    one = [str(j) for j in job_ids] if len(job_ids) == 1 else []
+    text = _slurm("scontrol", "show", "job", "-o", *one)
+    found = {}
+    for line in text.splitlines():
+        f = slurm_checks.fields(line)
+        job = f.get("JobId", "")
+        if job.isdigit() and int(job) in job_ids:
+            found[int(job)] = Listed(f["JobState"], f.get("ExitCode", ""), f.get("NodeList", ""), "scontrol",
+                                     f.get("Reason", "None"))
+    return found
+
+
+def list_jobs(job_ids: Collection[int]) -> dict[int, Listed]:
+    """Each job's state: squeue while it is queued or running; once it has
+    left the queue, sacct when the cluster keeps accounting, else scontrol
+    (which forgets a job MinJobAge after it ended). A job no source knows is
+    left out. At most four commands, however many jobs: squeue, `scontrol
+    show config`, sacct and `scontrol show job`, each once."""
+    found = _squeue(job_ids) if job_ids else {}
+    left = [j for j in job_ids if j not in found]
+    if left and accounting():
+        found |= _sacct(left)
+        left = [j for j in left if j not in found]
+    if left:
+        found |= _scontrol(left)
+    return found
+
+
+class SlurmQueue:
+    """The jobs one command shows, listed on the first question and kept for
+    the call (`list_jobs`); a Slurm command missing here is raised again on
+    every question (FileNotFoundError). `shows_nodes`: the command shows
+    each job's nodes, worth a `scontrol show hostnames` per job."""
+
+    def __init__(self, job_ids: Iterable[int], *, shows_nodes: bool = False) -> None:
+        self.job_ids = frozenset(job_ids)
+        self.shows_nodes = shows_nodes
+        self._found: dict[int, Listed] | None = None
+        self._missing: FileNotFoundError | None = None
+
+    def asks(self, job_id: int) -> bool:
+        """Whether the command asks Slurm about this job (`runs`: only the active ones)."""
+        return job_id in self.job_ids
+
+    def get(self, job_id: int) -> Listed | None:
+        if self._missing is not None:
+            raise self._missing
+        if self._found is None:
+            try:
+                self._found = list_jobs(self.job_ids)
+            except FileNotFoundError as exc:
+                self._missing = exc
+                raise
+        return self._found.get(job_id)
+
+
+def queue_state(job_id: int) -> Listed | None:
+    """One job's state, asked now (a command that waits on it asks again each poll)."""
+    return SlurmQueue([job_id]).get(job_id)

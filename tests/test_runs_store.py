@@ -1,0 +1,97 @@
+"""The run store's own parts (ddpkit.runs): run.json changed under the
+folder's lock, so a launcher and `ddpkit status` writing at once keep both
+changes; the one log tailer (`Tail`), whose partial line waits for its
+newline; and the run commands' one error-to-line mapper."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from ddpkit.exitcodes import ExitCode
+from ddpkit.launch.control.common import RunCommandError, ToolMissing, exit_line
+from ddpkit.runs import NodeLog, RunFolder, SlurmJob, Tail, UnknownRun
+from ddpkit.runs import folder as run_folder
+
+ROUNDS = 150
+E_ACUTE = "\u00e9".encode()  # two bytes in UTF-8
+
+
+def _job(n: int) -> SlurmJob:
+    return SlurmJob(job_id=n, script="/s", output="/o", tasks_per_node=1, rank_per_task=False, signal="USR2",
+                    signal_grace_s=90)
+
+
+def _set_logs(path: str) -> None:
+    folder = RunFolder(Path(path))
+    for n in range(ROUNDS):
+        folder.set_logs([NodeLog(node=0, host="h", path=f"/log{n}")])
+
+
+def _set_slurm(path: str) -> None:
+    folder = RunFolder(Path(path))
+    for n in range(ROUNDS):
+        folder.set_slurm(_job(n))
+
+
+def test_two_writers_at_once_keep_both_changes(tmp_path: Path) -> None:
+    """Each read-modify-write holds the lock: without it, one writer's
+    record read before the other's write puts back the field it changed."""
+    folder = RunFolder.create(name="race", target="slurm", nodes=1, nproc_per_node=1, spec_yaml="name: race\n",
+                              root=tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    writers = [ctx.Process(target=f, args=(str(folder.path),)) for f in (_set_logs, _set_slurm)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in writers] == [0, 0]
+    record = folder.record()
+    assert record.logs == [NodeLog(node=0, host="h", path=f"/log{ROUNDS - 1}")]
+    assert record.slurm == _job(ROUNDS - 1)
+
+
+def test_a_lock_held_too_long_is_an_os_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = RunFolder.create(name="held", target="local", nodes=1, nproc_per_node=1, spec_yaml="name: held\n",
+                              root=tmp_path)
+    monkeypatch.setattr(run_folder, "LOCK_S", 0.2)
+    with FileLock(folder.path / run_folder.LOCK), pytest.raises(OSError, match="held for over 0.2 s"):
+        folder.finish(0)
+    assert folder.finish(0).exit_code == 0  # free again: the end is written
+
+
+def test_tail_returns_complete_lines_and_keeps_the_partial_one(tmp_path: Path) -> None:
+    path = tmp_path / "node0.log"
+    tail = Tail(path)
+    assert tail.read() == []  # no file yet
+    path.write_bytes(b"one\ntw")
+    assert tail.read() == ["one"]
+    with path.open("ab") as out:
+        out.write(b"o\nthr" + E_ACUTE[:1])  # a character cut in two
+    assert tail.read() == ["two"]
+    with path.open("ab") as out:
+        out.write(E_ACUTE[1:] + b"e\nlast")
+    assert tail.read() == ["thr\u00e9e"]
+    assert tail.read() == []
+    assert tail.rest() == ["last"] and tail.rest() == []
+
+
+@pytest.mark.parametrize(("error", "line", "code"), [
+    (UnknownRun("no run 'x'"), "no run 'x'", ExitCode.BAD_INPUT),
+    (RunCommandError("refused", ExitCode.FAILED), "refused", ExitCode.FAILED),
+    (ToolMissing("kubectl", "kubectl logs -l a=b"), "kubectl is not installed here; where it is, run: kubectl logs "
+                                                     "-l a=b", ExitCode.PREFLIGHT),
+    (FileNotFoundError(2, "No such file", "scancel"), "scancel is not installed here: run this on a host that has "
+                                                      "it (a Slurm login node)", ExitCode.PREFLIGHT),
+    (PermissionError(13, "Permission denied"), "[Errno 13] Permission denied", ExitCode.FAILED),
+])
+def test_every_error_a_run_command_meets_is_one_line_and_its_exit_code(error: Exception, line: str,
+                                                                       code: int) -> None:
+    assert exit_line(error) == (line, code)
+
+
+def test_an_error_no_run_command_expects_is_not_hidden() -> None:
+    assert exit_line(ValueError("a bug")) is None
