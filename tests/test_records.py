@@ -140,3 +140,25 @@ def test_an_elastic_job_says_it_trained_again_and_from_which_world_size() -> Non
     record = reformed(AgentRestarts(restart=1, max_restarts=3), 2, 3)
     assert record == records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3) and record.before == 3
     assert records.Reformed(restart=0, max_restarts=3, world=2, saved_world=None).before == 2
+
+
+def test_the_tags_on_a_line_are_read_as_torchrun_and_srun_write_them() -> None:
+    from ddpkit.records import RANK_TAG_FLAG, is_frame, rank_tagged, task_labelled
+
+    assert RANK_TAG_FLAG == "--log-line-prefix-template=[rank${rank}]:"
+    assert rank_tagged("[rank12]:epoch 1 [rank3]: x") == (12, "epoch 1 [rank3]: x")
+    assert rank_tagged("[rank]:x") is None and rank_tagged("[rankA]:x") is None and rank_tagged("[rank1] x") is None
+    assert rank_tagged("text [rank1]:x") is None
+    assert task_labelled("  3: hello: world") == (3, "hello: world")
+    assert task_labelled("12:") == (12, "")
+    assert task_labelled("\t0:  two spaces") == (0, " two spaces")
+    assert task_labelled("batch shell: 3") is None and task_labelled(" x1: y") is None
+    assert is_frame("@@ddpkit-record {}") and not is_frame("ddpkit watchdog: STALL")
+
+
+def test_ddpkit_logs_and_submit_follow_keep_records_off_the_screen() -> None:
+    from ddpkit.launch.slurm.follow import node_prefix
+
+    frame = records.frame(records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3))
+    assert node_prefix(f"1: {frame}", ["n1", "n2"], 1) is None
+    assert node_prefix("1: people read this", ["n1", "n2"], 1) == "[n2] people read this"

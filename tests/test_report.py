@@ -206,8 +206,9 @@ def test_the_page_escapes_what_the_records_say(tmp_path: Path) -> None:
     folder = RunFolder.create(name="esc", target="local", nodes=1, nproc_per_node=1, spec_yaml="name: esc\n",
                               root=tmp_path)
     t0 = folder.record().started
-    lines = [{"kind": "rank_report", "time": t0 + 1, "rank": 0, "node_rank": 0, "host": "<b>h</b>", "pid": 1,
-              "device": "cpu"},
+    lines = [{"kind": "rank_report", "time": t0 + 1, "rank": 0, "local_rank": 0, "node_rank": 0, "host": "<b>h</b>",
+              "pid": 1, "device": "cpu", "interface": None, "address": None, "torch": "2", "cuda": None, "nccl": None,
+              "launcher": "torchrun"},
              {"kind": "train", "time": t0 + 2, "step": 1, "loss": 1.0, "images_per_s": 1.0}]
     (folder.path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     from ddpkit.report.page import render

@@ -30,12 +30,13 @@ from typing import IO, Any, Union
 
 from .base import OMITTED_WHEN_NONE, Record, RecordError
 from .job import AgentReport, LostRank, NodeLost, Reformed, Stall, StalledRank, Straggler, WorkerExit
+from .lines import RANK_TAG_FLAG, rank_tagged, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
-__all__ = ["FRAME", "KINDS", "AgentReport", "Checkpoint", "Eval", "LostRank", "NodeLost", "RankRow", "Record",
+__all__ = ["FRAME", "KINDS", "RANK_TAG_FLAG", "AgentReport", "Checkpoint", "Eval", "LostRank", "NodeLost", "RankRow", "Record",
            "RecordError", "Reformed", "Resume", "Stall", "StalledRank", "Stamped", "StepTimes", "Startup", "Stop",
            "Straggler", "Summary", "Train", "WorkerExit", "append", "decode", "emit", "encode", "frame",
-           "from_fields", "read_file", "to_json", "unframe"]
+           "from_fields", "is_frame", "rank_tagged", "read_file", "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
 
@@ -103,6 +104,11 @@ def from_fields(obj: dict[str, Any]) -> Stamped:
 def frame(record: Record) -> str:
     """The record as one framed line for a job's output (no newline)."""
     return FRAME + encode(record)
+
+
+def is_frame(body: str) -> bool:
+    """Whether a line (after its rank tag or task label) is a framed record, not text for people."""
+    return body.startswith(FRAME)
 
 
 def unframe(body: str) -> Stamped | None:

@@ -7,19 +7,16 @@ followed until the run ends. Rendered jobs' logs are their tool's."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import records
 from ...exitcodes import ExitCode
 from ...runs import NodeLog, RunRecord, Tail
 from .common import POLL_S, RunCommandError
-
-_RANK_TAG = re.compile(r"^\[rank(\d+)\]:")  # torchrun's prefix in a launch local node log (supervisor)
-_TASK_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label
 
 Pick = Callable[[str], str | None]  # the line to print, or None to leave it out
 
@@ -74,12 +71,13 @@ def _launch_pick(log: NodeLog, rank: int | None) -> Pick:
     """Lines of a launch node log, with the console's prefix: `[node0 rank1]`
     for a worker line torchrun tagged, `[node0]` otherwise."""
     def pick(line: str) -> str | None:
-        tag = _RANK_TAG.match(line) if log.rank_tagged else None
-        if rank is not None and log.rank_tagged and (tag is None or int(tag.group(1)) != rank):
+        tag = records.rank_tagged(line) if log.rank_tagged else None
+        if rank is not None and log.rank_tagged and (tag is None or tag[0] != rank):
             return None
-        if tag is not None:
-            return f"[node{log.node} rank{tag.group(1)}] {line[tag.end():]}"
-        return f"[node{log.node}] {line}"
+        body = tag[1] if tag else line
+        if records.is_frame(body):  # a record for the launcher, not a line for people
+            return None
+        return f"[node{log.node} rank{tag[0]}] {body}" if tag else f"[node{log.node}] {line}"
     return pick
 
 
@@ -103,16 +101,18 @@ def slurm_source(rec: RunRecord, request: LogRequest) -> tuple[Source, str | Non
     job, node, rank = rec.slurm, request.node, request.rank
 
     def pick(line: str) -> str | None:
-        m = _TASK_LABEL.match(line)
-        if m is None:
+        labelled = records.task_labelled(line)
+        if labelled is None:
             return None if node is not None or rank is not None else f"[batch] {line}"
-        task = int(m.group(1))
+        task, text = labelled
+        if records.is_frame(text):  # a record for the launcher, not a line for people
+            return None
         on = task // job.tasks_per_node
         if node is not None and on != node:
             return None
         if rank is not None and (task != rank if job.rank_per_task else on != rank // rec.nproc_per_node):
             return None
-        return f"[node{on} rank{task}] {m.group(2)}" if job.rank_per_task else f"[node{on}] {m.group(2)}"
+        return f"[node{on} rank{task}] {text}" if job.rank_per_task else f"[node{on}] {text}"
 
     note = None
     if rank is not None and not job.rank_per_task:

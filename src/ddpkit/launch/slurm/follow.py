@@ -4,12 +4,12 @@ included); the exit status is the job's."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ... import records
 from ...exitcodes import ExitCode
 from ...runs import Tail
 from ...spec import JobSpec
@@ -17,18 +17,21 @@ from ...targets.slurm import tasks_per_node
 from .jobs import JobState, job_state
 
 POLL_S = 1.0
-_LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.DOTALL)
 
 
-def node_prefix(line: str, nodes: list[str], tasks_per_node: int) -> str:
+def node_prefix(line: str, nodes: list[str], tasks_per_node: int) -> str | None:
     """`srun --label` starts each task's line with its task id; block
-    distribution puts task t on node t // tasks_per_node."""
-    m = _LABEL.match(line)
-    if m is None:
+    distribution puts task t on node t // tasks_per_node. None for a framed
+    record: it is for a launcher, not for people."""
+    labelled = records.task_labelled(line)
+    if labelled is None:
         return f"[batch] {line}"
-    index = int(m.group(1)) // tasks_per_node
+    task, text = labelled
+    if records.is_frame(text):
+        return None
+    index = task // tasks_per_node
     name = nodes[index] if index < len(nodes) else f"node{index}"
-    return f"[{name}] {m.group(2)}"
+    return f"[{name}] {text}"
 
 
 def labelling_nodes(known: list[str], state: JobState) -> list[str]:
@@ -64,7 +67,9 @@ def follow(job_id: int, spec: JobSpec) -> int:
         if state.finished:
             lines += output.rest() if output else []
         for line in lines:
-            print(node_prefix(line, nodes, per_node), flush=True)
+            text = node_prefix(line, nodes, per_node)
+            if text is not None:
+                print(text, flush=True)
         if state.finished:
             print(f"ddpkit: job {job_id} ended {state.state} (exit code {state.exit_code})", file=sys.stderr)
             return state.exit_status

@@ -12,7 +12,6 @@ The supervisor (launch/supervise/supervisor.py) owns the run; this module only r
 from __future__ import annotations
 
 import argparse
-import re
 import threading
 import time
 from collections import deque
@@ -35,9 +34,8 @@ STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
 SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
 # What torchrun puts before each worker line (launchers pass this template,
-# see TORCHRUN_PREFIX_FLAG): the global rank, parsed back into ddpkit's prefix.
-TORCHRUN_PREFIX_FLAG = "--log-line-prefix-template=[rank${rank}]:"
-_TORCHRUN_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+# see TORCHRUN_PREFIX_FLAG): the global rank, read back (records.rank_tagged) into ddpkit's prefix.
+TORCHRUN_PREFIX_FLAG = records.RANK_TAG_FLAG
 # A ddpkit.train worker's one-line cause (train/main.py, train/startup/netcheck.py):
 # every rank prints the same agreed line; the console shows it once, last.
 CAUSE_PREFIX = "ddpkit train: "
@@ -100,9 +98,9 @@ class LinePrinter:
         self._wake = threading.Condition(self._lock)
 
     def line(self, node: NodeHandle, text: str) -> None:
-        match = _TORCHRUN_PREFIX.match(text)
-        prefix = f"[{node.label} rank{match.group(1)}] " if match else f"[{node.label}] "
-        body = text[match.end():] if match else text
+        match = records.rank_tagged(text)
+        prefix = f"[{node.label} rank{match[0]}] " if match else f"[{node.label}] "
+        body = match[1] if match else text
         with self._lock:
             if self._took_record(node.index, prefix, body):
                 return
@@ -117,7 +115,7 @@ class LinePrinter:
             if self.dedup is None:
                 self._print(Released(prefix, style, body))
                 return
-            of = int(match.group(1)) if match else None
+            of = match[0] if match else None
             for out in self.dedup.add(Source(node.index, of, prefix, style), body, self.clock()):
                 self._print(out)
             if self._flusher is None:

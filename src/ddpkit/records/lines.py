@@ -1,0 +1,27 @@
+"""Where a line of a job's output came from, read from the tags ddpkit asks
+for on every launch line: torchrun's rank tag (the template the launchers
+pass, `RANK_TAG_FLAG`: `[rank3]:text`) and srun's task label (`--label`:
+`  3: text`, the task id right-aligned). The one reader of both, for the
+launchers' console, `submit slurm --follow` and `ddpkit logs`."""
+
+from __future__ import annotations
+
+RANK_TAG_OPEN, RANK_TAG_CLOSE = "[rank", "]:"
+# What launchers pass torchrun so that each worker line starts with its global rank.
+RANK_TAG_FLAG = f"--log-line-prefix-template={RANK_TAG_OPEN}${{rank}}{RANK_TAG_CLOSE}"
+
+
+def rank_tagged(line: str) -> tuple[int, str] | None:
+    """(rank, the worker's text) for a line torchrun tagged, else None."""
+    if not line.startswith(RANK_TAG_OPEN):
+        return None
+    rank, closed, text = line[len(RANK_TAG_OPEN):].partition(RANK_TAG_CLOSE)
+    return (int(rank), text) if closed and rank.isdecimal() else None
+
+
+def task_labelled(line: str) -> tuple[int, str] | None:
+    """(task, the task's text) for a line srun labelled, else None (the batch shell's own)."""
+    task, colon, text = line.lstrip(" \t").partition(":")
+    if not colon or not task.isdecimal():
+        return None
+    return int(task), text.removeprefix(" ")
