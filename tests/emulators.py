@@ -56,7 +56,7 @@ class ProcessView:
 def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = JOB_ID,
                    hosts: list[str] | None = None) -> dict[str, str]:
     """The variables a controller or launcher injects on node `index`, per
-    the contract table (docs/ARCHITECTURE.md)."""
+    the contract table (docs/CONTRACT.md)."""
     if contract.CONTRACT[target].ddpkit_controls:
         return contract.controller_env(spec, target, index)
     names = hosts_for(spec, target, hosts)

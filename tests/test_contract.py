@@ -1,4 +1,4 @@
-"""The rank contract, target by target (the table in docs/ARCHITECTURE.md, contract.CONTRACT), as data."""
+"""The rank contract, target by target (the table in docs/CONTRACT.md, contract.CONTRACT), as data."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The render side (contract, targets, launchers) writes them and the train side
 (launchinfo, startup) reads them; both import the names from here so that a
-rename cannot leave one side behind. docs/ARCHITECTURE.md has the table of
+rename cannot leave one side behind. docs/CONTRACT.md has the table of
 which target sets which.
 """
 

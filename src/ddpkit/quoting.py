@@ -1,7 +1,7 @@
 """Every escaping rule ddpkit applies to text it writes for another program.
 
 One function per context, each with its inverse (the tests round-trip
-hostile text through both; docs/ARCHITECTURE.md has the table):
+hostile text through both; docs/CONTRACT.md has the table):
 
 - a POSIX shell word:                   shell_word / shell_words_of
 - a word that is always single-quoted:  single_quoted / shell_words_of

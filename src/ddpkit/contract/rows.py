@@ -95,7 +95,7 @@ def _ssh_hosts(spec: JobSpec) -> list[str]:
     return list(spec.ssh.hosts) if spec.ssh.hosts else _numbered(1)(spec)
 
 
-# The rank contract, one row per target (docs/ARCHITECTURE.md prints it).
+# The rank contract, one row per target (docs/CONTRACT.md prints it).
 CONTRACT: dict[Target, ContractRow] = {
     Target.SLURM: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),

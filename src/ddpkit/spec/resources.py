@@ -1,5 +1,5 @@
 """The `resources:` section: what each node and each training process get,
-in one spelling that every target maps (docs/ARCHITECTURE.md, "How to add a
+in one spelling that every target maps (docs/EXTENDING.md, "How to add a
 portable spec field"). GPUs are not here: the device rule
 (`nproc_per_node x devices_per_process`, `JobSpec.gpus_per_node`) sizes
 every GPU request already.

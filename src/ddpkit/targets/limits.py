@@ -1,6 +1,6 @@
 """What one node's container may use on a Docker host, from `resources:`:
 the same limits for compose, `launch docker` and `ssh.docker`, each in
-Docker's syntax (docs/ARCHITECTURE.md, "How to add a portable spec field")."""
+Docker's syntax (docs/EXTENDING.md, "How to add a portable spec field")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How was this process started? Pure functions over the environment.
 
 Every launcher tells a process its place in the job through different
-variables (docs/ARCHITECTURE.md, "The rank contract"). `detect_launch` reads them, in
+variables (docs/CONTRACT.md, "The rank contract"). `detect_launch` reads them, in
 order of precedence, and returns one LaunchInfo. No torch, no process group:
 `ddpkit env` uses this alone, and it is tested with fake environments.
 """
