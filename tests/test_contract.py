@@ -131,7 +131,7 @@ def test_check_views_finds_broken_contracts() -> None:
     assert any("not node 0" in p for p in check_views(moved))
 
 
-# ---- OMP_NUM_THREADS: set by ddpkit so torchrun never prints its banner (issue 26 item 2)
+# ---- OMP_NUM_THREADS: set by ddpkit so torchrun never prints its banner
 
 
 def _omp_spec(**fields: object) -> JobSpec:

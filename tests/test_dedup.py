@@ -1,4 +1,4 @@
-"""Logs without spew (issue 26 item 2): the launchers' console shows a line
+"""Logs without spew: the launchers' console shows a line
 several ranks print at about the same time once, with the ranks named
 (launch/supervise/dedup.py), on a fake clock; and the supervisor's LinePrinter with it."""
 

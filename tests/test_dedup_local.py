@@ -1,4 +1,4 @@
-"""Logs without spew on a real `ddpkit launch local` job (issue 26 item 2):
+"""Logs without spew on a real `ddpkit launch local` job:
 2 nodes x 2 processes whose ranks all print the same warning. The console
 shows it once with the ranks named; each node's log keeps every copy;
 --no-dedup prints every copy as before."""

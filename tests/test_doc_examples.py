@@ -1,8 +1,7 @@
 """Every YAML block in README.md and docs/*.md parses, and every one that is
 a job spec (or a fragment of one: its keys are spec fields) validates and
 renders for the targets it configures, all four when it names none. A
-reader copies these blocks: one the spec refuses is a bug (issue 29: the
-README's own `k8s.volumes` example was refused). A failure names the file
+reader copies these blocks: one the spec refuses is a bug. A failure names the file
 and line of the block."""
 
 from __future__ import annotations

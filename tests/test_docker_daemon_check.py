@@ -1,4 +1,4 @@
-"""No Docker daemon (issue 30 item 6): `launch docker`, docker/build.sh and
+"""No Docker daemon: `launch docker`, docker/build.sh and
 docker/compose-test.sh (so `make image-cpu` / `make compose-test`) stop at
 once with one line naming the DOCKER_HOST they tried and how to start the
 daemon, exit 3, instead of "Cannot connect to the Docker daemon" twice and

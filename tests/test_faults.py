@@ -1,4 +1,4 @@
-"""The fault-injection matrix for start-up (issue 13, items 3 and 7): every
+"""The fault-injection matrix for start-up: every
 network fault a multi-node job meets before it trains, on real `ddpkit train`
 processes (gloo, CPU) on real hosts (network namespaces on a bridge).
 

@@ -1,5 +1,5 @@
-"""Start-up faults of `ddpkit train` on real torchrun/gloo processes (issue 13
-item 3, the train side): each row breaks one thing on one "node" (a torchrun
+"""Start-up faults of `ddpkit train` on real torchrun/gloo processes: each
+row breaks one thing on one "node" (a torchrun
 agent with its own working directory) and checks that the whole job ends
 within seconds with a one-line cause and fix naming the host and the path,
 its own exit code, no traceback from ddpkit, and no process left."""

@@ -1,5 +1,5 @@
 """One line, a documented exit code and nothing left behind where a new user
-used to get a traceback or a Slurm tool's raw output (issue 29 item 5):
+used to get a traceback or a Slurm tool's raw output:
 `-f` naming a folder, `--templates` naming no templates, `submit slurm`
 without Slurm's client, and with a client that has no cluster configured.
 The unconfigured client is a stand-in that prints Slurm's own words (a real

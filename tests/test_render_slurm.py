@@ -206,7 +206,7 @@ def test_hostile_values_arrive_byte_for_byte(stand_ins: Path, args: list[str], v
     assert not Path("/tmp/ddpkit-pwned").exists()
 
 
-# ---- issue 16: images per runtime, resources, ports, placement options ------------
+# ---- images per runtime, resources, ports, placement options ------------
 
 from ddpkit import quoting  # noqa: E402
 from ddpkit.spec import apptainer_image, enroot_image  # noqa: E402

@@ -1,5 +1,5 @@
 """A ddpkit.train command line is checked before anything is written or
-started (issue 29 item 2): render, launch and submit refuse a flag the
+started: render, launch and submit refuse a flag the
 trainer's own parser refuses, in one line with the closest flag, exit 2;
 values a shell on the node may expand are never refused; another program's
 arguments are not checked. `ddpkit train` itself answers a typo with one

@@ -1,4 +1,4 @@
-"""Resume that every rank agrees on (issue 13 item 2), on real torchrun/gloo
+"""Resume that every rank agrees on, on real torchrun/gloo
 processes: a 2-process checkpoint resumed by 3 processes and by 1 continues
 at the same GLOBAL sample, in the epoch's global order, with the learning
 rate scaled to the new global batch; and a node whose checkpoint directory

@@ -1,5 +1,5 @@
-"""`ddpkit train --spawn N` through the installed console command (issue 13
-item 5): the CLI's parsed Namespace carries its handler, a local function
+"""`ddpkit train --spawn N` through the installed console command: the
+CLI's parsed Namespace carries its handler, a local function
 that cannot be pickled into the spawned children; the children get the
 frozen TrainConfig instead."""
 
@@ -61,7 +61,7 @@ def test_ddpkit_train_spawn_2_runs_to_completion(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_start_up_fault_under_spawn_is_one_line_and_its_exit_code(tmp_path: Path) -> None:
-    """issue 30 item 6: the pre-join check's line, not wrapped in two
+    """The pre-join check's line, not wrapped in two
     tracebacks from torch.multiprocessing; exit 4 as without --spawn."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
