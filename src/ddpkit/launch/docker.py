@@ -38,7 +38,8 @@ from .runargs import add_train_args, with_train_args
 from .secrets import secret_values, with_run_key
 from .supervise.interrupt import interrupts_raise
 from .supervise.nodeoutput import LOST, LinePrinter, add_dedup_argument, node_log
-from .supervise.supervisor import Outcome, RunText, Supervisor
+from .supervise.summary import RunText
+from .supervise.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from docker.client import DockerClient
@@ -300,11 +301,11 @@ def run(args: argparse.Namespace) -> int:
                             ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup, run=run)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
-            supervisor.nodes = list(launch.create(plan(spec, secrets)))
+            supervisor.set_nodes(list(launch.create(plan(spec, secrets))))
             run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log)) for n in launch.runs if n.log])
         outcome = supervisor.run()
     except KeyboardInterrupt:
-        outcome = Outcome(interrupted=True)
+        outcome = supervisor.outcome(interrupted=True)
     finally:
         launch.remove()
     supervisor.summary(outcome, RunText("launch docker", "interrupted; stopped and removed all containers"))

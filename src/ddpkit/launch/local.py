@@ -42,8 +42,10 @@ from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .secrets import secret_values
 from .supervise import proctree
+from .supervise.events import ElasticPolicy
 from .supervise.nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
-from .supervise.supervisor import ElasticPolicy, RunText, Supervisor
+from .supervise.summary import RunText
+from .supervise.supervisor import Supervisor
 
 FREE_PORT_TRIES = 200  # each a random pick among 22762 ports
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed

@@ -28,7 +28,7 @@ from ...runs import RunRecord, RunState, StoredRun, all_runs, launcher_alive, re
 from ...text import plural
 from ..slurm import submit as submit_slurm
 from ..supervise import proctree
-from ..supervise.supervisor import summary_table
+from ..supervise.summary import summary_table
 from . import applied
 from .common import Command, RunCommandError, one_line
 from .logs import sources

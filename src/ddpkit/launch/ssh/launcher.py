@@ -33,8 +33,10 @@ from ...targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_comma
 from ...train.argcheck import check_command
 from ..runargs import add_train_args, with_train_args
 from ..secrets import secret_values, stdin_payload, with_run_key
+from ..supervise.events import ElasticPolicy
 from ..supervise.nodeoutput import NodeHandle, add_dedup_argument
-from ..supervise.supervisor import ElasticPolicy, RunText, Supervisor
+from ..supervise.summary import RunText
+from ..supervise.supervisor import Supervisor
 from .connect import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
