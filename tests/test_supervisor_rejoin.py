@@ -240,3 +240,23 @@ def test_a_rejoined_node_that_fails_first_is_summarised_by_its_failure() -> None
     assert outcome.first_failure is back and outcome.code == 1
     assert node_status(back, outcome) == Status.FAILED_FIRST
     assert str(sup._failure_cell(back, outcome)).startswith("exit status 1")
+
+
+def test_a_node_that_tells_its_exit_twice_is_left_out_once() -> None:
+    """A handle calls exited() once; a second call (here while the node is
+    away) is an exit already read: it neither fails the run nor counts."""
+    nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
+    made: list[ScriptedNode] = []
+
+    def drive() -> None:
+        nodes[2].finish(137)
+        assert hosts.asked.get(timeout=WAIT_S) == 2
+        nodes[2].finish(137)
+        hosts.asked.put(2)  # (answer() reads the ask again)
+        made.append(hosts.answer(2))
+        for node in (nodes[0], nodes[1], made[0]):
+            node.finish(0)
+
+    sup, outcome = run(nodes, hosts, drive)
+    assert outcome.code == 0 and outcome.rejoined == {2: ["exit status 137"]}
+    assert [t.state for t in outcome.nodes] == [NodeState.FINISHED] * 3

@@ -4,10 +4,11 @@ the supervisor may make (`TRANSITIONS`); any other move raises.
 A node is NOT_STARTED until the supervisor starts it, then RUNNING. The
 job's watchdog may report it silent: STOPPING_LOST while the supervisor stops
 what is left of it. Its exit makes it FINISHED (0) or, non-zero, FAILED
-(the run went no further with it), AWAY (an elastic job went on without it
+(the run did not go on without it), AWAY (an elastic job went on without it
 while its host is revived: it comes back RUNNING, as a new handle) or
-EXCLUDED (an elastic job went on without it for good). A node still running
-when the supervisor stopped every node ends STOPPED.
+EXCLUDED (an elastic job went on without it for good). When the supervisor
+stops every node, one still running ends STOPPED, and one whose exit the loop
+had not read yet FINISHED or FAILED by its code: after a run, no node is live.
 """
 
 from __future__ import annotations

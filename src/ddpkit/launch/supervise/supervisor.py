@@ -152,7 +152,7 @@ class Supervisor:
 
     def _wait(self, outcome: Outcome) -> None:
         """Until every node succeeded, one failed, or a source asked to stop."""
-        while self._in(NodeState.RUNNING, NodeState.STOPPING_LOST):
+        while any(t.state.live for t in self.tracks.values()):
             try:
                 event = self.events.get(timeout=POLL_S)
             except queue.Empty:
@@ -169,7 +169,9 @@ class Supervisor:
                 if lost is not None and lost.state is NodeState.RUNNING:
                     self._stop_lost(lost)
                 continue
-            if self._exited(self.tracks[event.node.index], outcome):
+            track = self.tracks[event.node.index]
+            # (a handle tells its exit once; a second word of it, or of a replaced handle, changes nothing)
+            if track.node is event.node and track.state.live and self._exited(track, outcome):
                 return
 
     def _exited(self, track: NodeTrack, outcome: Outcome) -> bool:
@@ -211,7 +213,7 @@ class Supervisor:
         otherwise excluded from the rest of the run."""
         assert self.elastic is not None  # _excludes said yes
         node = track.node
-        if track.failures + 1 >= self.elastic.max_node_failures:
+        if track.failures + 1 >= self.elastic.max_node_failures:  # its earlier failures, and this one
             track.move(NodeState.EXCLUDED)
             self.note("excluded", f"{self.reason(node)}: failed {track.failures} times", node.index)
             return
@@ -243,7 +245,7 @@ class Supervisor:
 
     def _stop_all(self, outcome: Outcome) -> None:
         """Every node at once, so the whole run takes one grace period."""
-        for track in self._in(NodeState.RUNNING, NodeState.STOPPING_LOST):
+        for track in [t for t in self.tracks.values() if t.state.live]:
             code = track.node.exit_code()  # an exit the loop had not read yet is how it ended
             track.move(NodeState.STOPPED if code is None else NodeState.FINISHED if code == 0 else NodeState.FAILED)
         # A node that ended is stopped too: what it left behind may still run.
