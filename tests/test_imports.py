@@ -89,12 +89,13 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "config": set(),
     },
     "launch": {
-        "local": {"supervise", "runargs", "secrets"},
-        "docker": {"supervise", "runargs", "secrets"},
-        "ssh": {"supervise", "runargs", "secrets"},
-        "slurm": {"secrets"},
+        "local": {"supervise", "runargs", "secrets", "prelude"},
+        "docker": {"supervise", "runargs", "secrets", "prelude"},
+        "ssh": {"supervise", "runargs", "secrets", "prelude"},
+        "slurm": {"secrets", "prelude"},
         "control": {"slurm", "supervise"},
         "supervise": set(),
+        "prelude": {"secrets"},  # the checks and pieces every launcher starts with
         "runargs": set(),
         "secrets": set(),
     },

@@ -18,7 +18,10 @@ from bench.recovery import wait_until
 
 from ddpkit import records
 from ddpkit.exitcodes import WORKER_CODES, ExitCode
-from ddpkit.launch.supervise.supervisor import Outcome, Status, Supervisor
+from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
+from ddpkit.launch.supervise.outcome import Outcome
+from ddpkit.launch.supervise.summary import Status, node_status
+from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.train.watchdog import node_loss as loss_judge
 from ddpkit.train.watchdog import stall
 from ddpkit.train.watchdog.stall_model import PULSE, Beat, Judge, Phase, Settings
@@ -166,7 +169,6 @@ def _supervisor(nodes: list[_Node]) -> tuple[Supervisor, list[int]]:
 
     console = Console(file=open("/dev/null", "w"), width=200)  # noqa: SIM115  (closed with the test process)
     sup = Supervisor(nodes, console, 1.0)  # type: ignore[arg-type]  # _Node has what these calls read
-    sup.started = {n.index for n in nodes}
     told: list[int] = []
     sup.printer.on_lost = told.append
     return sup, told
@@ -178,10 +180,11 @@ def test_a_static_job_stopped_for_a_lost_node_names_it_and_exits_14() -> None:
     sup.printer.line(nodes[0], LOST_LINE)  # type: ignore[arg-type]
     sup.printer.line(nodes[0], LOST_LINE)  # type: ignore[arg-type]  # the backup monitor's copy: told once
     assert told == [2]
-    outcome = Outcome(first_failure=nodes[0], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[arg-type]
-    sup._blame_lost(outcome)  # a survivor's exit 14 reached the loop first: the lost node is still blamed
+    outcome = Outcome(nodes=[NodeTrack(n, NodeState.FAILED) for n in nodes],  # type: ignore[arg-type]
+                      first_failure=nodes[0], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[arg-type]
+    outcome.blame_lost()  # a survivor's exit 14 reached the loop first: the lost node is still blamed
     assert outcome.first_failure is nodes[2] and outcome.code == ExitCode.NODE_LOST
-    assert sup.status(nodes[2], outcome) is Status.LOST  # type: ignore[arg-type]
+    assert node_status(nodes[2], outcome) is Status.LOST  # type: ignore[arg-type]
     closing = sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
     assert "node 2 (h2) failed first: no heartbeat for 11s, noticed by the job's heartbeats" in closing
 
@@ -195,7 +198,9 @@ def test_an_elastic_job_that_went_on_says_how_long_recovery_took() -> None:
     now[0] = 120.0
     reformed = records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3)
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(reformed))  # type: ignore[arg-type]
-    outcome = Outcome(excluded=[nodes[2]], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[list-item]
+    states = [NodeState.FINISHED, NodeState.FINISHED, NodeState.EXCLUDED]
+    outcome = Outcome(nodes=[NodeTrack(n, s) for n, s in zip(nodes, states, strict=True)],  # type: ignore[arg-type]
+                      lost=list(sup.printer.recovery.lost.values()))
     assert outcome.code == ExitCode.OK
     closing = sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
     assert ("every node finished but node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats (frozen, "
@@ -262,7 +267,7 @@ def test_a_killed_node_reported_silent_afterwards_failed_with_its_exit_status() 
     heartbeats stopped with them). The exit status came first: it is how
     node 2 failed (in CI the summary named the heartbeats instead)."""
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
-        wait_until(lambda: sup.failures[2] == 1, 30, "the supervisor to handle node 2's exit")
+        wait_until(lambda: sup.tracks[2].failures == 1, 30, "the supervisor to handle node 2's exit")
         if node.index == 1:
             printer.line(node, LOST_LINE)
         return 0
@@ -271,7 +276,7 @@ def test_a_killed_node_reported_silent_afterwards_failed_with_its_exit_status() 
     assert 2 in sup.printer.recovery.silent_since  # the LOST line was read, after the exit
     assert outcome.code == ExitCode.OK and outcome.lost == []
     assert "every node finished but node 2 (h2: exit status 137): excluded after it failed" in _closing(sup, outcome)
-    assert sup.status(sup.nodes[2], outcome) is Status.EXCLUDED
+    assert node_status(sup.nodes[2], outcome) is Status.EXCLUDED
 
 
 def test_a_frozen_node_stopped_for_its_silence_failed_by_the_heartbeats() -> None:
@@ -280,7 +285,7 @@ def test_a_frozen_node_stopped_for_its_silence_failed_by_the_heartbeats() -> Non
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
         if node.index == 1:
             printer.line(node, LOST_LINE)
-        wait_until(lambda: sup.failures[2] == 1, 30, "the supervisor to handle node 2's exit")
+        wait_until(lambda: sup.tracks[2].failures == 1, 30, "the supervisor to handle node 2's exit")
         return 0
 
     sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: None])
@@ -298,7 +303,7 @@ def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() 
     from ddpkit.launch.supervise.nodeoutput import LOST
 
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
-        wait_until(lambda: sup.failures[2] == 1, 30, "the supervisor to handle node 2's exit")
+        wait_until(lambda: sup.tracks[2].failures == 1, 30, "the supervisor to handle node 2's exit")
         if node.index == 1:
             printer.line(node, LOST_LINE)
         return 0

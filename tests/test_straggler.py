@@ -17,7 +17,10 @@ from torch import nn
 
 from ddpkit import envnames, records
 from ddpkit.contract import Target, target_env
-from ddpkit.launch.supervise.supervisor import Outcome, Supervisor, summary_table
+from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
+from ddpkit.launch.supervise.outcome import Outcome
+from ddpkit.launch.supervise.summary import summary_table
+from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.runs import NodeRow, RunSummary
 from ddpkit.spec import JobSpec
 from ddpkit.train.watchdog import straggler
@@ -220,14 +223,14 @@ def test_the_supervisor_marks_the_straggler_in_a_column_of_its_own() -> None:
     console = Console(file=open("/dev/null", "w"), width=250)  # noqa: SIM115  (closed with the test process)
     nodes = [_Node(0), _Node(1)]
     sup = Supervisor(nodes, console, 1.0)  # type: ignore[arg-type]  # _Node has what these calls read
-    sup.started = {0, 1}
     line = Work(3, 41, 10, 0.3, 1, "h1")
     [change] = StragglerJudge(1.33).observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [line])
     sup.printer.line(nodes[0], "[rank0]:" + change.line())  # the line for people: no mark by itself
     assert sup.printer.straggler_ranks() == []
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(change.record()))
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(change.record()))  # named twice (two episodes): one mark
-    outcome = Outcome(stragglers=sup.printer.straggler_ranks())
+    outcome = Outcome(nodes=[NodeTrack(n, NodeState.FINISHED) for n in nodes],  # type: ignore[arg-type]
+                      stragglers=sup.printer.straggler_ranks())
     rows = [sup._row(n, outcome) for n in nodes]  # type: ignore[arg-type]
     assert [r.straggler for r in rows] == ["", f"rank 3 (h1): {change.record().detail}"]
     record = Console(width=250, record=True)

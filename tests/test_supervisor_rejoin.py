@@ -16,8 +16,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ddpkit.launch.supervise.events import ElasticPolicy
 from ddpkit.launch.supervise.nodeoutput import LinePrinter, NodeHandle
-from ddpkit.launch.supervise.supervisor import ElasticPolicy, Outcome, RunText, Status, Supervisor
+from ddpkit.launch.supervise.nodestate import NodeState
+from ddpkit.launch.supervise.outcome import Outcome
+from ddpkit.launch.supervise.summary import RunText, Status, node_status
+from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.runs import RunFolder, RunState
 
 WAIT_S = 10.0
@@ -128,7 +132,7 @@ def test_a_node_whose_host_answers_again_rejoins_and_the_summary_says_so() -> No
     [back] = made
     assert outcome.code == 0 and outcome.excluded == []
     assert sup.nodes[2] is back
-    assert [sup.status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
+    assert [node_status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
     assert closing(sup, outcome) == ("launch ssh: every node finished; node 2 (h2) rejoined after it failed "
                                      "(exit status 137)")
     assert str(sup._failure_cell(back, outcome)) == "rejoined after: exit status 137"
@@ -170,7 +174,7 @@ def test_a_node_that_keeps_failing_is_excluded_at_its_last_allowed_failure() -> 
     [back] = made
     assert hosts.asked.empty(), "a node at max_node_failures was revived again"
     assert outcome.code == 0 and outcome.excluded == [back]
-    assert sup.status(back, outcome) == Status.EXCLUDED
+    assert node_status(back, outcome) == Status.EXCLUDED
     assert "node 2 (h2: exit status 1): excluded after it failed; the job went on with 2 of 3 nodes" \
         in closing(sup, outcome)
 
@@ -197,7 +201,7 @@ def test_a_host_that_never_answers_is_excluded_when_the_others_finish() -> None:
 
     sup, outcome = run(nodes, hosts, drive)
     assert outcome.code == 0 and outcome.excluded == [nodes[2]]
-    assert sup.status(nodes[2], outcome) == Status.EXCLUDED and nodes[2].stopped
+    assert node_status(nodes[2], outcome) == Status.EXCLUDED and nodes[2].stopped
     deadline = threading.Event()
     for _ in range(100):  # the reviver's thread saw the run end and gave up
         if hosts.cancelled == [2]:
@@ -215,7 +219,9 @@ def test_a_failure_that_leaves_fewer_than_min_nodes_counting_those_away_ends_the
 
     sup, outcome = run(nodes, hosts, drive)
     assert outcome.first_failure is nodes[1] and outcome.code == 1
-    assert nodes[0].stopped and sup.status(nodes[0], outcome) == Status.STOPPED
+    assert nodes[0].stopped and node_status(nodes[0], outcome) == Status.STOPPED
+    # each node's one state at the end: none is left running
+    assert [t.state for t in outcome.nodes] == [NodeState.STOPPED, NodeState.FAILED, NodeState.EXCLUDED]
 
 
 def test_a_rejoined_node_that_fails_first_is_summarised_by_its_failure() -> None:
@@ -232,5 +238,25 @@ def test_a_rejoined_node_that_fails_first_is_summarised_by_its_failure() -> None
     sup, outcome = run(nodes, hosts, drive, max_node_failures=3)
     [back] = made
     assert outcome.first_failure is back and outcome.code == 1
-    assert sup.status(back, outcome) == Status.FAILED_FIRST
+    assert node_status(back, outcome) == Status.FAILED_FIRST
     assert str(sup._failure_cell(back, outcome)).startswith("exit status 1")
+
+
+def test_a_node_that_tells_its_exit_twice_is_left_out_once() -> None:
+    """A handle calls exited() once; a second call (here while the node is
+    away) is an exit already read: it neither fails the run nor counts."""
+    nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
+    made: list[ScriptedNode] = []
+
+    def drive() -> None:
+        nodes[2].finish(137)
+        assert hosts.asked.get(timeout=WAIT_S) == 2
+        nodes[2].finish(137)
+        hosts.asked.put(2)  # (answer() reads the ask again)
+        made.append(hosts.answer(2))
+        for node in (nodes[0], nodes[1], made[0]):
+            node.finish(0)
+
+    sup, outcome = run(nodes, hosts, drive)
+    assert outcome.code == 0 and outcome.rejoined == {2: ["exit status 137"]}
+    assert [t.state for t in outcome.nodes] == [NodeState.FINISHED] * 3

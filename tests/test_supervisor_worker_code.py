@@ -15,7 +15,8 @@ from rich.console import Console
 
 from ddpkit import records
 from ddpkit.exitcodes import ExitCode
-from ddpkit.launch.supervise.supervisor import RunText, Supervisor
+from ddpkit.launch.supervise.summary import RunText
+from ddpkit.launch.supervise.supervisor import Supervisor
 from tests.test_supervisor_rejoin import WAIT_S, ScriptedNode
 
 CAUSE = ("ddpkit train: --data imagefolder --data-dir /x is missing on host h0 (rank 0), host h1 (rank 1): "
@@ -121,7 +122,8 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
     """Elastic: node 2's worker exits 12 (its agent 1); its host answers, it
     rejoins and finishes: the summary names 12, and the old code does not
     make the new run of the node a failure."""
-    from ddpkit.launch.supervise.supervisor import ElasticPolicy, Status
+    from ddpkit.launch.supervise.events import ElasticPolicy
+    from ddpkit.launch.supervise.summary import Status, node_status
     from tests.test_supervisor_rejoin import Hosts
 
     nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
@@ -143,7 +145,7 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
     outcome = sup.run()
     thread.join(WAIT_S)
     assert outcome.code == 0
-    assert [sup.status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
+    assert [node_status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
     assert outcome.rejoined == {2: ["exit status 12"]}
 
 

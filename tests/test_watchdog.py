@@ -15,7 +15,10 @@ from ddpkit import envnames, records
 from ddpkit.contract import Target, target_env
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
-from ddpkit.launch.supervise.supervisor import Outcome, Status, Supervisor
+from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
+from ddpkit.launch.supervise.outcome import Outcome
+from ddpkit.launch.supervise.summary import Status, node_status
+from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.spec import JobSpec
 from ddpkit.train.watchdog import stacks, stall, stall_report
 from ddpkit.train.watchdog.stall_model import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress
@@ -237,7 +240,7 @@ def test_the_store_protocol_two_ranks_one_stalled(tmp_path: Path) -> None:
 
 
 class _Node:
-    """What LinePrinter and Supervisor.status read of a node."""
+    """What LinePrinter and summary.node_status read of a node."""
 
     def __init__(self, index: int) -> None:
         self.index, self.host, self.label = index, f"h{index}", f"node{index}"
@@ -252,12 +255,12 @@ def test_the_supervisor_reads_the_report_status_stalled_and_exit_13() -> None:
     console = Console(file=open("/dev/null", "w"), width=200)  # noqa: SIM115  (closed with the test process)
     nodes = [_Node(0), _Node(1)]
     sup = Supervisor(nodes, console, 1.0)  # type: ignore[arg-type]  # _Node has what these calls read
-    sup.started = {0, 1}
     stalled = records.StalledRank(3, 1, "h1", 77, 9, "forward", 9.0, frozen_s=9.0)
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(records.Stall(9.0, 8.0, (stalled,), (), (), "stderr")))
-    outcome = Outcome(first_failure=nodes[0], stalled=sup.printer.stalled_ranks())  # type: ignore[arg-type]
+    outcome = Outcome(nodes=[NodeTrack(n, NodeState.FAILED) for n in nodes],  # type: ignore[arg-type]
+                      first_failure=nodes[0], stalled=sup.printer.stalled_ranks())  # type: ignore[arg-type]
     assert outcome.code == ExitCode.STALLED
-    assert [sup.status(n, outcome) for n in nodes] == [Status.STOPPED, Status.STALLED]  # type: ignore[arg-type]
+    assert [node_status(n, outcome) for n in nodes] == [Status.STOPPED, Status.STALLED]  # type: ignore[arg-type]
     assert "stalled rank(s): rank 3 (node 1, h1)" in sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
     assert isinstance(sup.printer, LinePrinter)
 

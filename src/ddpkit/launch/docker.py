@@ -26,19 +26,19 @@ from typing import TYPE_CHECKING
 from .. import envnames
 from ..contract import Target, job_env, one_host_gpus, resolve
 from ..exitcodes import ExitCode
-from ..runs import NodeLog, RunFolder
+from ..runs import NodeLog
 from ..spec import JobSpec
-from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
+from ..specfile import add_spec_arguments, spec_from_args
 from ..targets import mounts
 from ..targets.limits import Limits, limits
-from ..targets.refusals import refuse
 from ..text import plural
-from ..train.argcheck import check_command
+from .prelude import make_console, prelude
 from .runargs import add_train_args, with_train_args
-from .secrets import secret_values, with_run_key
+from .secrets import with_run_key
 from .supervise.interrupt import interrupts_raise
 from .supervise.nodeoutput import LOST, LinePrinter, add_dedup_argument, node_log
-from .supervise.supervisor import Outcome, RunText, Supervisor
+from .supervise.summary import RunText
+from .supervise.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from docker.client import DockerClient
@@ -265,14 +265,10 @@ def _limits(spec: JobSpec, shm_size: str | None) -> Limits:
 def run(args: argparse.Namespace) -> int:
     import docker.client
     import docker.errors
-    from rich.console import Console
 
-    spec = docker_spec(args)
-    refuse(spec, Target.COMPOSE)  # the containers run compose's launch line
-    check_command(spec.command.module, spec.command.args)
-    warn_env(spec, "launch docker")
-    secrets = with_run_key(secret_values(spec, "launch docker"))
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    ready = prelude(docker_spec(args), "launch docker", Target.COMPOSE)  # the containers run compose's launch line
+    spec, secrets = ready.spec, with_run_key(ready.secrets)
+    console = make_console()
     try:
         client = docker.client.DockerClient.from_env()
         client.ping()
@@ -283,28 +279,25 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"ddpkit launch docker: {problem}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    warning = mounts.container_checkpoint_warning(spec, "launch docker")
-    if warning:
+    for warning in mounts.container_warnings(spec, "launch docker"):
         print(warning, file=sys.stderr)
-    run = RunFolder.create(name=spec.name, target="docker", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
-                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    run = ready.run_folder("docker")
     launch = DockerLaunch(client, spec, _limits(spec, args.shm_size), args.log_dir or run.logs_dir,
                           run_id=run.record().id)
     console.print(f"launch docker: {plural(spec.nodes, 'container')} of {spec.image} x {plural(spec.nproc_per_node, 'process')} "
                   f"on network {launch.network_name}, master node0", markup=False)
-    note = spec.watchdog.script_note(spec.command, spec.preamble.progress)
-    if note:
-        console.print(f"launch docker: {note}", markup=False)
-    console.print(f"launch docker: run {run.path.name} (ddpkit status {run.record().id})", markup=False)
+    if ready.note_line:
+        console.print(ready.note_line, markup=False)
+    console.print(ready.run_line(run), markup=False)
     supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s,
                             ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup, run=run)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
-            supervisor.nodes = list(launch.create(plan(spec, secrets)))
+            supervisor.set_nodes(list(launch.create(plan(spec, secrets))))
             run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log)) for n in launch.runs if n.log])
         outcome = supervisor.run()
     except KeyboardInterrupt:
-        outcome = Outcome(interrupted=True)
+        outcome = supervisor.outcome(interrupted=True)
     finally:
         launch.remove()
     supervisor.summary(outcome, RunText("launch docker", "interrupted; stopped and removed all containers"))

@@ -33,17 +33,17 @@ from .. import envnames, runkey
 from ..contract import Arg, LaunchPlan, Target, resolve
 from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, dump_yaml, spec_from_args, warn_env
-from ..targets.refusals import refuse
+from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..text import plural
-from ..train.argcheck import check_command
 from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
+from .prelude import Prelude, make_console, prelude
 from .runargs import add_train_args, with_metrics_into, with_train_args
-from .secrets import secret_values
 from .supervise import proctree
+from .supervise.events import ElasticPolicy
 from .supervise.nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
-from .supervise.supervisor import ElasticPolicy, RunText, Supervisor
+from .supervise.summary import RunText
+from .supervise.supervisor import Supervisor
 
 FREE_PORT_TRIES = 200  # each a random pick among 22762 ports
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed
@@ -248,36 +248,28 @@ def stop(nodes: list[Node], grace: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = local_spec(args)
-    check_command(spec.command.module, spec.command.args)
-    refuse(spec, Target.LOCAL)
-    warn_env(spec, "launch local")
-    secret_values(spec, "launch local")  # the agents inherit them with the rest of this environment
-    run = RunFolder.create(name=spec.name, target="local", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
-                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    # The secrets are read to refuse an unset one: the agents inherit them with the rest of this environment.
+    ready = prelude(local_spec(args), "launch local", Target.LOCAL)
+    run = ready.run_folder("local")
     # On this machine the run folder is where rank 0 runs: its metrics go there for `ddpkit report`.
-    spec = with_metrics_into(spec, run.metrics_file)
-    return launch(spec, args.log_dir or run.logs_dir, args.grace, dedup=args.dedup, run=run)
+    spec = with_metrics_into(ready.spec, run.metrics_file)
+    return launch(ready, spec, args.log_dir or run.logs_dir, args.grace, run, dedup=args.dedup)
 
 
-def launch(spec: JobSpec, log_root: Path, grace: float, dedup: bool = True, run: RunFolder | None = None) -> int:
-    from rich.console import Console
-
-    nodes = build_nodes(spec, log_root, None if run is None else run.record().id,
-                        None if run is None else run.metrics_file)
-    if run is not None:  # torchrun's --tee puts `[rank<R>]:` before every worker line of the agent's log
-        run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log), rank_tagged=True) for n in nodes])
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+def launch(ready: Prelude, spec: JobSpec, log_root: Path, grace: float, run: RunFolder, dedup: bool = True) -> int:
+    """`spec`: the prelude's, with the run folder's metrics file."""
+    nodes = build_nodes(spec, log_root, run.record().id, run.metrics_file)
+    # torchrun's --tee puts `[rank<R>]:` before every worker line of the agent's log
+    run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log), rank_tagged=True) for n in nodes])
+    console = make_console()
     console.print(f"launch local: {plural(spec.nodes, 'node')} x {plural(spec.nproc_per_node, 'process')}, "
                   f"master 127.0.0.1:{spec.master_port}", markup=False)
-    note = spec.watchdog.script_note(spec.command, spec.preamble.progress)
-    if note:
-        console.print(f"launch local: {note}", markup=False)
+    if ready.note_line:
+        console.print(ready.note_line, markup=False)
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
                             elastic=ElasticPolicy.of(spec.elastic, Restart(grace)),
                             ranks=spec.nodes * spec.nproc_per_node, dedup=dedup, run=run)
-    if run is not None:
-        console.print(f"launch local: run {run.path.name} (ddpkit status {run.record().id})", markup=False)
+    console.print(ready.run_line(run), markup=False)
     outcome = supervisor.run()
     supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     return outcome.code

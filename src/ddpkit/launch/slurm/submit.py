@@ -22,8 +22,7 @@ from ...render import Rendered
 from ...runs import RunFolder, SlurmJob
 from ...spec import JobSpec, doctor_mode
 from ...targets import render
-from ...train.argcheck import check_command
-from ..secrets import secret_values
+from ..prelude import prelude
 from . import checks as slurm_checks
 from .follow import follow
 from .jobs import job_state, run_state
@@ -77,15 +76,14 @@ def _check_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...specfile import spec_from_args, warn_env
+    from ...specfile import spec_from_args
 
     spec = spec_from_args(args)
     if args.doctor:
         spec = doctor_mode(spec)
-    check_command(spec.command.module, spec.command.args)
-    # sbatch exports this environment to the job: a secret unset here would be unset on every rank.
-    warn_env(spec, "submit slurm")
-    secret_values(spec, "submit slurm")
+    # Refused by render, below. The secrets are read to refuse an unset one: sbatch exports
+    # this environment to the job, and a secret unset here would be unset on every rank.
+    prelude(spec, "submit slurm", None)
     for tool in ("sbatch",) if args.no_check else ("scontrol", "sbatch"):
         if shutil.which(tool) is None:
             print(slurm_checks.missing_tool(tool), file=sys.stderr)

@@ -27,14 +27,14 @@ from ...exitcodes import ExitCode
 from ...quoting import shell_word
 from ...runs import NodeLog, RunFolder
 from ...spec import JobSpec, doctor_mode
-from ...specfile import dump_yaml
-from ...targets.refusals import refuse
 from ...targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_command, node_env
-from ...train.argcheck import check_command
+from ..prelude import Prelude, make_console, prelude
 from ..runargs import add_train_args, with_train_args
-from ..secrets import secret_values, stdin_payload, with_run_key
+from ..secrets import stdin_payload, with_run_key
+from ..supervise.events import ElasticPolicy
 from ..supervise.nodeoutput import NodeHandle, add_dedup_argument
-from ..supervise.supervisor import ElasticPolicy, RunText, Supervisor
+from ..supervise.summary import RunText
+from ..supervise.supervisor import Supervisor
 from .connect import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
 from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
@@ -183,13 +183,12 @@ class Revive:
         return run
 
 
-def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFolder | None = None) -> int:
-    from rich.console import Console
-
+def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True,
+           folder: RunFolder | None = None) -> int:
     t0 = time.monotonic()
     starts = [plan.command(rank).start for rank in range(len(plan.endpoints))]
     facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port, starts)
-    stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+    stderr = make_console(stderr=True)
     if problems:
         stderr.print(problem_table(problems))
         if folder is not None:
@@ -198,12 +197,11 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFol
         return ExitCode.PREFLIGHT
     print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
           f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
-    note = plan.spec.watchdog.script_note(plan.spec.command, plan.spec.preamble.progress)
-    if note:
-        print(f"launch ssh: {note}", file=sys.stderr, flush=True)
+    if ready.note_line:
+        print(ready.note_line, file=sys.stderr, flush=True)
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
-    stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    stdout = make_console()
     revive = Revive(plan, settings, list(runs))  # for an elastic job; its runs are closed below either way
     elastic = ElasticPolicy.of(plan.spec.elastic, revive)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
@@ -220,7 +218,7 @@ def launch(plan: Plan, settings: SshSettings, dedup: bool = True, folder: RunFol
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...specfile import spec_from_args, warn_env
+    from ...specfile import spec_from_args
 
     # --log-dir and --grace are the spec's ssh.log_dir and ssh.grace_s, as --set would give them.
     own = list(args.overrides)
@@ -232,21 +230,17 @@ def run(args: argparse.Namespace) -> int:
     spec = with_train_args(spec, args.train_args)
     if args.doctor:
         spec = doctor_mode(spec)
-    check_command(spec.command.module, spec.command.args)
-    refuse(spec, Target.SSH)
-    warn_env(spec, "launch ssh")
     # a dry run shows commands, which hold the secrets' names only
-    values = {} if args.dry_run else secret_values(spec, "launch ssh")
+    ready = prelude(spec, "launch ssh", Target.SSH, read_secrets=not args.dry_run)
     settings = settings_from(args, spec)
     plan = make_plan(spec, args, settings)
     if args.dry_run:
         print_dry_run(plan, sys.stdout, full=args.full)
         return ExitCode.OK
-    plan.secrets = with_run_key(values)  # the node script reads the run key after the secrets
-    run = RunFolder.create(name=spec.name, target="ssh", nodes=len(plan.endpoints), nproc_per_node=spec.nproc_per_node,
-                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.launcher_grace_s)
+    plan.secrets = with_run_key(ready.secrets)  # the node script reads the run key after the secrets
+    run = ready.run_folder("ssh", nodes=len(plan.endpoints))
     if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
         plan.log_dir = run.logs_dir
     run.set_logs([NodeLog(node=r, host=ep.alias, path=str(plan.log_path(r))) for r, ep in enumerate(plan.endpoints)])
-    print(f"launch ssh: run {run.path.name} (ddpkit status {run.record().id})", file=sys.stderr, flush=True)
-    return launch(plan, settings, dedup=args.dedup, folder=run)
+    print(ready.run_line(run), file=sys.stderr, flush=True)
+    return launch(ready, plan, settings, dedup=args.dedup, folder=run)

@@ -1,0 +1,78 @@
+"""How a supervised run ended (`Outcome`): each node's track (its final
+state, launch/supervise/nodestate.py), what ended the run, and what the
+supervisor read from the job's output; the run's exit code follows from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ...exitcodes import WORKER_CODES, ExitCode
+from .nodestate import NodeState, NodeTrack
+
+if TYPE_CHECKING:
+    from ...records import LostRank, StalledRank, Straggler
+    from .events import StopRequested
+    from .nodeoutput import NodeHandle
+
+
+@dataclass
+class Outcome:
+    """How a run ended."""
+
+    nodes: list[NodeTrack] = field(default_factory=list)  # one per node, by index
+    first_failure: NodeHandle | None = None
+    stop_request: StopRequested | None = None
+    interrupted: bool = False
+    problems: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    stalled: list[StalledRank] = field(default_factory=list)  # named by the job's hang watchdog
+    stragglers: list[Straggler] = field(default_factory=list)  # named by its straggler judge
+    worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
+    lost: list[LostRank] = field(default_factory=list)  # ranks the job's watchdog found silent (launch/supervise/recovery.py)
+
+    def track(self, node: NodeHandle) -> NodeTrack:
+        return next(t for t in self.nodes if t.index == node.index)
+
+    @property
+    def excluded(self) -> list[NodeHandle]:
+        """Elastic: the failed nodes the job went on without, in the order they left."""
+        gone = sorted((t for t in self.nodes if t.state is NodeState.EXCLUDED), key=lambda t: t.moved)
+        return [t.node for t in gone]
+
+    @property
+    def rejoined(self) -> dict[int, list[str]]:
+        """Elastic: node index -> why it failed, each time it came back."""
+        return {t.index: t.rejoined_after for t in self.nodes if t.rejoined_after}
+
+    def node_code(self, node: NodeHandle) -> int | None:
+        return node_code(node, self.worker_codes.get(node.index))
+
+    def blame_lost(self) -> None:
+        """A static job stopped for a lost node: that node failed first,
+        whichever exit (a survivor's NODE_LOST) reached the loop first."""
+        lost = {x.node for x in self.lost}
+        if self.first_failure is not None and self.first_failure.index not in lost:
+            self.first_failure = next((t.node for t in self.nodes if t.index in lost), self.first_failure)
+
+    @property
+    def code(self) -> int:
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        if self.stalled:
+            return ExitCode.STALLED
+        if self.stop_request is not None:
+            return self.stop_request.code
+        if self.first_failure is not None and any(x.node == self.first_failure.index for x in self.lost):
+            return ExitCode.NODE_LOST
+        if self.first_failure is not None:
+            code = self.node_code(self.first_failure)
+            return code if code is not None and code > 0 else ExitCode.FAILED
+        return ExitCode.OK
+
+
+def node_code(node: NodeHandle, worker: int | None) -> int | None:
+    """The node's exit code; for a torchrun agent's 1, its failed worker's
+    own code when that is one of ddpkit's (exitcodes.WORKER_CODES)."""
+    code = node.exit_code()
+    return worker if code == ExitCode.FAILED and worker in WORKER_CODES else code

@@ -1,0 +1,132 @@
+"""The words of a supervised run's end: each node's status in the summary
+table (`node_status`, from its track and the run's outcome), the closing line,
+and the table itself (`summary_table`, from the recorded rows, which `ddpkit
+status` prints again)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from ...exitcodes import ExitCode
+from .nodeoutput import LOST
+from .nodestate import NodeState
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ...runs import RunSummary
+    from .nodeoutput import NodeHandle
+    from .outcome import Outcome
+
+
+class Status(Enum):
+    OK = "ok"
+    FAILED_FIRST = "failed first"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    NOT_STARTED = "not started"
+    EXCLUDED = "failed, excluded"  # elastic: the job went on without it
+    REJOINED = "ok, rejoined"  # elastic: it failed, its host answered again, it joined and finished
+    STALLED = "stalled"
+    LOST = "lost"  # its ranks sent no heartbeat for watchdog.loss_s: a static job stopped for it
+
+
+STATUS_STYLE = {Status.LOST: "bold red", Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
+                Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow", Status.EXCLUDED: "yellow",
+                Status.STALLED: "bold red", Status.REJOINED: "green"}
+
+# The node states that name the status themselves (once a stall or the first failure has not).
+STATE_STATUS = {NodeState.EXCLUDED: Status.EXCLUDED, NodeState.NOT_STARTED: Status.NOT_STARTED,
+                NodeState.STOPPED: Status.STOPPED}
+
+
+@dataclass(frozen=True)
+class RunText:
+    """What the summary says that differs between launchers."""
+
+    title: str  # e.g. "launch local"
+    interrupted: str  # after Ctrl-C, e.g. "interrupted; stopped all nodes"
+
+
+def node_status(node: NodeHandle, outcome: Outcome) -> Status:
+    """The status column of `node` (by its index) at the run's end."""
+    track = outcome.track(node)
+    if any(s.node == node.index for s in outcome.stalled):
+        return Status.STALLED
+    if outcome.stalled and track.state is not NodeState.NOT_STARTED:
+        return Status.STOPPED  # its ranks left because the watchdog stopped the job, not by a fault of theirs
+    if node is outcome.first_failure:
+        return Status.LOST if any(x.node == node.index for x in outcome.lost) else Status.FAILED_FIRST
+    if track.state in STATE_STATUS:
+        return STATE_STATUS[track.state]
+    if outcome.node_code(node) != 0:
+        return Status.FAILED
+    return Status.REJOINED if track.rejoined_after else Status.OK
+
+
+def closing_line(outcome: Outcome, text: RunText, reason: Callable[[NodeHandle], str], recovery: str) -> str:
+    """The line after the table: how the run ended. `reason`: why a node
+    failed; `recovery`: "; recovery: ..." for an elastic job that went on."""
+    if outcome.interrupted:
+        return f"{text.title}: {text.interrupted}"
+    if outcome.stalled:
+        named = "; ".join(f"rank {s.rank} (node {s.node}, {s.host})" for s in outcome.stalled)
+        return (f"{text.title}: the hang watchdog found stalled rank(s): {named}; stacks were dumped "
+                f"(see the lines above), every node was stopped, exit {int(ExitCode.STALLED)}")
+    if outcome.stop_request is not None:
+        return f"{text.title}: {outcome.stop_request.reason}; stopped every node"
+    failed = outcome.first_failure
+    if failed is None:
+        return (f"{text.title}: every node finished" + _rejoined_text(outcome) + _excluded_text(outcome, reason)
+                + recovery)
+    # Both halves are read by scripts and tests: keep their wording.
+    return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {reason(failed)}; "
+            f"every other node was stopped\n"
+            f"{text.title}: node{failed.index} exited with code {outcome.code}; stopped the other nodes")
+
+
+def _rejoined_text(outcome: Outcome) -> str:
+    back = [t for t in outcome.nodes if t.rejoined_after and t.state is not NodeState.EXCLUDED]
+    if not back:
+        return ""
+    return "; " + ", ".join(f"node {t.index} ({t.node.host}) rejoined after it failed "
+                            f"({'; '.join(t.rejoined_after)})" for t in back)
+
+
+def _excluded_text(outcome: Outcome, reason: Callable[[NodeHandle], str]) -> str:
+    excluded = outcome.excluded
+    if not excluded:
+        return ""
+    names = ", ".join(f"node {n.index} ({n.host}: {reason(n)})" for n in excluded)
+    return (f" but {names}: excluded after it failed; the job went on with "
+            f"{len(outcome.nodes) - len(excluded)} of {len(outcome.nodes)} nodes")
+
+
+def summary_table(summary: RunSummary) -> Table:
+    """The summary's table, from its recorded rows: what the launcher printed
+    at the end, and what `ddpkit status` prints again."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"{summary.title}: {len(summary.rows)} nodes, {summary.elapsed_s:.1f}s", title_justify="left")
+    # "node | exit code | status" first: scripts (and tests) match that run of cells.
+    stragglers = any(row.straggler for row in summary.rows)  # the column only when the watchdog named one
+    for column in ("node", "exit code", "status", "host", "first failure", *(("straggler",) * stragglers)):
+        table.add_column(column, overflow="fold")
+    for row in summary.rows:
+        style = next((STATUS_STYLE[s] for s in Status if s.value == row.status), "")
+        # Text, not markup: log lines hold brackets (our own prefix, for one).
+        cells = [Text(f"node{row.node}"), Text(row.exit_code), Text(row.status, style=style), Text(row.host),
+                 Text(row.first_failure)]
+        table.add_row(*cells, *([Text(row.straggler, style="yellow")] * stragglers))
+    return table
+
+
+def code_text(code: int | None) -> str:
+    """The exit code column: "-" while it has none, "lost" for a node that ended without one."""
+    if code is None:
+        return "-"
+    return "lost" if code == LOST else str(code)
