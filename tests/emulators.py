@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 
 from ddpkit import contract
+from ddpkit.agreed import slurm_port_for_job
 from ddpkit.contract import Target, hosts_for, master_port, sources, torchrun_argv
 from ddpkit.spec import JobSpec
-from ddpkit.wire import slurm_port_for_job
 
 JOB_ID = 4242  # the Slurm job id the emulated controller hands out
 

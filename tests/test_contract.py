@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from ddpkit.agreed import slurm_port_for_job
 from ddpkit.contract import Target, hosts_for, master_port
 from ddpkit.spec import JobSpec
-from ddpkit.wire import slurm_port_for_job
 from tests.emulators import check_views, controller_env, node_views, process_views
 
 SHAPES = [(1, 1), (2, 4), (3, 2), (5, 1)]

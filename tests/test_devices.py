@@ -1,4 +1,4 @@
-"""The device-ownership rule (wire.device_block): GPUs per node =
+"""The device-ownership rule (agreed.device_block): GPUs per node =
 processes per node x devices per process, every target requests that many,
 and each local rank owns the contiguous block [r*K, (r+1)*K)."""
 
@@ -13,12 +13,12 @@ import torch
 import yaml
 from pydantic import ValidationError
 
+from ddpkit.agreed import DeviceBlock, device_block
 from ddpkit.launch.docker import _gpu_requests
 from ddpkit.spec import JobSpec
 from ddpkit.targets import kubernetes, render, slurm
 from ddpkit.train.model.strategy import StrategyError, cuda_devices
 from ddpkit.train.startup.distributed import StartupError, resolve_device
-from ddpkit.wire import DeviceBlock, device_block
 
 
 @dataclass(frozen=True)

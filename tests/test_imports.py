@@ -21,16 +21,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # What each part of the package may import besides itself, lowest layers last.
 # cli -> launch -> targets -> render primitives / contract -> spec; train and
 # doctor are the entrypoint's side and never reach into rendering or launching.
-# wire: the facts renderer and trainer share (trainer flags, stop signals,
+# agreed: the facts renderer and trainer share (trainer flags, stop signals,
 # ports, the device rule); a leaf like envnames, so either side may use it.
 # processes: facts about this host's processes (psutil), for the launcher and the trainer alike;
 # templatedir: where the shipped templates are, for the renderer and the report page.
 # records: every record the job sends back (watchdog reports, worker exits, metrics),
 # its one writer and reader; a leaf, so the job, its agent, launchers and report share it.
-LEAVES = {"envnames", "exitcodes", "text", "processes", "templatedir", "records"}
+LEAVES = {"envnames", "exitcodes", "wording", "processes", "templatedir", "records"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
-BASE = LEAVES | {"wire", "runkey"}
+BASE = LEAVES | {"agreed", "runkey"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"launch", "targets", "render", "contract", "quoting", "specfile", "spec", "train", "doctor",
             "netif", "runs"} | BASE,
@@ -50,19 +50,19 @@ ALLOWED: dict[str, set[str]] = {
     # what a program of the user's own gets before its first line: the trainer's interface, rank report and watchdog
     "preamble": {"train", "watchdog", "netif"} | BASE,
     "run": {"preamble", "agent", "train"} | BASE,  # `python -m ddpkit.run`: the preamble, then the program
-    "rendezvous": {"rdzv_timing"} | BASE,  # torchrun's handler (the torchrun.handlers entry point): torch, its poll, the wire
+    "rendezvous": {"rdzv_timing"} | BASE,  # torchrun's handler (the torchrun.handlers entry point): torch, its poll, agreed
     "specfile": {"spec"} | BASE,
     "spec": BASE,
     "quoting": set(),
     "doctor": {"train", "netif"} | BASE,
-    "train": {"netif"} | BASE,  # the wire, never the contract: `ddpkit train` starts without the spec
+    "train": {"netif"} | BASE,  # agreed, never the contract: `ddpkit train` starts without the spec
     "watchdog": {"train"} | BASE,  # the public API for users' own scripts: train.stall_model and train.stall
     "netif": BASE,
-    "wire": LEAVES,
+    "agreed": LEAVES,
     "runkey": LEAVES,
     "envnames": set(),
     "exitcodes": set(),
-    "text": set(),
+    "wording": set(),
     "records": set(),
     "processes": set(),
     "templatedir": set(),
@@ -260,7 +260,7 @@ def test_launch_reaches_train_only_for_the_argument_check() -> None:
 @pytest.mark.parametrize("module", ["ddpkit.train.main", "ddpkit.train.__main__"])
 def test_the_trainer_starts_without_the_spec(module: str) -> None:
     # The trainer (`python -m ddpkit.train`, what every launch line runs) reads
-    # only the wire (flags, signals, ports, device rule): importing it must not
+    # only agreed (flags, signals, ports, device rule): importing it must not
     # pull in the job spec or the contract, nor pydantic through them.
     probe = (f"import sys, {module}; "
              "print(sorted(m for m in ('pydantic', 'ddpkit.spec', 'ddpkit.contract') if m in sys.modules))")

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpkit.agreed import slurm_port_for_job
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 from ddpkit.launch.supervise import proctree
 from ddpkit.run import torchrun_env
-from ddpkit.wire import slurm_port_for_job
 from tests.helpers.rank_table import pid_of
 from tests.test_launch_local import _gone, clean_env, launch_argv
 from tests.test_startup import ROOT

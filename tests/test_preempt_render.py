@@ -17,11 +17,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from ddpkit.agreed import TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
 from ddpkit.launch import local
 from ddpkit.spec import JobSpec
 from ddpkit.targets import kubernetes, render, slurm
 from ddpkit.train.stop import signals
-from ddpkit.wire import TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
 
 KINDS = ["pytorchjob", "indexed-job", "trainjob", "jobset"]
 CASES: dict[str, dict[str, Any]] = {

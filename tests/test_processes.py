@@ -36,9 +36,18 @@ def test_start_ticks_are_the_kernels_count_and_none_once_ended() -> None:
     assert processes.start_ticks(child.pid) is None
 
 
+def wait_exec(pid: int) -> None:
+    """Until the child runs SLEEP: before its exec it still has the parent's environment."""
+    deadline = time.monotonic() + 30
+    while b"time.sleep(60)" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the child never ran its program"
+        time.sleep(0.01)
+
+
 def test_environ_has_reads_the_process_environment() -> None:
     child = subprocess.Popen(SLEEP, env={**os.environ, "DDPKIT_TEST_MARK": "a=b"})
     try:
+        wait_exec(child.pid)
         assert processes.environ_has(child.pid, "DDPKIT_TEST_MARK", "a=b")
         assert not processes.environ_has(child.pid, "DDPKIT_TEST_MARK", "a")
         assert not processes.environ_has(child.pid, "DDPKIT_TEST_ABSENT", "")

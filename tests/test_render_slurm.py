@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddpkit.agreed import slurm_port_for_job
 from ddpkit.contract import Target
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.specfile import load_spec
 from ddpkit.targets import render, slurm
-from ddpkit.wire import slurm_port_for_job
 from tests.emulators import check_views, node_views
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,9 +209,9 @@ def test_hostile_values_arrive_byte_for_byte(stand_ins: Path, args: list[str], v
 # ---- images per runtime, resources, ports, placement options ------------
 
 from ddpkit import quoting  # noqa: E402
+from ddpkit.agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SKIPS, SLURM_PORT_SPAN  # noqa: E402
 from ddpkit.spec import apptainer_image, enroot_image  # noqa: E402
 from ddpkit.specfile import SpecError  # noqa: E402
-from ddpkit.wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SKIPS, SLURM_PORT_SPAN  # noqa: E402
 
 # enroot's own parser of `docker://[USER@][REGISTRY#]IMAGE[:TAG]` (src/docker.sh, docker::import)
 ENROOT_DOCKER_URI = r"^docker://(([[:alnum:]_.!~*\'()%\;:\&=+$,-@]+)@)?(([^#]+)#)?([[:lower:][:digit:]/._-]+)(:([[:alnum:]._:-]+))?$"
@@ -320,7 +320,7 @@ def test_job_ids_that_collided_before_do_not_now(stand_ins: Path, a: int, b: int
 
 @pytest.mark.parametrize("job_id", [0, 1210, 1211, 13455, 13456, 22761, 22762, 99999999])
 def test_batch_script_port_equals_the_contract(stand_ins: Path, job_id: int) -> None:
-    """The bash loop in the script and wire.slurm_port_for_job agree at
+    """The bash loop in the script and agreed.slurm_port_for_job agree at
     every skip boundary."""
     spec = spec_for(f"command.python={stand_ins / 'recorder'}")
     assert f"--master-port={slurm_port_for_job(job_id)}" in task_argv(script_text(spec), stand_ins, 0, job_id)
@@ -339,7 +339,7 @@ def _port_ids() -> list[int]:
 
 def test_batch_script_port_rule_in_bash_equals_the_python_rule() -> None:
     """The batch script's bash form of the port rule (its Rendezvous block,
-    cut from the rendered script) gives wire.slurm_port_for_job's port for
+    cut from the rendered script) gives agreed.slurm_port_for_job's port for
     every job id: run by `bash -c` once over many ids, without Slurm."""
     text = script_text(spec_for())
     lines = text.splitlines()

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from ddpkit import netif
+from ddpkit.agreed import slurm_port_for_job
 from ddpkit.contract import Target
 from ddpkit.launch.local import free_port
 from ddpkit.spec import JobSpec
 from ddpkit.train.startup.distributed import add_startup_arguments
 from ddpkit.train.startup.launchinfo import LaunchInfo, StartupError, detect_launch, parse_hostlist
-from ddpkit.wire import slurm_port_for_job
 from tests.emulators import controller_env
 
 ROOT = Path(__file__).resolve().parents[1]

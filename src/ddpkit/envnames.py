@@ -107,7 +107,7 @@ DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-
 # The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.
 DDPKIT_WATCHDOG_STALL_S: Final = "DDPKIT_WATCHDOG_STALL_S"
 DDPKIT_WATCHDOG_FIRST_STEP_S: Final = "DDPKIT_WATCHDOG_FIRST_STEP_S"
-# The straggler judge (spec watchdog.straggler_factor; set only when not the default, wire.STRAGGLER_FACTOR).
+# The straggler judge (spec watchdog.straggler_factor; set only when not the default, agreed.STRAGGLER_FACTOR).
 DDPKIT_WATCHDOG_STRAGGLER_FACTOR: Final = "DDPKIT_WATCHDOG_STRAGGLER_FACTOR"
 # Test hook, read only by train/watchdog/worktime.py: RANK:SECONDS[:FROM_STEP] sleeps in that rank's data loading.
 DDPKIT_TEST_SLOW_RANK: Final = "DDPKIT_TEST_SLOW_RANK"

@@ -31,7 +31,7 @@ from . import quoting
 from .contract import Arg, FromNode
 from .exitcodes import ExitCode
 from .templatedir import default_template_dir
-from .text import plural
+from .wording import plural
 
 FileKind = Literal["shell", "yaml", "text"]
 

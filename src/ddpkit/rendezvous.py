@@ -46,8 +46,8 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_
 from torch.distributed.elastic.utils.logging import get_logger
 
 from . import runkey
+from .agreed import RDZV_HANDLER as NAME
 from .rdzv_timing import state_poll_s
-from .wire import RDZV_HANDLER as NAME
 
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
 # line stands beside torch's own rendezvous lines in the agent's output

@@ -6,7 +6,7 @@ import os
 import sys
 
 from .. import envnames
-from ..wire import threads_per_process
+from ..agreed import threads_per_process
 
 # What a ddpkit worker imports before its first step (train/main.py's
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from .. import envnames, records
-from ..wire import RUN_MODULE, is_ddpkit_module
+from ..agreed import RUN_MODULE, is_ddpkit_module
 from .worker import WorkerRequest
 from .zygote import Zygote
 

@@ -11,7 +11,7 @@ submits) are `FromNode` parts; every renderer turns them into its own syntax
 (`"$VAR"` in shell, `$(VAR)` in Kubernetes) in exactly one place.
 
 What the trainer must read back on the node (default ports, the Slurm port
-rule, stop signals, flag names, the device rule) lives in wire.py, which
+rule, stop signals, flag names, the device rule) lives in agreed.py, which
 `ddpkit train` imports without this package and the spec behind it.
 
 The package, by concern:

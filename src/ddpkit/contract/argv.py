@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..spec import JobSpec
-from ..wire import (
+from ..agreed import (
     AGENT_MODULE,
     KEEP_GLOBAL_BATCH_FLAG,
     RUN_MODULE,
@@ -15,6 +14,7 @@ from ..wire import (
     TRAINER_STOP_SIGNALS,
     is_ddpkit_module,
 )
+from ..spec import JobSpec
 from .parts import Arg, Sources
 from .rows import elastic_rdzv_backend, elastic_refusal, rdzv_conf
 

@@ -5,8 +5,8 @@ watchdog, OpenMP threads, unbuffered output)."""
 from __future__ import annotations
 
 from .. import envnames
+from ..agreed import STRAGGLER_FACTOR
 from ..spec import JobSpec
-from ..wire import STRAGGLER_FACTOR
 from .parts import Target
 from .rows import CONTRACT
 

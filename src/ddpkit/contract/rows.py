@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .. import envnames
+from ..agreed import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_HANDLER, TRAIN_MODULE
 from ..rdzv_timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive, torchrun_defaults
 from ..spec import JobSpec
-from ..wire import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_HANDLER, TRAIN_MODULE
 from .parts import FromNode, Part, Sources, Target
 
 

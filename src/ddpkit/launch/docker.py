@@ -31,7 +31,7 @@ from ..spec import JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets import mounts
 from ..targets.limits import Limits, limits
-from ..text import plural
+from ..wording import plural
 from .prelude import make_console, prelude
 from .runargs import add_train_args, with_train_args
 from .secrets import with_run_key

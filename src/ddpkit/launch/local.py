@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import envnames, runkey
+from ..agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
 from ..contract import Arg, LaunchPlan, Target, resolve
 from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
-from ..text import plural
-from ..wire import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
+from ..wording import plural
 from .prelude import Prelude, make_console, prelude
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .supervise import proctree
@@ -140,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def free_port() -> int:
     """A port free on this host, drawn from the range below the ephemeral one
-    (wire.quiet_port). A kernel-assigned port (bind to 0) is free now, but it
+    (agreed.quiet_port). A kernel-assigned port (bind to 0) is free now, but it
     is one of the ephemeral range's: until torchrun's store binds it, any
     process's outgoing connection may take it, and inside a container
     Docker's embedded DNS listens on one (a pod of the Kubernetes matrix

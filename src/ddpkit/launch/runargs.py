@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..agreed import METRICS_FLAG, TRAIN_MODULE, flag_value
 from ..spec import JobSpec
-from ..wire import METRICS_FLAG, TRAIN_MODULE, flag_value
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:

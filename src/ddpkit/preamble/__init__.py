@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from ..wire import is_ddpkit_module, preamble_parts
+from ..agreed import is_ddpkit_module, preamble_parts
 
 
 def is_own_program(argv: Sequence[str]) -> bool:

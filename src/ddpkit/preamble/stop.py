@@ -1,5 +1,5 @@
 """Pre-emption for a program of the user's own: a stop signal (SIGTERM,
-SIGUSR2: the ones torchrun's agent forwards, wire.TRAINER_STOP_SIGNALS)
+SIGUSR2: the ones torchrun's agent forwards, agreed.TRAINER_STOP_SIGNALS)
 reaches the program's stop handlers at the same optimizer step on every
 rank, instead of killing the program mid-step.
 

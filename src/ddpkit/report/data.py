@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from .. import records
+from ..agreed import METRICS_FLAG, flag_value
 from ..runs import RunEvent, StoredRun
-from ..wire import METRICS_FLAG, flag_value
 
 
 class NoMetrics(LookupError):

@@ -25,7 +25,7 @@ from typing import Any
 from filelock import FileLock
 
 from ..envnames import DDPKIT_RUNS_DIR
-from ..text import plural
+from ..wording import plural
 from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, SlurmJob, state_for_code
 
 RUN_JSON = "run.json"

@@ -70,7 +70,7 @@ class Preemption(Strict):
     ranks agree to stop one step later, plus one save). torchrun's
     --shutdown-timeout and every scheduler's warning are derived from it."""
 
-    # One of the signals `ddpkit train` stops on (wire.TRAINER_STOP_SIGNALS).
+    # One of the signals `ddpkit train` stops on (agreed.TRAINER_STOP_SIGNALS).
     signal: Literal["USR2", "TERM"] = Field(default="USR2", description="Slurm's warning signal (not USR1: NCCL may use it)")
     checkpoint_s: int | None = Field(
         default=None, ge=1, le=3000,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from ..wire import DEVICES_PER_PROCESS_FLAG, TRAIN_MODULE, flag_value
+from ..agreed import DEVICES_PER_PROCESS_FLAG, TRAIN_MODULE, flag_value
 from .compose import ComposeOptions
 from .consistency import elastic_problems, export_problem, layout_problems
 from .environment import checked_env, checked_secrets, env_numbers
@@ -188,7 +188,7 @@ class JobSpec(Strict):
     @property
     def gpus_per_node(self) -> int:
         """GPUs every target requests per node: processes per node x devices
-        per process (wire.device_block says which ones each process owns)."""
+        per process (agreed.device_block says which ones each process owns)."""
         return self.nproc_per_node * self.devices_per_process if self.device == "cuda" else 0
 
     @property

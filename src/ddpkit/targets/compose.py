@@ -17,7 +17,7 @@ from ..contract import LaunchPlan, Target, one_host_gpus, resolve
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
-from ..text import plural
+from ..wording import plural
 from . import mounts
 from .limits import compose_limits
 from .refusals import refuse

@@ -20,10 +20,10 @@ import shlex
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
+from ..agreed import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
 from ..contract import Target
 from ..spec import JobSpec
 from ..spec.fields import MountParts
-from ..wire import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
 from .program_paths import ContainerView, mount_fix, program_warnings
 
 

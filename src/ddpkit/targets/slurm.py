@@ -15,11 +15,11 @@ import subprocess
 from dataclasses import dataclass
 
 from .. import envnames
+from ..agreed import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
 from ..contract import LaunchPlan, Target, resolve
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
 from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec, container_image, slurm_size
-from ..wire import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
 from . import mounts
 from .refusals import refuse
 
@@ -160,7 +160,7 @@ class Plan:
     container: list[str]
     task: str
     # The derived port (used unless spec.master_port fixes it), as in
-    # wire.slurm_port_for_job.
+    # agreed.slurm_port_for_job.
     port_base: int = SLURM_PORT_BASE
     port_span: int = SLURM_PORT_SPAN
     port_skips: tuple[int, ...] = SLURM_PORT_SKIPS

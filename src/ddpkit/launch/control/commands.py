@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ...exitcodes import ExitCode
 from ...runs import RunRecord, RunState, StoredRun, all_runs, resolve
-from ...text import plural
+from ...wording import plural
 from ..supervise.summary import summary_table
 from .backends import Backends, Now, RunBackend
 from .backends.slurm import queue_for

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...wire import device_block
+from ...agreed import device_block
 from ..config.values import TrainConfig
 from .balanced_dp import BalancedDataParallel
 from .build import StagedModel
@@ -33,7 +33,7 @@ class Parallel:
 
 def process_devices(base: torch.device, local_rank: int, per_process: int) -> list[torch.device]:
     """The devices one process owns: its block by the one ownership rule
-    (wire.device_block). On CPU the 'devices' are all `cpu`, which keeps
+    (agreed.device_block). On CPU the 'devices' are all `cpu`, which keeps
     the model-parallel code path testable without GPUs."""
     if base.type != "cuda":
         return [base] * per_process

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ... import records
-from ...text import plural
+from ...wording import plural
 
 if TYPE_CHECKING:
     from .tensorboard import TensorBoardScalars

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ... import envnames, netif, runkey
-from ...wire import device_block
+from ...agreed import device_block
 from ..config.values import Options
 from . import netcheck
 from .clock import CLOCK, StartupClock, process_start
@@ -96,7 +96,7 @@ def hostname() -> str:
 def resolve_device(choice: str, local_rank: int, devices_per_process: int = 1, *,
                    wrap: bool = False) -> torch.device:
     """The primary device of the process with this local rank: the first of
-    its block by the one ownership rule (wire.device_block), so
+    its block by the one ownership rule (agreed.device_block), so
     local rank 1 with two GPUs per process gets cuda:2, not rank 0's cuda:1.
     `wrap`: the rank is a guess (a manual start that was not told its node
     passes its global rank), so it is reduced modulo the blocks that fit."""

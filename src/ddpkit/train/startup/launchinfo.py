@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ... import envnames as E
-from ...wire import DEFAULT_PORT, slurm_port_for_job
+from ...agreed import DEFAULT_PORT, slurm_port_for_job
 from ..config.values import Options
 
 HostlistExpander = Callable[[str], list[str]]

@@ -8,7 +8,7 @@ everyone exits with EXIT_PREEMPTED, and under Slurm rank 0 asks for the job
 to be requeued when the signal was the one that asks for it (the time
 limit's warning, preemption.signal; not a user's `scancel`, whose SIGTERM
 must cancel). SIGUSR1 is left alone: NCCL may use it. The signals are
-wire.TRAINER_STOP_SIGNALS, the list the renderers tell torchrun's agent
+agreed.TRAINER_STOP_SIGNALS, the list the renderers tell torchrun's agent
 to forward (contract.stop_args) instead of dying on them.
 
 The agreement is pipelined so that it never waits on the training device:
@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from ... import envnames
+from ...agreed import TRAINER_STOP_SIGNALS
 from ...exitcodes import ExitCode
-from ...wire import TRAINER_STOP_SIGNALS
 
 EXIT_PREEMPTED = ExitCode.PREEMPTED  # stopped on request after a checkpoint; run again with --resume auto
 # The renderers tell torchrun to forward exactly these (contract.stop_args).

@@ -26,9 +26,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ... import envnames, records
+from ...agreed import LOSS_FLOOR_S, LOSS_S
 from ...exitcodes import ExitCode
 from ...records import LostRank, NodeLost
-from ...wire import LOSS_FLOOR_S, LOSS_S
 from ..startup.launchinfo import AgentRestarts
 from .stall_model import UNJUDGED, Judge, Phase
 

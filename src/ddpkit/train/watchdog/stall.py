@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import envnames, records, runkey
+from ...agreed import LOSS_S
 from ...exitcodes import ExitCode
-from ...wire import LOSS_S
 from . import node_loss as loss_judge
 from .stacks import dump_nccl, main_frame, pyspy, write_stacks
 from .stall_model import PULSE, Beat, Judge, Phase, Settings, Verdict, monitors

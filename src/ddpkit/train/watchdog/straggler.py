@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ... import envnames, records
-from ...wire import STRAGGLER_FACTOR
+from ...agreed import STRAGGLER_FACTOR
 from .stall_model import PULSE
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
-"""The wire between the renderer and `ddpkit train`: the facts both sides of
-a launch line must agree on, and nothing else.
+"""What the renderer and the job agree on: the facts both sides of a launch
+line must read alike (the trainer's flags, its stop signals, the default
+ports, the device rule, the preamble's parts), and nothing else.
 
 The renderer (contract, spec, targets) writes these into launch lines and
 scripts; the trainer (train/*) reads them back on the node. Keeping them in
