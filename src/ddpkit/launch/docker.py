@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from .. import envnames
 from ..contract import Target, job_env, one_host_gpus, resolve
 from ..exitcodes import ExitCode
-from ..runs import NodeLog
+from ..runs import LineBuffer, NodeLog
 from ..spec import JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets import mounts
@@ -89,16 +89,14 @@ class ContainerNode:
 
     def _pump(self, printer: LinePrinter) -> None:
         assert self.container is not None
-        pending = b""
+        lines = LineBuffer()
         with node_log(self.log) as keep:
             for chunk in self.container.logs(stream=True, follow=True):
                 keep(chunk)
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    printer.line(self, raw.decode("utf-8", "replace").rstrip("\r"))
-        if pending:
-            printer.line(self, pending.decode("utf-8", "replace"))
+                for line in lines.feed(chunk):
+                    printer.line(self, line.rstrip("\r"))
+        for line in lines.flush():
+            printer.line(self, line)
 
     def _wait(self, exited: Callable[[], None]) -> None:
         import docker.errors

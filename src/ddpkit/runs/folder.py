@@ -25,6 +25,7 @@ from typing import Any
 from filelock import FileLock
 
 from ..envnames import DDPKIT_RUNS_DIR
+from ..processes import start_ticks
 from ..wording import plural
 from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, SlurmJob, state_for_code
 
@@ -41,21 +42,6 @@ METRICS = "metrics.jsonl"
 def runs_root() -> Path:
     given = os.environ.get(DDPKIT_RUNS_DIR)
     return Path(given).expanduser() if given else Path.home() / ".ddpkit" / "runs"
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/<pid>/stat
-    field 22): with the pid, it names one process even after the pid is
-    reused. None when no such process runs (a zombie has ended: None too)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and ')': count after the last ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
 
 
 class RunsDirError(Exception):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .folder import RUN_JSON, RunFolder, runs_root, start_ticks
+from ..processes import start_ticks
+from .folder import RUN_JSON, RunFolder, runs_root
 from .record import RunRecord, RunState
 
 
