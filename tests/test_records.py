@@ -23,6 +23,7 @@ EVERY_KIND: list[records.Record] = [
     records.Reformed(1, 3, 2, 3),
     records.WorkerExit(1, 0, 20011, 12),
     records.AgentReport(11),
+    records.Cause("ddpkit train", "the data is missing on host h1", 12),
     records.Train(10, 1.5, 100.0, epoch=0, lr=0.1),
     records.Train(10, None, 100.0, loss_is="the tensor backward() was called on"),
     records.Eval(10, 0, 0.5, 1.2, 5, 10),

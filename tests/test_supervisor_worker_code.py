@@ -19,8 +19,11 @@ from ddpkit.launch.supervise.summary import RunText
 from ddpkit.launch.supervise.supervisor import Supervisor
 from tests.test_supervisor_rejoin import WAIT_S, ScriptedNode
 
-CAUSE = ("ddpkit train: --data imagefolder --data-dir /x is missing on host h0 (rank 0), host h1 (rank 1): "
-         "/x: no such directory; put the dataset at the same path on every node")
+CAUSE_RECORD = records.Cause("ddpkit train", "--data imagefolder --data-dir /x is missing on host h0 (rank 0), host h1 "
+                             "(rank 1): /x: no such directory; put the dataset at the same path on every node", 12)
+CAUSE = CAUSE_RECORD.line
+# What a worker prints: the record for its launcher, then the line for people.
+CAUSE_PRINTED = [records.frame(CAUSE_RECORD), CAUSE]
 
 
 def torchrun_report(code: int, rank: int) -> list[str]:
@@ -60,7 +63,8 @@ def run_job(worker_code: int, agent_code: int = 1, after: str | None = None) -> 
     def drive() -> None:
         assert all(n.started.wait(WAIT_S) for n in nodes)
         for node in nodes:
-            sup.printer.line(node, f"[rank{node.index}]:{CAUSE}")
+            for printed in CAUSE_PRINTED:
+                sup.printer.line(node, f"[rank{node.index}]:{printed}")
         sup.printer.line(nodes[1], "[rank1]:the worker's last line")
         for line in torchrun_report(worker_code, 1):
             sup.printer.line(nodes[1], line)
@@ -166,7 +170,7 @@ def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Pa
     from ddpkit.launch.supervise.nodeoutput import LinePrinter
 
     # no rank prefix: launch docker and launch ssh run torchrun without --log-line-prefix-template
-    text = "\n".join([CAUSE, CAUSE, *torchrun_report(12, 1)]) + "\n"
+    text = "\n".join([*CAUSE_PRINTED, *CAUSE_PRINTED, *torchrun_report(12, 1)]) + "\n"
     raw = text.encode()
     node = ContainerNode(NodePlan(1, "node1", [], {}), _Container([raw[:50], raw[50:333], raw[333:]]),
                    log=tmp_path / "logs" / "node1.log")

@@ -148,6 +148,22 @@ class WorkerExit(Record):
 
 
 @dataclass(frozen=True)
+class Cause(Record):
+    """Why a worker of ddpkit's own program ends: the line every rank prints
+    (the same agreed text) and its exit code; a launcher shows it once, last."""
+
+    kind: ClassVar[str] = "cause"
+    who: str  # the program: "ddpkit train"
+    text: str
+    exitcode: int
+
+    @property
+    def line(self) -> str:
+        """The line for people, printed after the record."""
+        return f"{self.who}: {self.text}"
+
+
+@dataclass(frozen=True)
 class AgentReport(Record):
     """The agent's own report on a failed worker follows, `lines` lines long
     (torch's ChildFailedError and its box): for the node's log, not a console."""

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import envnames
+from .. import envnames, records
 from ..exitcodes import ExitCode, code_of, exit_on
 from .config.options import DefaultsFormatter, add_training_arguments, problems
 from .config.values import TrainConfig
@@ -42,10 +42,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _bad(error: BaseException | str) -> int:
-    """One line for an expected error or a fault; its own exit code when it
-    carries one (a NetCheckError or RankReportError: STARTUP; a TrainFault:
-    its own), else BAD_INPUT."""
+    """One line for an expected error or a fault, after its `cause` record for
+    a launcher; its own exit code when it carries one (a NetCheckError or
+    RankReportError: STARTUP; a TrainFault: its own), else BAD_INPUT."""
+    if _under_a_launcher():
+        code = code_of(error) if isinstance(error, BaseException) else int(ExitCode.BAD_INPUT)
+        records.emit(records.Cause(WHO, str(error), code))
     return exit_on(WHO, error)
+
+
+def _under_a_launcher() -> bool:
+    """Started by torchrun or as a Slurm task, whose output a launcher reads;
+    a person who ran `ddpkit train` at a prompt reads the line alone."""
+    return any(name in os.environ for name in (envnames.RANK, envnames.TORCHELASTIC_RUN_ID, envnames.SLURM_PROCID))
 
 
 def _stop_request() -> StopRequest:

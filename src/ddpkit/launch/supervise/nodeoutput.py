@@ -36,9 +36,6 @@ SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
 # What torchrun puts before each worker line (launchers pass this template,
 # see TORCHRUN_PREFIX_FLAG): the global rank, read back (records.rank_tagged) into ddpkit's prefix.
 TORCHRUN_PREFIX_FLAG = records.RANK_TAG_FLAG
-# A ddpkit.train worker's one-line cause (train/main.py, train/startup/netcheck.py):
-# every rank prints the same agreed line; the console shows it once, last.
-CAUSE_PREFIX = "ddpkit train: "
 
 
 class NodeHandle(Protocol):
@@ -90,7 +87,8 @@ class LinePrinter:
         self.stalled: dict[int, records.StalledRank] = {}  # by rank: what the watchdog's report said
         self.stragglers: dict[int, records.Straggler] = {}  # by rank: the first time the watchdog named it
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (its agent's record)
-        self.causes: dict[str, int] = {}  # each worker cause line (CAUSE_PREFIX), once, with its first node
+        self.causes: dict[str, int] = {}  # each worker's cause line (its `cause` record), once, with its first node
+        self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
         self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
         self._held_back: dict[int, int] = {}  # node index -> lines of its agent's failure report still to come
@@ -104,8 +102,8 @@ class LinePrinter:
         with self._lock:
             if self._took_record(node.index, prefix, body):
                 return
-            if body.startswith(CAUSE_PREFIX):  # a worker's (torchrun's agent never says it), prefixed or not
-                self.causes.setdefault(body, node.index)  # shown once, at the end (Supervisor.summary)
+            if self._hidden.get((node.index, body)):  # a cause line its record announced: shown once, at the end
+                self._hidden[(node.index, body)] -= 1
                 return
             if not match and self._held_back.get(node.index):
                 self._held_back[node.index] -= 1  # the agent's report on a failed worker: the node's log has it
@@ -172,6 +170,9 @@ class LinePrinter:
             self._cut[index] = self._tailed[index]
         elif isinstance(record, records.AgentReport):
             self._held_back[index] = record.lines
+        elif isinstance(record, records.Cause):
+            self.causes.setdefault(record.line, index)  # shown once, at the end (Supervisor.summary)
+            self._hidden[(index, record.line)] = self._hidden.get((index, record.line), 0) + 1
         return True
 
     def _add_to_tail(self, index: int, line: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from ... import runkey
+from ... import records, runkey
 from ...exitcodes import ExitCode
 from .netlocal import port_in_use_problem, unreachable_problem
 from .netproblem import ACK_WAIT_S, RETRY_S, STORE_REPLY_S, WINDOW_VAR, NetCheckError, Peers, Problem
@@ -40,7 +40,9 @@ def _watchdog(seconds: float, problem: Problem) -> Iterator[None]:
     when whatever accepted the connection never answers (a port held by
     another program): no exception reaches us, so a timer must end it."""
     def fire() -> None:
-        print(f"ddpkit train: {problem.line()}", file=sys.stderr, flush=True)
+        cause = records.Cause("ddpkit train", problem.line(), ExitCode.STARTUP)
+        records.emit(cause)
+        print(cause.line, file=sys.stderr, flush=True)
         os._exit(ExitCode.STARTUP)
 
     timer = threading.Timer(seconds, fire)
