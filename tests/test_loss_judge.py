@@ -235,7 +235,7 @@ class _ScriptedNode(_Node):
         self.stopped.set()
         return None
 
-    def lost_reason(self) -> str:
+    def no_status_reason(self) -> str:
         return "connection closed without an exit status"
 
 
@@ -273,7 +273,7 @@ def test_a_killed_node_reported_silent_afterwards_failed_with_its_exit_status() 
         return 0
 
     sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: 137])
-    assert 2 in sup.printer.recovery.silent_since  # the LOST line was read, after the exit
+    assert 2 in sup.printer.recovery.silent_since  # the lost record was read, after the exit
     assert outcome.code == ExitCode.OK and outcome.lost == []
     assert "every node finished but node 2 (h2: exit status 137): excluded after it failed" in _closing(sup, outcome)
     assert node_status(sup.nodes[2], outcome) is Status.EXCLUDED
@@ -300,7 +300,7 @@ def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() 
     exit status), the job's watchdog reports its ranks silent after: that
     report, which names the ranks and how long they were silent, is the
     cause the summary gives."""
-    from ddpkit.launch.supervise.nodeoutput import LOST
+    from ddpkit.launch.supervise.nodeoutput import NO_EXIT_STATUS
 
     def survivor(node: _ScriptedNode, printer: Any, sup: Supervisor) -> int:
         wait_until(lambda: sup.tracks[2].failures == 1, 30, "the supervisor to handle node 2's exit")
@@ -308,6 +308,6 @@ def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() 
             printer.line(node, LOST_LINE)
         return 0
 
-    sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: LOST])
+    sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: NO_EXIT_STATUS])
     assert [x.node for x in outcome.lost] == [2]
     assert "node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats" in _closing(sup, outcome)

@@ -47,7 +47,7 @@ class ScriptedNode:
     def exit_code(self) -> int | None:
         return self.code
 
-    def lost_reason(self) -> str:
+    def no_status_reason(self) -> str:
         return "cut off"
 
     def stop(self, grace_s: float) -> str | None:

@@ -36,7 +36,7 @@ from .prelude import make_console, prelude
 from .runargs import add_train_args, with_train_args
 from .secrets import with_run_key
 from .supervise.interrupt import interrupts_raise
-from .supervise.nodeoutput import LOST, LinePrinter, add_dedup_argument, node_log
+from .supervise.nodeoutput import NO_EXIT_STATUS, LinePrinter, add_dedup_argument, node_log
 from .supervise.summary import RunText
 from .supervise.supervisor import Supervisor
 
@@ -105,14 +105,14 @@ class ContainerNode:
         try:
             self.status = int(self.container.wait()["StatusCode"])
         except docker.errors.APIError:
-            self.status = LOST  # removed under us: count as a failure
+            self.status = NO_EXIT_STATUS  # removed under us: count as a failure
         self.pump.join(timeout=2)  # its last lines first
         exited()
 
     def exit_code(self) -> int | None:
         return self.status
 
-    def lost_reason(self) -> str:
+    def no_status_reason(self) -> str:
         return "the container was removed while it ran"
 
     def stop(self, grace_s: float) -> str | None:

@@ -92,7 +92,7 @@ class Node:
         rc = None if self.proc is None else self.proc.poll()
         return None if rc is None else (128 - rc if rc < 0 else rc)
 
-    def lost_reason(self) -> str:
+    def no_status_reason(self) -> str:
         return "the agent ended without an exit status"  # Popen always has one: never shown
 
     def stop(self, grace_s: float) -> str | None:

@@ -17,12 +17,12 @@ from typing import TextIO
 import paramiko
 
 from ...targets.sshnode import NodeCommand, parse_pgid
-from ..supervise.nodeoutput import LOST, LinePrinter
+from ..supervise.nodeoutput import NO_EXIT_STATUS, LinePrinter
 from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 from .keepalive import Heartbeat
 from .preflight import GO
 
-DROPPED = LOST  # paramiko's exit status when a channel closes without one
+DROPPED = NO_EXIT_STATUS  # paramiko's exit status when a channel closes without one
 
 
 @dataclass
@@ -96,7 +96,7 @@ class SshNode:
     def exit_code(self) -> int | None:
         return self.status
 
-    def lost_reason(self) -> str:
+    def no_status_reason(self) -> str:
         return self.drop_reason
 
     @property

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-LOST = -1  # a node that ended without an exit status (a dropped connection, a removed container)
+NO_EXIT_STATUS = -1  # a node that ended without an exit status (a dropped connection, a removed container)
 
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
@@ -58,10 +58,10 @@ class NodeHandle(Protocol):
         and call `exited()` once, from any thread, when it has ended."""
 
     def exit_code(self) -> int | None:
-        """None while running; then its exit code (128+N for signal N), or LOST."""
+        """None while running; then its exit code (128+N for signal N), or NO_EXIT_STATUS."""
 
-    def lost_reason(self) -> str:
-        """Why a node ended with LOST (one line)."""
+    def no_status_reason(self) -> str:
+        """Why a node ended with NO_EXIT_STATUS (one line)."""
 
     def stop(self, grace_s: float) -> str | None:
         """Stop it and everything it started: TERM, KILL after `grace_s`.

@@ -72,7 +72,7 @@ class NodeTrack:
     # Its own exit status reached the supervisor before anything stopped it:
     # that status is how it failed, even if the job's watchdog reports it
     # silent afterwards (a killed node's ranks stop their heartbeats too). A
-    # dropped connection (LOST) is no status: the watchdog's report says more.
+    # dropped connection (NO_EXIT_STATUS) is no status: the watchdog's report says more.
     own_exit: bool = False
     moved: int = field(default_factory=lambda: next(_TICKS))
 

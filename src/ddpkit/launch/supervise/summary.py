@@ -11,7 +11,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ...exitcodes import ExitCode
-from .nodeoutput import LOST
+from .nodeoutput import NO_EXIT_STATUS
 from .nodestate import NodeState
 
 if TYPE_CHECKING:
@@ -129,4 +129,4 @@ def code_text(code: int | None) -> str:
     """The exit code column: "-" while it has none, "lost" for a node that ended without one."""
     if code is None:
         return "-"
-    return "lost" if code == LOST else str(code)
+    return "lost" if code == NO_EXIT_STATUS else str(code)

@@ -34,7 +34,7 @@ from ...runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup
 from .events import ElasticPolicy, Event, EventSource, NodeExited, NodeLost, NodeReturned, StopRequested
 from .interrupt import interrupts_raise
-from .nodeoutput import LOST, SUMMARY_LINES, LinePrinter, NodeHandle
+from .nodeoutput import NO_EXIT_STATUS, SUMMARY_LINES, LinePrinter, NodeHandle
 from .nodestate import NodeState, NodeTrack
 from .outcome import Outcome, node_code
 from .stragglers import straggler_cell
@@ -180,7 +180,7 @@ class Supervisor:
         if code == 0:
             track.move(NodeState.FINISHED)
             return False
-        track.own_exit = track.state is NodeState.RUNNING and code != LOST
+        track.own_exit = track.state is NodeState.RUNNING and code != NO_EXIT_STATUS
         if self._excludes(track):
             self._leave_out(track)
             return False
@@ -303,7 +303,7 @@ class Supervisor:
         if lost is not None and not self._own_exit(node.index):
             return lost.reason
         code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
-        return node.lost_reason() if code == LOST else f"exit status {code}"
+        return node.no_status_reason() if code == NO_EXIT_STATUS else f"exit status {code}"
 
     def closing_line(self, outcome: Outcome, text: RunText) -> str:
         return closing_line(outcome, text, lambda node: self.reason(node, outcome), self.printer.recovery.summary())
