@@ -45,7 +45,7 @@ def code_of(error: BaseException, default: ExitCode = ExitCode.BAD_INPUT) -> int
     return int(getattr(error, "exit_code", default))
 
 
-def exit_on(who: str, error: BaseException | str, code: ExitCode | None = None) -> int:
+def exit_on(who: str, error: BaseException | str, code: int | None = None) -> int:
     """Print `who: <error>` on stderr (an error's str() is what its user
     reads: one line, or a heading and its list) and return the exit code:
     `code` where the caller decides it, else code_of(error). A message

@@ -1,15 +1,15 @@
 """What every run command (`ddpkit runs`, `status`, `logs`, `cancel`)
-shares: its entry in the CLI, the states a run is active in, and the one
-mapper from an error to one line on stderr and its exit code."""
+shares: its entry in the CLI, the states a run is active in, and which
+errors a run command turns into one line and which exit code (`exit_line`;
+printed by exitcodes.exit_on, as every command's errors are)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...exitcodes import ExitCode
+from ...exitcodes import ExitCode, exit_on
 from ...runs import RunState, UnknownRun
 
 POLL_S = 0.5  # how often a command that waits (cancel, logs --follow) asks again
@@ -68,8 +68,7 @@ def one_line(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
             said = exit_line(exc)
             if said is None:
                 raise
-            print(f"ddpkit {command}: {said[0]}", file=sys.stderr)
-            return said[1]
+            return exit_on(f"ddpkit {command}", said[0], said[1])
     return run
 
 
