@@ -1,12 +1,15 @@
 """An elastic job under `ddpkit launch local`: three torchrun agents on this
 machine, min_nodes 2. Right after the first checkpoint of the 3-node world
-(tests/helpers/elastic_gate.py), node 2's agent and workers are SIGKILLed.
+(tests/helpers/elastic_gate.py), one node's agent and workers are SIGKILLed.
 
-- max_node_failures 1: node 2 is excluded; the two others finish with world
-  size 2 and the summary says `failed, excluded`.
-- max_node_failures 2: the launcher starts node 2's agent again at once, it
-  joins at the next rendezvous, the job finishes with world size 3 and the
-  summary says `ok, rejoined`.
+- node 2, max_node_failures 1: node 2 is excluded; the two others finish
+  with world size 2 and the summary says `failed, excluded`.
+- node 2, max_node_failures 2: the launcher starts node 2's agent again at
+  once, it joins at the next rendezvous, the job finishes with world size 3
+  and the summary says `ok, rejoined`.
+- node 0 (rank 0, the checkpoint writer), max_node_failures 1: the launcher
+  hosts the rendezvous store (launch/rdzv_store.py), so node 0 goes as any
+  other: nodes 1 and 2 finish with world size 2, the job exits 0.
 
 Either way the job ends with exactly the parameters of an uninterrupted run,
 with the final world size, from the checkpoint the last rendezvous resumed
@@ -35,7 +38,6 @@ DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 TRAIN = [*TINY, "--synthetic-size", "96", "--batch-size", "4", "--epochs", "2", "--no-eval", "--device", "cpu",
          "--backend", "gloo", "--lr", "0.05", "--base-batch", "8", "--seed", "0", "--checkpoint-every", "4",
          "--keep", "100", "--resume", "auto", "--dist-timeout", "60"]
-LOST = 2
 
 
 def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int) -> Path:
@@ -68,8 +70,9 @@ def node_agent(launcher: int, node: int) -> list[int]:
 
 
 
-@pytest.mark.parametrize("max_node_failures", [1, 2], ids=["excluded", "rejoins"])
-def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, max_node_failures: int) -> None:
+@pytest.mark.parametrize(("lost", "max_node_failures"), [(2, 1), (2, 2), (0, 1)],
+                         ids=["excluded", "rejoins", "node0-excluded"])
+def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max_node_failures: int) -> None:
     ckpt, gate = tmp_path / "ckpt", tmp_path / "gate"
     gate.mkdir()
     job = write_job(tmp_path, ckpt, gate, max_node_failures)
@@ -79,9 +82,9 @@ def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, max_node_failu
                                 cwd=tmp_path)
     try:
         step = held_step(gate, 3, lambda: None if proc.poll() is None else out.read_text()[-4000:], timeout=300)
-        lost = node_agent(proc.pid, LOST)
-        assert lost, "no agent for node 2"
-        proctree.signal_all(lost, signal.SIGKILL)
+        killed = node_agent(proc.pid, lost)
+        assert killed, f"no agent for node {lost}"
+        proctree.signal_all(killed, signal.SIGKILL)
         release(gate, 3)
         proc.wait(timeout=600)
     finally:
@@ -94,15 +97,15 @@ def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, max_node_failu
     assert f"ckpt-{step:08d}.pt at step {step}" in output, output[-4000:]
     if max_node_failures == 1:
         world = 2
-        assert f"node{LOST} │ 137 │ failed, excluded" in output, output[-3000:]
+        assert f"node{lost} │ 137 │ failed, excluded" in output, output[-3000:]
         assert "excluded after it failed; the job went on with 2 of 3 nodes" in output, output[-3000:]
         assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in output, output[-4000:]
     else:
         world = 3
-        assert f"node{LOST} │ 0 │ ok, rejoined" in output, output[-3000:]
-        assert f"every node finished; node {LOST} " in output and "rejoined after it failed (exit status 137)" \
+        assert f"node{lost} │ 0 │ ok, rejoined" in output, output[-3000:]
+        assert f"every node finished; node {lost} " in output and "rejoined after it failed (exit status 137)" \
             in output, output[-3000:]
-        assert f"ddpkit: node {LOST} " in output and "is back after it failed" in output, output[-4000:]
+        assert f"ddpkit: node {lost} " in output and "is back after it failed" in output, output[-4000:]
     assert "ddpkit train finished: " in output and f"world size {world}, global batch" in output, output[-3000:]
 
     # an uninterrupted run with the final world, from the checkpoint the last rendezvous resumed from

@@ -89,13 +89,14 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "config": set(),
     },
     "launch": {
-        "local": {"supervise", "runargs", "secrets", "prelude"},
+        "local": {"supervise", "runargs", "secrets", "prelude", "rdzv_store"},
         "docker": {"supervise", "runargs", "secrets", "prelude"},
         "ssh": {"supervise", "runargs", "secrets", "prelude"},
         "slurm": {"secrets", "prelude"},
         "control": {"slurm", "supervise"},
         "supervise": set(),
         "prelude": {"secrets"},  # the checks and pieces every launcher starts with
+        "rdzv_store": set(),  # an elastic job's rendezvous store, hosted by the launcher
         "runargs": set(),
         "secrets": set(),
     },

@@ -8,7 +8,8 @@ non-zero stops the others (each agent leads its own process group, so its
 workers go too), and the run ends with a summary naming it.
 
 An elastic job (spec.elastic) runs its agents with c10d rendezvous on
-127.0.0.1 and a fresh id: a failed node other than node 0 is left out while
+127.0.0.1 and a fresh id, in a store this launcher hosts
+(launch/rdzv_store.py): any failed node, node 0 too, is left out while
 min_nodes remain, and started again at once (this machine is always there)
 to join at the next rendezvous, until it failed elastic.max_node_failures
 times (docs/ELASTIC.md).
@@ -17,6 +18,7 @@ times (docs/ELASTIC.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -38,6 +40,7 @@ from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..wording import plural
 from .prelude import Prelude, make_console, prelude
+from .rdzv_store import hosted_store
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .supervise import proctree
 from .supervise.events import ElasticPolicy
@@ -188,9 +191,9 @@ def node_plan(spec: JobSpec, node: int, log_root: Path) -> LaunchPlan:
     """Node `node`'s launch line, its agent's output teed under `log_root`.
     Every agent here sees its own host in the rendezvous endpoint
     (127.0.0.1), so each would try to host an elastic job's c10d store and
-    whichever starts first would win. Node 0 must hold it (the others may
-    be lost), so each is told whether it does."""
-    store_host = str(int(node == 0)) if spec.elastic is not None else None
+    whichever starts first would win: each is told it does not, since the
+    launcher hosts it."""
+    store_host = "0" if spec.elastic is not None else None
     return resolve(spec, Target.LOCAL, store_host=store_host, agent_flags=tee_flags(log_root / f"node{node}"))
 
 
@@ -267,9 +270,13 @@ def launch(ready: Prelude, spec: JobSpec, log_root: Path, grace: float, run: Run
     if ready.note_line:
         console.print(ready.note_line, markup=False)
     supervisor = Supervisor(nodes, console, grace, interrupt_grace_s=spec.grace.launcher_grace_s,
-                            elastic=ElasticPolicy.of(spec.elastic, Restart(grace)),
+                            elastic=ElasticPolicy.of(spec.elastic, Restart(grace), any_node=True),
                             ranks=spec.nodes * spec.nproc_per_node, dedup=dedup, run=run)
     console.print(ready.run_line(run), markup=False)
-    outcome = supervisor.run()
+    with contextlib.ExitStack() as stack:
+        if spec.elastic is not None:
+            assert spec.master_port is not None  # local_spec draws one
+            stack.enter_context(hosted_store("127.0.0.1", spec.master_port))
+        outcome = supervisor.run()
     supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     return outcome.code

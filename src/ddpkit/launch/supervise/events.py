@@ -78,8 +78,11 @@ class ElasticPolicy:
     min_nodes: int
     max_node_failures: int
     reviver: Reviver
+    # The launcher hosts the rendezvous store (launch/rdzv_store.py): node 0 may go as any
+    # other; else node 0's agent holds it, and its loss ends the run.
+    any_node: bool = False
 
     @classmethod
-    def of(cls, elastic: Elastic | None, reviver: Reviver) -> ElasticPolicy | None:
+    def of(cls, elastic: Elastic | None, reviver: Reviver, any_node: bool = False) -> ElasticPolicy | None:
         """None for a static job: its first failed node stops the run."""
-        return None if elastic is None else cls(elastic.min_nodes, elastic.max_node_failures, reviver)
+        return None if elastic is None else cls(elastic.min_nodes, elastic.max_node_failures, reviver, any_node)

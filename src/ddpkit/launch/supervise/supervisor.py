@@ -201,9 +201,9 @@ class Supervisor:
 
     def _excludes(self, track: NodeTrack) -> bool:
         """Elastic policy: the job goes on without a failed node while at
-        least min_nodes others remain, unless it is node 0 (its agent holds
-        the rendezvous store)."""
-        if self.elastic is None or track.index == 0:
+        least min_nodes others remain, unless it is node 0 and its agent holds
+        the rendezvous store (the launcher holds it where `any_node`)."""
+        if self.elastic is None or (track.index == 0 and not self.elastic.any_node):
             return False
         gone = len(self._in(NodeState.EXCLUDED, NodeState.AWAY))
         return len(self.tracks) - gone - 1 >= self.elastic.min_nodes
