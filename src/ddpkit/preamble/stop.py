@@ -86,8 +86,9 @@ def take_signals() -> None:
 
 
 def on_stop(fn: Handler) -> None:
-    """Run `fn` on every rank after the optimizer step at which every rank agreed
-    to stop (a stop signal reached any of them); the process then exits 75."""
+    """Run `fn` on every rank once every rank agreed to stop (a stop signal
+    reached any of them), when the program next steps its optimizer and before
+    that step changes anything; the process then exits 75."""
     install_once()
     STATE.handlers.append(fn)
 
