@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ... import records
 from ...exitcodes import ExitCode
 from ..checkpoint.checkpointer import Checkpointer, Position, TrainState, check_checkpoint_dir, seed_all
 from ..checkpoint.last_step import LastStep, failure_reason
@@ -256,7 +257,7 @@ class Trainer:
         if status is RunStatus.FINISHED:
             self._finish(run)
         summary = self._summary(status, run, seconds)
-        self.metrics.write("summary", **summary.as_dict())
+        self.metrics.put(summary.record)
         self.metrics.close()
         return summary
 
@@ -269,9 +270,10 @@ class Trainer:
 
     def _summary(self, status: RunStatus, run: _Run, seconds: float) -> Summary:
         last_eval, last_ckpt, plan = self.evaluator.last, self.checkpointer.last, self.plan
-        return Summary(status, self.pos.step, self.pos.epoch, seconds, run.images_per_s(self.pos.step, plan.global_batch),
-                       last_eval.accuracy if last_eval else None, last_eval.loss if last_eval else None,
-                       str(last_ckpt) if last_ckpt else None, self.world, plan.global_batch)
+        return Summary(records.Summary(
+            status.value, self.pos.step, self.pos.epoch, seconds, run.images_per_s(self.pos.step, plan.global_batch),
+            last_eval.accuracy if last_eval else None, last_eval.loss if last_eval else None,
+            str(last_ckpt) if last_ckpt else None, self.world, plan.global_batch))
 
     def _start_epoch(self) -> tuple[Any, int]:
         """The epoch's batches from the current global sample on, and how many steps they make."""

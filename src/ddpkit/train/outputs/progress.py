@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -126,28 +126,23 @@ class RunStatus(str, Enum):
         return format(self.value, spec)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Summary:
-    status: RunStatus
-    steps: int
-    epochs_completed: int
-    seconds: float
-    images_per_second: float
-    accuracy: float | None
-    eval_loss: float | None
-    checkpoint: str | None
-    world_size: int
-    global_batch: int
+    """How the run ended: the metrics file's `summary` record, and the lines rank 0 prints."""
+
+    record: records.Summary
+
+    @property
+    def status(self) -> RunStatus:
+        return RunStatus(self.record.status)
 
     def lines(self) -> list[str]:
-        acc = "-" if self.accuracy is None else f"{self.accuracy:.2%}"
+        r = self.record
+        acc = "-" if r.accuracy is None else f"{r.accuracy:.2%}"
         return [
-            f"ddpkit train {self.status}: {plural(self.steps, 'step')}, {plural(self.epochs_completed, 'epoch')}, "
-            f"world size {self.world_size}, global batch {self.global_batch}",
-            f"  time {self.seconds:.1f}s, {self.images_per_second:,.0f} img/s while training",
+            f"ddpkit train {self.status}: {plural(r.steps, 'step')}, {plural(r.epochs_completed, 'epoch')}, "
+            f"world size {r.world_size}, global batch {r.global_batch}",
+            f"  time {r.seconds:.1f}s, {r.images_per_second:,.0f} img/s while training",
             f"  final accuracy {acc}",
-            f"  checkpoint {self.checkpoint or '-'}",
+            f"  checkpoint {r.checkpoint or '-'}",
         ]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "status": self.status.value}
