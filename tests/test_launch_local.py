@@ -61,12 +61,13 @@ def test_each_node_gets_its_rank_and_name() -> None:
         assert not any("is_host" in word for word in node.argv)  # static: no c10d store to place
 
 
-def test_node_0_alone_hosts_an_elastic_jobs_store() -> None:
-    """Every local agent sees 127.0.0.1 in the endpoint: only node 0 is told to host the c10d store."""
+def test_no_agent_hosts_an_elastic_jobs_store() -> None:
+    """Every local agent sees 127.0.0.1 in the endpoint, and the launcher hosts the
+    c10d store (launch/rdzv_store.py): every agent is told it does not."""
     spec = local_spec(parse("--nodes", "3", "--set", "elastic.min_nodes=2"))
-    for i, node in enumerate(build_nodes(spec, Path("/logs"))):
+    for node in build_nodes(spec, Path("/logs")):
         (conf,) = [word for word in node.argv if word.startswith("--rdzv-conf=")]
-        assert conf.endswith(f",is_host={int(i == 0)}") and conf.count("is_host") == 1, conf
+        assert conf.endswith(",is_host=0") and conf.count("is_host") == 1, conf
 
 
 def test_bad_input_exits_2_before_starting_anything() -> None:

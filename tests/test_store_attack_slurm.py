@@ -61,6 +61,7 @@ class Job:
         self.cluster, self.name = cluster, name
         self.id = cluster.sbatch(tmp / f"{name}.sbatch", env={"DDPKIT_TEST_SLOW_RANK": f"0:{SLOW_S}"})
         self.out = tmp / f"{name}-{self.id}.out"
+        self.submitted_from = tmp  # sbatch runs there (SLURM_SUBMIT_DIR)
 
     @property
     def text(self) -> str:
@@ -88,14 +89,18 @@ class Job:
         return done.stdout
 
     def key(self) -> str:
-        """The run key, from the environment of one of the job's tasks (root reads any process's)."""
+        """The run key, from the environment of one of the job's tasks (root reads any process's).
+        Job ids are per cluster, and each test worker has a cluster of its own: a task is
+        this job's by its id and by the folder it was submitted from."""
         keys = set()
         for proc in Path("/proc").glob("[0-9]*"):
             try:
                 env = dict(e.split(b"=", 1) for e in (proc / "environ").read_bytes().split(b"\0") if b"=" in e)
             except OSError:
                 continue
-            if env.get(b"SLURM_JOB_ID") == str(self.id).encode() and runkey.ENV.encode() in env:
+            mine = (env.get(b"SLURM_JOB_ID") == str(self.id).encode()
+                    and env.get(b"SLURM_SUBMIT_DIR") == str(self.submitted_from).encode())
+            if mine and runkey.ENV.encode() in env:
                 keys.add(env[runkey.ENV.encode()].decode())
         assert len(keys) == 1, f"every task of the job holds one key: {len(keys)} found"
         return keys.pop()
