@@ -127,21 +127,23 @@ def _after_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
     if id(optimizer) != STATE.primary or STATE.agreed is not None:
         return
     STATE.steps += 1
-    agreement = _agreement()
-    if agreement is not None and agreement.check():
-        STATE.agreed = agreement.signum
+    signum = _agreed_signal()
+    if signum is not None:
+        STATE.agreed = signum
         _announce()
 
 
-def _agreement() -> StopAgreement | None:
-    """The agreement, made at the first step once the process group exists."""
+def _agreed_signal() -> int | None:
+    """The stop signal every rank agreed on after this step, or None. The agreement
+    is made at the first step once the process group exists; without one this
+    process's own signal is the decision."""
     if STATE.agreement is None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            return StopAgreement(STATE.request, distributed=False)
+            return STATE.request.signum
         STATE.agreement = StopAgreement.for_run(STATE.request, distributed=dist.get_world_size() > 1)
-    return STATE.agreement
+    return STATE.agreement.signum if STATE.agreement.check() else None
 
 
 def rank() -> int:
