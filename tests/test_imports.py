@@ -24,10 +24,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # agreed: the facts renderer and trainer share (trainer flags, stop signals,
 # ports, the device rule); a leaf like envnames, so either side may use it.
 # processes: facts about this host's processes (psutil), for the launcher and the trainer alike;
-# templatedir: where the shipped templates are, for the renderer and the report page.
+# templatedir: where the shipped templates are, for the renderer and the report page;
+# listening: a listening socket on one address for a TCPStore (the trainer's store, the launcher's).
 # records: every record the job sends back (watchdog reports, worker exits, metrics),
 # its one writer and reader; a leaf, so the job, its agent, launchers and report share it.
-LEAVES = {"envnames", "exitcodes", "wording", "processes", "templatedir", "records"}
+LEAVES = {"envnames", "exitcodes", "wording", "processes", "templatedir", "records", "listening"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
 BASE = LEAVES | {"agreed", "runkey"}
@@ -66,6 +67,7 @@ ALLOWED: dict[str, set[str]] = {
     "records": set(),
     "processes": set(),
     "templatedir": set(),
+    "listening": set(),
     # `ddpkit.on_stop`, the one line a program of the user's own adds to be stopped with a checkpoint
     "__init__": {"preamble"},
     # callbacks a program adds to a Hugging Face or Lightning Trainer: the preamble's stop part

@@ -21,23 +21,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from ..listening import listen_fd
+
 if TYPE_CHECKING:
     import torch.distributed as dist
-
-
-def listener(host: str, port: int) -> int:
-    """The file descriptor of a socket listening on host:port, for TCPStore to
-    own (torch's own listener sets SO_REUSEADDR too)."""
-    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise
-    return sock.detach()
 
 
 @contextmanager
@@ -46,7 +33,8 @@ def hosted_store(host: str, port: int) -> Iterator[dist.TCPStore]:
     port cannot be taken."""
     import torch.distributed as dist
 
-    fd = listener(host, port)
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    fd = listen_fd(family, address)
     try:
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=30), master_listen_fd=fd)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ... import records, runkey
 from ...exitcodes import ExitCode
+from ...listening import listen_fd
 from .netlocal import port_in_use_problem, unreachable_problem
 from .netproblem import ACK_WAIT_S, RETRY_S, STORE_REPLY_S, WINDOW_VAR, NetCheckError, Peers, Problem
 
@@ -90,17 +91,12 @@ def job_listener(master_addr: str, port: int, spans_hosts: bool) -> int | None:
     family, _, _, _, sockaddr = infos[0]
     if spans_hosts and ipaddress.ip_address(str(sockaddr[0]).split("%")[0]).is_loopback:
         return None
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own listener
-        sock.bind(sockaddr)
-        sock.listen(socket.SOMAXCONN)
+        return listen_fd(family, sockaddr)
     except OSError as exc:
-        sock.close()
         if exc.errno == errno.EADDRNOTAVAIL:
             return None
         raise  # the port is taken: the caller says so
-    return sock.detach()
 
 
 def _create_store(peers: Peers, window: float) -> dist.TCPStore:
