@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import envnames, runkey
+from .. import envnames, records, runkey
 from ..agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
 from ..contract import Arg, LaunchPlan, Target, resolve
 from ..runs import NodeLog, RunFolder
@@ -44,7 +44,7 @@ from .rdzv_store import hosted_store
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .supervise import proctree
 from .supervise.events import ElasticPolicy
-from .supervise.nodeoutput import TORCHRUN_PREFIX_FLAG, LinePrinter, NodeHandle, add_dedup_argument, node_log
+from .supervise.nodeoutput import LinePrinter, NodeHandle, add_dedup_argument, node_log
 from .supervise.summary import RunText
 from .supervise.supervisor import Supervisor
 
@@ -184,7 +184,7 @@ def tee_flags(log_dir: Path) -> list[Arg]:
     file, so lines of two ranks never interleave, and carries a
     `[rank<global rank>]:` prefix that the supervisor's printer turns into
     its own `[node<I> rank<R>]`."""
-    return [Arg.of("--tee=3"), Arg.of(f"--log-dir={log_dir}"), Arg.of(TORCHRUN_PREFIX_FLAG)]
+    return [Arg.of("--tee=3"), Arg.of(f"--log-dir={log_dir}"), Arg.of(records.RANK_TAG_FLAG)]
 
 
 def node_plan(spec: JobSpec, node: int, log_root: Path) -> LaunchPlan:

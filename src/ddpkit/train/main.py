@@ -45,10 +45,10 @@ def _bad(error: BaseException | str) -> int:
     """One line for an expected error or a fault, after its `cause` record for
     a launcher; its own exit code when it carries one (a NetCheckError or
     RankReportError: STARTUP; a TrainFault: its own), else BAD_INPUT."""
+    code = code_of(error) if isinstance(error, BaseException) else int(ExitCode.BAD_INPUT)
     if _under_a_launcher():
-        code = code_of(error) if isinstance(error, BaseException) else int(ExitCode.BAD_INPUT)
         records.emit(records.Cause(WHO, str(error), code))
-    return exit_on(WHO, error)
+    return exit_on(WHO, error, code)
 
 
 def _under_a_launcher() -> bool:

@@ -33,9 +33,6 @@ NO_EXIT_STATUS = -1  # a node that ended without an exit status (a dropped conne
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
 SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
-# What torchrun puts before each worker line (launchers pass this template,
-# see TORCHRUN_PREFIX_FLAG): the global rank, read back (records.rank_tagged) into ddpkit's prefix.
-TORCHRUN_PREFIX_FLAG = records.RANK_TAG_FLAG
 
 
 class NodeHandle(Protocol):

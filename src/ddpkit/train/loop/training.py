@@ -342,7 +342,7 @@ class Trainer:
         self.log.warning("stop signal received: checkpointing at step %d and exiting with %d",
                          self.pos.step, ExitCode.PREEMPTED)
         path = self.save()
-        self.metrics.write("stop", **self.agreement.stop_record(self.pos.step, str(path) if path else None))
+        self.metrics.put(self.agreement.stop_record(self.pos.step, str(path) if path else None))
         if self.rank == 0:
             requeue_if_slurm(self.agreement.signum, lambda line: self.log.warning("%s", line))
         return RunStatus.PREEMPTED

@@ -32,7 +32,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from ... import envnames
+from ... import envnames, records
 from ...agreed import TRAINER_STOP_SIGNALS
 from ...exitcodes import ExitCode
 
@@ -86,12 +86,11 @@ class StopAgreement:
         self._pending: dist.Work | None = None
         self.signum: int | None = None  # the agreed stop signal, once check() said stop
 
-    def stop_record(self, step: int, checkpoint: str | None) -> dict[str, object]:
+    def stop_record(self, step: int, checkpoint: str | None) -> records.Stop:
         """The metrics file's `stop` record: written only on this path, so a
         checkpoint that a signal caused can be told from a periodic one."""
         name = signal.Signals(self.signum).name if self.signum else None
-        return {"signal": name, "step": step, "checkpoint": checkpoint,
-                "slurm_restart_count": int(os.environ.get(envnames.SLURM_RESTART_COUNT, "0") or 0)}
+        return records.Stop(name, step, checkpoint, int(os.environ.get(envnames.SLURM_RESTART_COUNT, "0") or 0))
 
     @classmethod
     def for_run(cls, request: StopRequest, distributed: bool) -> StopAgreement:
