@@ -14,12 +14,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from ddpkit import processes
 from ddpkit.exitcodes import ExitCode
+from ddpkit.launch.supervise import proctree
+from tests.helpers.rank_table import pid_of
 from tests.test_preamble import TUTORIAL, Job
 from tests.test_startup import ROOT
 
@@ -128,3 +132,38 @@ def test_one_process_without_a_launcher(tmp_path: Path, mode: str, code: int, sa
     assert says in done.stdout + done.stderr
     assert ("finished" in done.stdout) == (mode == "own")
     assert ("saved" in done.stdout) == (mode == "on_stop")
+
+
+def test_a_stopped_rank_is_killed_at_once_so_a_cancelled_job_ends_without_waiting_for_the_shutdown_timeout(
+        tmp_path: Path) -> None:
+    """Rank 1 SIGSTOPped, then the launcher's SIGTERM (what Ctrl-C and `ddpkit cancel` send):
+    the stopped worker can act on no signal and its peer waits for it in the stop agreement.
+    Its agent kills it at once and says so; the peer's collective then fails and the job ends.
+    The watchdog is set out of the way, so the bound rules out the fallback it would otherwise
+    meet: torchrun's shutdown timeout, preemption.checkpoint_s plus its margin."""
+    job = Job(tmp_path, TUTORIAL, "100000", "100000", "--step-sleep", "0.05", "--on-stop",
+              launch=("--set", "watchdog.stall_s=600", "--set", "preemption.checkpoint_s=60"))
+    try:
+        job.wait_for(r"Epoch 1 \|")
+        job.pids |= set(proctree.descendants(job.proc.pid))
+        pid = pid_of(job.lines, 1)
+        assert pid is not None and pid in job.pids, job.text
+        proctree.signal_all([pid], signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while not processes.is_stopped(pid):
+            assert time.monotonic() < deadline, f"rank 1 (pid {pid}) never showed as stopped"
+            time.sleep(0.05)
+        asked = time.monotonic()
+        job.proc.send_signal(signal.SIGTERM)
+        code = job.finish(120)
+    finally:
+        if job.proc.poll() is None:
+            job.finish(10)
+    took = time.monotonic() - asked
+    text = job.text
+    assert f"ddpkit.agent: rank 1 (pid {pid}) is stopped (SIGSTOP or a debugger) and cannot act on SIGTERM or " \
+           "write a checkpoint: killed now" in text, text[-3000:]
+    assert code == ExitCode.INTERRUPTED, text[-2000:]
+    assert text.rstrip().endswith("launch local: interrupted; stopped all nodes"), text[-2000:]
+    assert took < 60, f"{took:.1f} s from SIGTERM to the launcher's end: the shutdown timeout's, not the kill's"
+    assert job.left == [], job.left

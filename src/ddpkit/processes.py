@@ -1,6 +1,6 @@
 """Facts about this host's processes that more than one layer asks for,
-read through psutil: whether a process's environment holds a variable, and
-when a process started.
+read through psutil: whether a process's environment holds a variable, when
+a process started, and whether it is stopped.
 
 A leaf: it imports nothing of the package, so the launcher and the trainer
 (which must start without the job spec) may both use it.
@@ -37,3 +37,13 @@ def start_ticks(pid: int) -> int | None:
     except psutil.Error:
         return None
     return round(since_boot * os.sysconf("SC_CLK_TCK"))
+
+
+def is_stopped(pid: int) -> bool:
+    """True when process `pid` is stopped (SIGSTOP, a terminal's Ctrl-Z, a
+    debugger's stop): it acts on no signal but SIGKILL and SIGCONT until it is
+    continued. False when it runs, sleeps, has ended or is not ours to read."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False

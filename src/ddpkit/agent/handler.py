@@ -30,7 +30,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, cast
 
-from .. import envnames, records
+from .. import envnames, processes, records
 from ..agreed import RUN_MODULE, is_ddpkit_module
 from .worker import WorkerRequest
 from .zygote import Zygote
@@ -90,6 +90,10 @@ class Watched:
         self.stopping = False  # torchrun began to stop it: how it ends is no news
         self._rank, self._local_rank = _int(env.get(envnames.RANK)), _int(env.get(envnames.LOCAL_RANK))
         self._said = False
+
+    @property
+    def rank(self) -> int | None:
+        return self._rank
 
     def poll(self) -> int | None:
         return self._noted(self.proc.poll())
@@ -177,9 +181,14 @@ def install(zygote: Zygote | None) -> None:
 
         def close(self, death_sig: signal.Signals | None = None) -> None:
             """torch's close (killpg of the worker's session, then its files), for
-            a worker that may have ended and been reaped since torchrun polled it."""
+            a worker that may have ended and been reaped since torchrun polled it;
+            a stopped worker is then killed at once (`kill_if_stopped`)."""
             watched = cast(Watched, self.proc)
             watched.stopping = True
+            self._close(watched, death_sig)
+            kill_if_stopped(watched, death_sig)
+
+        def _close(self, watched: Watched, death_sig: signal.Signals | None) -> None:
             if not isinstance(watched.proc, ForkedProc):
                 super().close(death_sig)
                 return
@@ -196,6 +205,24 @@ def install(zygote: Zygote | None) -> None:
         return ZygoteHandler(**kwargs)
 
     api.get_subprocess_handler = get_subprocess_handler  # type: ignore[assignment]
+
+
+def kill_if_stopped(watched: Watched, death_sig: signal.Signals | None) -> None:
+    """A worker that is stopped (SIGSTOP, a debugger) when asked to stop acts
+    on no signal but SIGKILL: it can never checkpoint, and its peers wait for
+    it in their stop agreement. Killed now, with one line that says so, not
+    after torchrun's shutdown timeout; its peers' collectives then fail at
+    once and they end too."""
+    if death_sig in (None, signal.SIGKILL) or watched.proc.poll() is not None or not processes.is_stopped(watched.pid):
+        return
+    who = "a worker" if watched.rank is None else f"rank {watched.rank}"
+    print(f"ddpkit.agent: {who} (pid {watched.pid}) is stopped (SIGSTOP or a debugger) and cannot act on "
+          f"{signal.Signals(death_sig).name} or write a checkpoint: killed now, so the job stops without waiting "
+          "for the shutdown timeout", file=sys.stderr, flush=True)
+    try:
+        os.killpg(watched.pid, signal.SIGKILL)  # its session: what it started goes with it
+    except (ProcessLookupError, PermissionError):
+        watched.proc.send_signal(signal.SIGKILL)
 
 
 def _name(stream: Any) -> str | None:
