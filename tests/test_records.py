@@ -13,6 +13,7 @@ from rich.console import Console
 
 from ddpkit import records
 from ddpkit.agent.handler import Watched
+from ddpkit.launch.supervise.dedup import Dedup
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
 
 STALLED = records.StalledRank(3, 1, "h1", 77, 9, "forward", 61.0, None, frame="model.py:30 in forward")
@@ -23,6 +24,7 @@ EVERY_KIND: list[records.Record] = [
     records.Reformed(1, 3, 2, 3),
     records.WorkerExit(1, 0, 20011, 12),
     records.AgentReport(11),
+    records.Traceback(4, "RuntimeError: boom  (its traceback: the node's log)"),
     records.Cause("ddpkit train", "the data is missing on host h1", 12),
     records.Train(10, 1.5, 100.0, epoch=0, lr=0.1),
     records.Train(10, None, 100.0, loss_is="the tensor backward() was called on"),
@@ -131,6 +133,40 @@ def test_the_launcher_keeps_records_off_the_console_and_cuts_the_tail_at_the_fai
     assert printer.worker_code(1) == 12  # the first failed worker's
     assert printer.tail(node) == ["[node1 rank1] the worker's last line",  # type: ignore[arg-type]
                                   "[node1] worker rank 1 (pid 9) failed (exitcode: 12)"]
+
+
+def test_a_traceback_record_shows_its_exception_once_in_place_of_every_ranks_traceback() -> None:
+    """Two ranks on two nodes fail alike: one line for both ranks on the console, no traceback
+    line; a rank's lines after its traceback, and another rank's lines during it, still show."""
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300), Dedup(2))
+    trace = ["Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "RuntimeError: peer gone"]
+    record = records.frame(records.Traceback(lines=len(trace), line="RuntimeError: peer gone  (its traceback: log)"))
+    for index in (0, 1):
+        node = _Node(index)
+        printer.line(node, f"[rank{index}]:{record}")  # type: ignore[arg-type]
+        printer.line(node, f"[rank{index}]:{trace[0]}")  # type: ignore[arg-type]
+        printer.line(node, "[rank9]:another rank goes on")  # type: ignore[arg-type]
+        for line in trace[1:]:
+            printer.line(node, f"[rank{index}]:{line}")  # type: ignore[arg-type]
+    printer.line(_Node(0), "[rank0]:after it")  # type: ignore[arg-type]
+    printer.close()
+    shown = out.getvalue()
+    assert shown.count("RuntimeError: peer gone") == 1 and "[all 2 ranks] RuntimeError: peer gone" in shown, shown
+    assert "Traceback" not in shown and "t.py" not in shown and records.FRAME not in shown, shown
+    assert "another rank goes on" in shown and "[node0 rank0] after it" in shown, shown
+
+
+def test_torchs_reverse_dns_warning_stays_off_the_console() -> None:
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300))
+    warning = ("[W1127 10:00:00.000000 77 torch/csrc/distributed/c10d/socket.cpp:1033] The hostname of the client "
+               "socket cannot be retrieved. err=-3")
+    printer.line(_Node(0), warning)  # type: ignore[arg-type]  # the agent's own store
+    printer.line(_Node(1), "[rank1]:" + warning)  # type: ignore[arg-type]  # a worker's
+    printer.line(_Node(1), "[rank1]:training")  # type: ignore[arg-type]
+    printer.close()
+    assert "hostname" not in out.getvalue() and "[node1 rank1] training" in out.getvalue()
 
 
 def test_an_elastic_job_says_it_trained_again_and_from_which_world_size() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from .. import envnames
@@ -34,14 +35,23 @@ def share_cores(nproc_per_node: str, env: os._Environ[str] | dict[str, str]) -> 
         env[envnames.OMP_NUM_THREADS] = str(threads_per_process(len(os.sched_getaffinity(0)), int(nproc_per_node)))
 
 
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun  # torch: what the agent imports anyway
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
     from .. import records
-    from . import handler, worker, zygote
+    from . import handler, tailing, worker, zygote
 
     args = torchrun.parse_args(argv)
+    tailing.install()
     share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None
     why = handler.unsupported()
@@ -59,6 +69,15 @@ def main(argv: list[str] | None = None) -> None:
         text = worker.exception_text(skipping=(__name__,))
         records.emit(records.AgentReport(lines=text.count("\n")))
         sys.stderr.write(text)
+        sys.exit(1)
+    except SignalException as exc:
+        # Stopped by a signal (Ctrl-C, a launcher's or scheduler's stop): torchrun's
+        # traceback for it is the node log's; the console gets one line.
+        text = worker.exception_text(skipping=(__name__,))
+        records.emit(records.AgentReport(lines=text.count("\n")))
+        sys.stderr.write(text)
+        print(f"ddpkit.agent: stopped by {signal_name(exc.sigval)} (its workers were sent it too)",
+              file=sys.stderr, flush=True)
         sys.exit(1)
     except Exception:
         # What torchrun's own uncaught failure prints (a stop signal's

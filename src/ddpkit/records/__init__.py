@@ -29,19 +29,19 @@ from pathlib import Path
 from typing import IO, Any, Union
 
 from .base import OMITTED_WHEN_NONE, Record, RecordError
-from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, Stall, StalledRank, Straggler, WorkerExit
+from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, Stall, StalledRank, Straggler, Traceback, WorkerExit
 from .lines import RANK_TAG_FLAG, rank_tagged, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
 __all__ = ["FRAME", "KINDS", "RANK_TAG_FLAG", "AgentReport", "Cause", "Checkpoint", "Eval", "LostRank", "NodeLost",
            "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank", "Stamped", "StepTimes",
-           "Startup", "Stop", "Straggler", "Summary", "Train", "WorkerExit", "append", "decode", "emit", "encode",
+           "Startup", "Stop", "Straggler", "Traceback", "Summary", "Train", "WorkerExit", "append", "decode", "emit", "encode",
            "frame", "from_fields", "is_frame", "rank_tagged", "read_file", "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
-    Stall, Straggler, NodeLost, Reformed, WorkerExit, AgentReport, Cause,
+    Stall, Straggler, NodeLost, Reformed, WorkerExit, AgentReport, Traceback, Cause,
     Train, Eval, StepTimes, RankRow, Checkpoint, Stop, Resume, Startup, Summary)}
 
 

@@ -1,6 +1,6 @@
 """The records a running job sends its launcher: what its watchdog found
-(a stall, a straggler, a lost node), an elastic job trained again, and how
-a worker ended (its agent's records)."""
+(a stall, a straggler, a lost node), an elastic job trained again, how
+a worker ended and what its traceback said (its agent's records)."""
 
 from __future__ import annotations
 
@@ -164,9 +164,20 @@ class Cause(Record):
 
 
 @dataclass(frozen=True)
+class Traceback(Record):
+    """A worker's traceback follows, `lines` lines long, on its rank's
+    output: for the node's log; a console shows `line` (its exception) instead."""
+
+    kind: ClassVar[str] = "traceback"
+    lines: int
+    line: str
+
+
+@dataclass(frozen=True)
 class AgentReport(Record):
-    """The agent's own report on a failed worker follows, `lines` lines long
-    (torch's ChildFailedError and its box): for the node's log, not a console."""
+    """The agent's own report follows, `lines` lines long (torch's
+    ChildFailedError and its box on a failed worker, its SignalException's
+    traceback when a signal stopped it): for the node's log, not a console."""
 
     kind: ClassVar[str] = "agent_report"
     lines: int

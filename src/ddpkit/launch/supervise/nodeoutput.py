@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 NO_EXIT_STATUS = -1  # a node that ended without an exit status (a dropped connection, a removed container)
 
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
+# torch's lines that say nothing a person can act on, kept off the console (the node logs
+# keep them): c10d's store warns for every client whose address has no reverse DNS entry,
+# which is most cluster networks, twice per node per rendezvous.
+NOISE = ("The hostname of the client socket cannot be retrieved.",)
 TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
 SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
 
@@ -88,7 +92,7 @@ class LinePrinter:
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
         self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
-        self._held_back: dict[int, int] = {}  # node index -> lines of its agent's failure report still to come
+        self._held_back: dict[tuple[int, int | None], int] = {}  # (node, rank or None: its agent) -> lines still to keep off
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
 
@@ -96,14 +100,20 @@ class LinePrinter:
         match = records.rank_tagged(text)
         prefix = f"[{node.label} rank{match[0]}] " if match else f"[{node.label}] "
         body = match[1] if match else text
+        rank = match[0] if match else None
         with self._lock:
-            if self._took_record(node.index, prefix, body):
+            took = self._took_record(node.index, rank, prefix, body)
+            if took is True:
                 return
-            if self._hidden.get((node.index, body)):  # a cause line its record announced: shown once, at the end
+            if isinstance(took, str):
+                body = took  # what the record has shown in place of the lines it announced
+            elif self._hidden.get((node.index, body)):  # a cause line its record announced: shown once, at the end
                 self._hidden[(node.index, body)] -= 1
                 return
-            if not match and self._held_back.get(node.index):
-                self._held_back[node.index] -= 1  # the agent's report on a failed worker: the node's log has it
+            elif self._held_back.get((node.index, rank)):
+                self._held_back[(node.index, rank)] -= 1  # an agent's report, a traceback: the node's log has it
+                return
+            if any(noise in body for noise in NOISE):
                 return
             self._add_to_tail(node.index, prefix + body)
             style = STYLES[node.index % len(STYLES)]
@@ -142,9 +152,10 @@ class LinePrinter:
                 self.dedup = None
                 self._wake.notify_all()
 
-    def _took_record(self, index: int, prefix: str, body: str) -> bool:
+    def _took_record(self, index: int, rank: int | None, prefix: str, body: str) -> bool | str:
         """Notes the record a framed line holds; False for any other line, and
-        for a record this launcher cannot read (shown as it came)."""
+        for a record this launcher cannot read (shown as it came); the line to
+        show for a record that stands for the lines after it (a traceback)."""
         try:
             stamped = records.unframe(body)
         except records.RecordError:
@@ -166,7 +177,10 @@ class LinePrinter:
             self._add_to_tail(index, prefix + record.line)
             self._cut[index] = self._tailed[index]
         elif isinstance(record, records.AgentReport):
-            self._held_back[index] = record.lines
+            self._held_back[(index, None)] = record.lines
+        elif isinstance(record, records.Traceback):
+            self._held_back[(index, rank)] = record.lines
+            return record.line
         elif isinstance(record, records.Cause):
             self.causes.setdefault(record.line, index)  # shown once, at the end (Supervisor.summary)
             self._hidden[(index, record.line)] = self._hidden.get((index, record.line), 0) + 1
@@ -185,7 +199,8 @@ class LinePrinter:
         with self._lock:
             self.worker_codes.pop(index, None)
             self._cut.pop(index, None)
-            self._held_back.pop(index, None)
+            for key in [key for key in self._held_back if key[0] == index]:
+                del self._held_back[key]
             self.recovery.forget(index)
 
     def cause_lines(self, first: int | None) -> list[str]:
