@@ -27,6 +27,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -109,8 +110,9 @@ class Watched:
     def _noted(self, code: int | None) -> int | None:
         if code and not self._said and not self.stopping:
             self._said = True
+            # When, on this node's clock: a launcher orders the nodes' failures by it.
             records.emit(records.WorkerExit(rank=self._rank, local_rank=self._local_rank, pid=int(self.proc.pid),
-                                            exitcode=code))
+                                            exitcode=code), time=time.time())
         return code
 
 

@@ -101,9 +101,9 @@ def from_fields(obj: dict[str, Any]) -> Stamped:
     return Stamped(_build(cls, body), None if time is None else float(time))
 
 
-def frame(record: Record) -> str:
+def frame(record: Record, time: float | None = None) -> str:
     """The record as one framed line for a job's output (no newline)."""
-    return FRAME + encode(record)
+    return FRAME + encode(record, time)
 
 
 def is_frame(body: str) -> bool:
@@ -117,10 +117,10 @@ def unframe(body: str) -> Stamped | None:
     return decode(body[len(FRAME):]) if body.startswith(FRAME) else None
 
 
-def emit(record: Record, stream: IO[str] | None = None) -> None:
-    """Print the framed record on `stream` (stderr), in one write."""
+def emit(record: Record, stream: IO[str] | None = None, time: float | None = None) -> None:
+    """Print the framed record on `stream` (stderr), in one write; `time`: when it happened."""
     out = sys.stderr if stream is None else stream
-    out.write(frame(record) + "\n")
+    out.write(frame(record, time) + "\n")
     out.flush()
 
 

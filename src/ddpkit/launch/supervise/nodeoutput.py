@@ -88,6 +88,7 @@ class LinePrinter:
         self.stalled: dict[int, records.StalledRank] = {}  # by rank: what the watchdog's report said
         self.stragglers: dict[int, records.Straggler] = {}  # by rank: the first time the watchdog named it
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (its agent's record)
+        self.failed_at: dict[int, float] = {}  # by node index: when its first worker failed, on that node's clock
         self.causes: dict[str, int] = {}  # each worker's cause line (its `cause` record), once, with its first node
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
@@ -174,6 +175,8 @@ class LinePrinter:
             self.recovery.trained_again(record, self.clock())
         elif isinstance(record, records.WorkerExit) and index not in self.worker_codes:
             self.worker_codes[index] = record.exitcode
+            if stamped.time is not None:
+                self.failed_at[index] = stamped.time
             self._add_to_tail(index, prefix + record.line)
             self._cut[index] = self._tailed[index]
         elif isinstance(record, records.AgentReport):
@@ -194,10 +197,15 @@ class LinePrinter:
         with self._lock:
             return self.worker_codes.get(index)
 
+    def worker_failed_at(self) -> dict[int, float]:
+        with self._lock:
+            return dict(self.failed_at)
+
     def forget(self, index: int) -> None:
         """A node that comes back (elastic) starts without its last failure's code."""
         with self._lock:
             self.worker_codes.pop(index, None)
+            self.failed_at.pop(index, None)
             self._cut.pop(index, None)
             for key in [key for key in self._held_back if key[0] == index]:
                 del self._held_back[key]

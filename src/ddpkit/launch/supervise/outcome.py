@@ -4,6 +4,7 @@ supervisor read from the job's output; the run's exit code follows from it."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,17 @@ class Outcome:
     def node_code(self, node: NodeHandle) -> int | None:
         return node_code(node, self.worker_codes.get(node.index))
 
+    def blame_earliest(self, failed_at: dict[int, float]) -> None:
+        """The node whose worker failed first, by the times its agent wrote
+        (`failed_at`: node index -> seconds), failed first, whichever node's
+        exit reached the launcher first: a worker's failure brings its peers'
+        down within moments, and their agents may end sooner than its own."""
+        if self.first_failure is None:
+            return
+        failed = [t for t in self.nodes if t.index in failed_at and t.node.exit_code() != 0]
+        if failed:
+            self.first_failure = min(failed, key=lambda t: failed_at[t.index]).node
+
     def blame_lost(self) -> None:
         """A static job stopped for a lost node: that node failed first,
         whichever exit (a survivor's NODE_LOST) reached the loop first."""
@@ -71,8 +83,15 @@ class Outcome:
         return ExitCode.OK
 
 
+# A node's code when the launcher stopped it (SIGTERM, then SIGKILL after the grace).
+STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+
+
 def node_code(node: NodeHandle, worker: int | None) -> int | None:
     """The node's exit code; for a torchrun agent's 1, its failed worker's
-    own code when that is one of ddpkit's (exitcodes.WORKER_CODES)."""
+    own code when that is one of ddpkit's (exitcodes.WORKER_CODES); for a
+    node stopped after its worker had failed, that worker's code."""
     code = node.exit_code()
-    return worker if code == ExitCode.FAILED and worker in WORKER_CODES else code
+    if code == ExitCode.FAILED and worker in WORKER_CODES:
+        return worker
+    return worker if code in STOPPED_CODES and worker is not None and worker > 0 else code

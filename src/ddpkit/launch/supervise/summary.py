@@ -82,10 +82,13 @@ def closing_line(outcome: Outcome, text: RunText, reason: Callable[[NodeHandle],
     if failed is None:
         return (f"{text.title}: every node finished" + _rejoined_text(outcome) + _excluded_text(outcome, reason)
                 + recovery)
-    # Both halves are read by scripts and tests: keep their wording.
+    # Both halves are read by scripts and tests: keep their wording. The run's exit code
+    # is said apart where it is not the node's (a lost node's 137 ends the run with 14).
+    node = code_text(outcome.node_code(failed))
+    run = "" if node == str(outcome.code) else f" (the run's exit code: {outcome.code})"
     return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {reason(failed)}; "
             f"every other node was stopped\n"
-            f"{text.title}: node{failed.index} exited with code {outcome.code}; stopped the other nodes")
+            f"{text.title}: node{failed.index} exited with code {node}{run}; stopped the other nodes")
 
 
 def _rejoined_text(outcome: Outcome) -> str:

@@ -118,6 +118,7 @@ class Supervisor:
         outcome.stragglers = self.printer.straggler_ranks()
         outcome.lost = sorted((x for x in self.printer.recovery.lost.values() if not self._own_exit(x.node)),
                               key=lambda x: x.rank)
+        outcome.blame_earliest(self.printer.worker_failed_at())
         outcome.blame_lost()
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
         self._note_end(outcome)
