@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from ddpkit.exitcodes import ExitCode
+from ddpkit.launch.control.backends import launched
 from ddpkit.launch.supervise import proctree
-from ddpkit.runs import NodeLog, RunFolder, RunState, SlurmJob, UnknownRun, all_runs, resolve, shown_state
+from ddpkit.runs import NodeLog, RunFolder, RunState, SlurmJob, StoredRun, UnknownRun, all_runs, resolve, shown_state
 from tests.helpers.runs import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +132,20 @@ def test_cancel_of_a_run_whose_launcher_is_on_another_host_is_one_line(tmp_path:
     assert cancel.stderr.strip() == (f"ddpkit cancel: run {record.id}'s launcher runs on elsewhere (pid "
                                      f"{record.launcher.pid}); run `ddpkit cancel {record.id}` there")
     assert folder.events()[-1].kind == "start"  # nothing was sent
+
+
+@pytest.mark.parametrize(("command", "promise"), [
+    ("", "to checkpoint and stop"),  # ddpkit train, the default
+    ("command: {module: ddpkit.train}", "to checkpoint and stop"),
+    ("command: {script: /work/train.py}", "one without stops at once, without a checkpoint"),
+    ("command: {module: my_pkg.train}", "one without stops at once, without a checkpoint"),
+])
+def test_cancel_promises_a_checkpoint_only_where_the_command_is_ddpkit_train(tmp_path: Path, command: str,
+                                                                             promise: str) -> None:
+    folder = new_run(tmp_path, "train", time.time())
+    folder.spec_file.write_text(f"name: train\n{command}\n")
+    said = launched._to_stop(StoredRun(folder, folder.record()))
+    assert said.endswith(promise) and ("stop handler" in said) == (promise != "to checkpoint and stop"), said
 
 
 def test_logs_of_a_rank_where_node_logs_do_not_tag_ranks_show_its_node(tmp_path: Path) -> None:

@@ -13,7 +13,10 @@ import signal
 import time
 from dataclasses import dataclass
 
+import yaml
+
 from .... import envnames
+from ....agreed import TRAIN_MODULE, is_ddpkit_module
 from ....exitcodes import ExitCode
 from ....runs import RunState, StoredRun, launcher_alive, shown_state
 from ...supervise import proctree
@@ -65,6 +68,20 @@ class Launched:
         return _cancel_launcher(StoredRun(run.folder, rec))
 
 
+def _to_stop(run: StoredRun) -> str:
+    """What the nodes do in their grace: ddpkit train checkpoints; a program of
+    the user's own does only if it has a stop handler, which only its workers
+    know (each says so when the signal comes)."""
+    try:
+        command = (yaml.safe_load(run.folder.spec_file.read_text()) or {}).get("command") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        command = {}
+    if not command.get("script") and is_ddpkit_module(command.get("module") or TRAIN_MODULE):
+        return "to checkpoint and stop"
+    return ("to stop: a program with a stop handler (ddpkit.on_stop, or ddpkit's callback for its Trainer) "
+            "checkpoints in them; one without stops at once, without a checkpoint")
+
+
 def _cancel_launcher(run: StoredRun) -> int:
     rec = run.record
     alive = launcher_alive(rec)
@@ -78,7 +95,7 @@ def _cancel_launcher(run: StoredRun) -> int:
     except ProcessLookupError:
         pass
     print(f"ddpkit cancel: sent SIGTERM to launcher pid {rec.launcher.pid} of run {rec.id}; its nodes get "
-          f"{rec.stop_grace_s:g} s to checkpoint and stop", flush=True)
+          f"{rec.stop_grace_s:g} s {_to_stop(run)}", flush=True)
     deadline = time.monotonic() + rec.stop_grace_s + STOP_MARGIN_S
     while launcher_alive(rec) and time.monotonic() < deadline:
         time.sleep(0.1)
