@@ -47,7 +47,12 @@ class Outcome:
         return {t.index: t.rejoined_after for t in self.nodes if t.rejoined_after}
 
     def node_code(self, node: NodeHandle) -> int | None:
-        return node_code(node, self.worker_codes.get(node.index))
+        """`node_code`; for a node the launcher stopped after its own worker had
+        failed (the run's first failure, read late), that worker's code."""
+        worker = self.worker_codes.get(node.index)
+        code = node_code(node, worker)
+        stopped = self.track(node).state is NodeState.STOPPED and code in STOPPED_CODES
+        return worker if stopped and worker is not None and worker > 0 else code
 
     def blame_earliest(self, failed_at: dict[int, float]) -> None:
         """The node whose worker failed first, by the times its agent wrote
@@ -89,9 +94,6 @@ STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 def node_code(node: NodeHandle, worker: int | None) -> int | None:
     """The node's exit code; for a torchrun agent's 1, its failed worker's
-    own code when that is one of ddpkit's (exitcodes.WORKER_CODES); for a
-    node stopped after its worker had failed, that worker's code."""
+    own code when that is one of ddpkit's (exitcodes.WORKER_CODES)."""
     code = node.exit_code()
-    if code == ExitCode.FAILED and worker in WORKER_CODES:
-        return worker
-    return worker if code in STOPPED_CODES and worker is not None and worker > 0 else code
+    return worker if code == ExitCode.FAILED and worker in WORKER_CODES else code
