@@ -167,3 +167,33 @@ def test_a_stopped_rank_is_killed_at_once_so_a_cancelled_job_ends_without_waitin
     assert text.rstrip().endswith("launch local: interrupted; stopped all nodes"), text[-2000:]
     assert took < 60, f"{took:.1f} s from SIGTERM to the launcher's end: the shutdown timeout's, not the kill's"
     assert job.left == [], job.left
+
+
+RESUMING = textwrap.dedent("""
+    import sys, torch
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    if sys.argv[1] == "resume":
+        torch.save({"p": p.detach()}, "snapshot.pt")
+        p.data.copy_(torch.load("snapshot.pt")["p"])
+    for _ in range(3):
+        opt.step()
+""")
+
+
+@pytest.mark.parametrize(("mode", "restart", "says"), [
+    ("resume", "1", "ddpkit: this job was requeued by Slurm (restart 1); before its first step the program loaded "
+                    "snapshot.pt: it resumes from there"),
+    ("fresh", "1", "ddpkit: this job was requeued by Slurm (restart 1), and the program loaded nothing with "
+                   "torch.load before its first step: it starts over from step 0"),
+    ("resume", "0", ""),  # the job's first run: nothing to say
+])
+def test_a_requeued_start_says_whether_the_program_resumed(tmp_path: Path, mode: str, restart: str, says: str) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "SLURM_RESTART_COUNT": restart, "RANK": "0"}
+    program = tmp_path / "resuming.py"
+    program.write_text(RESUMING)
+    done = subprocess.run([sys.executable, "-m", "ddpkit.run", str(program), mode], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("ddpkit: this job was")]
+    assert len(said) == (1 if says else 0) and (not says or said[0].startswith(says)), done.stderr

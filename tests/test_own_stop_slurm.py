@@ -90,6 +90,8 @@ def test_a_hugging_face_trainer_is_preempted_requeued_and_resumes_from_its_check
     assert {p.name for p in out.glob("checkpoint-*")} == {f"checkpoint-{step}", "checkpoint-480"}, text[-6000:]
     assert f'"global_step": {step}' in (out / f"checkpoint-{step}" / "trainer_state.json").read_text()
     assert f"resuming from {out / f'checkpoint-{step}'}" in text, text[-6000:]
+    said = [line for line in text.splitlines() if "ddpkit: this job was requeued by Slurm (restart 1)" in line]
+    assert len(said) == 1 and f"checkpoint-{step}" in said[0] and said[0].endswith("it resumes from there"), said
 
 
 def test_a_lightning_trainer_is_preempted_requeued_and_resumes_from_last_ckpt(
@@ -101,3 +103,5 @@ def test_a_lightning_trainer_is_preempted_requeued_and_resumes_from_last_ckpt(
     last = root / "ckpt" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == step
     assert f"Restoring states from the checkpoint path at {last}" in text, text[-6000:]
+    said = [line for line in text.splitlines() if "ddpkit: this job was requeued by Slurm (restart 1)" in line]
+    assert len(said) == 1 and str(last) in said[0] and said[0].endswith("it resumes from there"), said

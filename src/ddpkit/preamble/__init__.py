@@ -19,7 +19,9 @@ group. ddpkit's own programs (`-m ddpkit.*`) do all of this themselves.
 - `stop`: a stop signal (SIGTERM, SIGUSR2) runs the program's stop handlers
   (`ddpkit.on_stop`, ddpkit.frameworks' callbacks) at the same optimizer step
   on every rank, then the process exits 75; without one, it ends the process
-  as before, with one line that says so; stop.py.
+  as before, with one line that says so; stop.py. On a requeued or restarted
+  job, rank 0 says at the first optimizer step whether the program loaded a
+  checkpoint before it or starts over (resumed.py).
 
 It is installed by the agent's zygote in every forked worker and by
 `python -m ddpkit.run PROGRAM ARGS` wherever nothing forks the workers.

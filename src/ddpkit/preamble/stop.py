@@ -61,8 +61,12 @@ STATE = StopState()
 
 
 def install(env: Mapping[str, str] = os.environ) -> None:
-    """The preamble's part: the stop handlers and the check after each optimizer step."""
+    """The preamble's part: the stop handlers and the check after each optimizer
+    step; on a restarted job, the line that says whether the program resumed."""
+    from . import resumed
+
     install_once()
+    resumed.install(env)
 
 
 def install_once() -> None:
