@@ -28,7 +28,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # listening: a listening socket on one address for a TCPStore (the trainer's store, the launcher's).
 # records: every record the job sends back (watchdog reports, worker exits, metrics),
 # its one writer and reader; a leaf, so the job, its agent, launchers and report share it.
-LEAVES = {"envnames", "exitcodes", "wording", "processes", "templatedir", "records", "listening"}
+# workdir: the folder every process starts in (command.workdir), for the agent and the runner.
+LEAVES = {"envnames", "exitcodes", "wording", "processes", "templatedir", "records", "listening", "workdir"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
 BASE = LEAVES | {"agreed", "runkey"}
@@ -68,6 +69,7 @@ ALLOWED: dict[str, set[str]] = {
     "processes": set(),
     "templatedir": set(),
     "listening": set(),
+    "workdir": {"envnames", "exitcodes"},
     # `ddpkit.on_stop`, the one line a program of the user's own adds to be stopped with a checkpoint
     "__init__": {"preamble"},
     # callbacks a program adds to a Hugging Face or Lightning Trainer: the preamble's stop part

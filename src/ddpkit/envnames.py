@@ -100,6 +100,7 @@ DDPKIT_AGENT_PRELOAD: Final = "DDPKIT_AGENT_PRELOAD"
 # What a program of the user's own gets before its first line (ddpkit/preamble): "off", or the parts
 # to leave out, comma-separated (interface, rank_report, progress).
 DDPKIT_PREAMBLE: Final = "DDPKIT_PREAMBLE"
+DDPKIT_WORKDIR: Final = "DDPKIT_WORKDIR"  # command.workdir: made and entered on every node (ddpkit/workdir.py)
 # Where the preamble's rank 0 appends a program's metrics records (launch local: the run folder's metrics.jsonl).
 DDPKIT_METRICS: Final = "DDPKIT_METRICS"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from . import envnames, preamble
+from . import envnames, preamble, workdir
 from .exitcodes import ExitCode
 from .train.startup import launchinfo
 
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
 
     line = sys.argv[1:] if argv is None else argv
     prepare(line, os.environ)
+    workdir.enter(os.environ, "ddpkit.run")
     preamble.install(line)
     sys.exit(worker.run_as_main(line))
 

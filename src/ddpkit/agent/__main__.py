@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from .. import envnames
+from .. import envnames, workdir
 from ..agreed import threads_per_process
 
 # What a ddpkit worker imports before its first step (train/main.py's
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     from .. import records
     from . import handler, tailing, worker, zygote
 
+    workdir.enter(os.environ, "ddpkit.agent")
     args = torchrun.parse_args(argv)
     tailing.install()
     share_cores(args.nproc_per_node, os.environ)

@@ -39,6 +39,8 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
     env.update(omp_env(spec, target))
     if spec.preamble.off():
         env[envnames.DDPKIT_PREAMBLE] = ",".join(spec.preamble.off())
+    if spec.command.workdir:
+        env[envnames.DDPKIT_WORKDIR] = str(spec.command.workdir)
     if not (row and row.controller_sets_unbuffered):
         env.setdefault(envnames.PYTHONUNBUFFERED, "1")
     return env

@@ -37,7 +37,7 @@ VOLUME_SOURCES: tuple[VolumeSource, ...] = (
 # The annotation that puts a pod into a Volcano PodGroup.
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 # Names ddpkit's own pod volumes use; a user volume of that name would replace them.
-K8S_RESERVED_VOLUMES = frozenset({"dshm"})
+K8S_RESERVED_VOLUMES = frozenset({"dshm", "ddpkit-workdir"})
 
 
 class NfsSource(Strict):

@@ -78,6 +78,10 @@ class Command(Strict):
     script: NodePath | None = Field(default=None, description="path of a python script, as seen on the nodes")
     args: Argv = Field(default_factory=list, description="arguments after the module or script")
     python: NodePath = Field(default="python3", description="interpreter on the nodes / in the image")
+    workdir: NodePath | None = Field(
+        default=None, description="the directory every process starts in, on the nodes / in the container: made "
+                                  "if missing, by the job's user; relative paths in args are relative to it "
+                                  "(default: where the target starts them)")
 
     @model_validator(mode="after")
     def _one_of(self) -> Command:
@@ -85,6 +89,10 @@ class Command(Strict):
             raise ValueError("set either command.module or command.script, not both")
         if self.module is None and self.script is None:
             self.module = TRAIN_MODULE
+        if self.workdir is not None and not str(self.workdir).startswith("/"):
+            # Relative to what would differ by target (a home, a submit folder, an image's WORKDIR).
+            raise ValueError(f"command.workdir {self.workdir!r} is not an absolute path; write it as the nodes "
+                             "(or the container) see it, e.g. /scratch/my-job")
         return self
 
     def argv(self) -> list[str]:

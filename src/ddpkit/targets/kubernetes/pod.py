@@ -20,6 +20,7 @@ from .base import KindInfo, pss_comment
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
+WORKDIR_VOLUME = "ddpkit-workdir"  # command.workdir, where no volume of the spec holds it
 # Shared storage that outlives a pod: where a checkpoint for `--resume auto` can live.
 SHARED_SOURCES = frozenset({"persistent_volume_claim", "nfs"})
 # spec field -> Kubernetes volume source key.
@@ -178,15 +179,29 @@ def mount_manifest(v: K8sVolume) -> dict[str, Any]:
     return mount
 
 
+def workdir_on_empty_dir(spec: JobSpec) -> str | None:
+    """command.workdir where no volume of the spec's holds it: an emptyDir is
+    mounted there, since the non-root container can make no folder outside
+    its volumes (fsGroup makes the emptyDir writable for it)."""
+    folder = spec.command.workdir
+    if folder is None or program_paths.under(str(folder), [v.mount_path for v in spec.k8s.volumes]):
+        return None
+    return str(folder)
+
+
 def pod_volumes(spec: JobSpec) -> list[dict[str, Any]]:
     """/dev/shm (memory-backed: DataLoader workers and NCCL need more than
-    the runtime's 64 MiB) and the spec's volumes, in every kind alike."""
+    the runtime's 64 MiB), the spec's volumes, and command.workdir's emptyDir
+    where no volume holds it, in every kind alike."""
     shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}}
-    return [shm, *(volume_manifest(v) for v in spec.k8s.volumes)]
+    workdir = [{"name": WORKDIR_VOLUME, "emptyDir": {}}] if workdir_on_empty_dir(spec) else []
+    return [shm, *(volume_manifest(v) for v in spec.k8s.volumes), *workdir]
 
 
 def container_mounts(spec: JobSpec) -> list[dict[str, Any]]:
-    return [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *(mount_manifest(v) for v in spec.k8s.volumes)]
+    folder = workdir_on_empty_dir(spec)
+    workdir = [{"name": WORKDIR_VOLUME, "mountPath": folder}] if folder else []
+    return [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *(mount_manifest(v) for v in spec.k8s.volumes), *workdir]
 
 
 def security_context(spec: JobSpec) -> dict[str, Any]:
@@ -299,7 +314,12 @@ def storage_warnings(spec: JobSpec) -> list[str]:
     seen = [v.mount_path for v in spec.k8s.volumes]
     kept = [v.mount_path for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only]
     view = program_paths.ContainerView("k8s", seen=seen, kept=kept, fix=program_paths.volume_fix)
-    return [*([warning] if warning else []), *program_paths.program_warnings(spec, view)]
+    folder = workdir_on_empty_dir(spec)
+    workdir = [] if folder is None else [
+        f"warning: k8s: command.workdir {shlex.quote(folder)} is an emptyDir in each pod: what the program writes "
+        "there goes with the pod. "
+        f"Fix: {program_paths.volume_fix(folder)}"]
+    return [*([warning] if warning else []), *program_paths.program_warnings(spec, view), *workdir]
 
 
 # ---- verify: the same values read back from the parsed file ----
