@@ -172,6 +172,17 @@ def test_torchs_reverse_dns_warning_stays_off_the_console() -> None:
     assert "hostname" not in out.getvalue() and "[node1 rank1] training" in out.getvalue()
 
 
+def test_a_line_redrawn_with_carriage_returns_is_shown_as_a_terminal_shows_it() -> None:
+    """Where no agent copied the worker's output line by line (launch ssh, docker), a bar's redraws
+    arrive as one line: its last state is shown, once, with one prefix."""
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300))
+    printer.line(_Node(1), "\rtrain:   0%| | 0/40\rtrain:  50%| | 20/40\rtrain: 100%| | 40/40")  # type: ignore[arg-type]
+    printer.line(_Node(1), "[rank1]:\rstep 1\rstep 2\r")  # type: ignore[arg-type]
+    printer.close()
+    assert out.getvalue().splitlines() == ["[node1] train: 100%| | 40/40", "[node1 rank1] step 2"]
+
+
 def test_an_elastic_job_says_it_trained_again_and_from_which_world_size() -> None:
     from ddpkit.train.loop.elastic import reformed
     from ddpkit.train.startup.launchinfo import AgentRestarts

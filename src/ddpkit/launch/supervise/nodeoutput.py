@@ -100,7 +100,7 @@ class LinePrinter:
     def line(self, node: NodeHandle, text: str) -> None:
         match = records.rank_tagged(text)
         prefix = f"[{node.label} rank{match[0]}] " if match else f"[{node.label}] "
-        body = match[1] if match else text
+        body = as_drawn(match[1] if match else text)
         rank = match[0] if match else None
         with self._lock:
             took = self._took_record(node.index, rank, prefix, body)
@@ -232,6 +232,16 @@ class LinePrinter:
             lines = list(self.tails.get(node.index, ()))
             after = self._tailed.get(node.index, 0) - self._cut.get(node.index, self._tailed.get(node.index, 0))
         return lines[:len(lines) - after]
+
+
+def as_drawn(line: str) -> str:
+    """A line redrawn with carriage returns (a progress bar whose output no
+    agent copied line by line: launch ssh, docker) as a terminal shows it:
+    its last state, not one line per redraw."""
+    if "\r" not in line:
+        return line
+    states = [state for state in line.split("\r") if state.strip()]
+    return states[-1] if states else ""
 
 
 @contextmanager
