@@ -57,6 +57,7 @@ class Answerer:
     def open(self) -> Answerer:
         """Listen and answer; OSError when the port cannot be taken here."""
         self._sock = socket.socket(fileno=listener(self.host, self.port))
+        self.port = self._sock.getsockname()[1]  # the one the kernel chose for port 0
         self._thread = threading.Thread(target=self._serve, name="store-probe-answerer", daemon=True)
         self._thread.start()
         return self
