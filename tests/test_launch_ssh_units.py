@@ -37,7 +37,7 @@ from ddpkit.launch.ssh.preflight import (
     parse_sections,
     probe_script,
 )
-from ddpkit.launch.ssh.storesite import Answerer, node0_hosts_line
+from ddpkit.launch.ssh.storesite import Answerer, node0_hosts_line, open_answerer, route_address
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, build_spec
 from ddpkit.targets import sshnode as remote
@@ -304,3 +304,13 @@ def test_nodes_that_reach_the_launcher_meet_in_its_store() -> None:
         client = dist.TCPStore("127.0.0.1", answerer.port, is_master=False, timeout=timedelta(seconds=10))
         client.set("k", "v")  # the launcher's store took the answerer's socket over
         assert client.get("k") == b"v"
+
+
+def test_the_launcher_tries_its_address_towards_node_0_unless_a_jump_host_is_between() -> None:
+    assert route_address(Endpoint("n0", "127.0.0.1", 22, "u")) == ("127.0.0.1", "")
+    jumped = Endpoint("n0", "10.9.9.9", 22, "u", jump=Endpoint("bastion", "bastion.example", 22, "u"))
+    assert route_address(jumped) == (None, "node 0 is reached through the jump host bastion.example")
+    answerer, why = open_answerer(jumped, 29500)
+    assert answerer is None and node0_hosts_line(why).startswith(
+        "launch ssh: node 0's agent hosts the rendezvous store, so losing node 0 ends the job: node 0 is reached "
+        "through the jump host bastion.example; to let any node go")
