@@ -261,7 +261,7 @@ def _launch(ready: Prelude, plan: Plan, settings: SshSettings, answerer: Answere
             folder.finish(ExitCode.PREFLIGHT)
         return ExitCode.PREFLIGHT
     why = place_store(plan, answerer, facts, stack) or why
-    store = (f"rendezvous store on this launcher, {plan.store_at}:{plan.master_port} (any node may be lost)"
+    store = (f"rendezvous store on this launcher, {plan.store_at}:{plan.master_port} (node 0 may fail as any other)"
              if plan.store_at else f"master {plan.master_addr}:{plan.master_port}")
     print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; {store}",
           file=sys.stderr, flush=True)
