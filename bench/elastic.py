@@ -3,7 +3,9 @@ of loss, per recovery path, beside torchft (issue 30's benchmark).
 
 A 3-node elastic job (min_nodes 2, one process per node, CPU/gloo, a
 checkpoint every --checkpoint-every steps). Mid-run, at a random step after
-the first checkpoint, the last node is lost (bench/recovery.py):
+the first checkpoint, the last node is lost (--lost-nodes 0,2: node 0 too, a
+row of its own; `launch local` and `launch ssh` host the rendezvous store in
+the launcher, on the other targets node 0 holds it) (bench/recovery.py):
 - crash: its torchrun agent and workers SIGKILLed;
 - freeze: its agent and workers SIGSTOPped (nothing closes, nothing answers);
 - link: its host's link cut at the switch (ssh, slurm: namespace hosts).
@@ -37,8 +39,8 @@ Targets:
   or cut off its network (`docker network disconnect`).
 
     python -m bench.elastic [--targets local,ssh,slurm,compose] [--losses crash,freeze,link]
-        [--variants torchrun-defaults,ddpkit-fast,torchft] [--repeats 1] [--baseline-repeats N]
-        [--out bench/results]
+        [--variants torchrun-defaults,ddpkit-fast,torchft] [--lost-nodes 2] [--repeats 1]
+        [--baseline-repeats N] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ VARIANTS = ("torchrun-defaults", "ddpkit-fast", "torchft")
 TORCHRUN_DEFAULTS: dict[str, Any] = {"elastic": {"rendezvous": "torchrun"}, "watchdog": {"loss_s": 15}}
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 HOSTS = ["node1", "node2", "node3"]
-LOST = 2  # the node taken away (node 0 hosts the rendezvous store and must survive)
+LOST = 2  # the node taken away unless --lost-nodes says otherwise
 
 
 def train_args(ckpt: Path, metrics: Path, args: argparse.Namespace) -> list[str]:
@@ -196,10 +198,10 @@ def restart_breakdown(metrics: Path, lost_at: float) -> dict[str, float]:
             **{phase: round(seconds, 2) for phase, seconds in first["phases"].items()}}
 
 
-def measured(target: str, variant: str, loss: str, found: Loss, metrics: Path) -> Measurement:
+def measured(target: str, variant: str, loss: str, found: Loss, metrics: Path, node: int) -> Measurement:
     return Measurement(target, variant, loss, round(found.first_after - found.lost_at, 2),
                        found.killed_at - found.resumed, found.killed_at, found.resumed,
-                       restart_s=restart_breakdown(metrics, found.lost_at))
+                       restart_s=restart_breakdown(metrics, found.lost_at), node=None if node == LOST else node)
 
 
 # ---- the job spec, per variant -----------------------------------------------------
@@ -260,7 +262,7 @@ def node_agent(launcher: int, node: int) -> list[int]:
     return []
 
 
-def local_run(args: argparse.Namespace, variant: str, loss: str) -> Measurement:
+def local_run(args: argparse.Namespace, variant: str, loss: str, node: int) -> Measurement:
     with work_folder("ddpkit-bench-elastic-") as work:
         metrics = work / "m.jsonl"
         job_spec(work, work / "ckpt", metrics, args, variant)
@@ -268,10 +270,10 @@ def local_run(args: argparse.Namespace, variant: str, loss: str) -> Measurement:
             proc = subprocess.Popen([DDPKIT, "launch", "local", "-f", str(work / "bench.yaml"), "--log-dir",
                                      str(work / "logs")], stdout=out, stderr=subprocess.STDOUT, cwd=work)
         try:
-            found = lose_a_node(metrics, Node(lambda: node_agent(proc.pid, LOST)), loss, args.checkpoint_every)
+            found = lose_a_node(metrics, Node(lambda: node_agent(proc.pid, node)), loss, args.checkpoint_every)
         finally:
             end_launcher(proc)
-        return measured("local", variant, loss, found, metrics)
+        return measured("local", variant, loss, found, metrics, node)
 
 
 # ---- launch ssh on namespace hosts, and a real Slurm cluster ----------------------
@@ -309,7 +311,7 @@ def end_launcher(proc: subprocess.Popen[Any]) -> None:
             proc.wait()
 
 
-def ssh_run(args: argparse.Namespace, net: Any, hosts: Any, variant: str, loss: str) -> Measurement:
+def ssh_run(args: argparse.Namespace, net: Any, hosts: Any, variant: str, loss: str, node: int) -> Measurement:
     with work_folder("ddpkit-bench-elastic-ssh-") as work:
         metrics = work / "m.jsonl"
         ssh = {"ssh": {"workdir": str(work), "log_dir": str(work / "logs"), "grace_s": 3, "connect_timeout_s": 3,
@@ -322,10 +324,10 @@ def ssh_run(args: argparse.Namespace, net: Any, hosts: Any, variant: str, loss: 
         with (work / "launcher.out").open("w") as out:
             proc = net["login"].popen(argv, cwd=str(work), stdout=out, stderr=subprocess.STDOUT)
         try:
-            found = lose_a_node(metrics, host_node(net, HOSTS[LOST]), loss, args.checkpoint_every)
+            found = lose_a_node(metrics, host_node(net, HOSTS[node]), loss, args.checkpoint_every)
         finally:
             end_launcher(proc)
-        return measured("ssh", variant, loss, found, metrics)
+        return measured("ssh", variant, loss, found, metrics, node)
 
 
 @contextmanager
@@ -340,7 +342,7 @@ def slurm_cluster() -> Iterator[Any]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def slurm_run(args: argparse.Namespace, cluster: Any, variant: str, loss: str) -> Measurement:
+def slurm_run(args: argparse.Namespace, cluster: Any, variant: str, loss: str, node: int) -> Measurement:
     with work_folder("ddpkit-bench-elastic-slurm-job-") as work:
         metrics = work / "m.jsonl"
         job_spec(work, work / "ckpt", metrics, args, variant, slurm={"requeue": False})
@@ -350,11 +352,11 @@ def slurm_run(args: argparse.Namespace, cluster: Any, variant: str, loss: str) -
             raise RuntimeError(f"ddpkit render slurm failed: {done.stderr}")
         job = int(cluster.sbatch(work / "bench.sbatch"))
         try:
-            found = lose_a_node(metrics, host_node(cluster.net, HOSTS[LOST]), loss, args.checkpoint_every)
+            found = lose_a_node(metrics, host_node(cluster.net, HOSTS[node]), loss, args.checkpoint_every)
         finally:
             cluster.run(["scancel", str(job)])
             cluster.wait(job, timeout=120)
-        return measured("slurm", variant, loss, found, metrics)
+        return measured("slurm", variant, loss, found, metrics, node)
 
 
 # ---- docker compose: the rendered file on a Docker daemon ----------------------------
@@ -398,7 +400,7 @@ def docker_host(image: str | None) -> Iterator[tuple[dict[str, str], str]]:
 
 
 def compose_run(args: argparse.Namespace, docker_env: dict[str, str], image: str, variant: str,
-                loss: str) -> Measurement:
+                loss: str, node: int) -> Measurement:
     from ddpkit.launch.control.applied import compose_cli
 
     with work_folder("ddpkit-bench-elastic-compose-") as work:
@@ -415,7 +417,7 @@ def compose_run(args: argparse.Namespace, docker_env: dict[str, str], image: str
         compose = [*compose_cli(), "-f", str(work / "compose.yaml")]
         try:
             subprocess.run([*compose, "up", "-d"], env=docker_env, check=True, capture_output=True, cwd=work)
-            lost = subprocess.run([*compose, "ps", "-q", f"node{LOST}"], env=docker_env, check=True,
+            lost = subprocess.run([*compose, "ps", "-q", f"node{node}"], env=docker_env, check=True,
                                   capture_output=True, text=True, cwd=work).stdout.split()[0]
             found = lose_a_node(metrics, Container(docker_env, lost), loss, args.checkpoint_every)
         finally:
@@ -424,28 +426,28 @@ def compose_run(args: argparse.Namespace, docker_env: dict[str, str], image: str
                                stderr=subprocess.STDOUT, check=False, cwd=work)
             subprocess.run([*compose, "down", "--timeout", "5"], env=docker_env, capture_output=True,
                            check=False, cwd=work)
-        return measured("compose", variant, loss, found, metrics)
+        return measured("compose", variant, loss, found, metrics, node)
 
 
 # ---- the plan: targets x losses x variants -----------------------------------------
 
-Run = Callable[[str, str], Measurement]  # (variant, loss) -> one measurement
+Run = Callable[[str, str, int], Measurement]  # (variant, loss, lost node) -> one measurement
 
 
 @contextmanager
 def target_runner(target: str, args: argparse.Namespace) -> Iterator[Run]:
     """One target's hosts (built once for every run on it) and how to run there."""
     if target == "local":
-        yield lambda variant, loss: local_run(args, variant, loss)
+        yield lambda variant, loss, node: local_run(args, variant, loss, node)
     elif target == "ssh":
         with ssh_hosts() as (net, hosts):
-            yield lambda variant, loss: ssh_run(args, net, hosts, variant, loss)
+            yield lambda variant, loss, node: ssh_run(args, net, hosts, variant, loss, node)
     elif target == "compose":
         with docker_host(args.image) as (docker_env, image):
-            yield lambda variant, loss: compose_run(args, docker_env, image, variant, loss)
+            yield lambda variant, loss, node: compose_run(args, docker_env, image, variant, loss, node)
     else:
         with slurm_cluster() as cluster:
-            yield lambda variant, loss: slurm_run(args, cluster, variant, loss)
+            yield lambda variant, loss, node: slurm_run(args, cluster, variant, loss, node)
 
 
 def skipped_cell(target: str, variant: str, loss: str, args: argparse.Namespace) -> str | None:
@@ -461,24 +463,24 @@ def run_plan(args: argparse.Namespace) -> tuple[list[Measurement], dict[str, str
     skipped: dict[str, str] = {}
     ddpkit_variants = [v for v in args.variants if v != "torchft"]
     for target in args.targets:
-        cells = [(v, loss) for loss in args.losses for v in ddpkit_variants]
-        todo = [(v, loss) for v, loss in cells if not note_skip(skipped, f"{target}/{loss}/{v}",
-                                                                skipped_cell(target, v, loss, args))]
+        cells = [(v, loss, n) for n in args.lost_nodes for loss in args.losses for v in ddpkit_variants]
+        todo = [(v, loss, n) for v, loss, n in cells if not note_skip(skipped, f"{target}/{loss}/{v}",
+                                                                      skipped_cell(target, v, loss, args))]
         if not todo:
             continue
         with target_runner(target, args) as run:
-            runs += [run(v, loss) for v, loss in rounds(todo, args)]
+            runs += [run(v, loss, n) for v, loss, n in rounds(todo, args)]
     if "torchft" in args.variants:
         runs += torchft_runs(args, skipped)
     return runs, skipped
 
 
-def rounds(todo: list[tuple[str, str]], args: argparse.Namespace) -> list[tuple[str, str]]:
+def rounds(todo: list[tuple[str, str, int]], args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """The cells in turn, once per repeat, so that a change of load hits every variant alike.
     torchrun-defaults takes part in the first --baseline-repeats rounds only: its recovery is
     torchrun's fixed timeouts (15 s expiry, 30 s last call), which repeats do not move."""
     baseline = args.repeats if args.baseline_repeats is None else args.baseline_repeats
-    return [(v, loss) for i in range(args.repeats) for v, loss in todo
+    return [(v, loss, n) for i in range(args.repeats) for v, loss, n in todo
             if v != "torchrun-defaults" or i < baseline]
 
 
@@ -508,6 +510,8 @@ def main() -> int:
                         "(ssh and slurm build hosts in network namespaces: root; compose needs a Docker daemon)")
     parser.add_argument("--losses", default="crash", help=f"comma-separated, of {', '.join(LOSSES)}")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--lost-nodes", default=str(LOST),
+                        help=f"comma-separated ranks of the node lost, one row each (default {LOST}, the last)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--baseline-repeats", type=int, default=None,
                         help="runs per cell of torchrun-defaults (default: --repeats)")
@@ -530,6 +534,9 @@ def main() -> int:
             parser.error(f"unknown {name}: {', '.join(sorted(set(chosen) - set(allowed)))}; "
                          f"choose from {', '.join(allowed)}")
         setattr(args, name, chosen)
+    args.lost_nodes = [int(n) for n in args.lost_nodes.split(",")]
+    if not set(args.lost_nodes) <= set(range(NODES)):
+        parser.error(f"--lost-nodes: ranks of 0 to {NODES - 1}")
     runs, skipped = run_plan(args)
     result = {
         "machine": machine(),
@@ -540,7 +547,8 @@ def main() -> int:
                               "pg_timeout_s": torchft_anchor.PG_TIMEOUT_S,
                               "max_restarts": torchft_anchor.MAX_RESTARTS,
                               "patch_comm_hook": args.torchft_patch_comm_hook},
-                  "targets": args.targets, "losses": args.losses, "variants": args.variants},
+                  "targets": args.targets, "losses": args.losses, "variants": args.variants,
+                  "lost_nodes": args.lost_nodes},
         "runs": [asdict(r) for r in runs],
         "medians": summary(runs),
         "skipped": skipped,
@@ -552,7 +560,7 @@ def main() -> int:
           "x/torchft: that over torchft's median on this machine for the same loss kind")
     for r in runs:
         if r.restart_s:
-            print(f"{r.target} {r.variant} {r.loss}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.restart_s.items()))
+            print(f"{r.target} {r.variant} {r.row}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.restart_s.items()))
     for key, reason in skipped.items():
         print(f"skipped {key}: {reason}")
     print(f"wrote {args.out / 'elastic.json'}")

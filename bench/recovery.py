@@ -45,6 +45,14 @@ class Measurement:
     # ddpkit: where the time went, s: "to new workers" (the loss seen, the rendezvous, the agent's restart),
     # then the new rank 0's start-up phases (imports, rendezvous, model, data, ..., first step)
     restart_s: dict[str, float] = field(default_factory=dict)
+    # the lost node's rank where it is not the last node (node 0: the one that held the rendezvous
+    # store before the launchers hosted it); None: the last node, as every earlier run
+    node: int | None = None
+
+    @property
+    def row(self) -> str:
+        """The table's row label: the loss kind, and the node where it is not the last."""
+        return self.loss if self.node is None else f"{self.loss}, node {self.node}"
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
@@ -100,11 +108,12 @@ def median(values: list[float]) -> float | None:
 
 
 def summary(runs: list[Measurement]) -> dict[str, dict[str, dict[str, dict[str, float | int | None]]]]:
-    """target -> loss -> variant -> medians (and the run count, and the spread of the time)."""
+    """target -> row (the loss, and the node where not the last) -> variant -> medians (and the run
+    count, and the spread of the time)."""
     out: dict[str, dict[str, dict[str, dict[str, float | int | None]]]] = {}
     for r in runs:
-        cell = out.setdefault(r.target, {}).setdefault(r.loss, {})
-        same = [m for m in runs if (m.target, m.loss, m.variant) == (r.target, r.loss, r.variant)]
+        cell = out.setdefault(r.target, {}).setdefault(r.row, {})
+        same = [m for m in runs if (m.target, m.row, m.variant) == (r.target, r.row, r.variant)]
         times = [m.loss_to_first_step_s for m in same]
         cell[r.variant] = {"loss_to_first_step_s": median(times), "min_s": min(times), "max_s": max(times),
                            "steps_lost": median([float(m.steps_lost) for m in same]),
@@ -127,13 +136,13 @@ def table(runs: list[Measurement], variants: list[str]) -> str:
     cells = summary([r for r in runs if not r.variant.startswith("torchft")])
     for loss in anchors:  # torchft alone for a loss: its row still prints
         cells.setdefault("local", {}).setdefault(loss, {})
-    head = f"{'target':<7} {'loss':<7} " + " ".join(f"{v + ' s (lost)':>24}" for v in variants)
+    head = f"{'target':<7} {'loss':<14} " + " ".join(f"{v + ' s (lost)':>24}" for v in variants)
     head += f" {'torchft s (lost)':>17} " + " ".join(f"{v + '/torchft':>26}" for v in variants)
     lines = [head]
     for target, by_loss in cells.items():
         for loss, by_variant in by_loss.items():
             ft = anchors.get(loss, {})
-            row = f"{target:<7} {loss:<7} " + " ".join(f"{_cell(by_variant.get(v)):>24}" for v in variants)
+            row = f"{target:<7} {loss:<14} " + " ".join(f"{_cell(by_variant.get(v)):>24}" for v in variants)
             row += f" {_cell(ft):>17} " + " ".join(
                 f"{ratio((by_variant.get(v) or {}).get('loss_to_first_step_s'), ft.get('loss_to_first_step_s')):>26}"
                 for v in variants)

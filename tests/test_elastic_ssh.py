@@ -13,6 +13,9 @@ node 2 is lost.
   checkpoint. A silent node (cut, frozen) must be found by its heartbeats:
   the `lost` metrics record says so, and the time from its silence to the
   others' first step is far below any collective timeout.
+- Node 0 lost (its agent and workers SIGKILLed, rank 0 among them): the
+  launcher hosts the rendezvous store, so the two others finish as above,
+  and the user's last line says node 0 was excluded.
 - A static job (no elastic) whose node 2 is cut off stops within loss_s plus
   teardown, exit 14, naming node 2, nothing of it left on the other hosts.
 - Back in time (max_node_failures 2): the host goes down (every process in
@@ -51,7 +54,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_REASON is 
 
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 NODES = ["node1", "node2", "node3"]
-LOST = 2  # the node taken away; node 0 holds the rendezvous store and must stay
+LOST = 2  # the node taken away (node 0: its own test)
 # No lowered --dist-timeout: a silent node is found by its heartbeats
 # (watchdog.loss_s), not by a collective timing out.
 TRAIN = [*TINY, "--synthetic-size", "96", "--batch-size", "4", "--epochs", "2", "--no-eval", "--device", "cpu",
@@ -197,6 +200,39 @@ def test_the_job_finishes_on_the_two_that_remain(cluster: Cluster, tmp_path: Pat
                          summary), summary
         assert "stalled" not in summary, summary
 
+    same_as_uninterrupted(tmp_path, ckpt, held, step, nodes=2)
+
+
+def test_node_0_lost_the_launcher_holds_the_store_and_the_others_finish(cluster: Cluster, tmp_path: Path) -> None:
+    net, hosts = cluster
+    ckpt, gate, held = tmp_path / "ckpt", tmp_path / "gate", tmp_path / "held"
+    gate.mkdir()
+    job = write_job(tmp_path, ckpt, gate, max_node_failures=1, held_worlds="3")
+    node0 = net[NODES[0]]
+    out, err = tmp_path / "launcher.out", tmp_path / "launcher.err"
+    proc = launch(net, hosts, tmp_path, job)
+    try:
+        step = held_step(gate, 3, lambda: ended(proc, out))
+        shutil.copytree(ckpt, held)
+        proctree.signal_all(agents_and_workers(node0.pids()), signal.SIGKILL)  # rank 0 goes with them
+        release(gate, 3)
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
+        proctree.signal_all(job_processes(node0, tmp_path), signal.SIGKILL)
+    output, errors = out.read_text(), err.read_text()
+    summary = " ".join(errors.split())
+    assert proc.returncode == 0, summary[-3000:] + output[-4000:]
+    login = net["login"].addr
+    assert f"rendezvous store on this launcher, {login}:" in summary and "hosts the rendezvous store" not in summary
+    assert f"ckpt-{step:08d}.pt at step {step}" in output, output[-4000:]
+    assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in output, output[-4000:]
+    assert f"node0 │ 137 │ failed, excluded │ {node0.addr}" in summary, summary
+    last = errors.strip().splitlines()[-1]
+    assert re.fullmatch(rf"launch ssh: every node finished but node 0 \({re.escape(node0.addr)}: exit status 137\): "
+                        r"excluded after it failed; the job went on with 2 of 3 nodes.*", last), last
+    for name in NODES[1:]:
+        assert job_processes(net[name], tmp_path) == [], f"job processes left on {name}"
     same_as_uninterrupted(tmp_path, ckpt, held, step, nodes=2)
 
 

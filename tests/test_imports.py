@@ -95,7 +95,7 @@ INSIDE: dict[str, dict[str, set[str]]] = {
     "launch": {
         "local": {"supervise", "runargs", "secrets", "prelude", "rdzv_store"},
         "docker": {"supervise", "runargs", "secrets", "prelude"},
-        "ssh": {"supervise", "runargs", "secrets", "prelude"},
+        "ssh": {"supervise", "runargs", "secrets", "prelude", "rdzv_store"},
         "slurm": {"secrets", "prelude"},
         "control": {"slurm", "supervise"},
         "supervise": set(),

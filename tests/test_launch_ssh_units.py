@@ -1,4 +1,6 @@
-"""Hostfile parsing and the remote command text, without any host.
+"""Hostfile parsing and the remote command text, without any host; where an
+elastic job's rendezvous store lives, decided from the preflight's store
+check run under the local shell.
 
 The quoting test runs the exact start command under a local POSIX shell
 with a recorder standing in for the interpreter: whatever hostile text the
@@ -7,10 +9,13 @@ spec holds must arrive at the process byte for byte, and nothing in it may run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddpkit.launch.secrets import stdin_payload, with_run_key
+from ddpkit.launch.ssh.connect import Endpoint
 from ddpkit.launch.ssh.hostfile import HostEntry, load_hosts, parse_hostfile
+from ddpkit.launch.ssh.launcher import Plan, place_store
+from ddpkit.launch.ssh.preflight import (
+    GO,
+    GO_LAUNCHER_STORE,
+    READY,
+    HostFacts,
+    Start,
+    StoreProbe,
+    gated_command,
+    parse_sections,
+    probe_script,
+)
+from ddpkit.launch.ssh.storesite import Answerer, node0_hosts_line, open_answerer, route_address
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, build_spec
 from ddpkit.targets import sshnode as remote
@@ -211,3 +230,87 @@ def test_a_host_name_that_does_not_resolve_says_so_not_sshd(tmp_path: Path) -> N
     assert err.value.kind == "unknown host"
     assert "'gpu-a.no-such-domain.invalid' does not resolve" in str(err.value) and "sshd" not in str(err.value)
     assert "HostName for it in ~/.ssh/config" in str(err.value)
+
+
+# ---- where an elastic job's rendezvous store lives ---------------------------
+
+def _elastic_plan() -> Plan:
+    job = spec(nodes=2, elastic={"min_nodes": 1}, command={"module": "ddpkit.train"})
+    endpoints = [Endpoint(f"h{i}", f"h{i}", 22, "u") for i in range(2)]
+    return Plan(job, endpoints, "h0", 29500, remote.new_rdzv_id(job))
+
+
+def _store_section(plan: Plan, probe: StoreProbe) -> str:
+    """The store check of the preflight's script, run here as a node runs it."""
+    script = probe_script(plan.spec, probe)
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30).stdout
+    return parse_sections(out)["store"]
+
+
+def test_the_gate_starts_the_command_its_verdict_names() -> None:
+    plan = _elastic_plan()
+    start = Start({GO: "env WHERE=node0", GO_LAUNCHER_STORE: "env WHERE='the launcher'"},
+                  """sh -c 'echo "store at $WHERE"'""")
+    command = gated_command(plan.spec, start)
+    for word, said in [(GO, "store at node0"), (GO_LAUNCHER_STORE, "store at the launcher"), ("gone", None)]:
+        out = subprocess.run(["sh", "-c", command], input=f"{word}\n", capture_output=True, text=True,
+                             timeout=60).stdout
+        after = out.split(READY, 1)[1].strip()
+        assert after == (said or ""), out
+
+
+def test_nodes_that_cannot_reach_the_launcher_leave_the_store_on_node_0() -> None:
+    plan = _elastic_plan()
+    answerer = Answerer("127.0.0.1", 0).open()
+    with contextlib.ExitStack() as stack, socket.socket() as mute, socket.socket() as closed:
+        stack.callback(answerer.close)
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()  # takes the connection, never says a word
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        reached = _store_section(plan, answerer.probe)
+        assert reached == answerer.answer
+        sections = {
+            "refused": _store_section(plan, StoreProbe("127.0.0.1", closed.getsockname()[1], answerer.answer)),
+            "silent": _store_section(plan, StoreProbe("127.0.0.1", mute.getsockname()[1], answerer.answer)),
+        }
+        assert "Connection refused" in sections["refused"], sections
+        assert sections["silent"] == "no answer within 3 s", sections
+        for section in sections.values():
+            facts = [HostFacts(i, ep, sections={"store": got})
+                     for i, (ep, got) in enumerate(zip(plan.endpoints, [reached, section]))]
+            why = place_store(plan, answerer, facts, stack)
+            assert why is not None and why.startswith(f"the nodes cannot reach this launcher at 127.0.0.1:"
+                                                      f"{answerer.port} (node 1 (h1): "), why
+            assert plan.store_at is None and plan.verdict == b"go\n"
+            assert "DDPKIT_MASTER_ADDR=h0 " in plan.command(1).start
+            line = node0_hosts_line(why)
+            assert line.startswith("launch ssh: node 0's agent hosts the rendezvous store, so losing node 0 ends "
+                                   "the job: the nodes cannot reach") and "\n" not in line
+            assert "run launch ssh on a host every node reaches directly" in line
+
+
+def test_nodes_that_reach_the_launcher_meet_in_its_store() -> None:
+    import torch.distributed as dist
+
+    plan = _elastic_plan()
+    answerer = Answerer("127.0.0.1", 0).open()
+    with contextlib.ExitStack() as stack:
+        stack.callback(answerer.close)
+        answer = _store_section(plan, answerer.probe)
+        facts = [HostFacts(i, ep, sections={"store": answer}) for i, ep in enumerate(plan.endpoints)]
+        assert place_store(plan, answerer, facts, stack) is None
+        assert plan.store_at == "127.0.0.1" and plan.verdict == f"{GO_LAUNCHER_STORE}\n".encode()
+        assert "DDPKIT_MASTER_ADDR=127.0.0.1 " in plan.command(0).start
+        client = dist.TCPStore("127.0.0.1", answerer.port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")  # the launcher's store took the answerer's socket over
+        assert client.get("k") == b"v"
+
+
+def test_the_launcher_tries_its_address_towards_node_0_unless_a_jump_host_is_between() -> None:
+    assert route_address(Endpoint("n0", "127.0.0.1", 22, "u")) == ("127.0.0.1", "")
+    jumped = Endpoint("n0", "10.9.9.9", 22, "u", jump=Endpoint("bastion", "bastion.example", 22, "u"))
+    assert route_address(jumped) == (None, "node 0 is reached through the jump host bastion.example")
+    answerer, why = open_answerer(jumped, 29500)
+    assert answerer is None and node0_hosts_line(why).startswith(
+        "launch ssh: node 0's agent hosts the rendezvous store, so losing node 0 ends the job: node 0 is reached "
+        "through the jump host bastion.example; to let any node go")

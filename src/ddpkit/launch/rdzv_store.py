@@ -6,7 +6,8 @@ store goes with it and every other agent fails on its next read: one node
 (node 0) must never fail. A launcher that outlives every node (`launch
 local`, whose loss ends the run anyway) hosts the store instead, and every
 agent is a client (`is_host=0` in its --rdzv-conf): any node may then go,
-node 0 too, and the others meet again in the same store.
+node 0 too, and the others meet again in the same store. `launch ssh` does
+the same where every node reaches the launcher (launch/ssh/storesite.py).
 
 The store listens on the rendezvous endpoint's address only (a pre-bound
 socket handed to TCPStore), not on every address of the host.
@@ -27,14 +28,21 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 
+def listener(host: str, port: int) -> int:
+    """A socket listening on host:port only, for hosted_store to own later;
+    OSError when the port cannot be taken."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    return listen_fd(family, address)
+
+
 @contextmanager
-def hosted_store(host: str, port: int) -> Iterator[dist.TCPStore]:
-    """A TCPStore server on host:port for the whole block; OSError when the
-    port cannot be taken."""
+def hosted_store(host: str, port: int, fd: int | None = None) -> Iterator[dist.TCPStore]:
+    """A TCPStore server on host:port for the whole block, on `fd` when the
+    caller opened the listener already (listener); OSError when the port
+    cannot be taken."""
     import torch.distributed as dist
 
-    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    fd = listen_fd(family, address)
+    fd = listener(host, port) if fd is None else fd
     try:
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=30), master_listen_fd=fd)

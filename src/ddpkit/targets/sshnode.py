@@ -36,10 +36,17 @@ PGID_PREFIX = f"{PGID}="
 
 @dataclass(frozen=True)
 class NodeCommand:
-    """What to send to one host to start, and to stop, its part of the job."""
+    """What to send to one host to start, and to stop, its part of the job:
+    the start is the node's env prefix (env_prefix) and the payload every
+    node shares."""
 
-    start: str
+    prefix: str
+    payload: str
     stop_template: str
+
+    @property
+    def start(self) -> str:
+        return f"{self.prefix} {self.payload}"
 
     def stop(self, pgid: int, grace_s: float | None = None) -> str:
         """The stop command; `grace_s` replaces ssh.grace_s (an interrupt's longer grace)."""
@@ -167,9 +174,9 @@ def node_command(spec: JobSpec, node_rank: int, master_addr: str, *,
     for an elastic job."""
     if spec.elastic is not None and rdzv_id is None:
         raise ValueError("an elastic job needs the run's rendezvous id on every node (new_rdzv_id)")
-    prefix = env_prefix(node_rank, master_addr, rdzv_id)
     return NodeCommand(
-        start=f"{prefix} {start_payload(spec)}",
+        prefix=env_prefix(node_rank, master_addr, rdzv_id),
+        payload=start_payload(spec),
         stop_template=f"{NODE_RANK}={int(node_rank)} {stop_payload(spec)}",
     )
 

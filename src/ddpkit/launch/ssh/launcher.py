@@ -6,15 +6,17 @@ node rank (no second connection or login) -> the shared supervisor: output
 streamed with a `[nodeN host]` prefix and logged per node, the first failure,
 a dropped connection or Ctrl-C stops every node (TERM, then KILL after
 ssh.grace_s), and the summary table on stderr. An elastic job (spec.elastic)
-goes on without a failed node other than node 0 while min_nodes remain; its
-host is probed until it answers again, and the node's agent restarted to
-join at the next rendezvous, until it failed elastic.max_node_failures times;
-the summary names it as rejoined or excluded (docs/ELASTIC.md).
+goes on without a failed node while min_nodes remain (node 0 too where
+this launcher hosts the rendezvous store: storesite.py); its host is probed
+until it answers again, and the node's agent restarted to join at the next
+rendezvous, until it failed elastic.max_node_failures times; the summary
+names it as rejoined or excluded (docs/ELASTIC.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
@@ -27,8 +29,9 @@ from ...exitcodes import ExitCode
 from ...quoting import shell_word
 from ...runs import NodeLog, RunFolder
 from ...spec import JobSpec, doctor_mode
-from ...targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_command, node_env
+from ...targets.sshnode import NodeCommand, env_prefix, launch_line, new_rdzv_id, node_command, node_env
 from ..prelude import Prelude, make_console, prelude
+from ..rdzv_store import hosted_store
 from ..runargs import add_train_args, with_train_args
 from ..secrets import stdin_payload, with_run_key
 from ..supervise.events import ElasticPolicy
@@ -37,8 +40,21 @@ from ..supervise.summary import RunText
 from ..supervise.supervisor import Supervisor
 from .connect import Endpoint, SshSettings, endpoint_for
 from .hostfile import load_hosts
-from .preflight import HostFacts, close_all, gather, judge_host, preflight, problem_table
+from .preflight import (
+    GO,
+    GO_LAUNCHER_STORE,
+    HostFacts,
+    Start,
+    close_all,
+    gather,
+    judge_host,
+    preflight,
+    problem_table,
+    store_unreached,
+    verdict,
+)
 from .running_node import SshNode, safe_name
+from .storesite import Answerer, node0_hosts_line, open_answerer, unreached
 
 PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
 
@@ -81,9 +97,27 @@ class Plan:
     # node on its session's stdin; empty for a dry run, which sends nothing.
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     log_dir: Path | None = None  # the run folder's logs/ when the spec leaves ssh.log_dir unset
+    # This launcher's address when it hosts the elastic job's rendezvous store
+    # (storesite.py): the nodes' rendezvous endpoint; None: node 0's agent hosts it.
+    store_at: str | None = None
 
     def command(self, rank: int) -> NodeCommand:
-        return node_command(self.spec, rank, self.master_addr, rdzv_id=self.rdzv_id)
+        return node_command(self.spec, rank, self.store_at or self.master_addr, rdzv_id=self.rdzv_id)
+
+    @property
+    def verdict(self) -> bytes:
+        """What tells a node waiting at the gate to start, as decided."""
+        return verdict(GO_LAUNCHER_STORE if self.store_at else GO)
+
+    def start(self, rank: int, launcher: str | None = None) -> Start:
+        """Node `rank`'s start behind the gate: as decided, or (`launcher`,
+        before the preflight decided) either node 0's store or the one at
+        this launcher's address."""
+        command = self.command(rank)
+        prefixes = {GO_LAUNCHER_STORE if self.store_at else GO: command.prefix}
+        if launcher is not None:
+            prefixes[GO_LAUNCHER_STORE] = env_prefix(rank, launcher, self.rdzv_id)
+        return Start(prefixes, command.payload)
 
     def log_path(self, rank: int) -> Path:
         host = safe_name(self.endpoints[rank].alias)
@@ -116,6 +150,9 @@ def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
     if not full:
         out.write("# every node's environment:\n")
         out.writelines(f"#   {k}={shell_word(v)}\n" for k, v in node_env(spec).items())
+        if spec.elastic is not None:
+            out.write("# elastic: the rendezvous endpoint becomes this launcher's address where every node "
+                      "reaches it (docs/ELASTIC.md)\n")
         if spec.secrets:
             names = ", ".join(s.name for s in spec.secrets)
             out.write(f"#   and the secrets {names}, from this environment over each session's stdin\n")
@@ -133,7 +170,8 @@ def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) 
     """The node's run on the session its passed preflight left waiting at GO."""
     assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
     return SshNode(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
-                   settings, plan.log_path(f.node), attempt=attempt, secrets=stdin_payload(plan.secrets))
+                   settings, plan.log_path(f.node), attempt=attempt, secrets=stdin_payload(plan.secrets),
+                   verdict=plan.verdict)
 
 
 def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[SshNode]:
@@ -172,8 +210,8 @@ class Revive:
 
     def _try_start(self, old: SshNode) -> SshNode | None:
         spec = self.plan.spec
-        facts = gather(HostFacts(old.rank, old.endpoint), spec, self.settings, self.plan.command(old.rank).start)
-        judge_host(facts, spec, self.plan.master_port)
+        facts = gather(HostFacts(old.rank, old.endpoint), spec, self.settings, self.plan.start(old.rank))
+        judge_host(facts, spec, None if self.plan.store_at else self.plan.master_port)
         if facts.problems:
             close_all([facts])
             return None
@@ -183,11 +221,38 @@ class Revive:
         return run
 
 
+def place_store(plan: Plan, answerer: Answerer | None, facts: list[HostFacts],
+                stack: contextlib.ExitStack) -> str | None:
+    """Host the elastic job's store here when every node reached the
+    answerer (plan.store_at set); else why node 0's agent hosts it."""
+    if answerer is None:
+        return None
+    missed = store_unreached(facts, answerer.probe)
+    if missed is not None:
+        return unreached(answerer.host, answerer.port, missed)
+    try:
+        stack.enter_context(hosted_store(answerer.host, answerer.port, answerer.handover()))
+    except OSError as exc:
+        return str(exc)
+    plan.store_at = answerer.host
+    return None
+
+
 def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True,
            folder: RunFolder | None = None) -> int:
+    with contextlib.ExitStack() as stack:  # the elastic job's store, when hosted here, outlives every node
+        answerer, why = open_answerer(plan.endpoints[0], plan.master_port) if plan.spec.elastic is not None else (None, "")
+        if answerer is not None:
+            stack.callback(answerer.close)
+        return _launch(ready, plan, settings, answerer, why, stack, dedup, folder)
+
+
+def _launch(ready: Prelude, plan: Plan, settings: SshSettings, answerer: Answerer | None, why: str,
+            stack: contextlib.ExitStack, dedup: bool, folder: RunFolder | None) -> int:
     t0 = time.monotonic()
-    starts = [plan.command(rank).start for rank in range(len(plan.endpoints))]
-    facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port, starts)
+    starts = [plan.start(rank, answerer.host if answerer else None) for rank in range(len(plan.endpoints))]
+    facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port, starts,
+                                answerer.probe if answerer else None)
     stderr = make_console(stderr=True)
     if problems:
         stderr.print(problem_table(problems))
@@ -195,15 +260,20 @@ def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True
             folder.event("preflight", f"{len(problems)} problem(s); nothing was started")
             folder.finish(ExitCode.PREFLIGHT)
         return ExitCode.PREFLIGHT
-    print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; "
-          f"master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
+    why = place_store(plan, answerer, facts, stack) or why
+    store = (f"rendezvous store on this launcher, {plan.store_at}:{plan.master_port} (node 0 may fail as any other)"
+             if plan.store_at else f"master {plan.master_addr}:{plan.master_port}")
+    print(f"ddpkit: preflight ok on {len(facts)} hosts in {time.monotonic() - t0:.1f}s; {store}",
+          file=sys.stderr, flush=True)
+    if why:
+        print(node0_hosts_line(why), file=sys.stderr, flush=True)
     if ready.note_line:
         print(ready.note_line, file=sys.stderr, flush=True)
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = make_console()
     revive = Revive(plan, settings, list(runs))  # for an elastic job; its runs are closed below either way
-    elastic = ElasticPolicy.of(plan.spec.elastic, revive)
+    elastic = ElasticPolicy.of(plan.spec.elastic, revive, any_node=plan.store_at is not None)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
                             interrupt_grace_s=plan.spec.grace.launcher_grace_s, elastic=elastic,
                             ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder)

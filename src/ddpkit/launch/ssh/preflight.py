@@ -9,11 +9,17 @@ one table and nothing starts unless there are none. Starting is then a write
 on an open channel: no second session, no second login shell per host (a
 login shell sources the user's rc files, which on real clusters often costs
 more than the job's own start).
+
+An elastic job's nodes also try the launcher's own address (StoreProbe):
+whether every node reaches it decides where the rendezvous store lives, so
+the verdict names the start each host runs (`go`: the env prefix as for
+node 0 hosting the store; GO_LAUNCHER_STORE: the launcher's address).
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -24,9 +30,30 @@ from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, con
 
 MARK = "@@ddpkit:"
 READY = f"{MARK}ready"
-GO = b"go\n"
+GO = "go"  # the verdict that starts a host; anything else, EOF too, ends it
+GO_LAUNCHER_STORE = "go-launcher-store"  # start it with the launcher's store in the rendezvous endpoint
+STORE_CHECK_S = 3  # how long a node tries the launcher's address (a NAT drops the packets: silence)
 # Reads the torch version without importing torch (an import takes seconds).
 TORCH_VERSION = "import importlib.metadata as m; print(m.version('torch'))"
+
+
+@dataclass(frozen=True)
+class Start:
+    """A node's command behind the gate: its env prefix for each verdict
+    word, and the payload every word runs (sent once)."""
+
+    prefixes: Mapping[str, str]
+    payload: str
+
+
+@dataclass(frozen=True)
+class StoreProbe:
+    """An address of this launcher each node connects to during the checks;
+    whatever answers there must send `answer` (launch/ssh/storesite.py)."""
+
+    host: str
+    port: int
+    answer: str
 
 
 @dataclass(frozen=True)
@@ -52,7 +79,7 @@ class HostFacts:
         self.problems.append(Problem(self.node, str(self.endpoint), check, detail))
 
 
-def probe_script(spec: JobSpec) -> str:
+def probe_script(spec: JobSpec, store: StoreProbe | None = None) -> str:
     """Shell that prints one marked section per fact. Builtins where they
     will do: every host runs this on each launch, before anything starts."""
     py = shlex.quote(spec.command.python)
@@ -67,17 +94,33 @@ def probe_script(spec: JobSpec) -> str:
         lines.append(f"echo {MARK}torch; {py} -c {shlex.quote(TORCH_VERSION)} 2>&1")
     lines.append(f"echo {MARK}netdev; while IFS= read -r l; do echo \"$l\"; done < /proc/net/dev")
     lines.append(f"echo {MARK}tcp; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null")
+    if store is not None:
+        lines.append(f"echo {MARK}store; {store_check(store)}")
     return "\n".join(lines) + "\n"
 
 
-def gated_command(spec: JobSpec, start: str) -> str:
-    """The checks, then the node command once the launcher says GO. Run by
-    `sh` so a csh or fish login shell sees one simple command."""
-    script = (probe_script(spec) + f"echo {READY}\n"
+def store_check(store: StoreProbe) -> str:
+    """Connect to the launcher's address from the node (bash's /dev/tcp; the
+    node command needs bash anyway) and print the first line it sends."""
+    read = 'exec 3<>"/dev/tcp/$0/$1" && IFS= read -r line <&3 && printf "%s\\n" "$line"'
+    return (f"timeout {STORE_CHECK_S} bash --norc -c {shlex.quote(read)} {shlex.quote(store.host)} {store.port} "
+            f"2>&1 || {{ [ $? = 124 ] && echo 'no answer within {STORE_CHECK_S} s'; }}")
+
+
+def gated_command(spec: JobSpec, start: Start, store: StoreProbe | None = None) -> str:
+    """The checks, then the node command once the launcher says which (its
+    verdict, one of `start`'s words). Run by `sh` so a csh or fish login
+    shell sees one simple command."""
+    cases = "".join(f"  {word}) set -- {prefix} ;;\n" for word, prefix in start.prefixes.items())
+    script = (probe_script(spec, store) + f"echo {READY}\n"
               'IFS= read -r verdict || exit 0\n'
-              f'[ "$verdict" = {GO.decode().strip()} ] || exit 0\n'
-              f"exec {start}\n")
+              f'case "$verdict" in\n{cases}  *) exit 0 ;;\nesac\n'
+              f'exec "$@" {start.payload}\n')
     return f"sh -c {shlex.quote(script)}"
+
+
+def verdict(word: str) -> bytes:
+    return f"{word}\n".encode()
 
 
 # Sections whose answer is the last line (a version, or the end of an error).
@@ -139,7 +182,8 @@ def read_facts(facts: HostFacts, command: str, timeout: float) -> None:
                   "check that its login shell runs `sh -c` commands")
 
 
-def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings, start: str) -> HostFacts:
+def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings, start: Start,
+           store: StoreProbe | None = None) -> HostFacts:
     try:
         facts.client = connect(facts.endpoint, settings)
     except ConnectError as exc:
@@ -147,7 +191,7 @@ def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings, start: str) -
         return facts
     timeout = settings.timeout_s + 20
     try:
-        read_facts(facts, gated_command(spec, start), timeout)
+        read_facts(facts, gated_command(spec, start, store), timeout)
     except TimeoutError:
         facts.problem("checks", f"no answer to the checks within {timeout:g} s; the login shell may be stuck "
                       "in the host's rc files (try: ssh HOST true), or the host is overloaded")
@@ -156,7 +200,9 @@ def gather(facts: HostFacts, spec: JobSpec, settings: SshSettings, start: str) -
     return facts
 
 
-def judge_host(facts: HostFacts, spec: JobSpec, master_port: int) -> None:
+def judge_host(facts: HostFacts, spec: JobSpec, master_port: int | None) -> None:
+    """`master_port` None: node 0 listens on no port of the job's (the
+    launcher hosts the rendezvous store)."""
     s = facts.sections
     if not s:
         return
@@ -174,7 +220,7 @@ def judge_host(facts: HostFacts, spec: JobSpec, master_port: int) -> None:
             have = ", ".join(sorted(interfaces(s.get("netdev", "")))) or "none"
             facts.problem("interface", f"no interface {', '.join(missing)} (has {have}); "
                           "fix network.interface or use auto")
-    if facts.node == 0 and master_port in listening_ports(s.get("tcp", "")):
+    if facts.node == 0 and master_port is not None and master_port in listening_ports(s.get("tcp", "")):
         facts.problem("master port", f"port {master_port} is already in use on the master host; "
                       "stop what holds it or set master_port")
 
@@ -183,7 +229,7 @@ def _is_version(text: str) -> bool:
     return bool(text) and text[0].isdigit() and "\n" not in text and " " not in text
 
 
-def judge_all(all_facts: list[HostFacts], spec: JobSpec, master_port: int) -> list[Problem]:
+def judge_all(all_facts: list[HostFacts], spec: JobSpec, master_port: int | None) -> list[Problem]:
     for facts in all_facts:
         judge_host(facts, spec, master_port)
     versions = {f.sections["torch"] for f in all_facts if _is_version(f.sections.get("torch", ""))}
@@ -205,15 +251,31 @@ def judge_all(all_facts: list[HostFacts], spec: JobSpec, master_port: int) -> li
     return sorted(problems, key=lambda p: p.node)
 
 
+def store_unreached(all_facts: list[HostFacts], store: StoreProbe) -> str | None:
+    """Why the nodes cannot use the launcher's store at `store` (the first
+    node that did not get its answer, and what it got); None: every node did."""
+    for facts in all_facts:
+        got = facts.sections.get("store", "")
+        if got != store.answer:
+            said = got.rsplit("\n", 1)[-1].strip() or "no answer"
+            if got.startswith("ddpkit-store "):
+                said = "another launcher's store answered"
+            return f"node {facts.node} ({facts.endpoint.alias}): {said}"
+    return None
+
+
 def preflight(endpoints: list[Endpoint], spec: JobSpec, settings: SshSettings, master_port: int,
-              starts: list[str]) -> tuple[list[HostFacts], list[Problem]]:
+              starts: list[Start], store: StoreProbe | None = None) -> tuple[list[HostFacts], list[Problem]]:
     """Connect to and check every host at once; `starts[i]` is node i's
-    command, run on GO. The sessions stay open, waiting, when there are no
+    command, run on the verdict. `store`: where each node tries this
+    launcher (an elastic job's store); when every node reaches it, node 0's
+    port is not checked. The sessions stay open, waiting, when there are no
     problems; otherwise they are closed and every host's command exits."""
     facts = [HostFacts(i, ep) for i, ep in enumerate(endpoints)]
     with ThreadPoolExecutor(max_workers=min(64, len(facts)) or 1) as pool:
-        facts = list(pool.map(lambda f: gather(f, spec, settings, starts[f.node]), facts))
-    problems = judge_all(facts, spec, master_port)
+        facts = list(pool.map(lambda f: gather(f, spec, settings, starts[f.node], store), facts))
+    node0_port = None if store is not None and store_unreached(facts, store) is None else master_port
+    problems = judge_all(facts, spec, node0_port)
     if problems:
         close_all(facts)
     return facts, problems

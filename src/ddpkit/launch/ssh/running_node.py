@@ -21,6 +21,7 @@ from ..supervise.nodeoutput import NO_EXIT_STATUS, LinePrinter
 from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 from .keepalive import Heartbeat
 from .preflight import GO
+from .preflight import verdict as verdict_line
 
 DROPPED = NO_EXIT_STATUS  # paramiko's exit status when a channel closes without one
 
@@ -40,11 +41,12 @@ class SshNode:
     # Written right after GO: the secrets' values, which the node script reads
     # from its stdin (launch.secrets.stdin_payload); never on a command line.
     secrets: bytes = field(default=b"", repr=False)
+    verdict: bytes = verdict_line(GO)  # what starts it at the gate (preflight.Start)
     pgid: int | None = None
     status: int | None = None
     started: threading.Event = field(default_factory=threading.Event)
     _printer: LinePrinter | None = None
-    _went: bool = False  # GO was sent: there is something to stop
+    _went: bool = False  # the verdict was sent: there is something to stop
     _thread: threading.Thread | None = None
     _heartbeat: Heartbeat | None = None
 
@@ -63,7 +65,7 @@ class SshNode:
     def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
         self._printer = printer
         try:
-            self.channel.sendall(GO + self.secrets)
+            self.channel.sendall(self.verdict + self.secrets)
         except SSH_ERRORS as exc:
             printer.line(self, f"ddpkit: could not start: {exc}")
             self.status = DROPPED
