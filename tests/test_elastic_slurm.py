@@ -22,7 +22,11 @@ min_nodes 2, at a known step: right after the first checkpoint of the
   re-form without it and finish, but Slurm sees a task still running: the
   batch shell, told by `ddpkit train` that training finished, ends the
   step's tasks watchdog.loss_s later (without it the job would run until
-  its time limit): COMPLETED, nothing left on node3."""
+  its time limit): COMPLETED, nothing left on node3.
+- node1, the batch host, is lost: every process on it SIGKILLed (slurmd, the
+  batch shell and its srun, the rendezvous store, the trainer). Nothing there
+  can end the job; the others' agents requeue it, and once node1 is back it
+  runs again from the checkpoint: COMPLETED, Restarts=1."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -61,7 +66,7 @@ def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
         yield c
 
 
-def render(tmp: Path, gate: Path) -> Path:
+def render(tmp: Path, gate: Path, requeue: bool = False) -> Path:
     spec = {
         "name": "elastic", "nodes": 3, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
         "rendezvous": {"timeout_s": 120}, "elastic": {"min_nodes": 2, "max_restarts": 2, "last_call_s": LAST_CALL_S},
@@ -69,7 +74,7 @@ def render(tmp: Path, gate: Path) -> Path:
                     "args": [*TRAIN, "--checkpoint-dir", str(tmp / "ckpt"), "--metrics", str(tmp / "metrics.jsonl")]},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
                 "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": "3"},
-        "slurm": {"requeue": False},
+        "slurm": {"requeue": requeue},
     }
     job = tmp / "elastic.yaml"
     job.write_text(yaml.safe_dump(spec))
@@ -175,3 +180,38 @@ def test_a_node_whose_trainer_froze_is_ended_once_the_others_finished(cluster: S
                      r"others left behind, watchdog\.loss_s\); ending its tasks", text), text[-6000:]
     assert "Node failure" not in text and "relaunch" not in text, text[-6000:]
     assert left == [], f"node3's frozen trainer outlived the job: {left}"
+
+
+def lose_the_batch_host(net: netns.Network) -> None:
+    proctree.signal_all(net["node1"].pids(), signal.SIGKILL)  # slurmd, the batch shell, the store, the trainer
+
+
+@pytest.mark.timeout(900)
+def test_a_lost_batch_host_has_the_others_requeue_the_job_which_resumes_from_its_checkpoint(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    """node1 holds the batch shell, its srun and the rendezvous store: with every
+    process of it killed, nothing on node1 can end the job, and `--no-kill` keeps
+    the allocation. The others' agents find the store gone and requeue the job at
+    once, instead of leaving it allocated and idle until its time limit; once
+    node1 is back, the job runs again and resumes from the checkpoint."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    job = cluster.sbatch(render(tmp_path, gate, requeue=True))
+    assert cluster.net is not None
+    try:
+        step = held_step(gate, 3, lambda: None, timeout=300)
+        lose_the_batch_host(cluster.net)
+        release(gate, 3)
+        deadline = time.monotonic() + 120
+        while cluster.job(job).restarts < 1:
+            assert time.monotonic() < deadline, f"not requeued: {cluster.job(job)}"
+            time.sleep(0.5)
+        assert cluster.restart_dead_slurmds() == ["node1"]
+        info = cluster.wait(job, timeout=600)
+    finally:
+        cluster.run(["scancel", str(job)])
+    text = (tmp_path / f"elastic-{job}.out").read_text()
+    assert info.state == "COMPLETED" and info.restarts == 1, f"{info}\n{text[-6000:]}"
+    # the run after the requeue resumed from the checkpoint the three ranks wrote before the loss
+    assert f"ckpt-{step:08d}.pt at step {step}" in text, text[-6000:]
+    assert "ddpkit train finished" in text, text[-6000:]

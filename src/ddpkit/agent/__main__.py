@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
     from .. import records
-    from . import handler, tailing, worker, zygote
+    from . import handler, orphaned, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
     args = torchrun.parse_args(argv)
@@ -81,10 +81,11 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr, flush=True)
         sys.exit(1)
     except Exception:
-        # What torchrun's own uncaught failure prints (a stop signal's
-        # SignalException, a rendezvous that timed out), from torch's frames
-        # on: this module's two add nothing. Exit 1, as the interpreter would.
+        # What torchrun's own uncaught failure prints (a rendezvous that timed
+        # out, a store that went away), from torch's frames on: this module's
+        # two add nothing. Exit 1, as the interpreter would.
         worker.print_exception(skipping=(__name__,))
+        orphaned.end_orphaned_job(args, handler.workers_started() > 0, os.environ)
         sys.exit(1)
     finally:
         if started is not None:

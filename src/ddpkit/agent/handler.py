@@ -164,6 +164,14 @@ def with_runner(args: Sequence[str]) -> list[str]:
     return [*line[:2], "-m", RUN_MODULE, *line[2:]]
 
 
+_STARTED: list[int] = []  # one entry per worker started
+
+
+def workers_started() -> int:
+    """How many workers this agent started: none until a rendezvous formed."""
+    return len(_STARTED)
+
+
 def install(zygote: Zygote | None) -> None:
     """Route torchrun's worker starts through `zygote` (after `unsupported()`
     said None); without one, or where it forks nothing, each worker starts as
@@ -173,6 +181,7 @@ def install(zygote: Zygote | None) -> None:
 
     class ZygoteHandler(SubprocessHandler):
         def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
+            _STARTED.append(1)
             if zygote is not None and zygote.takes_requests:
                 request = request_for(args, env, _name(getattr(self, "_stdout", None)),
                                       _name(getattr(self, "_stderr", None)))

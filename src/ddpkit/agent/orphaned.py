@@ -1,0 +1,84 @@
+"""An elastic Slurm job whose batch host is lost: the other nodes end it.
+
+Slurm runs the batch script on the allocation's first node, and in torchrun
+mode that node's agent hosts the rendezvous store. When the node is lost
+(its slurmd, the batch shell and its srun, the store), nothing is left to
+end the job: an elastic job runs with `--no-kill`, so Slurm keeps the
+allocation, and the other nodes' tasks have no srun to report to. It would
+sit allocated and idle until its time limit.
+
+The other nodes' agents are what is left. One that fails after its workers
+had run (a rendezvous that had formed), in a Slurm job whose rendezvous
+store no longer takes a connection and whose store host's slurmd does not
+either (the node is gone, not only its agent: a batch shell that is still
+there relaunches the step itself), asks Slurm to requeue the job
+(`slurm.requeue` on: the requeued job starts on a new allocation and
+resumes from its last checkpoint) or else cancels it, so the allocation is
+freed at once. Both agents may ask; the second request changes nothing.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from .. import envnames
+
+CONNECT_S = 5.0
+DEFAULT_SLURMD_PORT = 6818
+
+
+def store_gone(endpoint: str) -> bool:
+    """True when nothing takes a connection at endpoint (host:port)."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_S).close()
+    except OSError:
+        return True
+    return False
+
+
+def slurmd_port() -> int:
+    """This cluster's SlurmdPort (`scontrol show config`), 6818 when it does not say."""
+    try:
+        done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_SLURMD_PORT
+    for line in done.stdout.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "SlurmdPort" and value.strip().isdigit():
+            return int(value.strip())
+    return DEFAULT_SLURMD_PORT
+
+
+def is_elastic(nnodes: str) -> bool:
+    low, _, high = str(nnodes).partition(":")
+    return bool(high) and low != high
+
+
+def end_orphaned_job(args: Any, workers_ran: bool, env: Mapping[str, str]) -> bool:
+    """Requeue or cancel this Slurm job when its rendezvous store is gone
+    (see the module's doc); True when it asked Slurm to."""
+    job = env.get(envnames.SLURM_JOB_ID)
+    endpoint = getattr(args, "rdzv_endpoint", "") or ""
+    if not job or not workers_ran or not is_elastic(getattr(args, "nnodes", "")) or not store_gone(endpoint):
+        return False
+    host = endpoint.rpartition(":")[0]
+    if not store_gone(f"{host}:{slurmd_port()}"):
+        return False  # the batch host is up (only its agent died): its batch script relaunches the step
+    requeue = bool(env.get(envnames.DDPKIT_SLURM_REQUEUE_ON))
+    command = ["scontrol", "requeue", job] if requeue else ["scancel", job]
+    what = "requeueing it (its next run resumes from the last checkpoint)" if requeue else \
+        "cancelling it (slurm.requeue is off)"
+    print(f"ddpkit.agent: the batch host {host} is gone (its rendezvous store and its slurmd do not answer), and "
+          f"nothing there can end Slurm job {job}: {what}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    if done.returncode != 0:
+        print(f"ddpkit.agent: {' '.join(command)} failed: {done.stderr.strip()}", file=sys.stderr, flush=True)
+    return True
