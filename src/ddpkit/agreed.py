@@ -25,7 +25,7 @@ AGENT_MODULE: Final = "ddpkit.agent"
 # The runner that gives a program of the user's own the preamble where no zygote forks it (ddpkit/run.py).
 RUN_MODULE: Final = "ddpkit.run"
 # The preamble's parts (ddpkit/preamble), in the order they install; DDPKIT_PREAMBLE leaves some out.
-PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress", "metrics", "stop")
+PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress", "metrics", "stragglers", "stop")
 
 
 def threads_per_process(cores: int, processes: int) -> int:
