@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import envnames
+from .agreed import metrics_to_launcher
 from .train.watchdog import stall
 from .train.watchdog import stall_model as _wd
 
@@ -74,9 +75,10 @@ def stop() -> None:
 
 def metrics_file(env: Mapping[str, str]) -> Path | None:
     """Where the launcher has a program's metrics records appended (DDPKIT_METRICS), so the
-    watchdog's stall and straggler records join them for `ddpkit report`."""
+    watchdog's stall and straggler records join them for `ddpkit report`; None where
+    the launcher collects them from the job's output, where those records are already."""
     path = env.get(envnames.DDPKIT_METRICS)
-    return Path(path) if path else None
+    return Path(path) if path and not metrics_to_launcher(path) else None
 
 
 def _start() -> stall.Watchdog | None:

@@ -33,16 +33,21 @@ from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, Stall, Stalle
 from .lines import RANK_TAG_FLAG, rank_tagged, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
-__all__ = ["FRAME", "KINDS", "RANK_TAG_FLAG", "AgentReport", "Cause", "Checkpoint", "Eval", "LostRank", "NodeLost",
-           "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank", "Stamped", "StepTimes",
-           "Startup", "Stop", "Straggler", "Summary", "Train", "WorkerExit", "append", "decode", "emit", "encode",
-           "frame", "from_fields", "is_frame", "rank_tagged", "read_file", "task_labelled", "to_json", "unframe"]
+__all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_FLAG", "AgentReport", "Cause", "Checkpoint", "Eval",
+           "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank",
+           "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Train", "WorkerExit", "append",
+           "decode", "emit", "encode", "frame", "from_fields", "is_frame", "rank_tagged", "read_file",
+           "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
     Stall, Straggler, NodeLost, Reformed, WorkerExit, AgentReport, Cause,
     Train, Eval, StepTimes, RankRow, Checkpoint, Stop, Resume, Startup, Summary)}
+# What a metrics file holds (what `ddpkit report` reads): the metrics, and the
+# watchdog's reports; a worker's exit and the agent's notes are the launcher's only.
+METRICS_FILE_KINDS: tuple[type[Record], ...] = (
+    Train, Eval, StepTimes, RankRow, Checkpoint, Stop, Resume, Startup, Summary, Stall, Straggler, NodeLost)
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,10 @@ def from_fields(obj: dict[str, Any]) -> Stamped:
     return Stamped(_build(cls, body), None if time is None else float(time))
 
 
-def frame(record: Record) -> str:
-    """The record as one framed line for a job's output (no newline)."""
-    return FRAME + encode(record)
+def frame(record: Record, time: float | None = None) -> str:
+    """The record as one framed line for a job's output (no newline); `time`:
+    when it was written, for a record the launcher keeps in a metrics file."""
+    return FRAME + encode(record, time)
 
 
 def is_frame(body: str) -> bool:
@@ -117,10 +123,10 @@ def unframe(body: str) -> Stamped | None:
     return decode(body[len(FRAME):]) if body.startswith(FRAME) else None
 
 
-def emit(record: Record, stream: IO[str] | None = None) -> None:
+def emit(record: Record, stream: IO[str] | None = None, time: float | None = None) -> None:
     """Print the framed record on `stream` (stderr), in one write."""
     out = sys.stderr if stream is None else stream
-    out.write(frame(record) + "\n")
+    out.write(frame(record, time) + "\n")
     out.flush()
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from ...agreed import is_ddpkit_module
 from ...contract import Target, master_port
 from ...exitcodes import ExitCode
 from ...quoting import shell_word
@@ -81,9 +82,10 @@ class Plan:
     # node on its session's stdin; empty for a dry run, which sends nothing.
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     log_dir: Path | None = None  # the run folder's logs/ when the spec leaves ssh.log_dir unset
+    metrics: Path | None = None  # where a program of the user's own has its framed metrics records kept
 
     def command(self, rank: int) -> NodeCommand:
-        return node_command(self.spec, rank, self.master_addr, rdzv_id=self.rdzv_id)
+        return node_command(self.spec, rank, self.master_addr, rdzv_id=self.rdzv_id, metrics=self.metrics is not None)
 
     def log_path(self, rank: int) -> Path:
         host = safe_name(self.endpoints[rank].alias)
@@ -206,7 +208,8 @@ def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True
     elastic = ElasticPolicy.of(plan.spec.elastic, revive)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
                             interrupt_grace_s=plan.spec.grace.launcher_grace_s, elastic=elastic,
-                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder)
+                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder,
+                            metrics=plan.metrics)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
@@ -215,6 +218,16 @@ def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True
         for run in revive.made():  # stops its keepalive, then closes its session and connection
             run.close()
         close_all(facts)  # hosts interrupted before they got a run: still waiting for the verdict
+
+
+def metrics_from_output(spec: JobSpec, run: RunFolder) -> Path | None:
+    """The run folder's metrics file, for a program of the user's own: its
+    preamble frames the records on stderr and the launcher keeps them there.
+    None for ddpkit's own programs (ddpkit train writes its --metrics file on
+    node 0), and in ssh.docker's containers, which get only the job's environment."""
+    if is_ddpkit_module(spec.command.module) or spec.ssh.docker:
+        return None
+    return run.metrics_file
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
     run = ready.run_folder("ssh", nodes=len(plan.endpoints))
     if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
         plan.log_dir = run.logs_dir
+    plan.metrics = metrics_from_output(spec, run)
     run.set_logs([NodeLog(node=r, host=ep.alias, path=str(plan.log_path(r))) for r, ep in enumerate(plan.endpoints)])
     print(ready.run_line(run), file=sys.stderr, flush=True)
     return launch(ready, plan, settings, dedup=args.dedup, folder=run)

@@ -88,6 +88,7 @@ class LinePrinter:
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
         self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
+        self.on_record: Callable[[records.Stamped], None] = lambda _stamped: None  # called with every record read
         self._held_back: dict[int, int] = {}  # node index -> lines of its agent's failure report still to come
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -151,6 +152,7 @@ class LinePrinter:
             return False
         if stamped is None:
             return False
+        self.on_record(stamped)
         record = stamped.record
         if isinstance(record, records.Stall):
             self.stalled.update((s.rank, s) for s in record.stalled)
