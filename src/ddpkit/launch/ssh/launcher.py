@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from ...agreed import is_ddpkit_module
 from ...contract import Target, master_port
 from ...exitcodes import ExitCode
 from ...quoting import shell_word
@@ -30,7 +29,7 @@ from ...runs import NodeLog, RunFolder
 from ...spec import JobSpec, doctor_mode
 from ...targets.sshnode import NodeCommand, launch_line, new_rdzv_id, node_command, node_env
 from ..prelude import Prelude, make_console, prelude
-from ..runargs import add_train_args, with_train_args
+from ..runargs import add_train_args, metrics_from_output, with_train_args
 from ..secrets import stdin_payload, with_run_key
 from ..supervise.events import ElasticPolicy
 from ..supervise.nodeoutput import NodeHandle, add_dedup_argument
@@ -220,16 +219,6 @@ def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True
         close_all(facts)  # hosts interrupted before they got a run: still waiting for the verdict
 
 
-def metrics_from_output(spec: JobSpec, run: RunFolder) -> Path | None:
-    """The run folder's metrics file, for a program of the user's own: its
-    preamble frames the records on stderr and the launcher keeps them there.
-    None for ddpkit's own programs (ddpkit train writes its --metrics file on
-    node 0), and in ssh.docker's containers, which get only the job's environment."""
-    if is_ddpkit_module(spec.command.module) or spec.ssh.docker:
-        return None
-    return run.metrics_file
-
-
 def run(args: argparse.Namespace) -> int:
     from ...specfile import spec_from_args
 
@@ -254,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     run = ready.run_folder("ssh", nodes=len(plan.endpoints))
     if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
         plan.log_dir = run.logs_dir
-    plan.metrics = metrics_from_output(spec, run)
+    # ssh.docker's containers get the job's environment only, not the node's env prefix.
+    plan.metrics = None if spec.ssh.docker else metrics_from_output(spec, run.metrics_file)
     run.set_logs([NodeLog(node=r, host=ep.alias, path=str(plan.log_path(r))) for r, ep in enumerate(plan.endpoints)])
     print(ready.run_line(run), file=sys.stderr, flush=True)
     return launch(ready, plan, settings, dedup=args.dedup, folder=run)
