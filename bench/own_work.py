@@ -4,7 +4,10 @@ one-rank gloo group, CPU) with and without the part installed, so the few
 microseconds it adds are not lost in a 2-process job's noise. The part wraps
 DDP's forward and torch.autograd.backward, hooks the wrapped model's forward,
 routes DDP's all-reduce through a Python comm hook and adds an optimizer-step
-hook; each variant runs in a process of its own (the part patches classes),
+hook. A third variant gives DDP its built-in (C++) all-reduce hook before the
+first forward, as a program may: the part then times the forward only and
+adds no Python comm hook, which splits the cost between the wrappers and the
+hook. Each variant runs in a process of its own (the part patches classes),
 in turn, ROUNDS times, and the figure is the median of the rounds' mean step
 time.
 
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("off", "stragglers")
+VARIANTS = ("off", "stragglers", "stragglers, builtin hook")
 ROUNDS = 5
 
 
@@ -37,14 +40,16 @@ def worker(variant: str, steps: int, warmup: int, width: int) -> float:
     from torch import nn
 
     torch.set_num_threads(1)
-    if variant == "stragglers":
+    if variant.startswith("stragglers"):
         from ddpkit.preamble import stragglers
 
-        stragglers.install({})
+        stragglers.install({"WORLD_SIZE": "2"})  # as a rank of a job a judge reads
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
     model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
     ddp = nn.parallel.DistributedDataParallel(model)
+    if variant.endswith("builtin hook"):
+        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x = torch.randn(8, width)
 
@@ -95,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             means[variant].append(float(done.stdout.split()[-1]))
             print(f"  round {i + 1}/{a.rounds} {variant}: {means[variant][-1]:.1f} µs a step", flush=True)
     median = {v: statistics.median(ms) for v, ms in means.items()}
-    added = median["stragglers"] - median["off"]
-    print(common.table(["", "off µs", "stragglers µs", "added µs", "added %"],
-                       [["step", median["off"], median["stragglers"], added, 100 * added / median["off"]]]))
+    added = {v: median[v] - median["off"] for v in VARIANTS if v != "off"}
+    print(common.table(["", "median µs a step", "added µs", "added %"],
+                       [[v, median[v], added.get(v, 0.0), 100 * added.get(v, 0.0) / median["off"]] for v in VARIANTS]))
     path = common.write_result("own_work", {"command": common.command_line(), "machine": common.machine(),
                                             "args": vars(a) | {"out": str(a.out)}, "means_us": means,
                                             "median_us": median, "added_us": added},

@@ -148,7 +148,7 @@ def own_work(monkeypatch: pytest.MonkeyPatch) -> Iterator[stragglers.OwnWork]:
     monkeypatch.setattr(optim_module, "register_optimizer_step_post_hook", lambda hook: handles.append(real(hook)))
     work = stragglers.OwnWork(WorkWindow(10))
     monkeypatch.setattr(stragglers, "WORK", work)
-    stragglers.install({})
+    stragglers.install({"WORLD_SIZE": "2"})  # as a rank of a 2-process job, judged
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
     try:
@@ -231,3 +231,16 @@ def test_a_builtin_hook_after_the_first_forward_runs_as_its_python_twin(own_work
     own_work._bucket = None
     _train(ddp, optimizer, 1)
     assert own_work._bucket is not None
+
+
+def test_nothing_is_timed_where_no_judge_reads_it_and_a_bad_setting_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for env in ({}, {"WORLD_SIZE": "1"}, {"WORLD_SIZE": "4", "DDPKIT_WATCHDOG_STALL_S": "0"},
+                {"WORLD_SIZE": "4", "DDPKIT_WATCHDOG_STRAGGLER_FACTOR": "0"}):
+        assert not stragglers.judged(env), env
+    assert stragglers.judged({"WORLD_SIZE": "4"})
+    with pytest.raises(SystemExit) as ended:
+        stragglers.judged({"WORLD_SIZE": "4", "DDPKIT_WATCHDOG_STRAGGLER_FACTOR": "fast"})
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == ("ddpkit: DDPKIT_WATCHDOG_STRAGGLER_FACTOR='fast': give a factor above 1 "
+                                       "(e.g. 1.33), or 0 to turn straggler detection off\n")

@@ -17,20 +17,27 @@ What counts is the work of the outermost module, a DistributedDataParallel:
 A step ends with the first stepping optimizer's step. Waiting in the
 all-reduce, loading data and the optimizer are not counted. A program
 without DDP (FSDP, its own all-reduce) times nothing and is never judged;
-with a builtin comm hook (`_register_builtin_comm_hook`, in C++) only its
-forward is timed.
+with a builtin comm hook (`_register_builtin_comm_hook`, in C++) registered
+before its first forward only its forward is timed (after it, the builtin
+hook runs as its Python twin). Nothing is wrapped where no judge reads the
+times (one process, the hang watchdog off, `straggler_factor` 0): the
+Python comm hook costs a thread hand-off per bucket (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from .. import envnames
+from ..exitcodes import ExitCode
+from ..train.watchdog.stall_model import Settings
 from ..train.watchdog.straggler import WORK as WINDOW
-from ..train.watchdog.straggler import WorkWindow
+from ..train.watchdog.straggler import WorkWindow, factor_from_env
 from ..train.watchdog.worktime import Mark, StepClock
 
 HOOKED = "_ddpkit_own_work"  # in a DDP's __dict__: whether its last bucket's hand-over is noted
@@ -167,8 +174,23 @@ def python_hook(comm_hook_type: Any) -> Callable[..., Any]:
     return default_hooks.allreduce_hook
 
 
+def judged(env: Mapping[str, str]) -> bool:
+    """Whether a straggler judge will read the times: more than one process,
+    the hang watchdog on (its thread publishes them), a factor above 0. A
+    setting that is no number ends the process with one line, exit 2."""
+    try:
+        factor, settings = factor_from_env(env), Settings.from_env(env)
+    except ValueError as err:
+        print(f"ddpkit: {err}", file=sys.stderr, flush=True)
+        sys.exit(ExitCode.BAD_INPUT)
+    return factor > 0 and settings.enabled and int(env.get(envnames.WORLD_SIZE, "1") or "1") > 1
+
+
 def install(env: Mapping[str, str]) -> None:
-    """Time DDP's forward, the outermost backward, and the program's comm hooks."""
+    """Time DDP's forward, the outermost backward, and the program's comm hooks,
+    where a judge will read the times (nothing is wrapped otherwise)."""
+    if not judged(env):
+        return
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
