@@ -1,8 +1,8 @@
 """What ddpkit's preamble (ddpkit/preamble) costs a program of the user's own:
 the same program under `python -m ddpkit.agent`, with the preamble, with the
 preamble and its metrics records (as `launch local` runs it), with every part
-but the stop agreement, and with DDPKIT_PREAMBLE=off, side by side in one run
-(interleaved repeats).
+but the stop agreement, with every part but the straggler timing, and with
+DDPKIT_PREAMBLE=off, side by side in one run (interleaved repeats).
 
 The program (bench/own_program.py) trains a small MLP with DDP on gloo
 whose step takes about --step-ms, and writes a wall-clock stamp after every
@@ -29,9 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "bench" / "own_program.py"
-# "no stop": every part but the stop agreement (an async all-reduce of one int after each optimizer step).
+# "no stop": every part but the stop agreement (an async all-reduce of one int after each optimizer step);
+# "no stragglers": every part but the own-work timing (wrappers of DDP's forward and autograd.backward, a comm hook).
 MODES = {"preamble": {}, "preamble+metrics": {}, "no stop": {"DDPKIT_PREAMBLE": "stop"},
-         "off": {"DDPKIT_PREAMBLE": "off"}}
+         "no stragglers": {"DDPKIT_PREAMBLE": "stragglers"}, "off": {"DDPKIT_PREAMBLE": "off"}}
 
 
 def run_once(mode: str, a: argparse.Namespace, scratch: Path, index: int) -> dict[str, float]:

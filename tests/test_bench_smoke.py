@@ -128,6 +128,14 @@ def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) ->
     assert scale["ranks"] == 64 and scale["check_ms_median"] > 0 and scale["named"] == [63]
 
 
+def test_own_work_bench_times_every_variant(tmp_path: Path) -> None:
+    run_bench("bench.own_work", "--rounds", "1", "--steps", "5", "--warmup", "3", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "own_work.json").read_text())
+    assert set(data["median_us"]) == {"off", "stragglers", "stragglers, builtin hook"}
+    assert all(v > 0 for v in data["median_us"].values()) and set(data["added_us"]) == {"stragglers",
+                                                                                      "stragglers, builtin hook"}
+
+
 def test_rendezvous_bench_times_the_round_after_a_crash_per_variant(tmp_path: Path) -> None:
     run_bench("bench.rendezvous", "--repeats", "1", "--losses", "crash", "--variants", "c10d,ddpkit",
               "--out", str(tmp_path), "--name", "r")

@@ -4,6 +4,7 @@ on a fourth host ("login"), as a user would run it from a login node."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ _REASON = netns.available() or sshd.available()
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
 
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
+ROOT = Path(__file__).resolve().parents[1]
 TRAIN_ARGS = ["--model=tiny", "--data=synthetic", "--image-size=32", "--synthetic-size=48",
               "--batch-size=4", "--no-eval", "--progress=plain"]
 NODES = ["node1", "node2", "node3"]
@@ -601,4 +603,40 @@ def test_runs_status_logs_and_cancel_follow_a_running_launch_ssh_run(cluster: Cl
     assert said.rstrip().splitlines()[-1] == "launch ssh: interrupted: every node was stopped", said[-2000:]
     after = run_cmd(net, env, "status", "runs-ssh")
     assert re.search(r"^run \w{6}: cancelled, exit code 130$", after.stdout, re.M), after.stdout
+    assert job_processes(str(tmp_path)) == []
+
+
+def test_an_own_programs_metrics_reach_the_run_folder_and_its_report(cluster: Cluster, tmp_path: Path) -> None:
+    """The tutorial script (a program of the user's own) on 2 hosts, rank 1's
+    forward slower from its 5th step: the preamble frames the metrics records
+    on the nodes' stderr, the launcher keeps them in the run folder's
+    metrics.jsonl, with the watchdog's straggler record, and `ddpkit report
+    RUN` draws the run: 6 train records, step times, both ranks' rows, rank 1
+    flagged a straggler."""
+    net, hosts = cluster
+    job = write_job(tmp_path, "own-metrics", args=["4", "100", "--batch_size", "8", "--snapshot", "own.pt",
+                                                   "--slow-forward", "1:0.1:5"],
+                    script=ROOT / "tests" / "helpers" / "tutorial_ddp.py", extra={"nodes": 2})
+    env = {**os.environ, "DDPKIT_RUNS_DIR": str(tmp_path / "runs")}
+    addrs = [net["node1"].addr, net["node2"].addr]
+    argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hostfile(tmp_path, net, addrs)),
+            *hosts.launcher_flags()]
+    out = net["login"].run(argv, cwd=str(tmp_path), env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "@@ddpkit-record" not in out.stdout + out.stderr  # the frames stay off the console
+    [folder] = (tmp_path / "runs").iterdir()
+    kept = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in kept if r["kind"] == "train"] == [10, 20, 30, 40, 50, 60], kept
+    assert all(r["time"] > 0 and r["loss"] is not None for r in kept if r["kind"] == "train"), kept
+    assert sorted((r["rank"], r["node_rank"]) for r in kept if r["kind"] == "rank_report") == [(0, 0), (1, 1)], kept
+    assert [(r["rank"], r["state"]) for r in kept if r["kind"] == "straggler"] == [(1, "slow")], (kept, out.stdout)
+    page = tmp_path / "page.html"
+    report = net["login"].run([DDPKIT, "report", folder.name.rsplit("-", 1)[1], "-o", str(page)], env=env, timeout=180)
+    assert report.returncode == 0, report.stderr
+    # step-time windows are published a window late, one a slower rank has not written yet left out
+    assert re.search(r"\(6 train and [1-5] step-time records", report.stdout), report.stdout
+    html = page.read_text()
+    rows = re.findall(r"<tr><td>(\d)</td><td>(\d)</td>(.*?)</tr>", html)
+    flagged = {rank: 'class="flag"' in cells for rank, _node, cells in rows}
+    assert flagged == {"0": False, "1": True}, rows
     assert job_processes(str(tmp_path)) == []

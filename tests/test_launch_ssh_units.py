@@ -314,3 +314,21 @@ def test_the_launcher_tries_its_address_towards_node_0_unless_a_jump_host_is_bet
     assert answerer is None and node0_hosts_line(why).startswith(
         "launch ssh: node 0's agent hosts the rendezvous store, so losing node 0 ends the job: node 0 is reached "
         "through the jump host bastion.example; to let any node go")
+
+
+def test_a_program_of_the_users_own_sends_its_metrics_to_the_launcher_and_ddpkit_train_does_not(
+        tmp_path: Path) -> None:
+    """launch ssh and launch docker: the run folder's metrics file for a script
+    (the env prefix / the container's environment names the launcher), none for
+    ddpkit train (its --metrics file) or ssh.docker's containers."""
+    from ddpkit.launch import docker
+    from ddpkit.launch.runargs import metrics_from_output
+
+    own = spec(command={"script": "train.py"}, image="img:1")
+    kept = tmp_path / "metrics.jsonl"
+    assert metrics_from_output(own, kept) == kept and metrics_from_output(spec(), kept) is None
+    prefix = remote.node_command(own, 1, "h", metrics=True).start.split(" setsid ")[0]
+    assert prefix == "env DDPKIT_NODE_RANK=1 DDPKIT_MASTER_ADDR=h DDPKIT_METRICS=-", prefix
+    assert "DDPKIT_METRICS" not in remote.node_command(own, 1, "h").start
+    assert [p.environment.get("DDPKIT_METRICS") for p in docker.plan(own, metrics=True)] == ["-"]
+    assert "DDPKIT_METRICS" not in docker.plan(own)[0].environment

@@ -5,6 +5,8 @@ under `ddpkit launch local`, its workers forked by ddpkit.agent's zygote."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import subprocess
@@ -162,6 +164,39 @@ def test_a_long_evaluation_and_a_program_that_never_trains_are_no_stall(tmp_path
     code, text = run(tmp_path, str(2 * STALL_S), script=program)
     assert code == 0, text
     assert "rank report: 2 processes" in text and "ddpkit watchdog: on" not in text and "STALL" not in text
+
+
+SLOW_FROM, SLOW_S = 25, 0.15
+
+
+def run_folder(text: str) -> Path:
+    [run_id] = re.findall(r"\(ddpkit status (\w+)\)", text)
+    [folder] = Path(os.environ["DDPKIT_RUNS_DIR"]).glob(f"*-{run_id}")
+    return folder
+
+
+def test_a_rank_slower_in_its_forward_is_named_a_straggler_and_none_before(tmp_path: Path) -> None:
+    """The tutorial script, each step followed by 0.1 s of sleep on both ranks
+    (not their own work: the judge sees two balanced ranks for SLOW_FROM
+    steps); from step SLOW_FROM rank 1's model sleeps SLOW_S in its forward.
+    Rank 1 is named with ddpkit train's line, record and summary column, no
+    rank before SLOW_FROM, and rank 0, which waits for it in the all-reduce,
+    never."""
+    code, text = run(tmp_path, "4", "100", "--batch_size", "8", "--step-sleep", "0.1",
+                     "--slow-forward", f"1:{SLOW_S}:{SLOW_FROM}", "--snapshot", "slow.pt")
+    assert code == 0, text
+    records = [json.loads(line) for line in (run_folder(text) / "metrics.jsonl").read_text().splitlines()]
+    stragglers = [r for r in records if r["kind"] == "straggler"]
+    assert [(r["rank"], r["state"], r["node"]) for r in stragglers] == [(1, "slow", 1)], (stragglers, text)
+    [named] = stragglers
+    assert named["step"] >= SLOW_FROM and named["own_s"] >= SLOW_S and named["median_s"] < SLOW_S / 5, named
+    assert re.search(r"\[node0 rank0\] ddpkit watchdog: STRAGGLER rank 1 node 1 host \S+-node1: \d\.\d{3}s of "
+                     r"own work a step against the job's median 0\.\d+s", text), text
+    assert text.count("ddpkit watchdog: STRAGGLER") == 1, text
+    assert re.search(r"node1\s*│\s*0\s*│\s*ok\s*│.*│\s*rank 1 \(\S+-node1\): \d\.\d{3}s of own", text), text
+    assert not re.search(r"node0\s*│\s*0\s*│\s*ok\s*│.*│\s*rank \d", text), text
+    events = [json.loads(line) for line in (run_folder(text) / "events.jsonl").read_text().splitlines()]
+    assert [e.get("node") for e in events if e["kind"] == "straggler"] == [1], events
 
 
 def test_the_runner_runs_a_program_as_python_would(tmp_path: Path) -> None:

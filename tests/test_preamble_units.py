@@ -5,6 +5,7 @@ model), and what counts as a sign of life between steps."""
 
 from __future__ import annotations
 
+import datetime
 import sys
 import threading
 import time
@@ -12,11 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ddpkit import watchdog
-from ddpkit.preamble import metrics, progress
+from ddpkit.preamble import metrics, progress, stragglers
+from ddpkit.train.watchdog.straggler import WorkWindow
+from ddpkit.train.watchdog.worktime import WARM_STEPS
 
 
 @pytest.fixture
@@ -112,3 +116,131 @@ def test_a_sleeping_thread_gives_up_the_cpu_again_and_again() -> None:
     for _ in range(5):
         time.sleep(0.01)
     assert progress.voluntary_switches(os.getpid()) - before >= progress.SWITCHES_ALIVE
+
+
+# ---- the stragglers part: each rank's own work in a one-rank gloo DDP ----------------------------
+
+
+class _Sleepy(nn.Module):
+    """A model whose training forward sleeps `forward_s` (own work to be counted)."""
+
+    def __init__(self, forward_s: float) -> None:
+        super().__init__()
+        self.fc, self.forward_s = nn.Linear(4, 2), forward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.forward_s)
+        return self.fc(x)
+
+
+@pytest.fixture
+def own_work(monkeypatch: pytest.MonkeyPatch) -> Iterator[stragglers.OwnWork]:
+    """The stragglers part installed for one test (its wrappers and hook removed
+    after it), timing into a window of its own, in a real one-rank gloo group."""
+    import torch.optim.optimizer as optim_module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for name in ("forward", "register_comm_hook", "_register_builtin_comm_hook"):
+        monkeypatch.setattr(DDP, name, getattr(DDP, name))
+    monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)
+    handles: list = []
+    real = optim_module.register_optimizer_step_post_hook
+    monkeypatch.setattr(optim_module, "register_optimizer_step_post_hook", lambda hook: handles.append(real(hook)))
+    work = stragglers.OwnWork(WorkWindow(10))
+    monkeypatch.setattr(stragglers, "WORK", work)
+    stragglers.install({"WORLD_SIZE": "2"})  # as a rank of a 2-process job, judged
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        yield work
+    finally:
+        dist.destroy_process_group()
+        for handle in handles:
+            handle.remove()
+
+
+def _train(ddp: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        ddp(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_own_work_is_the_ddp_models_forward_and_backward_and_no_evaluation(own_work: stragglers.OwnWork) -> None:
+    torch.manual_seed(0)
+    model, plain = _Sleepy(0.03), _Sleepy(0.0)
+    plain.load_state_dict(model.state_dict())
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    ddp(x).sum().backward()
+    plain(x).sum().backward()
+    assert torch.equal(model.fc.weight.grad, plain.fc.weight.grad)  # DDP's default all-reduce, through the mark
+    assert vars(ddp)[stragglers.MARK].default
+    optimizer.step()
+    optimizer.zero_grad()
+    _train(ddp, optimizer, WARM_STEPS)
+    assert own_work.window.count == 1  # the first WARM_STEPS steps are not counted
+    with torch.no_grad():
+        for _ in range(5):
+            ddp(torch.randn(8, 4))  # an evaluation between steps: not counted
+    _train(ddp, optimizer, 3)
+    count, own = own_work.window.median()
+    assert own_work.window.count == 4 and 0.03 <= own < 0.03 + 0.5, (own_work.window.count, own)
+
+
+def test_a_comm_hook_the_program_registers_replaces_the_default_and_is_timed(own_work: stragglers.OwnWork) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp = nn.parallel.DistributedDataParallel(_Sleepy(0.0))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    _train(ddp, optimizer, 1)  # the first forward registered the default
+    calls = []
+
+    def counting(state, bucket):  # unannotated: DDP checks annotations as objects, and this module's are strings
+        calls.append(state)
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook("program's state", counting)  # DDP itself would refuse a second hook
+    mark = vars(ddp)[stragglers.MARK]
+    assert not mark.default and mark.hook is counting
+    with pytest.raises(RuntimeError, match="can only be called once"):  # as DDP refuses a program's second hook
+        ddp.register_comm_hook(None, lambda state, bucket: None)
+    own_work._bucket = None
+    _train(ddp, optimizer, 1)
+    assert calls == ["program's state"] and own_work._bucket is not None
+
+
+def test_a_builtin_comm_hook_leaves_the_backward_untimed(own_work: stragglers.OwnWork) -> None:
+    ddp = nn.parallel.DistributedDataParallel(_Sleepy(0.0))
+    ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    _train(ddp, optimizer, 1)
+    assert stragglers.MARK not in vars(ddp) and own_work.clock is not None
+    assert len(own_work.clock._step.spans) == 0 and own_work.clock.steps == 1  # the forward's span went with the step
+
+
+def test_a_builtin_hook_after_the_first_forward_runs_as_its_python_twin(own_work: stragglers.OwnWork) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp = nn.parallel.DistributedDataParallel(_Sleepy(0.0))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    _train(ddp, optimizer, 1)
+    ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)  # DDP alone takes it here too
+    assert vars(ddp)[stragglers.MARK].hook is default_hooks.fp16_compress_hook
+    own_work._bucket = None
+    _train(ddp, optimizer, 1)
+    assert own_work._bucket is not None
+
+
+def test_nothing_is_timed_where_no_judge_reads_it_and_a_bad_setting_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for env in ({}, {"WORLD_SIZE": "1"}, {"WORLD_SIZE": "4", "DDPKIT_WATCHDOG_STALL_S": "0"},
+                {"WORLD_SIZE": "4", "DDPKIT_WATCHDOG_STRAGGLER_FACTOR": "0"}):
+        assert not stragglers.judged(env), env
+    assert stragglers.judged({"WORLD_SIZE": "4"})
+    with pytest.raises(SystemExit) as ended:
+        stragglers.judged({"WORLD_SIZE": "4", "DDPKIT_WATCHDOG_STRAGGLER_FACTOR": "fast"})
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == ("ddpkit: DDPKIT_WATCHDOG_STRAGGLER_FACTOR='fast': give a factor above 1 "
+                                       "(e.g. 1.33), or 0 to turn straggler detection off\n")

@@ -14,8 +14,11 @@ from rich.console import Console
 
 from ddpkit import records
 from ddpkit.agent.handler import Watched
+from ddpkit.agreed import METRICS_TO_LAUNCHER
 from ddpkit.launch.supervise.dedup import Dedup
+from ddpkit.launch.supervise.metricsink import MetricsSink
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
+from ddpkit.train.outputs.progress import Metrics
 
 STALLED = records.StalledRank(3, 1, "h1", 77, 9, "forward", 61.0, None, frame="model.py:30 in forward")
 EVERY_KIND: list[records.Record] = [
@@ -181,6 +184,39 @@ def test_a_line_redrawn_with_carriage_returns_is_shown_as_a_terminal_shows_it() 
     printer.line(_Node(1), "[rank1]:\rstep 1\rstep 2\r")  # type: ignore[arg-type]
     printer.close()
     assert out.getvalue().splitlines() == ["[node1] train: 100%| | 40/40", "[node1 rank1] step 2"]
+
+
+def test_metrics_framed_for_the_launcher_are_kept_in_its_file_with_their_times(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job told to send its metrics to the launcher (agreed.METRICS_TO_LAUNCHER)
+    frames them with their time and writes no file; the launcher's MetricsSink
+    keeps the kinds a metrics file holds, from any rank's line, and nothing else."""
+    metrics = Metrics(Path(METRICS_TO_LAUNCHER), enabled=True)
+    metrics.put(records.Train(10, 1.5, 100.0))
+    metrics.put(records.StepTimes(10, (0.01, 0.02)))
+    metrics.close()
+    framed = capsys.readouterr().err.splitlines()
+    assert [records.unframe(line).time is not None for line in framed] == [True, True], framed  # type: ignore[union-attr]
+    assert not Path(METRICS_TO_LAUNCHER).exists()
+    kept, warned = tmp_path / "run" / "metrics.jsonl", []
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300))
+    printer.on_record = MetricsSink(kept, warned.append)
+    node = _Node(0)
+    for line in [framed[0], "[rank1]:" + framed[1], records.frame(records.WorkerExit(1, 0, 9, 12)),
+                 records.frame(EVERY_KIND[1]), "a line for people"]:
+        printer.line(node, line)  # type: ignore[arg-type]
+    printer.close()
+    stamped = records.read_file(kept)
+    assert [s.record for s in stamped] == [records.Train(10, 1.5, 100.0), records.StepTimes(10, (0.01, 0.02)),
+                                           EVERY_KIND[1]]  # the worker's exit is the launcher's only
+    assert [s.time for s in stamped[:2]] == [records.unframe(line).time for line in framed]  # type: ignore[union-attr]
+    assert records.FRAME not in out.getvalue() and "a line for people" in out.getvalue() and warned == []
+    gone = MetricsSink(tmp_path / "a-file" / "metrics.jsonl", warned.append)
+    (tmp_path / "a-file").write_text("not a folder")
+    gone(stamped[0])
+    gone(stamped[1])
+    assert len(warned) == 1 and "no longer kept in" in warned[0], warned  # said once; the run goes on
 
 
 def test_an_elastic_job_says_it_trained_again_and_from_which_world_size() -> None:

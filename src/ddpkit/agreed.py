@@ -25,7 +25,17 @@ AGENT_MODULE: Final = "ddpkit.agent"
 # The runner that gives a program of the user's own the preamble where no zygote forks it (ddpkit/run.py).
 RUN_MODULE: Final = "ddpkit.run"
 # The preamble's parts (ddpkit/preamble), in the order they install; DDPKIT_PREAMBLE leaves some out.
-PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress", "metrics", "stop")
+PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress", "metrics", "stragglers", "stop")
+# A metrics file of this name is the launcher: each record goes framed on
+# stderr, with its time, and the launcher that reads the node's output appends
+# it to its run folder's metrics.jsonl (launch ssh, launch docker: rank 0 runs
+# where the run folder is not).
+METRICS_TO_LAUNCHER: Final = "-"
+
+
+def metrics_to_launcher(path: object) -> bool:
+    """Whether a metrics file (a path, or DDPKIT_METRICS's value) names the launcher."""
+    return path is not None and str(path) == METRICS_TO_LAUNCHER
 
 
 def threads_per_process(cores: int, processes: int) -> int:

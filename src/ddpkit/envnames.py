@@ -98,10 +98,11 @@ DDPKIT_AGENT_FORK: Final = "DDPKIT_AGENT_FORK"
 # Comma-separated modules the agent's zygote imports too (a program's own heavy imports: transformers, lightning).
 DDPKIT_AGENT_PRELOAD: Final = "DDPKIT_AGENT_PRELOAD"
 # What a program of the user's own gets before its first line (ddpkit/preamble): "off", or the parts
-# to leave out, comma-separated (interface, rank_report, progress).
+# to leave out, comma-separated (agreed.PREAMBLE_PARTS).
 DDPKIT_PREAMBLE: Final = "DDPKIT_PREAMBLE"
 DDPKIT_WORKDIR: Final = "DDPKIT_WORKDIR"  # command.workdir: made and entered on every node (ddpkit/workdir.py)
-# Where the preamble's rank 0 appends a program's metrics records (launch local: the run folder's metrics.jsonl).
+# Where the preamble's rank 0 appends a program's metrics records (launch local: the run folder's metrics.jsonl;
+# launch ssh and docker: agreed.METRICS_TO_LAUNCHER, framed on stderr for the launcher).
 DDPKIT_METRICS: Final = "DDPKIT_METRICS"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 from . import envnames
+from .agreed import metrics_to_launcher
 from .train.watchdog import stall
 from .train.watchdog import stall_model as _wd
 
@@ -71,6 +73,14 @@ def stop() -> None:
         dog.stop()
 
 
+def metrics_file(env: Mapping[str, str]) -> Path | None:
+    """Where the launcher has a program's metrics records appended (DDPKIT_METRICS), so the
+    watchdog's stall and straggler records join them for `ddpkit report`; None where
+    the launcher collects them from the job's output, where those records are already."""
+    path = env.get(envnames.DDPKIT_METRICS)
+    return Path(path) if path and not metrics_to_launcher(path) else None
+
+
 def _start() -> stall.Watchdog | None:
     env = os.environ
     world = int(env.get(envnames.WORLD_SIZE, "1"))
@@ -83,7 +93,7 @@ def _start() -> stall.Watchdog | None:
     ident = stall.Identity(rank, world, local_world, node, host, os.getpid())
     settings = _wd.Settings.from_env()
     dog = stall.start(ident, env[envnames.MASTER_ADDR], int(env.get(envnames.MASTER_PORT, "29500")),
-                      stall.Outputs(), settings)
+                      stall.Outputs(metrics=metrics_file(env)), settings)
     if rank == 0 and dog is not None:
         print(f"ddpkit watchdog: on for this script: a rank without progress for {settings.stall_s:g}s "
               "stops the job", file=sys.stderr, flush=True)

@@ -6,7 +6,9 @@ only to run on CPU hosts with gloo. It calls nothing of ddpkit.
 Test knobs (flags): --step-sleep S per batch (so a test finds it mid-run),
 --eval-seconds S of forward-only evaluation after the first epoch,
 --final FILE (rank 0 writes the final weights there), --on-stop (the one
-line of ddpkit a program adds to be stopped with a snapshot: `ddpkit.on_stop`).
+line of ddpkit a program adds to be stopped with a snapshot: `ddpkit.on_stop`),
+--slow-forward RANK:SECONDS:FROM_STEP (that rank's model sleeps in its forward
+from its FROM_STEP-th training step on, as a slower device would).
 """
 
 import argparse
@@ -31,6 +33,21 @@ class MyTrainDataset(Dataset):
 
     def __getitem__(self, index):
         return self.data[index]
+
+
+class SlowForward(torch.nn.Module):
+    """The model, slower in its training forward from one step on (the test knob)."""
+
+    def __init__(self, inner, seconds, from_step):
+        super().__init__()
+        self.inner, self.seconds, self.from_step, self.calls = inner, seconds, from_step, 0
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls >= self.from_step:
+                time.sleep(self.seconds)
+        return self.inner(x)
 
 
 class Trainer:
@@ -107,6 +124,10 @@ def main(args):
     torch.manual_seed(0)
     dataset = MyTrainDataset(256)
     model = torch.nn.Linear(20, 1)
+    if args.slow_forward:
+        rank, seconds, from_step = args.slow_forward.split(":")
+        if int(rank) == int(os.environ["RANK"]):
+            model = SlowForward(model, float(seconds), int(from_step))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(dataset, batch_size=args.batch_size, pin_memory=False, shuffle=False,
                         sampler=DistributedSampler(dataset))
@@ -131,4 +152,5 @@ if __name__ == "__main__":
     parser.add_argument("--eval-seconds", type=float, default=0.0)
     parser.add_argument("--final")
     parser.add_argument("--on-stop", action="store_true")
+    parser.add_argument("--slow-forward", metavar="RANK:SECONDS:FROM_STEP")
     main(parser.parse_args())

@@ -14,7 +14,7 @@ from ..agreed import threads_per_process
 # modules, and the preamble a program of the user's own gets (ddpkit/preamble).
 PRELOAD = ("torch._dynamo", "ddpkit.train.main", "ddpkit.train.loop.training", "ddpkit.train.startup.rank_report",
            "ddpkit.train.data.loaders", "ddpkit.preamble.interface", "ddpkit.preamble.ranks", "ddpkit.preamble.progress",
-           "ddpkit.preamble.metrics", "ddpkit.preamble.store")
+           "ddpkit.preamble.metrics", "ddpkit.preamble.stragglers", "ddpkit.preamble.store")
 
 
 def forks(env: dict[str, str] | os._Environ[str]) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import envnames
+from ..agreed import METRICS_TO_LAUNCHER
 from ..contract import Target, job_env, one_host_gpus, resolve
 from ..exitcodes import ExitCode
 from ..runs import LineBuffer, NodeLog
@@ -33,7 +34,7 @@ from ..targets import mounts
 from ..targets.limits import Limits, limits
 from ..wording import plural
 from .prelude import make_console, prelude
-from .runargs import add_train_args, with_train_args
+from .runargs import add_train_args, metrics_from_output, with_train_args
 from .secrets import with_run_key
 from .supervise.interrupt import interrupts_raise
 from .supervise.nodeoutput import NO_EXIT_STATUS, LinePrinter, add_dedup_argument, node_log
@@ -147,12 +148,15 @@ def docker_spec(args: argparse.Namespace) -> JobSpec:
     return with_train_args(spec_from_args(args), args.train_args)
 
 
-def plan(spec: JobSpec, secrets: dict[str, str] | None = None) -> list[NodePlan]:
+def plan(spec: JobSpec, secrets: dict[str, str] | None = None, metrics: bool = False) -> list[NodePlan]:
     """secrets: their values (launch.secrets) and the run key, handed to the
-    Docker API with the rest of each container's environment; no file holds them."""
+    Docker API with the rest of each container's environment; no file holds them.
+    metrics: a program of the user's own frames its metrics records for the launcher."""
     launch = resolve(spec, Target.COMPOSE)  # compose's nodes and launch line, one container each
     # job_env, not compose's: compose.cpus_per_node (its OpenMP count) is a limit launch docker does not set
     base_env = job_env(spec) | {envnames.PYTHONUNBUFFERED: "1"} | (secrets or {})
+    if metrics:
+        base_env[envnames.DDPKIT_METRICS] = METRICS_TO_LAUNCHER
     plans = []
     for index, host in enumerate(launch.hosts):
         injected = launch.node_vars[index]
@@ -287,11 +291,12 @@ def run(args: argparse.Namespace) -> int:
     if ready.note_line:
         console.print(ready.note_line, markup=False)
     console.print(ready.run_line(run), markup=False)
+    metrics = metrics_from_output(spec, run.metrics_file)
     supervisor = Supervisor([], console, args.grace, interrupt_grace_s=spec.grace.launcher_grace_s,
-                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup, run=run)
+                            ranks=spec.nodes * spec.nproc_per_node, dedup=args.dedup, run=run, metrics=metrics)
     try:
         with interrupts_raise():  # Ctrl-C while the containers are created: remove them too
-            supervisor.set_nodes(list(launch.create(plan(spec, secrets))))
+            supervisor.set_nodes(list(launch.create(plan(spec, secrets, metrics is not None))))
             run.set_logs([NodeLog(node=n.index, host=n.host, path=str(n.log)) for n in launch.runs if n.log])
         outcome = supervisor.run()
     except KeyboardInterrupt:

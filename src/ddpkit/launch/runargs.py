@@ -1,13 +1,14 @@
 """What every launcher adds to the job on its command line, said once:
-`-- TRAIN ARGS` appended to the job's command; and where ddpkit train's
-metrics go when the run folder is on the machine that runs rank 0."""
+`-- TRAIN ARGS` appended to the job's command; where ddpkit train's
+metrics go when the run folder is on the machine that runs rank 0; and
+where a program of the user's own has its metrics kept when it is not."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..agreed import METRICS_FLAG, TRAIN_MODULE, flag_value
+from ..agreed import METRICS_FLAG, TRAIN_MODULE, flag_value, is_ddpkit_module
 from ..spec import JobSpec
 
 
@@ -33,3 +34,12 @@ def with_metrics_into(spec: JobSpec, path: Path) -> JobSpec:
         return spec
     command = spec.command.model_copy(update={"args": [*spec.command.args, METRICS_FLAG, str(path)]})
     return spec.model_copy(update={"command": command})
+
+
+def metrics_from_output(spec: JobSpec, path: Path) -> Path | None:
+    """`path` (the run folder's metrics file) for a program of the user's own
+    whose rank 0 runs where the run folder is not (launch ssh, launch docker):
+    its preamble frames the records on stderr (agreed.METRICS_TO_LAUNCHER) and
+    the launcher appends them there. None for ddpkit's own programs (ddpkit
+    train writes the --metrics file it is given, on its node)."""
+    return None if is_ddpkit_module(spec.command.module) else path

@@ -16,6 +16,10 @@ group. ddpkit's own programs (`-m ddpkit.*`) do all of this themselves.
 - `metrics`: step times, samples per second and the loss as `ddpkit
   train`'s metrics records, where the launcher names a file for them
   (DDPKIT_METRICS), for `ddpkit report`; metrics.py;
+- `stragglers`: each rank's own work per optimizer step (its DDP model's
+  forward and backward, not the wait in the all-reduce) timed for the hang
+  watchdog's straggler judge, which names a slow rank as it does in `ddpkit
+  train` (stragglers.py);
 - `stop`: a stop signal (SIGTERM, SIGUSR2) runs the program's stop handlers
   (`ddpkit.on_stop`, ddpkit.frameworks' callbacks) at the same optimizer step
   on every rank, then the process exits 75; without one, it ends the process
@@ -48,11 +52,11 @@ def install(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> tuple[s
     a less clear cause)."""
     if is_own_program(argv):
         return ()
-    from . import interface, metrics, progress, ranks, stop
+    from . import interface, metrics, progress, ranks, stop, stragglers
 
     steps: dict[str, Callable[[Mapping[str, str]], None]] = {
         "interface": interface.install, "rank_report": ranks.install, "progress": progress.install,
-        "metrics": metrics.install_from, "stop": stop.install}
+        "metrics": metrics.install_from, "stragglers": stragglers.install, "stop": stop.install}
     parts = preamble_parts(env)
     for part in parts:
         steps[part](env)

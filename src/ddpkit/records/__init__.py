@@ -33,16 +33,21 @@ from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, Stall, Stalle
 from .lines import RANK_TAG_FLAG, rank_tagged, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
-__all__ = ["FRAME", "KINDS", "RANK_TAG_FLAG", "AgentReport", "Cause", "Checkpoint", "Eval", "LostRank", "NodeLost",
-           "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank", "Stamped", "StepTimes",
-           "Startup", "Stop", "Straggler", "Traceback", "Summary", "Train", "WorkerExit", "append", "decode", "emit", "encode",
-           "frame", "from_fields", "is_frame", "rank_tagged", "read_file", "task_labelled", "to_json", "unframe"]
+__all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_FLAG", "AgentReport", "Cause", "Checkpoint", "Eval",
+           "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank",
+           "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
+           "decode", "emit", "encode", "frame", "from_fields", "is_frame", "rank_tagged", "read_file",
+           "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
     Stall, Straggler, NodeLost, Reformed, WorkerExit, AgentReport, Traceback, Cause,
     Train, Eval, StepTimes, RankRow, Checkpoint, Stop, Resume, Startup, Summary)}
+# What a metrics file holds (what `ddpkit report` reads): the metrics, and the
+# watchdog's reports; a worker's exit and the agent's notes are the launcher's only.
+METRICS_FILE_KINDS: tuple[type[Record], ...] = (
+    Train, Eval, StepTimes, RankRow, Checkpoint, Stop, Resume, Startup, Summary, Stall, Straggler, NodeLost)
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,8 @@ def from_fields(obj: dict[str, Any]) -> Stamped:
 
 
 def frame(record: Record, time: float | None = None) -> str:
-    """The record as one framed line for a job's output (no newline)."""
+    """The record as one framed line for a job's output (no newline); `time`:
+    when it was written (a worker's failure, a metrics record the launcher keeps)."""
     return FRAME + encode(record, time)
 
 

@@ -6,7 +6,8 @@ a line cut short, or a record this reader does not know, is left out).
 
 The metrics file is, first found: the one given (`ddpkit report --metrics`),
 `metrics.jsonl` in the run folder (where `launch local` has ddpkit train
-write them), or the `--metrics` path in the job's command as the run
+write them, and a program of the user's own has them under launch local,
+ssh and docker), or the `--metrics` path in the job's command as the run
 recorded it (spec.yaml)."""
 
 from __future__ import annotations

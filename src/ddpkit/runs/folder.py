@@ -6,7 +6,8 @@
         spec.yaml       the job as it ran (defaults, --set and flags applied)
         rendered/       the files the target rendered (Slurm: the sbatch script)
         logs/           the nodes' logs, unless the launcher was given --log-dir
-        metrics.jsonl   launch local: ddpkit train's metrics records, unless the job names its own file
+        metrics.jsonl   the job's metrics records: launch local's ddpkit train (unless the job names its own
+                        file), a program of the user's own under launch local, ssh and docker
 
 The runs root is $DDPKIT_RUNS_DIR, else ~/.ddpkit/runs, so `ddpkit runs`
 finds every run from any directory."""

@@ -191,6 +191,9 @@ class Preamble(Strict):
                                                      "reported to the hang watchdog")
     metrics: bool = Field(default=True, description="step times, samples/s and the loss as metrics records, "
                                                     "where the launcher names a file (ddpkit report)")
+    stragglers: bool = Field(default=True, description="each rank's own work per optimizer step (its DDP model's "
+                                                       "forward and backward) timed for the straggler judge "
+                                                       "(watchdog.straggler_factor)")
     stop: bool = Field(default=True, description="a stop signal runs the program's stop handlers (ddpkit.on_stop, "
                                                  "ddpkit.frameworks' callbacks) at one optimizer step on every rank")
 

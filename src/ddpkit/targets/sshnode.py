@@ -20,6 +20,7 @@ import secrets
 from dataclasses import dataclass
 
 from .. import envnames, runkey
+from ..agreed import METRICS_TO_LAUNCHER
 from ..contract import Arg, FromNode, LaunchPlan, Target, resolve
 from ..quoting import bash_c, shell_word
 from ..render import shell_argv, template
@@ -147,9 +148,13 @@ def stop_payload(spec: JobSpec) -> str:
     return bash_c(stop_script(spec), "ddpkit-stop", bash=BASH)
 
 
-def env_prefix(node_rank: int, master_addr: str, rdzv_id: str | None = None) -> str:
+def env_prefix(node_rank: int, master_addr: str, rdzv_id: str | None = None, metrics: bool = False) -> str:
+    """`metrics`: a program of the user's own frames its metrics records on
+    stderr for the launcher that reads the node's output (launch ssh)."""
     prefix = f"env {NODE_RANK}={int(node_rank)} {MASTER_ADDR}={shell_word(master_addr)}"
-    return prefix if rdzv_id is None else f"{prefix} {RDZV_ID}={shell_word(rdzv_id)}"
+    if rdzv_id is not None:
+        prefix += f" {RDZV_ID}={shell_word(rdzv_id)}"
+    return f"{prefix} {envnames.DDPKIT_METRICS}={shell_word(METRICS_TO_LAUNCHER)}" if metrics else prefix
 
 
 def new_rdzv_id(spec: JobSpec) -> str | None:
@@ -169,13 +174,13 @@ def launch_line(spec: JobSpec, node_rank: int, master_addr: str, *,
 
 
 def node_command(spec: JobSpec, node_rank: int, master_addr: str, *,
-                 rdzv_id: str | None = None) -> NodeCommand:
+                 rdzv_id: str | None = None, metrics: bool = False) -> NodeCommand:
     """rdzv_id: the run's id (new_rdzv_id), the same on every node; required
-    for an elastic job."""
+    for an elastic job. metrics: see env_prefix."""
     if spec.elastic is not None and rdzv_id is None:
         raise ValueError("an elastic job needs the run's rendezvous id on every node (new_rdzv_id)")
     return NodeCommand(
-        prefix=env_prefix(node_rank, master_addr, rdzv_id),
+        prefix=env_prefix(node_rank, master_addr, rdzv_id, metrics),
         payload=start_payload(spec),
         stop_template=f"{NODE_RANK}={int(node_rank)} {stop_payload(spec)}",
     )

@@ -32,7 +32,7 @@ from ...spec import JobSpec, doctor_mode
 from ...targets.sshnode import NodeCommand, env_prefix, launch_line, new_rdzv_id, node_command, node_env
 from ..prelude import Prelude, make_console, prelude
 from ..rdzv_store import hosted_store
-from ..runargs import add_train_args, with_train_args
+from ..runargs import add_train_args, metrics_from_output, with_train_args
 from ..secrets import stdin_payload, with_run_key
 from ..supervise.events import ElasticPolicy
 from ..supervise.nodeoutput import NodeHandle, add_dedup_argument
@@ -100,9 +100,11 @@ class Plan:
     # This launcher's address when it hosts the elastic job's rendezvous store
     # (storesite.py): the nodes' rendezvous endpoint; None: node 0's agent hosts it.
     store_at: str | None = None
+    metrics: Path | None = None  # where a program of the user's own has its framed metrics records kept
 
     def command(self, rank: int) -> NodeCommand:
-        return node_command(self.spec, rank, self.store_at or self.master_addr, rdzv_id=self.rdzv_id)
+        return node_command(self.spec, rank, self.store_at or self.master_addr, rdzv_id=self.rdzv_id,
+                            metrics=self.metrics is not None)
 
     @property
     def verdict(self) -> bytes:
@@ -116,7 +118,7 @@ class Plan:
         command = self.command(rank)
         prefixes = {GO_LAUNCHER_STORE if self.store_at else GO: command.prefix}
         if launcher is not None:
-            prefixes[GO_LAUNCHER_STORE] = env_prefix(rank, launcher, self.rdzv_id)
+            prefixes[GO_LAUNCHER_STORE] = env_prefix(rank, launcher, self.rdzv_id, self.metrics is not None)
         return Start(prefixes, command.payload)
 
     def log_path(self, rank: int) -> Path:
@@ -276,7 +278,8 @@ def _launch(ready: Prelude, plan: Plan, settings: SshSettings, answerer: Answere
     elastic = ElasticPolicy.of(plan.spec.elastic, revive, any_node=plan.store_at is not None)
     supervisor = Supervisor(runs, stdout, plan.spec.ssh.grace_s, summary_console=stderr,
                             interrupt_grace_s=plan.spec.grace.launcher_grace_s, elastic=elastic,
-                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder)
+                            ranks=plan.spec.nodes * plan.spec.nproc_per_node, dedup=dedup, run=folder,
+                            metrics=plan.metrics)
     try:
         outcome = supervisor.run()  # every host is already waiting: GO is one write each
         supervisor.summary(outcome, RunText("launch ssh", "interrupted: every node was stopped"))
@@ -311,6 +314,8 @@ def run(args: argparse.Namespace) -> int:
     run = ready.run_folder("ssh", nodes=len(plan.endpoints))
     if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
         plan.log_dir = run.logs_dir
+    # ssh.docker's containers get the job's environment only, not the node's env prefix.
+    plan.metrics = None if spec.ssh.docker else metrics_from_output(spec, run.metrics_file)
     run.set_logs([NodeLog(node=r, host=ep.alias, path=str(plan.log_path(r))) for r, ep in enumerate(plan.endpoints)])
     print(ready.run_line(run), file=sys.stderr, flush=True)
     return launch(ready, plan, settings, dedup=args.dedup, folder=run)

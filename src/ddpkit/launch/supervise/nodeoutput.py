@@ -93,6 +93,7 @@ class LinePrinter:
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
         self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
+        self.on_record: Callable[[records.Stamped], None] = lambda _stamped: None  # called with every record read
         self._held_back: dict[tuple[int, int | None], int] = {}  # (node, rank or None: its agent) -> lines still to keep off
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -163,6 +164,7 @@ class LinePrinter:
             return False
         if stamped is None:
             return False
+        self.on_record(stamped)
         record = stamped.record
         if isinstance(record, records.Stall):
             self.stalled.update((s.rank, s) for s in record.stalled)

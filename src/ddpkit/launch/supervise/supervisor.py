@@ -34,6 +34,7 @@ from ...runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup
 from .events import ElasticPolicy, Event, EventSource, NodeExited, NodeLost, NodeReturned, StopRequested
 from .interrupt import interrupts_raise
+from .metricsink import MetricsSink
 from .nodeoutput import NO_EXIT_STATUS, SUMMARY_LINES, LinePrinter, NodeHandle
 from .nodestate import NodeState, NodeTrack
 from .outcome import Outcome, node_code
@@ -41,6 +42,8 @@ from .stragglers import straggler_cell
 from .summary import RunText, closing_line, code_text, node_status, summary_table
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
 
 POLL_S = 0.2  # the loop wakes this often so that Ctrl-C gets through
@@ -52,9 +55,11 @@ class Supervisor:
     def __init__(self, nodes: Sequence[NodeHandle], console: Console, grace_s: float,
                  sources: Sequence[EventSource] = (), summary_console: Console | None = None,
                  interrupt_grace_s: float | None = None, elastic: ElasticPolicy | None = None,
-                 ranks: int | None = None, dedup: bool = True, run: RunFolder | None = None) -> None:
+                 ranks: int | None = None, dedup: bool = True, run: RunFolder | None = None,
+                 metrics: Path | None = None) -> None:
         # ranks: the job's world size (dedup's "all N ranks"); dedup False: --no-dedup.
         # run: the run folder the events and the summary are recorded in (ddpkit runs).
+        # metrics: where the metrics records the job frames on its output are appended (metricsink.py).
         # grace_s: after a node failed (fail fast); interrupt_grace_s: after
         # Ctrl-C or SIGTERM, which ask the job to checkpoint (spec.grace).
         self.grace_s = grace_s
@@ -68,6 +73,8 @@ class Supervisor:
         self.printer = LinePrinter(console, Dedup(ranks) if dedup else None)
         self.events: queue.Queue[Event] = queue.Queue()
         self.printer.on_lost = lambda index: self.events.put(NodeLost(index))
+        if metrics is not None:
+            self.printer.on_record = MetricsSink(metrics, self._warn)
         self.run_folder = run
 
     @property
@@ -89,6 +96,11 @@ class Supervisor:
             self.run_folder.event(kind, detail, node)
         except OSError:
             pass
+
+    def _warn(self, line: str) -> None:
+        from rich.text import Text
+
+        self.console.print(Text(f"ddpkit: {line}"))
 
     def outcome(self, interrupted: bool = False) -> Outcome:
         """A fresh outcome over every node's track."""

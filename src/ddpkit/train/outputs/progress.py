@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ... import records
+from ...agreed import metrics_to_launcher
 from ...wording import plural
 
 if TYPE_CHECKING:
@@ -39,12 +40,14 @@ def rank_logger(rank: int, log_dir: Path | None) -> logging.Logger:
 class Metrics:
     """Appends one record per line (records.encode, with the time); rank 0
     only (others get a no-op). With `tensorboard`, the same records' scalars
-    go there too (--tensorboard)."""
+    go there too (--tensorboard). A path that names the launcher
+    (agreed.METRICS_TO_LAUNCHER) frames each record on stderr instead."""
 
     def __init__(self, path: Path | None, enabled: bool, tensorboard: Path | None = None) -> None:
         self.file: TextIO | None = None
         self.board: TensorBoardScalars | None = None
-        if path is not None and enabled:
+        self.framed = enabled and metrics_to_launcher(path)
+        if path is not None and enabled and not self.framed:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115  open for the whole run; close() ends it
         if tensorboard is not None and enabled:
@@ -54,6 +57,8 @@ class Metrics:
 
     def put(self, record: records.Record) -> None:
         now = time.time()
+        if self.framed:
+            records.emit(record, time=now)
         if self.file is not None:
             self.file.write(records.encode(record, now) + "\n")
             self.file.flush()  # a killed run keeps every line it wrote

@@ -88,19 +88,52 @@ class _Step:
     spans: list[tuple[Mark, Mark]] = field(default_factory=list)  # forward and backward, start and end
 
 
+class StepClock:
+    """One process's own work, a step at a time, into `window` once the
+    device passed its marks: CUDA events on the current stream where `cuda`
+    (read a step or two later, never synchronised), else the host's clock.
+    The first WARM_STEPS steps are not counted. The trainer's WorkTimer and
+    the preamble's (ddpkit/preamble/stragglers.py) both time with one."""
+
+    def __init__(self, cuda: bool, window: WorkWindow = WORK) -> None:
+        self.cuda, self.window = cuda, window
+        self.steps = 0
+        self._step = _Step()
+        self._pending: deque[_Step] = deque()
+
+    def mark(self) -> Mark:
+        if not self.cuda:
+            return time.monotonic()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def span(self, start: Mark, end: Mark) -> None:
+        self._step.spans.append((start, end))
+
+    def host(self, seconds: float) -> None:
+        self._step.host_s += seconds
+
+    def step_done(self) -> None:
+        """The step's marks are complete: into the window once readable."""
+        self.steps += 1
+        step, self._step = self._step, _Step()
+        if self.steps <= WARM_STEPS:
+            return
+        self._pending.append(step)
+        while self._pending and _passed(self._pending[0]):
+            self.window.add(_seconds(self._pending.popleft()))
+
+
 class WorkTimer:
     """Times one process's own work per step into `window` (see the module docstring)."""
 
     def __init__(self, module: nn.Module, raw: nn.Module, device: torch.device, rank: int,
                  window: WorkWindow = WORK, slow: SlowHook | None = None) -> None:
-        self.window = window
         self.slow = slow if slow is not None else SlowHook.from_env(rank)
         # Events only on one CUDA device: a model split over devices has no single stream to time.
         single = len({p.device for p in raw.parameters()}) <= 1
-        self.cuda = device.type == "cuda" and single
-        self.steps = 0
-        self._step = _Step()
-        self._pending: deque[_Step] = deque()
+        self.clock = StepClock(device.type == "cuda" and single, window)
         self._inner: list[Mark] | None = None  # the unwrapped model's forward marks, while a step's forward runs
         self._bucket: Mark | None = None  # when DDP handed over the last bucket so far
         ddp = getattr(module, "_orig_mod", module)  # inside torch.compile's wrapper
@@ -113,20 +146,17 @@ class WorkTimer:
             # A lambda: DDP checks the hook's annotations as objects, and this module's are strings.
             ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
 
-    def _mark(self) -> Mark:
-        if not self.cuda:
-            return time.monotonic()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    @property
+    def steps(self) -> int:
+        return self.clock.steps
 
     def _inner_mark(self) -> None:
         if self._inner is not None:  # not in an evaluation
-            self._inner.append(self._mark())
+            self._inner.append(self.clock.mark())
 
     def _comm_hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """DDP's own all-reduce (average), after noting the moment."""
-        self._bucket = self._mark()
+        self._bucket = self.clock.mark()
         return default_hooks.allreduce_hook(state, bucket)
 
     # ---- the Stepper's blocks ----------------------------------------------------------
@@ -135,40 +165,34 @@ class WorkTimer:
         start = time.monotonic()
         self.slow(self.steps + 1)
         yield
-        self._step.host_s += time.monotonic() - start
+        self.clock.host(time.monotonic() - start)
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
         inner: list[Mark] = []
         self._inner = inner
-        start = self._mark()
+        start = self.clock.mark()
         try:
             yield
         finally:
             self._inner = None
-        end = self._mark()
+        end = self.clock.mark()
         if len(inner) >= 2:  # the model's own forward, then the loss
-            self._step.spans.append((inner[0], inner[-1]))
+            self.clock.span(inner[0], inner[-1])
             start = inner[-1]
-        self._step.spans.append((start, end))
+        self.clock.span(start, end)
 
     @contextlib.contextmanager
     def backward(self) -> Iterator[None]:
         self._bucket = None
-        start = self._mark()
+        start = self.clock.mark()
         yield
-        end = self._bucket if self._bucket is not None else self._mark()
-        self._step.spans.append((start, end))
+        end = self._bucket if self._bucket is not None else self.clock.mark()
+        self.clock.span(start, end)
 
     def step_done(self) -> None:
         """The step's marks are complete: into the window once readable."""
-        self.steps += 1
-        step, self._step = self._step, _Step()
-        if self.steps <= WARM_STEPS:
-            return
-        self._pending.append(step)
-        while self._pending and _passed(self._pending[0]):
-            self.window.add(_seconds(self._pending.popleft()))
+        self.clock.step_done()
 
 
 def _passed(step: _Step) -> bool:
