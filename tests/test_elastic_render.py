@@ -14,8 +14,14 @@ from typing import Any
 
 import pytest
 import yaml
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
 
+from ddpkit import runkey
 from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
+from ddpkit.launch.local import build_nodes, free_port
 from ddpkit.rdzv_timing import derive, state_poll_s
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec, doctor_mode
@@ -91,19 +97,67 @@ def test_launch_line(target: Target) -> None:
         assert len(endpoints) == 1
 
 
+# A program of the user's own: every node runs ddpkit's agent, so it has ddpkit's handler too.
+OWN = {"script": {"command": {"script": "/job/train.py"}}, "module": {"command": {"module": "mypkg.train"}}}
+
+
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
 @pytest.mark.parametrize(("fields", "backend"), [
-    ({"command": {"script": "/job/train.py"}}, "c10d"),  # the nodes may not have ddpkit installed
-    ({"command": {"module": "mypkg.train"}}, "c10d"),
+    (OWN["script"], "ddpkit"),
+    (OWN["module"], "ddpkit"),
     ({"elastic": {**ELASTIC, "rendezvous": "torchrun"}}, "c10d"),
-])
-def test_plain_c10d_where_ddpkits_handler_is_not_asked_for_or_may_be_missing(
+    ({**OWN["module"], "elastic": {**ELASTIC, "rendezvous": "torchrun"}}, "c10d"),
+], ids=["own-script", "own-module", "torchrun", "own-module-torchrun"])
+def test_ddpkits_handler_for_every_program_and_plain_c10d_where_torchruns_is_asked_for(
         target: Target, fields: dict[str, Any], backend: str) -> None:
     spec = make(**fields)
     env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
     assert flags([a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))])["rdzv-backend"] == backend
     if target is Target.PYTORCHJOB:
         assert pytorchjob(spec)["spec"]["elasticPolicy"]["rdzvBackend"] == backend
+
+
+# The targets whose nodes hold a run key (docs/FAILURES.md, threat model), and the CLI target that renders each.
+KEYED = {Target.SLURM: "slurm", Target.SSH: "ssh", Target.COMPOSE: "compose", Target.LOCAL: None}
+CANARY = "5e1f" * 16  # a run key, as the nodes of a keyed target hold one
+
+
+def _as_run(spec: JobSpec, target: Target, tmp_path: Path) -> tuple[list[str], str, str]:
+    """Node 1's launch line as it runs, its run key, and everything a stranger
+    may read about the job: the rendered files and the launch lines (launch
+    local renders no file; its agents' command lines are what `ps` shows)."""
+    if target is Target.LOCAL:
+        nodes = build_nodes(spec, tmp_path)
+        return nodes[1].argv, nodes[1].env[runkey.ENV], "\n".join(" ".join(n.argv) for n in nodes)
+    files = render(spec, KEYED[target]).files
+    env = controller_env(spec, target, 1, job_id=4242) | {RDZV_ID: "el-run1", "DDPKIT_MASTER_ADDR": "h1"}
+    argv = [a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))]
+    return argv, CANARY, "\n".join([*files.values(), " ".join(argv)])
+
+
+@pytest.mark.parametrize("target", KEYED)
+@pytest.mark.parametrize("program", OWN)
+def test_an_own_programs_rendezvous_state_is_under_an_id_no_rendered_file_holds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: Target, program: str) -> None:
+    """torch's rendezvous state lives under `torch.rendezvous.<id>` in the
+    store on node 0: the id the handler torchrun builds from this line (its
+    registry, as torchrun does) uses is one only holders of the run key form."""
+    spec = make(**OWN[program])
+    argv, key, public = _as_run(spec, target, tmp_path)
+    f = flags(argv)
+    assert f["rdzv-backend"] == "ddpkit" and f["rdzv-id"] in public
+    monkeypatch.setenv(runkey.ENV, key)
+    _register_out_of_tree_handlers()
+    params = RendezvousParameters(f["rdzv-backend"], f"127.0.0.1:{free_port()}", f["rdzv-id"], 2, 3,
+                                  is_host=True, local_addr="127.0.0.1")
+    torch_delay = dyn._delay  # the handler sets its poll module-wide
+    try:
+        stored = rendezvous_handler_registry.create_handler(params).get_run_id()
+    finally:
+        dyn._delay = torch_delay
+    assert stored == runkey.rdzv_run_id(f["rdzv-id"], {runkey.ENV: key}) != f["rdzv-id"]
+    tag = stored.removeprefix(f["rdzv-id"] + "-")
+    assert len(tag) == 32 and tag not in public and key not in public
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
