@@ -18,8 +18,10 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
+from torch.distributed.run import config_from_args as torchrun_config
 
 from ddpkit import runkey
+from ddpkit.agent import __main__ as agent_main
 from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
 from ddpkit.launch.local import build_nodes, free_port
 from ddpkit.rdzv_timing import derive, state_poll_s
@@ -97,18 +99,18 @@ def test_launch_line(target: Target) -> None:
         assert len(endpoints) == 1
 
 
-# A program of the user's own: every node runs ddpkit's agent, so it has ddpkit's handler too.
+# A program of the user's own: torch's c10d handler (contract.elastic_rdzv_backend).
 OWN = {"script": {"command": {"script": "/job/train.py"}}, "module": {"command": {"module": "mypkg.train"}}}
+TORCHRUN_RDZV = {"elastic": {**ELASTIC, "rendezvous": "torchrun"}}
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
 @pytest.mark.parametrize(("fields", "backend"), [
-    (OWN["script"], "ddpkit"),
-    (OWN["module"], "ddpkit"),
-    ({"elastic": {**ELASTIC, "rendezvous": "torchrun"}}, "c10d"),
-    ({**OWN["module"], "elastic": {**ELASTIC, "rendezvous": "torchrun"}}, "c10d"),
-], ids=["own-script", "own-module", "torchrun", "own-module-torchrun"])
-def test_ddpkits_handler_for_every_program_and_plain_c10d_where_torchruns_is_asked_for(
+    (OWN["script"], "c10d"),
+    (OWN["module"], "c10d"),
+    (TORCHRUN_RDZV, "c10d"),
+])
+def test_plain_c10d_where_ddpkits_handler_is_not_asked_for_or_may_be_missing(
         target: Target, fields: dict[str, Any], backend: str) -> None:
     spec = make(**fields)
     env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
@@ -136,27 +138,36 @@ def _as_run(spec: JobSpec, target: Target, tmp_path: Path) -> tuple[list[str], s
 
 
 @pytest.mark.parametrize("target", KEYED)
-@pytest.mark.parametrize("program", OWN)
-def test_an_own_programs_rendezvous_state_is_under_an_id_no_rendered_file_holds(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: Target, program: str) -> None:
+@pytest.mark.parametrize("program", [{}, OWN["script"], OWN["module"], TORCHRUN_RDZV],
+                         ids=["ddpkit-train", "own-script", "own-module", "torchrun-rendezvous"])
+def test_every_elastic_rendezvous_is_stored_under_an_id_no_rendered_file_holds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: Target, program: dict[str, Any]) -> None:
     """torch's rendezvous state lives under `torch.rendezvous.<id>` in the
-    store on node 0: the id the handler torchrun builds from this line (its
-    registry, as torchrun does) uses is one only holders of the run key form."""
-    spec = make(**OWN[program])
+    store on node 0. From node 1's launch line, ddpkit's agent parses
+    torchrun's arguments, torchrun builds its configuration and the handler
+    (through its registry), as on the node: the id that handler meets under,
+    ddpkit's or torch's own c10d, is one only holders of the run key form."""
+    spec = make(**program)
     argv, key, public = _as_run(spec, target, tmp_path)
-    f = flags(argv)
-    assert f["rdzv-backend"] == "ddpkit" and f["rdzv-id"] in public
+    assert argv[1:3] == ["-m", "ddpkit.agent"]
+    rendered_id = flags(argv)["rdzv-id"]
+    assert rendered_id in public
     monkeypatch.setenv(runkey.ENV, key)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun's configuration would set it in this process
+    args = agent_main.parse_args(argv[3:])
+    args.rdzv_endpoint = f"127.0.0.1:{free_port()}"  # node 0's store, here
+    config, _, _ = torchrun_config(args)
     _register_out_of_tree_handlers()
-    params = RendezvousParameters(f["rdzv-backend"], f"127.0.0.1:{free_port()}", f["rdzv-id"], 2, 3,
-                                  is_host=True, local_addr="127.0.0.1")
-    torch_delay = dyn._delay  # the handler sets its poll module-wide
+    params = RendezvousParameters(config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.min_nodes,
+                                  config.max_nodes, local_addr="127.0.0.1",
+                                  **{**config.rdzv_configs, "is_host": True})
+    torch_delay = dyn._delay  # ddpkit's handler sets its poll module-wide
     try:
         stored = rendezvous_handler_registry.create_handler(params).get_run_id()
     finally:
         dyn._delay = torch_delay
-    assert stored == runkey.rdzv_run_id(f["rdzv-id"], {runkey.ENV: key}) != f["rdzv-id"]
-    tag = stored.removeprefix(f["rdzv-id"] + "-")
+    assert stored == runkey.rdzv_run_id(rendered_id, {runkey.ENV: key}) != rendered_id
+    tag = stored.removeprefix(rendered_id + "-")
     assert len(tag) == 32 and tag not in public and key not in public
 
 

@@ -29,7 +29,7 @@ from tests.infra.docker_daemon import REPO, Docker, docker_daemon, remove_leftov
 JOB = "docker-attack-test"  # this module's own job name on the shared daemon
 PORT = 29500  # node0's master port, inside its container (compose's default)
 STEP_S, MAX_STEPS, STALL_S = 0.3, 80, 6  # each step takes at least STEP_S: the job trains for 24 s at least
-AFTER = 10  # steps the job must make after the forgeries (3 s at least, 3 of the watchdog's checks)
+AFTER = 20  # steps the job must make after the forgeries: STEP_S x AFTER is at least STALL_S
 TRAIN = ["--model", "tests.helpers.stall_models:paced", "--image-size", "8", "--workers", "0", "--progress", "plain",
          "--log-every", "1", "--data", "synthetic", "--batch-size", "4", "--synthetic-size", "100000",
          "--no-eval", "--max-steps", str(MAX_STEPS)]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-from .. import envnames
+from .. import envnames, runkey
 from ..agreed import threads_per_process
 
 # What a ddpkit worker imports before its first step (train/main.py's
@@ -34,14 +35,33 @@ def share_cores(nproc_per_node: str, env: os._Environ[str] | dict[str, str]) -> 
         env[envnames.OMP_NUM_THREADS] = str(threads_per_process(len(os.sched_getaffinity(0)), int(nproc_per_node)))
 
 
-def main(argv: list[str] | None = None) -> None:
+# torch's own rendezvous, whose state (`torch.rendezvous.<id>`) lives in the store under the id it is given.
+# ddpkit's handler (rendezvous.py) keys the id itself; torchrun's `static` keeps no state under it.
+TORCH_RDZV = "c10d"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """torchrun's arguments, with torch's c10d rendezvous keyed: it meets
+    under the rendered id tagged with the run key (runkey.rdzv_run_id), so
+    that no one who read the rendered files or the command line can name its
+    state in the store, join its rendezvous or close it. Every node holds the
+    same key, so every node tags alike; without a key the id stays as given."""
     from torch.distributed import run as torchrun  # torch: what the agent imports anyway
+
+    args: argparse.Namespace = torchrun.parse_args(argv)
+    if args.rdzv_backend == TORCH_RDZV:
+        args.rdzv_id = runkey.rdzv_run_id(args.rdzv_id)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
     from .. import records
     from . import handler, worker, zygote
 
-    args = torchrun.parse_args(argv)
+    args = parse_args(argv)
     share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None
     why = handler.unsupported()

@@ -121,8 +121,8 @@ class Elastic(Strict):
     rendezvous: Literal["ddpkit", "torchrun"] = Field(
         default="ddpkit",
         description="ddpkit: torch's c10d rendezvous with ddpkit's rule (the round after a loss starts once every "
-                    "node that left the last one is back, without the last call), a keep-alive from the node count "
-                    "and the rendezvous id keyed with the run key; torchrun: plain c10d under the rendered id with "
+                    "node that left the last one is back, without the last call; nodes that run a job's own "
+                    "command get plain c10d) and a keep-alive from the node count; torchrun: plain c10d with "
                     "torchrun's own keep-alive (5 s x 3) and last call (30 s), as a baseline")
     max_node_failures: int = Field(
         default=2, ge=1, le=100,
