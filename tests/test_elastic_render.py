@@ -14,22 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
-from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
-from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
-from torch.distributed.run import config_from_args as torchrun_config
 
 from ddpkit import runkey
-from ddpkit.agent import __main__ as agent_main
 from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
-from ddpkit.launch.local import build_nodes, free_port
 from ddpkit.rdzv_timing import derive, state_poll_s
 from ddpkit.render import RenderError
 from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.targets import compose, kubernetes, render
 from ddpkit.targets.sshnode import RDZV_ID, new_rdzv_id, node_command
 from tests.emulators import controller_env
+from tests.helpers.rdzv_id import KEYED, as_run, meets_under
 from tests.test_render_k8s import check_against_crd
 from tests.test_render_slurm import stand_ins, task_argv  # noqa: F401  (stand_ins is a fixture)
 
@@ -119,24 +113,6 @@ def test_plain_c10d_where_ddpkits_handler_is_not_asked_for_or_may_be_missing(
         assert pytorchjob(spec)["spec"]["elasticPolicy"]["rdzvBackend"] == backend
 
 
-# The targets whose nodes hold a run key (docs/FAILURES.md, threat model), and the CLI target that renders each.
-KEYED = {Target.SLURM: "slurm", Target.SSH: "ssh", Target.COMPOSE: "compose", Target.LOCAL: None}
-CANARY = "5e1f" * 16  # a run key, as the nodes of a keyed target hold one
-
-
-def _as_run(spec: JobSpec, target: Target, tmp_path: Path) -> tuple[list[str], str, str]:
-    """Node 1's launch line as it runs, its run key, and everything a stranger
-    may read about the job: the rendered files and the launch lines (launch
-    local renders no file; its agents' command lines are what `ps` shows)."""
-    if target is Target.LOCAL:
-        nodes = build_nodes(spec, tmp_path)
-        return nodes[1].argv, nodes[1].env[runkey.ENV], "\n".join(" ".join(n.argv) for n in nodes)
-    files = render(spec, KEYED[target]).files
-    env = controller_env(spec, target, 1, job_id=4242) | {RDZV_ID: "el-run1", "DDPKIT_MASTER_ADDR": "h1"}
-    argv = [a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))]
-    return argv, CANARY, "\n".join([*files.values(), " ".join(argv)])
-
-
 @pytest.mark.parametrize("target", KEYED)
 @pytest.mark.parametrize("program", [{}, OWN["script"], OWN["module"], TORCHRUN_RDZV],
                          ids=["ddpkit-train", "own-script", "own-module", "torchrun-rendezvous"])
@@ -148,24 +124,11 @@ def test_every_elastic_rendezvous_is_stored_under_an_id_no_rendered_file_holds(
     (through its registry), as on the node: the id that handler meets under,
     ddpkit's or torch's own c10d, is one only holders of the run key form."""
     spec = make(**program)
-    argv, key, public = _as_run(spec, target, tmp_path)
-    assert argv[1:3] == ["-m", "ddpkit.agent"]
+    argv, key, public = as_run(spec, target, tmp_path)
     rendered_id = flags(argv)["rdzv-id"]
     assert rendered_id in public
-    monkeypatch.setenv(runkey.ENV, key)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun's configuration would set it in this process
-    args = agent_main.parse_args(argv[3:])
-    args.rdzv_endpoint = f"127.0.0.1:{free_port()}"  # node 0's store, here
-    config, _, _ = torchrun_config(args)
-    _register_out_of_tree_handlers()
-    params = RendezvousParameters(config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.min_nodes,
-                                  config.max_nodes, local_addr="127.0.0.1",
-                                  **{**config.rdzv_configs, "is_host": True})
-    torch_delay = dyn._delay  # ddpkit's handler sets its poll module-wide
-    try:
-        stored = rendezvous_handler_registry.create_handler(params).get_run_id()
-    finally:
-        dyn._delay = torch_delay
+    backend, stored = meets_under(monkeypatch, argv, key)
+    assert backend == ("c10d" if program else "ddpkit")
     assert stored == runkey.rdzv_run_id(rendered_id, {runkey.ENV: key}) != rendered_id
     tag = stored.removeprefix(rendered_id + "-")
     assert len(tag) == 32 and tag not in public and key not in public

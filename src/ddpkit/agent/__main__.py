@@ -35,21 +35,23 @@ def share_cores(nproc_per_node: str, env: os._Environ[str] | dict[str, str]) -> 
         env[envnames.OMP_NUM_THREADS] = str(threads_per_process(len(os.sched_getaffinity(0)), int(nproc_per_node)))
 
 
-# torch's own rendezvous, whose state (`torch.rendezvous.<id>`) lives in the store under the id it is given.
-# ddpkit's handler (rendezvous.py) keys the id itself; torchrun's `static` keeps no state under it.
-TORCH_RDZV = "c10d"
+# torch's own rendezvous handlers, which keep their keys in the store under the id they are given: c10d's
+# state (`torch.rendezvous.<id>`), static's rank assignment and exit barrier (a PrefixStore named by the id).
+# ddpkit's handler (rendezvous.py) keys the id itself.
+TORCH_RDZV = frozenset({"c10d", "static"})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """torchrun's arguments, with torch's c10d rendezvous keyed: it meets
-    under the rendered id tagged with the run key (runkey.rdzv_run_id), so
-    that no one who read the rendered files or the command line can name its
-    state in the store, join its rendezvous or close it. Every node holds the
-    same key, so every node tags alike; without a key the id stays as given."""
+    """torchrun's arguments, with torch's own rendezvous keyed: the agents
+    meet under the rendered id (torchrun's "none" where none is rendered)
+    tagged with the run key (runkey.rdzv_run_id), so that no one who read
+    the rendered files or the command line can name their keys in the store,
+    join the rendezvous or close it. Every node holds the same key, so every
+    node tags alike; without a key the id stays as given."""
     from torch.distributed import run as torchrun  # torch: what the agent imports anyway
 
     args: argparse.Namespace = torchrun.parse_args(argv)
-    if args.rdzv_backend == TORCH_RDZV:
+    if args.rdzv_backend in TORCH_RDZV:
         args.rdzv_id = runkey.rdzv_run_id(args.rdzv_id)
     return args
 
