@@ -22,7 +22,7 @@ import yaml
 
 from ddpkit import runkey
 from ddpkit.launch.control.applied import compose_cli
-from tests.helpers.store_stranger import EVIL
+from tests.helpers.store_stranger import EVIL, in_container
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
 
 if TYPE_CHECKING:
@@ -84,13 +84,8 @@ class Compose:
 
     def stranger(self, *argv: str) -> str:
         """The stranger's client, in a container of its own on the project's network."""
-        done = subprocess.run(
-            ["docker", "run", "--rm", "--network", f"{JOB}_ddpnet", "--label", f"com.docker.compose.project={JOB}",
-             "-v", f"{REPO}:/repo:ro", "-w", "/repo", "-e", "PYTHONPATH=/repo/src:/repo", str(self.docker.image),
-             "python", "-m", "tests.helpers.store_stranger", "node0", str(PORT), *argv],
-            env=self.docker.env, capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+        return in_container(self.docker.env, str(self.docker.image), f"{JOB}_ddpnet",
+                            f"com.docker.compose.project={JOB}", "node0", str(PORT), *argv)
 
     def exit_code(self, timeout: float) -> int:
         return int(self.node0().wait(timeout=timeout)["StatusCode"])

@@ -23,7 +23,7 @@ from ddpkit import runkey
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.docker import LABEL_JOB, LABEL_RUN
 from tests.helpers.followed import Followed
-from tests.helpers.store_stranger import EVIL
+from tests.helpers.store_stranger import EVIL, in_container
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon, remove_leftover_jobs  # noqa: F401  (fixture)
 
 JOB = "docker-attack-test"  # this module's own job name on the shared daemon
@@ -79,10 +79,8 @@ class Job:
 
     def stranger(self, *argv: str) -> str:
         """The stranger's client, in a container of its own on the job's network."""
-        return self._docker("run", "--rm", "--network", self.network, "--label", f"{LABEL_JOB}={JOB}",
-                            "-v", f"{REPO}:/repo:ro", "-w", "/repo", "-e", "PYTHONPATH=/repo/src:/repo",
-                            str(self.docker.image), "python", "-m", "tests.helpers.store_stranger", "node0",
-                            str(PORT), *argv, timeout=120)
+        return in_container(self.docker.env, str(self.docker.image), self.network, f"{LABEL_JOB}={JOB}", "node0",
+                            str(PORT), *argv)
 
     def key(self) -> str:
         """The run key, from the environment Docker holds for each container of the run."""
