@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddpkit import runkey
 from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
 from ddpkit.rdzv_timing import derive, state_poll_s
 from ddpkit.render import RenderError
@@ -22,6 +23,7 @@ from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.targets import compose, kubernetes, render
 from ddpkit.targets.sshnode import RDZV_ID, new_rdzv_id, node_command
 from tests.emulators import controller_env
+from tests.helpers.rdzv_id import KEYED, as_run, meets_under
 from tests.test_render_k8s import check_against_crd
 from tests.test_render_slurm import stand_ins, task_argv  # noqa: F401  (stand_ins is a fixture)
 
@@ -91,11 +93,16 @@ def test_launch_line(target: Target) -> None:
         assert len(endpoints) == 1
 
 
+# A program of the user's own: torch's c10d handler (contract.elastic_rdzv_backend).
+OWN = {"script": {"command": {"script": "/job/train.py"}}, "module": {"command": {"module": "mypkg.train"}}}
+TORCHRUN_RDZV = {"elastic": {**ELASTIC, "rendezvous": "torchrun"}}
+
+
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
 @pytest.mark.parametrize(("fields", "backend"), [
-    ({"command": {"script": "/job/train.py"}}, "c10d"),  # the nodes may not have ddpkit installed
-    ({"command": {"module": "mypkg.train"}}, "c10d"),
-    ({"elastic": {**ELASTIC, "rendezvous": "torchrun"}}, "c10d"),
+    (OWN["script"], "c10d"),
+    (OWN["module"], "c10d"),
+    (TORCHRUN_RDZV, "c10d"),
 ])
 def test_plain_c10d_where_ddpkits_handler_is_not_asked_for_or_may_be_missing(
         target: Target, fields: dict[str, Any], backend: str) -> None:
@@ -104,6 +111,27 @@ def test_plain_c10d_where_ddpkits_handler_is_not_asked_for_or_may_be_missing(
     assert flags([a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))])["rdzv-backend"] == backend
     if target is Target.PYTORCHJOB:
         assert pytorchjob(spec)["spec"]["elasticPolicy"]["rdzvBackend"] == backend
+
+
+@pytest.mark.parametrize("target", KEYED)
+@pytest.mark.parametrize("program", [{}, OWN["script"], OWN["module"], TORCHRUN_RDZV],
+                         ids=["ddpkit-train", "own-script", "own-module", "torchrun-rendezvous"])
+def test_every_elastic_rendezvous_is_stored_under_an_id_no_rendered_file_holds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: Target, program: dict[str, Any]) -> None:
+    """torch's rendezvous state lives under `torch.rendezvous.<id>` in the
+    store on node 0. From node 1's launch line, ddpkit's agent parses
+    torchrun's arguments, torchrun builds its configuration and the handler
+    (through its registry), as on the node: the id that handler meets under,
+    ddpkit's or torch's own c10d, is one only holders of the run key form."""
+    spec = make(**program)
+    argv, key, public = as_run(spec, target, tmp_path)
+    rendered_id = flags(argv)["rdzv-id"]
+    assert rendered_id in public
+    backend, stored = meets_under(monkeypatch, argv, key)
+    assert backend == ("c10d" if program else "ddpkit")
+    assert stored == runkey.rdzv_run_id(rendered_id, {runkey.ENV: key}) != rendered_id
+    tag = stored.removeprefix(rendered_id + "-")
+    assert len(tag) == 32 and tag not in public and key not in public
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)

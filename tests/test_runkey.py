@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from ddpkit import runkey
+from ddpkit.contract import Target
 from ddpkit.launch.docker import plan as docker_plan
 from ddpkit.launch.secrets import stdin_payload, with_run_key
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 from ddpkit.targets import TARGETS, render, sshnode
+from tests.helpers.rdzv_id import KEYED, as_run, meets_under
 
 ROOT = Path(__file__).resolve().parents[1]
 CANARY = "c4a7" * 16  # 64 hex digits, as a real key
@@ -55,6 +57,24 @@ def test_the_rendezvous_id_is_tagged_with_the_key() -> None:
 
 
 # ---- no rendered file holds it -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", KEYED)
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_fixed_size_jobs_rendezvous_is_under_an_id_only_the_key_forms(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path, target: Target,
+                                                                        backend: str) -> None:
+    """A job of fixed size meets in torchrun's static rendezvous (its rank
+    assignment and exit barrier under a prefix the id names, torchrun's
+    "none" where the line names none) or torch's c10d (its state under the
+    job's name): on a node, the handler ddpkit's agent and torchrun build
+    from the line meets under that id tagged with the key."""
+    argv, key, public = as_run(job(f"rendezvous.backend={backend}"), target, tmp_path)
+    [rendered] = [w.split("=", 1)[1] for w in argv if w.startswith("--rdzv-id=")] or ["none"]
+    keyed = runkey.rdzv_run_id(rendered, {runkey.ENV: key})
+    assert meets_under(monkeypatch, argv, key) == (backend, keyed) and keyed != rendered
+    assert keyed.removeprefix(rendered + "-") not in public and key not in public
+
 
 
 def _derived(key: str) -> list[str]:

@@ -2,8 +2,9 @@
 master port (torch's TCPStore, which lets any client in) forging ddpkit's
 control records as someone who read ddpkit's source would write them.
 
-In-process (tests/test_store_attack_local.py) or on another host of a test
-network (tests/test_store_attack_slurm.py):
+In-process (tests/test_store_attack_local.py), on another host of a test
+network (tests/test_store_attack_slurm.py, _ssh.py) or in a container on the
+job's Docker network (in_container: _docker.py, _compose.py):
 
     python -m tests.helpers.store_stranger HOST PORT --run-id ID --world N   # every guessable prefix
     python -m tests.helpers.store_stranger HOST PORT --key KEY                # the run's own prefix
@@ -14,8 +15,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ddpkit import records, runkey
@@ -99,6 +102,19 @@ def forge_everywhere(store: Any, prefixes: list[str], world: int, pause_s: float
     except RuntimeError as exc:  # DistNetworkError: the store went away with a job the forgery stopped
         return f"the store went away during the forgery: {str(exc).splitlines()[0]}"
     return f"forged every record under {len(prefixes)} prefixes"
+
+
+def in_container(docker_env: dict[str, str], image: str, network: str, label: str, *argv: str) -> str:
+    """This client, run in a container of its own on a Docker `network` (the
+    job's image; this repository mounted read-only), with `argv`: what it
+    printed. `label` (KEY=VALUE) marks the container as the test's, for its
+    clean-up."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["docker", "run", "--rm", "--network", network, "--label", label, "-v", f"{repo}:/repo:ro",
+                           "-w", "/repo", "-e", "PYTHONPATH=/repo/src:/repo", image, "python", "-m", __name__, *argv],
+                          env=docker_env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def main(argv: list[str] | None = None) -> int:

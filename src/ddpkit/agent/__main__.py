@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
 
-from .. import envnames, workdir
+from .. import envnames, runkey, workdir
 from ..agreed import threads_per_process
 
 # What a ddpkit worker imports before its first step (train/main.py's
@@ -42,8 +43,29 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def main(argv: list[str] | None = None) -> None:
+# torch's own rendezvous handlers, which keep their keys in the store under the id they are given: c10d's
+# state (`torch.rendezvous.<id>`), static's rank assignment and exit barrier (a PrefixStore named by the id).
+# ddpkit's handler (rendezvous.py) keys the id itself.
+TORCH_RDZV = frozenset({"c10d", "static"})
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """torchrun's arguments, with torch's own rendezvous keyed: the agents
+    meet under the rendered id (torchrun's "none" where none is rendered)
+    tagged with the run key (runkey.rdzv_run_id), so that no one who read
+    the rendered files or the command line can name their keys in the store,
+    join the rendezvous or close it. Every node holds the same key, so every
+    node tags alike; without a key the id stays as given."""
     from torch.distributed import run as torchrun  # torch: what the agent imports anyway
+
+    args: argparse.Namespace = torchrun.parse_args(argv)
+    if args.rdzv_backend in TORCH_RDZV:
+        args.rdzv_id = runkey.rdzv_run_id(args.rdzv_id)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
@@ -51,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     from . import handler, orphaned, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
-    args = torchrun.parse_args(argv)
+    args = parse_args(argv)
     tailing.install()
     share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None
