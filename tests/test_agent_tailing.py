@@ -10,7 +10,8 @@ import threading
 from pathlib import Path
 
 from ddpkit import records
-from ddpkit.agent.tailing import RedrawnLines, Tracebacks, exception_line, tail_logfile, untagged
+from ddpkit.agent.tailing import RedrawnLines, tail_logfile, untagged
+from ddpkit.records.tracebacks import Tracebacks, exception_line
 
 TRACE = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    loss.backward()",
          "RuntimeError: Connection reset by peer"]
@@ -44,15 +45,22 @@ def test_a_rank_tag_the_workers_own_line_repeats_is_taken_off() -> None:
 
 def test_a_whole_traceback_goes_out_behind_its_record_and_a_broken_one_as_it_came() -> None:
     tracebacks = Tracebacks()
-    assert tracebacks.feed(["before", *TRACE[:2]], 0.0) == ["before"]
+    assert tracebacks.feed(["before", *TRACE[:2]], 0.0) == [(None, ["before"])]
     assert tracebacks.idle(0.5) == []  # no exception yet: held
     out = tracebacks.feed(TRACE[2:], 1.0) + tracebacks.idle(1.0)
-    stamped = records.unframe(out[0])
-    assert stamped is not None and stamped.record == records.Traceback(
-        lines=4, line="RuntimeError: Connection reset by peer  (its traceback: the node's log)")
-    assert out[1:] == TRACE
+    assert out == [(records.Traceback(lines=4, line="RuntimeError: Connection reset by peer  (its traceback: the "
+                                      "node's log)"), TRACE)]
     assert tracebacks.feed(TRACE[:2], 10.0) == [] and tracebacks.idle(11.0) == []
-    assert tracebacks.idle(12.5) == TRACE[:2]  # never whole: out as it came, no record
+    assert tracebacks.idle(12.5) == [(None, TRACE[:2])]  # never whole: out as it came, no record
+
+
+def test_lines_that_come_one_by_one_give_the_traceback_out_at_its_exception() -> None:
+    """As torch's hook tags them where no agent copied them (launch ssh): `[rank0]: ` before each line."""
+    tracebacks = Tracebacks(at_exception=True)
+    hooked = [f" {line}" for line in TRACE]
+    out = [item for line in [*hooked, " after"] for item in tracebacks.feed([line], 0.0)]
+    assert out == [(records.Traceback(lines=4, line="RuntimeError: Connection reset by peer  (its traceback: the "
+                                      "node's log)"), hooked), (None, [" after"])]
 
 
 def test_the_exception_of_a_chained_traceback_is_the_last_one() -> None:
@@ -62,6 +70,15 @@ def test_the_exception_of_a_chained_traceback_is_the_last_one() -> None:
     assert exception_line(chained) == "SystemExit: 3"
     assert exception_line(chained[:6]) == "RuntimeError: Connection reset by peer"
     assert exception_line(TRACE[:3]) is None
+
+
+
+def test_torchs_cpp_frames_after_the_exception_are_part_of_the_traceback() -> None:
+    tracebacks = Tracebacks()
+    cpp = [*TRACE, "", "At:", "  default_hooks.py(31): <lambda>", "next line"]
+    [(record, lines)] = tracebacks.feed(cpp, 0.0) + tracebacks.idle(0.1)
+    assert record == records.Traceback(lines=7, line=f"{TRACE[-1]}  (its traceback: the node's log)")
+    assert lines == cpp  # the line after it is shown: the record counts 7
 
 
 def test_torchs_tail_thread_copies_a_real_file_as_the_worker_wrote_it(tmp_path: Path) -> None:

@@ -640,3 +640,23 @@ def test_an_own_programs_metrics_reach_the_run_folder_and_its_report(cluster: Cl
     flagged = {rank: 'class="flag"' in cells for rank, _node, cells in rows}
     assert flagged == {"0": False, "1": True}, rows
     assert job_processes(str(tmp_path)) == []
+
+
+def test_an_own_programs_bar_and_a_survivors_traceback_are_a_line_each(cluster: Cluster, tmp_path: Path) -> None:
+    """Where no agent copies the workers' output line by line (launch ssh): rank 1 of
+    a program with a tqdm bar dies at step 20; rank 0's gloo error reaches the
+    console as one line (its traceback, tagged line by line by torch's hook, stays in
+    the node's log) and the bar as its last state, not once per redraw."""
+    net, hosts = cluster
+    job = write_job(tmp_path, "own-console", args=["fail"], script=ROOT / "tests" / "helpers" / "console_program.py",
+                    extra={"nodes": 2})
+    addrs = [net["node1"].addr, net["node2"].addr]
+    out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net, addrs), timeout=300)
+    console = out.stdout + out.stderr
+    assert out.returncode != 0, console[-3000:]
+    errors = [line for line in console.splitlines() if "RuntimeError" in line]
+    assert len(errors) == 1 and errors[0].endswith("(its traceback: the node's log)"), console[-3000:]
+    assert "Traceback" not in console and 'File "' not in console, console[-3000:]
+    # each rank's bar: where other lines cut it and its last state, not 20-40 redraws (the summary's cell aside)
+    assert len([line for line in console.splitlines() if line.startswith("[") and "train:" in line]) <= 6, console
+    assert job_processes(str(tmp_path)) == []

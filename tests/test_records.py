@@ -163,6 +163,41 @@ def test_a_traceback_record_shows_its_exception_once_in_place_of_every_ranks_tra
     assert "another rank goes on" in shown and "[node0 rank0] after it" in shown, shown
 
 
+def test_a_traceback_no_agent_copied_is_one_line_and_an_unfinished_one_shows_as_it_came() -> None:
+    """launch ssh and docker: the workers' lines reach the launcher as torch's traceback hook
+    tagged them (`[rank0]: ` before each line), with no record ahead of them."""
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300))
+    trace = ["Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "    step()",
+             "RuntimeError: Connection closed by peer"]
+    for line in ["step 5", *trace, "", "At:", "  hooks.py(31): <lambda>", "after it"]:  # torch's C++ frames too
+        printer.line(_Node(0), f"[rank0]: {line}")  # type: ignore[arg-type]
+    for line in trace[:2]:  # rank 1 killed while its hook wrote
+        printer.line(_Node(1), f"[rank1]: {line}")  # type: ignore[arg-type]
+    printer.close()
+    assert out.getvalue().splitlines() == [
+        "[node0 rank0]  step 5",
+        "[node0 rank0] RuntimeError: Connection closed by peer  (its traceback: the node's log)",
+        "[node0 rank0]  after it",
+        "[node1 rank1]  Traceback (most recent call last):",
+        '[node1 rank1]    File "t.py", line 3, in <module>']
+
+
+def test_a_line_glued_to_an_unfinished_one_is_a_line_of_its_own() -> None:
+    """launch ssh, docker: the workers share the agent's stream, so a bar without its newline
+    (a rank killed mid-bar) gets the agent's record or torch's warning glued to it."""
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300))
+    exit_record = records.frame(records.WorkerExit(rank=1, local_rank=0, pid=9, exitcode=3))
+    printer.line(_Node(1), f"\rtrain:  0%|\rtrain: 52%|{exit_record}")  # type: ignore[arg-type]
+    printer.line(_Node(1), "\rtrain:  0%|[rank1]:[W1127 reducer.cpp:1529] Warning: find_unused")  # type: ignore[arg-type]
+    printer.line(_Node(0), f"[rank0]:{exit_record}")  # type: ignore[arg-type]  # torchrun's tag before a record: its own
+    printer.close()
+    assert out.getvalue().splitlines() == ["[node1] train: 52%|", "[node1] train:  0%|",
+                                           "[node1 rank1] [W1127 reducer.cpp:1529] Warning: find_unused"]
+    assert printer.worker_code(1) == 3 and printer.worker_code(0) == 3
+
+
 def test_torchs_reverse_dns_warning_stays_off_the_console() -> None:
     out = io.StringIO()
     printer = LinePrinter(Console(file=out, width=300))

@@ -15,7 +15,7 @@ would show it (its last state); a bar that keeps redrawing without ending
 its line is copied at most once every PROGRESS_EVERY_S; a rank tag the
 worker's own line starts with is not repeated; and a traceback is copied
 behind a `traceback` record (ddpkit.records), so that a launcher shows its
-one exception line (`Tracebacks`). The files keep every byte.
+one exception line (records/tracebacks.py). The files keep every byte.
 """
 
 from __future__ import annotations
@@ -28,15 +28,11 @@ from threading import Event
 from typing import TextIO
 
 from .. import records
+from ..records.base import Record
+from ..records.tracebacks import Tracebacks
 
 PROGRESS_EVERY_S = 10.0  # a redrawn line still going is shown this often
 READ_BYTES = 1 << 16
-TRACEBACK = "Traceback (most recent call last):"
-FRAME = '  File "'
-CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
-HOLD_S = 2.0  # a traceback not whole after this goes out as it is
-HOLD_LINES = 400
-SHOWN_CHARS = 400
 
 
 class RedrawnLines:
@@ -101,68 +97,6 @@ def _pieces(text: str) -> list[tuple[str, str]]:
     return pieces
 
 
-class Tracebacks:
-    """Whole lines in and out; a Python traceback (`init_process_group`'s hook
-    writes it at once) is held until it is whole, then given out behind a
-    `traceback` record, which has a launcher show its exception line instead
-    of it (the node's log keeps all of it). A traceback still not whole after
-    HOLD_S, or longer than HOLD_LINES, goes out as it is."""
-
-    def __init__(self) -> None:
-        self._held: list[str] = []
-        self._since = 0.0
-
-    def feed(self, lines: list[str], now: float) -> list[str]:
-        out: list[str] = []
-        for line in lines:
-            if self._held:
-                self._held.append(line)
-                if len(self._held) >= HOLD_LINES:
-                    out.extend(self._release(whole=False))
-            elif line.startswith(TRACEBACK):
-                self._held, self._since = [line], now
-            else:
-                out.append(line)
-        return out
-
-    def idle(self, now: float) -> list[str]:
-        """At a pause in the output: a held traceback that ends with its exception is whole."""
-        if self._held and exception_line(self._held) is not None:
-            return self._release(whole=True)
-        return self._release(whole=False) if self._held and now - self._since > HOLD_S else []
-
-    def close(self) -> list[str]:
-        return self._release(whole=exception_line(self._held) is not None) if self._held else []
-
-    def _release(self, whole: bool) -> list[str]:
-        held, self._held = self._held, []
-        end = exception_at(held)
-        if not whole or end is None:
-            return held
-        exception = held[end]
-        shown = exception if len(exception) <= SHOWN_CHARS else exception[:SHOWN_CHARS] + "..."
-        record = records.Traceback(lines=end + 1, line=f"{shown}  (its traceback: the node's log)")
-        return [records.frame(record), *held]  # (what came after its exception line is shown)
-
-
-def exception_at(lines: list[str]) -> int | None:
-    """Where the exception a traceback ends with is: the first line at the
-    margin after its last frame; None while there is none yet."""
-    frames = [index for index, line in enumerate(lines) if line.startswith(FRAME)]
-    if not frames:
-        return None
-    for index in range(frames[-1] + 1, len(lines)):
-        line = lines[index]
-        if line and not line[0].isspace() and not line.startswith(CHAINED):
-            return index
-    return None
-
-
-def exception_line(lines: list[str]) -> str | None:
-    at = exception_at(lines)
-    return None if at is None else lines[at]
-
-
 def untagged(header: str, line: str) -> list[str]:
     """`line` without the rank tag torch's own messages carry (`header` is
     torchrun's, e.g. `[rank1]:`; the traceback hook adds a space after it).
@@ -184,10 +118,11 @@ def tail_logfile(header: str, file: str, dst: TextIO, finished: Event, interval_
     lines, tracebacks = RedrawnLines(), Tracebacks()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def copy(out: list[str]) -> None:
-        for line in out:
-            if log_line_filter is None or log_line_filter(line + "\n"):
-                dst.write(f"{header}{line}\n")
+    def copy(out: list[tuple[Record | None, list[str]]]) -> None:
+        for record, text in out:
+            for line in ([records.frame(record)] if record else []) + text:
+                if log_line_filter is None or log_line_filter(line + "\n"):
+                    dst.write(f"{header}{line}\n")
 
     def take(out: list[str]) -> None:
         copy(tracebacks.feed([part for line in out for part in untagged(header, line)], time.monotonic()))

@@ -12,6 +12,7 @@ The supervisor (launch/supervise/supervisor.py) owns the run; this module only r
 from __future__ import annotations
 
 import argparse
+import re
 import threading
 import time
 from collections import deque
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from ... import records
+from ...records.tracebacks import Tracebacks
 from .dedup import Dedup, Released, Source
 from .recovery import Recovery
 
@@ -95,15 +97,22 @@ class LinePrinter:
         self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
         self.on_record: Callable[[records.Stamped], None] = lambda _stamped: None  # called with every record read
         self._held_back: dict[tuple[int, int | None], int] = {}  # (node, rank or None: its agent) -> lines still to keep off
+        self._tracebacks: dict[tuple[int, int], Tracebacks] = {}  # (node, rank): its traceback held till whole
+        self._labels: dict[int, str] = {}  # node index -> its label, for what close() prints
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
 
     def line(self, node: NodeHandle, text: str) -> None:
+        for piece in glued_apart(text):
+            self._line(node, piece)
+
+    def _line(self, node: NodeHandle, text: str) -> None:
         match = records.rank_tagged(text)
         prefix = f"[{node.label} rank{match[0]}] " if match else f"[{node.label}] "
-        body = as_drawn(match[1] if match else text)
+        body = match[1] if match else text
         rank = match[0] if match else None
         with self._lock:
+            self._labels[node.index] = node.label
             took = self._took_record(node.index, rank, prefix, body)
             if took is True:
                 return
@@ -117,18 +126,28 @@ class LinePrinter:
                 return
             if any(noise in body for noise in NOISE):
                 return
-            self._add_to_tail(node.index, prefix + body)
-            style = STYLES[node.index % len(STYLES)]
-            if self.dedup is None:
-                self._print(Released(prefix, style, body))
+            if rank is None or isinstance(took, str):
+                self._show(node.index, rank, prefix, body)
                 return
-            of = match[0] if match else None
-            for out in self.dedup.add(Source(node.index, of, prefix, style), body, self.clock()):
-                self._print(out)
-            if self._flusher is None:
-                self._flusher = threading.Thread(target=self._flush_loop, name="line dedup", daemon=True)
-                self._flusher.start()
-            self._wake.notify()
+            # A rank's own lines that no agent copied (launch ssh, docker): its traceback, one line.
+            tracebacks = self._tracebacks.setdefault((node.index, rank), Tracebacks(at_exception=True))
+            for record, lines in tracebacks.feed([body], self.clock()):
+                for shown in [record.line] if isinstance(record, records.Traceback) else lines:
+                    self._show(node.index, rank, prefix, shown)
+
+    def _show(self, index: int, rank: int | None, prefix: str, body: str) -> None:
+        """One line to the console (through dedup) and the node's tail; under the lock."""
+        self._add_to_tail(index, prefix + body)
+        style = STYLES[index % len(STYLES)]
+        if self.dedup is None:
+            self._print(Released(prefix, style, body))
+            return
+        for out in self.dedup.add(Source(index, rank, prefix, style), body, self.clock()):
+            self._print(out)
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_loop, name="line dedup", daemon=True)
+            self._flusher.start()
+        self._wake.notify()
 
     def _print(self, out: Released) -> None:
         from rich.text import Text
@@ -146,8 +165,14 @@ class LinePrinter:
                         self._print(out)
 
     def close(self) -> None:
-        """Prints every held line, in order; later lines print at once."""
+        """Prints every held line, in order (a traceback never finished: as it
+        came); later lines print at once."""
         with self._lock:
+            for (index, rank), tracebacks in self._tracebacks.items():
+                for record, lines in tracebacks.close():
+                    for shown in [record.line] if isinstance(record, records.Traceback) else lines:
+                        self._show(index, rank, f"[{self._labels.get(index, f'node{index}')} rank{rank}] ", shown)
+            self._tracebacks.clear()
             if self.dedup is not None:
                 for out in self.dedup.drain():
                     self._print(out)
@@ -234,6 +259,40 @@ class LinePrinter:
             lines = list(self.tails.get(node.index, ()))
             after = self._tailed.get(node.index, 0) - self._cut.get(node.index, self._tailed.get(node.index, 0))
         return lines[:len(lines) - after]
+
+
+RANK_TAG = re.compile(re.escape(records.RANK_TAG_OPEN) + r"\d+" + re.escape(records.RANK_TAG_CLOSE))
+
+
+def glued_apart(text: str) -> list[str]:
+    """One read line as the lines its writers meant. Where a worker's output
+    shares the agent's stream (launch ssh, docker), an unfinished line (a bar
+    without its newline, a process killed mid-line) gets the next writer's
+    line glued to it: a record's frame, torch's rank-tagged warning. Each
+    starts a line of its own."""
+    pieces: list[str] = []
+    for part in _split_before(text, records.FRAME):
+        tag = records.rank_tagged(part)
+        if records.is_frame(tag[1] if tag else part):
+            pieces.append(part)
+            continue
+        drawn = f"{records.RANK_TAG_OPEN}{tag[0]}{records.RANK_TAG_CLOSE}{as_drawn(tag[1])}" if tag else as_drawn(part)
+        starts = [0, *(m.start() for m in RANK_TAG.finditer(drawn) if m.start() > 0)]
+        pieces += [drawn[a:b] for a, b in zip(starts, [*starts[1:], len(drawn)])]
+    return [piece for index, piece in enumerate(pieces) if piece or index == 0]
+
+
+def _split_before(text: str, marker: str) -> list[str]:
+    """`text` cut before each `marker` after its start, except after a bare
+    rank tag (torchrun's `[rank0]:` before a record is the record's own)."""
+    parts, start = [], 0
+    at = text.find(marker, 1)
+    while at > 0:
+        if not RANK_TAG.fullmatch(text[start:at]):
+            parts.append(text[start:at])
+            start = at
+        at = text.find(marker, at + 1)
+    return [*parts, text[start:]]
 
 
 def as_drawn(line: str) -> str:

@@ -1,0 +1,121 @@
+"""A Python traceback in a worker's output, held until it is whole and given
+out as one `traceback` record (records.Traceback: its exception line, and how
+many lines it had) ahead of its lines: a console shows the exception once,
+a node's log keeps every line. Used by the agent, which copies each worker's
+output line by line (agent/tailing.py), and by a launcher's printer for the
+workers' lines no agent copied (launch ssh, docker: torch's traceback hook
+tags each line with the rank, after a space).
+
+A traceback starts at `Traceback (most recent call last):` at some indent
+(the hook's space), has frames (`File "..."`) indented deeper, and ends at
+the first line back at its own indent after its last frame: the exception,
+with torch's C++ continuation (`At:` and its frames). Chained tracebacks
+(`During handling of the above exception ...`) are one.
+"""
+
+from __future__ import annotations
+
+from .base import Record
+from .job import Traceback
+
+TRACEBACK = "Traceback (most recent call last):"
+FRAME = 'File "'
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+HOLD_S = 2.0  # a traceback not whole after this goes out as it is
+HOLD_LINES = 400
+SHOWN_CHARS = 400
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def exception_at(lines: list[str]) -> int | None:
+    """Where the exception a held traceback ends with is (see the module's
+    doc); None while there is none yet."""
+    if not lines:
+        return None
+    base = _indent(lines[0])
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith(FRAME) and _indent(line) > base]
+    if not frames:
+        return None
+    for index in range(frames[-1] + 1, len(lines)):
+        line = lines[index]
+        if line.strip() and _indent(line) == base and not line.lstrip().startswith(CHAINED):
+            return index
+    return None
+
+
+def continues(line: str, base: int) -> bool:
+    """Whether `line` still belongs to the exception above it: torch's C++
+    errors add a blank line and `At:` with their own frames, indented."""
+    return not line.strip() or line.strip() == "At:" or _indent(line) > base
+
+
+def block_end(lines: list[str], at: int) -> int:
+    """The last line of the exception at lines[at], its continuation included."""
+    base, end = _indent(lines[0]), at
+    while end + 1 < len(lines) and continues(lines[end + 1], base):
+        end += 1
+    return end
+
+
+def exception_line(lines: list[str]) -> str | None:
+    at = exception_at(lines)
+    return None if at is None else lines[at].strip()
+
+
+def record_of(lines: list[str], at: int) -> Record:
+    """The record for a traceback whose exception is lines[at]."""
+    exception = lines[at].strip()
+    shown = exception if len(exception) <= SHOWN_CHARS else exception[:SHOWN_CHARS] + "..."
+    return Traceback(lines=block_end(lines, at) + 1, line=f"{shown}  (its traceback: the node's log)")
+
+
+class Tracebacks:
+    """Whole lines in, (record or None, lines) out: lines that are no
+    traceback come out at once with no record; a traceback comes out with
+    its record once whole. Whole: at a pause in the output (`idle`, for
+    output written at once, as torch's hook does), or as soon as its
+    exception line comes (`at_exception`, for lines that arrive one by one).
+    A traceback not whole after HOLD_S, or longer than HOLD_LINES, comes
+    out as it is."""
+
+    def __init__(self, at_exception: bool = False) -> None:
+        self.at_exception = at_exception
+        self._held: list[str] = []
+        self._since = 0.0
+        self._continuing: int | None = None  # at_exception: the indent of the exception just given out
+
+    def feed(self, lines: list[str], now: float) -> list[tuple[Record | None, list[str]]]:
+        out: list[tuple[Record | None, list[str]]] = []
+        for line in lines:
+            if self._continuing is not None and continues(line, self._continuing):
+                continue  # its exception's continuation: with the traceback, in the node's log
+            self._continuing = None
+            if self._held:
+                self._held.append(line)
+                if len(self._held) >= HOLD_LINES:
+                    out.append(self._release(whole=False))
+                elif self.at_exception and exception_at(self._held) is not None:
+                    self._continuing = _indent(self._held[0])
+                    out.append(self._release(whole=True))
+            elif line.strip() == TRACEBACK:
+                self._held, self._since = [line], now
+            else:
+                out.append((None, [line]))
+        return out
+
+    def idle(self, now: float) -> list[tuple[Record | None, list[str]]]:
+        """At a pause in the output: a held traceback that ends with its exception is whole."""
+        if self._held and exception_at(self._held) is not None:
+            return [self._release(whole=True)]
+        return [self._release(whole=False)] if self._held and now - self._since > HOLD_S else []
+
+    def close(self) -> list[tuple[Record | None, list[str]]]:
+        return [self._release(whole=exception_at(self._held) is not None)] if self._held else []
+
+    def _release(self, whole: bool) -> tuple[Record | None, list[str]]:
+        held, self._held = self._held, []
+        end = exception_at(held)
+        return (record_of(held, end), held) if whole and end is not None else (None, held)
