@@ -313,3 +313,19 @@ def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() 
     sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: NO_EXIT_STATUS])
     assert [x.node for x in outcome.lost] == [2]
     assert "node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats" in _closing(sup, outcome)
+
+
+def test_the_first_failure_is_the_earliest_worker_failure_unless_the_node_read_first_had_none() -> None:
+    """The nodes' own times order the failures their agents reported (a node whose worker failed
+    first may end last); a node that ended with no worker failure of its own (its container or
+    host killed from outside) and was read first stays first: nothing says the others were earlier."""
+    nodes = [_Node(0, code=1), _Node(1, code=143)]
+    read_first_late = Outcome(nodes=[NodeTrack(n, NodeState.FAILED) for n in nodes],  # type: ignore[arg-type]
+                              first_failure=nodes[0])  # type: ignore[arg-type]
+    read_first_late.blame_earliest({0: 100.4, 1: 100.1})
+    assert read_first_late.first_failure is nodes[1]
+    killed = [_Node(0, code=1), _Node(1, code=137)]
+    outside = Outcome(nodes=[NodeTrack(n, NodeState.FAILED) for n in killed],  # type: ignore[arg-type]
+                      first_failure=killed[1])  # type: ignore[arg-type]
+    outside.blame_earliest({0: 100.4})  # node 1's container was killed: no record of its own
+    assert outside.first_failure is killed[1]

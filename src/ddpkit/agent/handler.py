@@ -27,6 +27,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -164,6 +165,7 @@ def with_runner(args: Sequence[str]) -> list[str]:
     return [*line[:2], "-m", RUN_MODULE, *line[2:]]
 
 
+STOPPED_GRACE_S = 10.0  # a worker stopped when asked to stop is killed when still stopped this long after
 _STARTED: list[int] = []  # one entry per worker started
 
 
@@ -220,16 +222,27 @@ def install(zygote: Zygote | None) -> None:
 
 def kill_if_stopped(watched: Watched, death_sig: signal.Signals | None) -> None:
     """A worker that is stopped (SIGSTOP, a debugger) when asked to stop acts
-    on no signal but SIGKILL: it can never checkpoint, and its peers wait for
-    it in their stop agreement. Killed now, with one line that says so, not
-    after torchrun's shutdown timeout; its peers' collectives then fail at
-    once and they end too."""
+    on no signal but SIGKILL until it is continued: it cannot checkpoint, and
+    its peers wait for it in their stop agreement. One still stopped
+    STOPPED_GRACE_S later (job control or a test may continue it, and it then
+    takes the signal) is killed, with one line that says so, not left to
+    torchrun's shutdown timeout; its peers' collectives then fail and they end too."""
     if death_sig in (None, signal.SIGKILL) or watched.proc.poll() is not None or not processes.is_stopped(watched.pid):
         return
+    threading.Thread(target=_kill_when_still_stopped, args=(watched, signal.Signals(death_sig)),
+                     name=f"stopped worker {watched.pid}", daemon=True).start()
+
+
+def _kill_when_still_stopped(watched: Watched, death_sig: signal.Signals) -> None:
+    deadline = time.monotonic() + STOPPED_GRACE_S
+    while time.monotonic() < deadline:
+        if watched.proc.poll() is not None or not processes.is_stopped(watched.pid):
+            return  # it ended, or was continued and takes the signal
+        time.sleep(0.2)
     who = "a worker" if watched.rank is None else f"rank {watched.rank}"
-    print(f"ddpkit.agent: {who} (pid {watched.pid}) is stopped (SIGSTOP or a debugger) and cannot act on "
-          f"{signal.Signals(death_sig).name} or write a checkpoint: killed now, so the job stops without waiting "
-          "for the shutdown timeout", file=sys.stderr, flush=True)
+    print(f"ddpkit.agent: {who} (pid {watched.pid}) is stopped (SIGSTOP or a debugger) and was not continued "
+          f"within {STOPPED_GRACE_S:g} s of {death_sig.name}: it cannot act on it or write a checkpoint; killed "
+          "now, so the job stops without waiting for the shutdown timeout", file=sys.stderr, flush=True)
     try:
         os.killpg(watched.pid, signal.SIGKILL)  # its session: what it started goes with it
     except (ProcessLookupError, PermissionError):

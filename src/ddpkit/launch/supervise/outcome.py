@@ -59,8 +59,8 @@ class Outcome:
         (`failed_at`: node index -> seconds), failed first, whichever node's
         exit reached the launcher first: a worker's failure brings its peers'
         down within moments, and their agents may end sooner than its own."""
-        if self.first_failure is None:
-            return
+        if self.first_failure is None or self.first_failure.index not in failed_at:
+            return  # the node read first had no worker fail (killed from outside, lost): it is the first
         failed = [t for t in self.nodes if t.index in failed_at and t.node.exit_code() != 0]
         if failed:
             self.first_failure = min(failed, key=lambda t: failed_at[t.index]).node
