@@ -30,15 +30,15 @@ from typing import IO, Any, Union
 
 from .base import OMITTED_WHEN_NONE, Record, RecordError
 from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, Stall, StalledRank, Straggler, Traceback, WorkerExit
-from .lines import RANK_TAG_CLOSE, RANK_TAG_FLAG, RANK_TAG_OPEN, rank_tagged, task_labelled
+from .lines import RANK_TAG_CLOSE, RANK_TAG_FLAG, RANK_TAG_OPEN, is_bare_tag, rank_tagged, tag_starts, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
 __all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_FLAG", "RANK_TAG_OPEN",
            "AgentReport", "Cause", "Checkpoint", "Eval",
            "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
-           "decode", "emit", "encode", "frame", "from_fields", "is_frame", "rank_tagged", "read_file",
-           "task_labelled", "to_json", "unframe"]
+           "decode", "emit", "encode", "frame", "from_fields", "is_bare_tag", "is_frame", "rank_tagged", "read_file",
+           "tag_starts", "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
 

@@ -2,7 +2,8 @@
 for on every launch line: torchrun's rank tag (the template the launchers
 pass, `RANK_TAG_FLAG`: `[rank3]:text`) and srun's task label (`--label`:
 `  3: text`, the task id right-aligned). The one reader of both, for the
-launchers' console, `submit slurm --follow` and `ddpkit logs`."""
+launchers' console, `submit slurm --follow` and `ddpkit logs`; and where a
+tag starts inside a line another writer's line was glued to."""
 
 from __future__ import annotations
 
@@ -17,6 +18,23 @@ def rank_tagged(line: str) -> tuple[int, str] | None:
         return None
     rank, closed, text = line[len(RANK_TAG_OPEN):].partition(RANK_TAG_CLOSE)
     return (int(rank), text) if closed and rank.isdecimal() else None
+
+
+def tag_starts(line: str) -> list[int]:
+    """Where a rank tag starts in `line` after its beginning: another writer's
+    line glued to an unfinished one (torch's tagged warning after a bar)."""
+    found, at = [], line.find(RANK_TAG_OPEN, 1)
+    while at > 0:
+        if rank_tagged(line[at:]) is not None:
+            found.append(at)
+        at = line.find(RANK_TAG_OPEN, at + 1)
+    return found
+
+
+def is_bare_tag(text: str) -> bool:
+    """`text` is a rank tag and nothing else (torchrun's tag before a record's frame)."""
+    tagged = rank_tagged(text)
+    return tagged is not None and tagged[1] == ""
 
 
 def task_labelled(line: str) -> tuple[int, str] | None:

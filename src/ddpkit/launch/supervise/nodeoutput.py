@@ -12,7 +12,6 @@ The supervisor (launch/supervise/supervisor.py) owns the run; this module only r
 from __future__ import annotations
 
 import argparse
-import re
 import threading
 import time
 from collections import deque
@@ -261,9 +260,6 @@ class LinePrinter:
         return lines[:len(lines) - after]
 
 
-RANK_TAG = re.compile(re.escape(records.RANK_TAG_OPEN) + r"\d+" + re.escape(records.RANK_TAG_CLOSE))
-
-
 def glued_apart(text: str) -> list[str]:
     """One read line as the lines its writers meant. Where a worker's output
     shares the agent's stream (launch ssh, docker), an unfinished line (a bar
@@ -277,7 +273,7 @@ def glued_apart(text: str) -> list[str]:
             pieces.append(part)
             continue
         drawn = f"{records.RANK_TAG_OPEN}{tag[0]}{records.RANK_TAG_CLOSE}{as_drawn(tag[1])}" if tag else as_drawn(part)
-        starts = [0, *(m.start() for m in RANK_TAG.finditer(drawn) if m.start() > 0)]
+        starts = [0, *records.tag_starts(drawn)]
         pieces += [drawn[a:b] for a, b in zip(starts, [*starts[1:], len(drawn)])]
     return [piece for index, piece in enumerate(pieces) if piece or index == 0]
 
@@ -288,7 +284,7 @@ def _split_before(text: str, marker: str) -> list[str]:
     parts, start = [], 0
     at = text.find(marker, 1)
     while at > 0:
-        if not RANK_TAG.fullmatch(text[start:at]):
+        if not records.is_bare_tag(text[start:at]):
             parts.append(text[start:at])
             start = at
         at = text.find(marker, at + 1)
