@@ -55,6 +55,7 @@ def install(env: Mapping[str, str] = os.environ) -> None:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     loaded: list[str] = []
+    said: list[bool] = []
     load = torch.load
 
     def noting_load(f: Any, *args: Any, **kwargs: Any) -> Any:
@@ -62,10 +63,14 @@ def install(env: Mapping[str, str] = os.environ) -> None:
         return load(f, *args, **kwargs)
 
     def first_step(*_: Any) -> None:
-        handle.remove()
+        # Not removed here: torch iterates its hooks while calling them, and a
+        # hook removed from the middle of them breaks the program's step.
+        if said:
+            return
+        said.append(True)
         if torch.load is noting_load:
             torch.load = load
         print(verdict(restart, list(dict.fromkeys(loaded))), file=sys.stderr, flush=True)
 
     torch.load = noting_load
-    handle = register_optimizer_step_pre_hook(first_step)
+    register_optimizer_step_pre_hook(first_step)
