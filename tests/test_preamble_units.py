@@ -21,6 +21,7 @@ from ddpkit import watchdog
 from ddpkit.preamble import metrics, progress, stragglers
 from ddpkit.train.watchdog.straggler import WorkWindow
 from ddpkit.train.watchdog.worktime import WARM_STEPS
+from tests.helpers.straggler_models import Sleepy
 
 
 @pytest.fixture
@@ -121,18 +122,6 @@ def test_a_sleeping_thread_gives_up_the_cpu_again_and_again() -> None:
 # ---- the stragglers part: each rank's own work in a one-rank gloo DDP ----------------------------
 
 
-class _Sleepy(nn.Module):
-    """A model whose training forward sleeps `forward_s` (own work to be counted)."""
-
-    def __init__(self, forward_s: float) -> None:
-        super().__init__()
-        self.fc, self.forward_s = nn.Linear(4, 2), forward_s
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.forward_s)
-        return self.fc(x)
-
-
 @pytest.fixture
 def own_work(monkeypatch: pytest.MonkeyPatch) -> Iterator[stragglers.OwnWork]:
     """The stragglers part installed for one test (its wrappers and hook removed
@@ -168,7 +157,7 @@ def _train(ddp: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None
 
 def test_own_work_is_the_ddp_models_forward_and_backward_and_no_evaluation(own_work: stragglers.OwnWork) -> None:
     torch.manual_seed(0)
-    model, plain = _Sleepy(0.03), _Sleepy(0.0)
+    model, plain = Sleepy(0.03), Sleepy(0.0)
     plain.load_state_dict(model.state_dict())
     ddp = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -192,7 +181,7 @@ def test_own_work_is_the_ddp_models_forward_and_backward_and_no_evaluation(own_w
 def test_a_comm_hook_the_program_registers_replaces_the_default_and_is_timed(own_work: stragglers.OwnWork) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    ddp = nn.parallel.DistributedDataParallel(_Sleepy(0.0))
+    ddp = nn.parallel.DistributedDataParallel(Sleepy(0.0))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     _train(ddp, optimizer, 1)  # the first forward registered the default
     calls = []
@@ -212,7 +201,7 @@ def test_a_comm_hook_the_program_registers_replaces_the_default_and_is_timed(own
 
 
 def test_a_builtin_comm_hook_leaves_the_backward_untimed(own_work: stragglers.OwnWork) -> None:
-    ddp = nn.parallel.DistributedDataParallel(_Sleepy(0.0))
+    ddp = nn.parallel.DistributedDataParallel(Sleepy(0.0))
     ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     _train(ddp, optimizer, 1)
@@ -223,7 +212,7 @@ def test_a_builtin_comm_hook_leaves_the_backward_untimed(own_work: stragglers.Ow
 def test_a_builtin_hook_after_the_first_forward_runs_as_its_python_twin(own_work: stragglers.OwnWork) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    ddp = nn.parallel.DistributedDataParallel(_Sleepy(0.0))
+    ddp = nn.parallel.DistributedDataParallel(Sleepy(0.0))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     _train(ddp, optimizer, 1)
     ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)  # DDP alone takes it here too

@@ -26,6 +26,7 @@ from ddpkit.spec import JobSpec
 from ddpkit.train.watchdog import straggler
 from ddpkit.train.watchdog.straggler import MIN_GAP_S, StragglerJudge, Stragglers, Work, WorkWindow, factor_from_env
 from ddpkit.train.watchdog.worktime import WARM_STEPS, SlowHook, WorkTimer
+from tests.helpers.straggler_models import Sleepy
 
 
 def works(*own_s: float, steps: int = 10, step: int = 20) -> list[Work | None]:
@@ -109,18 +110,6 @@ def test_the_slow_hook_parses_and_applies_to_its_rank_only() -> None:
         SlowHook.from_env(0, {envnames.DDPKIT_TEST_SLOW_RANK: "0"})
 
 
-class _Sleepy(nn.Module):
-    """Forward sleeps `forward_s` (own work the timer must count)."""
-
-    def __init__(self, forward_s: float) -> None:
-        super().__init__()
-        self.fc, self.forward_s = nn.Linear(4, 2), forward_s
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.forward_s)
-        return self.fc(x)
-
-
 def _steps(timer: WorkTimer, module: nn.Module, n: int, data_s: float) -> None:
     for _ in range(n):
         with timer.data():
@@ -134,7 +123,7 @@ def _steps(timer: WorkTimer, module: nn.Module, n: int, data_s: float) -> None:
 
 
 def test_the_timer_counts_data_and_forward_and_leaves_out_what_is_no_step() -> None:
-    model = _Sleepy(0.03)
+    model = Sleepy(0.03)
     window = WorkWindow(10)
     timer = WorkTimer(model, model, torch.device("cpu"), rank=0, window=window, slow=SlowHook(0.02, 3))
     _steps(timer, model, WARM_STEPS, data_s=0.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import torch
 from torch import nn
 
 from tests.helpers.stall_models import _Linear
@@ -26,3 +27,15 @@ class _SlowEval(_Linear):
 
 def slow_eval(num_classes: int = 10) -> nn.Module:
     return _SlowEval(num_classes)
+
+
+class Sleepy(nn.Module):
+    """A linear model whose forward sleeps `forward_s`: own work a rank's timer must count."""
+
+    def __init__(self, forward_s: float) -> None:
+        super().__init__()
+        self.fc, self.forward_s = nn.Linear(4, 2), forward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.forward_s)
+        return self.fc(x)
