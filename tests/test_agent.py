@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ddpkit.agent import handler
@@ -30,13 +31,14 @@ preloaded = {name: name in sys.modules for name in ("torch", "torch._dynamo", "d
 extra = os.environ.get("PROBE_MODULE")
 import torch
 rank = int(os.environ["RANK"])
-print("PROBE " + json.dumps({
+# one write of the whole line: the two workers share the agent's stdout, and print's two writes interleave
+os.write(1, ("PROBE " + json.dumps({
     "rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "leader": os.getpgid(0) == os.getpid(),
     "argv": sys.argv, "file": __file__, "name": __name__, "cwd": os.getcwd(), "threads": torch.get_num_threads(),
     "omp": os.environ.get("OMP_NUM_THREADS"), "preloaded": preloaded,
     "extra_preloaded": extra is not None and extra in sys.modules,
     "cuda_usable": not torch.cuda._is_in_bad_fork() and not torch.cuda.is_initialized(),
-    "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a]}))
+    "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a]}) + "\\n").encode())
 sys.stdout.write("UNBUFFERED\\n")  # no flush: only -u (or its stand-in) writes it through before os._exit
 mode = sys.argv[1]
 if mode == "ok":
@@ -210,3 +212,32 @@ print("zygote reaped", z.pid not in [int(p) for p in os.listdir("/proc") if p.is
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["waited 7", "terminated -15", "zygote reaped True"]
+
+
+@pytest.mark.slow
+def test_workers_end_with_an_agent_that_was_killed(tmp_path: Path) -> None:
+    """An agent SIGKILLed (Slurm after KillWait, the OOM killer) takes its zygote and every
+    worker with it at once: nothing trains on unsupervised, as torchrun's Popen workers would."""
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    argv = [sys.executable, "-m", AGENT, "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}", str(program), "wait"]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"}
+    agent = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert agent.stdout is not None
+        workers: list[dict] = []
+        for line in agent.stdout:
+            if "PROBE " in line:
+                workers.append(json.loads(line.split("PROBE ", 1)[1]))
+            if len(workers) == 2:
+                break
+        procs = [psutil.Process(pid) for pid in (workers[0]["pid"], workers[1]["pid"], workers[0]["ppid"])]
+        assert procs[2].ppid() == agent.pid  # the zygote: both workers' parent, the agent's child
+        agent.kill()
+        agent.wait(10)
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        agent.kill()
+        agent.wait(10)

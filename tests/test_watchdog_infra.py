@@ -38,6 +38,19 @@ def wait_gone(marker: str, since: float) -> float:
     return time.time() - since
 
 
+def lingering(marker: str) -> str:
+    """The job's processes still there, with state and parent (for a failure message)."""
+    lines = []
+    for entry in job_processes(marker):
+        pid = entry.split()[0]
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        lines.append(f"state {stat[0]} ppid {stat[1]}: {entry}")
+    return "\n".join(lines) or "(none left)"
+
+
 @pytest.fixture(scope="module")
 def ssh_cluster(ssh_pool: SshPool) -> Iterator[tuple[netns.Network, sshd.SshHosts]]:
     with ssh_pool.lease() as hosts:  # login and node1..node3: this module uses node1 and node2
@@ -95,6 +108,7 @@ def test_sigstop_under_real_slurm(slurm: SlurmCluster, tmp_path: Path, mode: str
     stopped_at, pid = mark.read_text().split()
     took = wait_gone(str(tmp_path), float(stopped_at))
     assert info.state == "FAILED", text[-4000:]
-    assert took < STALL_S + 60, f"{took:.0f}s from SIGSTOP to the last process gone\n{text[-4000:]}"
+    left = lingering(str(tmp_path))
+    assert took < STALL_S + 60, f"{took:.0f}s from SIGSTOP to the last process gone\n{left}\n{text[-4000:]}"
     assert job_processes(str(tmp_path)) == []
     assert f"STALL rank 3 node 1 host node2 pid {pid}: step" in text, text[-4000:]

@@ -1,6 +1,7 @@
 """Facts about this host's processes that more than one layer asks for,
 read through psutil: whether a process's environment holds a variable, when
-a process started, and whether it is stopped.
+a process started, and whether it is stopped; and the one rule that ties a
+child's life to its parent's (die_with).
 
 A leaf: it imports nothing of the package, so the launcher and the trainer
 (which must start without the job spec) may both use it.
@@ -8,9 +9,14 @@ A leaf: it imports nothing of the package, so the launcher and the trainer
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 
 import psutil
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def environ_has(pid: int, name: str, value: str) -> bool:
@@ -47,3 +53,15 @@ def is_stopped(pid: int) -> bool:
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
     except psutil.Error:
         return False
+
+
+def die_with(parent: int) -> None:
+    """SIGKILL this process as soon as process `parent` ends (Linux; elsewhere
+    nothing). If this process's parent is another one by now, `parent` already
+    ended (the orphan was handed on at once, even while the old parent waits
+    as a zombie), so this process ends now."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:
+        os._exit(0)

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .. import preamble
+from .. import preamble, processes
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,13 @@ class WorkerRequest:
     stderr: str | None
 
 
-def become(request: WorkerRequest) -> None:
-    """Turn this fresh fork into the worker `request` asks for; never returns."""
+def become(request: WorkerRequest, zygote: int) -> None:
+    """Turn this fresh fork of process `zygote` into the worker `request`
+    asks for; never returns."""
     code = 1
     try:
         os.setsid()
+        processes.die_with(zygote)
         os.chdir(request.cwd)
         _redirect(1, request.stdout)
         _redirect(2, request.stderr)

@@ -25,12 +25,13 @@ The protocol, over one socket pair: the agent sends a WorkerRequest and gets
 ("pid", pid) or ("fail", why) back; whenever a worker ends the zygote sends
 ("exit", pid, returncode) (a signal as a negative number, as Popen says it).
 The zygote ends when the agent's end closes (the agent ended) and with its
-parent (PR_SET_PDEATHSIG); its workers stay, as Popen's would.
+parent (processes.die_with), and each worker with the zygote: where torchrun's
+Popen workers outlive an agent that was SIGKILLed (by Slurm after KillWait,
+by the OOM killer), running on unsupervised, a forked worker never does.
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import importlib
 import os
@@ -41,11 +42,10 @@ import time
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import cast
 
-from .. import envnames
+from .. import envnames, processes
 from . import worker
 from .worker import WorkerRequest
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long a worker's start waits for the zygote's answer: its imports (a few
 # seconds; minutes only on a machine in trouble) come first.
 SPAWN_REPLY_S = 120.0
@@ -165,9 +165,7 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
     # A session of its own: a signal to the agent's process group (a terminal's
     # Ctrl-C, a launcher's stop) is the agent's to handle, not the zygote's.
     os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != parent:
-        return
+    processes.die_with(parent)
     _import(preload)
     refusal = cuda_refusal()
     worker.show_argv(["ddpkit.agent:", "zygote", "of", "agent", str(parent)])
@@ -235,12 +233,13 @@ def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, i
     if threading.active_count() != 1:
         conn.send(("fail", "the zygote runs threads"))
         return
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
         for fd in children:
             os.close(fd)
         conn.close()
-        worker.become(request)  # never returns
+        worker.become(request, zygote)  # never returns
     children[os.pidfd_open(pid)] = pid
     conn.send(("pid", pid))
 

@@ -20,30 +20,20 @@ signal: the rank gone, the rest is SIGKILLed at once.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
-import signal
 import sys
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
-from ... import envnames
+from ... import envnames, processes
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 
 
 def die_with_parent(parent_var: str) -> None:
-    """SIGKILL this process as soon as its parent ends (Linux; elsewhere
-    nothing). The parent is the pid in $parent_var: if this process's parent
-    is another one by now, it already ended (the orphan was handed on at once,
-    even while the old parent waits as a zombie), so this process ends now."""
-    if not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if str(os.getppid()) != os.environ.get(parent_var):
-        os._exit(0)
+    """End with the parent whose pid is in $parent_var (processes.die_with)."""
+    processes.die_with(int(os.environ.get(parent_var, "0")))
 
 
 def worker_init(worker_id: int) -> None:
