@@ -8,6 +8,7 @@ The real thing (launch ssh, a link cut, a SIGSTOPped node): tests/test_elastic_s
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,37 @@ def test_the_store_protocol_three_nodes_one_silent(tmp_path: Path) -> None:
     assert isinstance(record, records.NodeLost) and record.noticed_by == "heartbeat" and record.loss_s == 5.0
     assert [(r.rank, r.node, r.host) for r in record.lost] == [(2, 2, "h2")]
     assert record.action == "stop"  # no elastic agent here
+
+
+def test_the_survivors_leave_only_once_rank_0_wrote_the_last_step(tmp_path: Path) -> None:
+    """Rank 1 declared node 2 lost and would leave at once; had it, its agent
+    would re-form the job and node 0's agent stop rank 0 while it writes the
+    last completed step. It leaves after that write (here a slow one), and
+    rank 0 after it."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dogs = [stall.Watchdog(stall.open_store("127.0.0.1", server.port), stall.Identity(r, 3, 1, r, f"h{r}", 5000 + r),
+                           S, stall.Outputs(), exit=_exit, loss_s=5.0) for r in range(3)]
+    written: list[float] = []
+    dogs[0].last_words = lambda reason: (time.sleep(1.0), written.append(time.monotonic()))
+    lost = [records.LostRank(2, 2, "h2", 5002, 4, Phase.BACKWARD.value, 6.0)]
+    verdict = loss_judge.verdict(lost, 5.0, by=1, elastic=True)
+    left: dict[int, float] = {}
+
+    def leave(dog: stall.Watchdog) -> None:
+        try:
+            dog.on_lost(verdict)
+        except _Exited as exc:
+            assert exc.args[0] == ExitCode.NODE_LOST
+            left[dog.ident.rank] = time.monotonic()
+
+    threads = [threading.Thread(target=leave, args=(dogs[r],)) for r in (1, 0)]  # the declarer sees it first
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(left) == [0, 1] and len(written) == 1
+    assert written[0] <= left[1] <= left[0]
 
 
 class _Node:

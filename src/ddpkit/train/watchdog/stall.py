@@ -42,8 +42,10 @@ from .straggler import Stragglers
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-STALL_KEY, RELEASED_KEY = "stall", "released"
+STALL_KEY, RELEASED_KEY, WRITTEN_KEY = "stall", "released", "last-step-written"
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
+# On a lost node, the survivors wait this long for rank 0's last step from memory (a 1 GB state's write fits).
+WRITTEN_WAIT_S = 60.0
 RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyway
 # Here one multi_get of 8,192 keys took several times longer than 32 of 256 keys each.
 MULTI_GET_KEYS = 256
@@ -193,21 +195,28 @@ class Watchdog:
     def on_lost(self, verdict: records.NodeLost) -> None:
         """Every rank leaves with NODE_LOST: its main thread may wait in a
         collective with the lost node that gloo cannot abort. The declarer
-        reports first; rank 0, whose process holds the store, leaves last
-        (once every other rank said it saw the verdict, or after ACK_WAIT_S).
-        Never returns."""
+        reports first. Rank 0 writes the last completed step; each other
+        rank waits for that write (up to WRITTEN_WAIT_S), says so and leaves:
+        a survivor that left sooner would have its agent re-form the job, and
+        node 0's agent would stop rank 0 mid-write. Rank 0, whose process may
+        hold the store, leaves last (once every other rank said so, or after
+        ACK_WAIT_S). Never returns."""
         self._stop.set()
         try:
             if verdict.by == self.ident.rank:
                 loss_judge.report(verdict, self.outputs.metrics)
-            self.store.set(_ack(self.ident.rank), verdict.kind)
-            self._last_words(loss_judge.reason(verdict))
+            lost = {r.rank for r in verdict.lost}
             if self.ident.rank == 0:
-                lost = {r.rank for r in verdict.lost}
-                keys = [_ack(r) for r in range(self.ident.world) if r not in lost]
+                self._last_words(loss_judge.reason(verdict))
+                self.store.set(WRITTEN_KEY, "1")
+                keys = [_ack(r) for r in range(1, self.ident.world) if r not in lost]
                 deadline = time.monotonic() + ACK_WAIT_S
                 while time.monotonic() < deadline and not self.store.check(keys):
                     time.sleep(0.1)
+            else:
+                if 0 not in lost:
+                    self._wait_for(WRITTEN_KEY, WRITTEN_WAIT_S)
+                self.store.set(_ack(self.ident.rank), verdict.kind)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
