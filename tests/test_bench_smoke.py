@@ -118,7 +118,7 @@ def test_launch_bench_times_start_and_teardown_on_real_hosts(tmp_path: Path) -> 
 
 
 def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) -> None:
-    run_bench("bench.watchdog", "--ranks", "64", "--stall-s", "4", "--cap", "30", "--calls", "2000",
+    run_bench("bench.watchdog", "--ranks", "64", "--stall-s", "4", "--cap", "20", "--calls", "2000",
               "--out", str(tmp_path), "--name", "w")
     data = json.loads((tmp_path / "w.json").read_text())
     assert data["stop"]["ddpkit"]["exit_code"] == 13 and data["stop"]["ddpkit"]["named_rank_3"]
