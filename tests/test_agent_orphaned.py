@@ -44,3 +44,15 @@ def test_nothing_is_asked_of_slurm_outside_an_elastic_slurm_job_that_had_run(
     args = SimpleNamespace(nnodes=nnodes, rdzv_endpoint=f"127.0.0.1:{closed_port()}")
     assert orphaned.end_orphaned_job(args, workers_ran, env) is False
     assert capsys.readouterr().err == ""
+
+
+def test_a_host_without_slurms_client_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: object,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol, no scancel
+    monkeypatch.setattr(orphaned, "slurmd_port", closed_port)
+    args = SimpleNamespace(nnodes="2:3", rdzv_endpoint=f"127.0.0.1:{closed_port()}")
+    assert orphaned.end_orphaned_job(args, True, {"SLURM_JOB_ID": "7"}) is True
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("ddpkit.agent: the batch host 127.0.0.1 is gone") and "cancelling it" in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("ddpkit.agent: scancel 7 failed: ")
+    assert lines[1].endswith("; end the job by hand (scancel 7)")

@@ -78,7 +78,12 @@ def end_orphaned_job(args: Any, workers_ran: bool, env: Mapping[str, str]) -> bo
         "cancelling it (slurm.requeue is off)"
     print(f"ddpkit.agent: the batch host {host} is gone (its rendezvous store and its slurmd do not answer), and "
           f"nothing there can end Slurm job {job}: {what}", file=sys.stderr, flush=True)
-    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
-    if done.returncode != 0:
-        print(f"ddpkit.agent: {' '.join(command)} failed: {done.stderr.strip()}", file=sys.stderr, flush=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+        why = done.stderr.strip() if done.returncode != 0 else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:  # no Slurm client here, or slurmctld did not answer
+        why = str(exc)
+    if why:
+        print(f"ddpkit.agent: {' '.join(command)} failed: {why}; end the job by hand (scancel {job})",
+              file=sys.stderr, flush=True)
     return True
