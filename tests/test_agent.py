@@ -38,6 +38,8 @@ os.write(1, ("PROBE " + json.dumps({
     "omp": os.environ.get("OMP_NUM_THREADS"), "preloaded": preloaded,
     "extra_preloaded": extra is not None and extra in sys.modules,
     "cuda_usable": not torch.cuda._is_in_bad_fork() and not torch.cuda.is_initialized(),
+    "signals": {s.name: str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                                           signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)},
     "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a]}) + "\\n").encode())
 sys.stdout.write("UNBUFFERED\\n")  # no flush: only -u (or its stand-in) writes it through before os._exit
 mode = sys.argv[1]
@@ -89,6 +91,12 @@ def test_workers_are_forked_from_the_zygote_and_see_what_torchrun_gives_them(tmp
         # the same world as torchrun's: argv, file, name, cwd, a session of its own
         for key in ("argv", "file", "name", "cwd", "leader"):
             assert new[key] == old[key], (key, old, new)
+        # the signal handlers a new interpreter starts with (the zygote ignores these signals itself),
+        # but for the stop signals, which the preamble handles (preamble/stop.py)
+        preamble_handles = {"SIGTERM", "SIGUSR2"}
+        assert {k: v for k, v in new["signals"].items() if k not in preamble_handles} == \
+            {k: v for k, v in old["signals"].items() if k not in preamble_handles}
+        assert all("_on_signal" in new["signals"][name] for name in preamble_handles), new["signals"]
         assert new["leader"] and new["file"] == str(tmp_path / "program.py")
         # the thread count in force: torchrun's 1 for two workers, the agent's share of the cores
         share = max(1, len(os.sched_getaffinity(0)) // 2)

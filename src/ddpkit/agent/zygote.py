@@ -25,7 +25,8 @@ The protocol, over one socket pair: the agent sends a WorkerRequest and gets
 ("pid", pid) or ("fail", why) back; whenever a worker ends the zygote sends
 ("exit", pid, returncode) (a signal as a negative number, as Popen says it).
 The zygote ends when the agent's end closes (the agent ended) and with its
-parent (processes.die_with), and each worker with the zygote: where torchrun's
+parent (processes.die_with), never on a stop signal (SPARED), and each
+worker with the zygote: where torchrun's
 Popen workers outlive an agent that was SIGKILLed (by Slurm after KillWait,
 by the OOM killer), running on unsupervised, a forked worker never does.
 """
@@ -46,6 +47,7 @@ from .. import envnames, processes
 from . import worker
 from .worker import WorkerRequest
 
+READ_SLICE_S = 0.1  # the longest a reader of the workers' exits holds the connection at a time
 # How long a worker's start waits for the zygote's answer: its imports (a few
 # seconds; minutes only on a machine in trouble) come first.
 SPAWN_REPLY_S = 120.0
@@ -120,17 +122,25 @@ class Zygote:
 
     def returncode(self, pid: int, timeout: float = 0.0) -> int | None:
         """The worker's returncode once it ended, waiting up to `timeout` s
-        for news of it; None while it runs."""
-        with self._lock:
-            self._read(pid, timeout)
-            return self._exits.get(pid)
+        for news of it; None while it runs. A long wait reads in slices of
+        READ_SLICE_S, letting go of the connection between them: another
+        thread's question (the stopped-worker check polls while torchrun's
+        shutdown waits) is answered meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            with self._lock:
+                self._read(pid, max(0.0, min(left, READ_SLICE_S)))
+                code = self._exits.get(pid)
+            if code is not None or not self.alive or left <= READ_SLICE_S:
+                return code
 
     def _read(self, pid: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while pid not in self._exits and self.alive:
-            left = None if timeout == float("inf") else max(0.0, deadline - time.monotonic())
+            left = max(0.0, deadline - time.monotonic())
             try:
-                if not self._conn.poll(left):  # None: until news comes (poll cannot take infinity)
+                if not self._conn.poll(left):
                     return
                 reply = self._conn.recv()
             except (OSError, EOFError):
@@ -161,10 +171,29 @@ def start(preload: tuple[str, ...]) -> Zygote | None:
 # ---- in the zygote ---------------------------------------------------------------
 
 
+# What launchers and schedulers send to every process of a job (launch local's
+# stop, Slurm's step signals, `--signal`): the zygote lives on through them,
+# since its workers end with it and may be checkpointing on that very signal;
+# it ends with its agent. A worker gets back what the zygote had.
+SPARED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_HANDLERS: dict[signal.Signals, object] = {}  # the zygote's own, before SPARED were ignored
+
+
+def _spare() -> None:
+    for sig in SPARED:
+        _HANDLERS[sig] = signal.signal(sig, signal.SIG_IGN)
+
+
+def _unspare() -> None:
+    for sig, handler in _HANDLERS.items():
+        signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
 def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
     # A session of its own: a signal to the agent's process group (a terminal's
     # Ctrl-C, a launcher's stop) is the agent's to handle, not the zygote's.
     os.setsid()
+    _spare()
     processes.die_with(parent)
     _import(preload)
     refusal = cuda_refusal()
@@ -239,6 +268,7 @@ def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, i
         for fd in children:
             os.close(fd)
         conn.close()
+        _unspare()
         worker.become(request, zygote)  # never returns
     children[os.pidfd_open(pid)] = pid
     conn.send(("pid", pid))
