@@ -174,26 +174,17 @@ def start(preload: tuple[str, ...]) -> Zygote | None:
 # What launchers and schedulers send to every process of a job (launch local's
 # stop, Slurm's step signals, `--signal`): the zygote lives on through them,
 # since its workers end with it and may be checkpointing on that very signal;
-# it ends with its agent. A worker gets back what the zygote had.
+# it ends with its agent. Blocked, not ignored: a fork inherits the mask, and a
+# signal sent to a new worker before it unblocks them waits for it instead of
+# being lost (an ignored one would be).
 SPARED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-_HANDLERS: dict[signal.Signals, object] = {}  # the zygote's own, before SPARED were ignored
-
-
-def _spare() -> None:
-    for sig in SPARED:
-        _HANDLERS[sig] = signal.signal(sig, signal.SIG_IGN)
-
-
-def _unspare() -> None:
-    for sig, handler in _HANDLERS.items():
-        signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
     # A session of its own: a signal to the agent's process group (a terminal's
     # Ctrl-C, a launcher's stop) is the agent's to handle, not the zygote's.
     os.setsid()
-    _spare()
+    signal.pthread_sigmask(signal.SIG_BLOCK, SPARED)
     processes.die_with(parent)
     _import(preload)
     refusal = cuda_refusal()
@@ -268,7 +259,7 @@ def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, i
         for fd in children:
             os.close(fd)
         conn.close()
-        _unspare()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SPARED)
         worker.become(request, zygote)  # never returns
     children[os.pidfd_open(pid)] = pid
     conn.send(("pid", pid))
