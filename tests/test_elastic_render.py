@@ -93,18 +93,19 @@ def test_launch_line(target: Target) -> None:
         assert len(endpoints) == 1
 
 
-# A program of the user's own: torch's c10d handler (contract.elastic_rdzv_backend).
+# A program of the user's own meets in ddpkit's rendezvous too (every node runs ddpkit's agent, which
+# registers it); elastic.rendezvous torchrun asks for torch's c10d (contract.elastic_rdzv_backend).
 OWN = {"script": {"command": {"script": "/job/train.py"}}, "module": {"command": {"module": "mypkg.train"}}}
 TORCHRUN_RDZV = {"elastic": {**ELASTIC, "rendezvous": "torchrun"}}
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
 @pytest.mark.parametrize(("fields", "backend"), [
-    (OWN["script"], "c10d"),
-    (OWN["module"], "c10d"),
+    (OWN["script"], "ddpkit"),
+    (OWN["module"], "ddpkit"),
     (TORCHRUN_RDZV, "c10d"),
 ])
-def test_plain_c10d_where_ddpkits_handler_is_not_asked_for_or_may_be_missing(
+def test_every_program_gets_ddpkits_rendezvous_unless_torchruns_is_asked_for(
         target: Target, fields: dict[str, Any], backend: str) -> None:
     spec = make(**fields)
     env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
@@ -128,7 +129,7 @@ def test_every_elastic_rendezvous_is_stored_under_an_id_no_rendered_file_holds(
     rendered_id = flags(argv)["rdzv-id"]
     assert rendered_id in public
     backend, stored = meets_under(monkeypatch, argv, key)
-    assert backend == ("c10d" if program else "ddpkit")
+    assert backend == ("c10d" if program == TORCHRUN_RDZV else "ddpkit")
     assert stored == runkey.rdzv_run_id(rendered_id, {runkey.ENV: key}) != rendered_id
     tag = stored.removeprefix(rendered_id + "-")
     assert len(tag) == 32 and tag not in public and key not in public

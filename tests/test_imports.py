@@ -47,8 +47,9 @@ ALLOWED: dict[str, set[str]] = {
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec", "rdzv_timing"} | BASE,
     "rdzv_timing": set(),  # the rendezvous timeouts derived from watchdog.loss_s: arithmetic only
-    # `python -m ddpkit.agent`: torchrun with a zygote; preloads train by name; each forked worker gets the preamble
-    "agent": {"preamble"} | BASE,
+    # `python -m ddpkit.agent`: torchrun with a zygote; preloads train by name; each forked worker gets the preamble;
+    # it registers ddpkit's rendezvous handler with torch (no entry point needed on the node)
+    "agent": {"preamble", "rendezvous"} | BASE,
     # what a program of the user's own gets before its first line: the trainer's interface, rank report and watchdog
     "preamble": {"train", "watchdog", "netif"} | BASE,
     "run": {"preamble", "agent", "train"} | BASE,  # `python -m ddpkit.run`: the preamble, then the program

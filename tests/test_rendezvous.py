@@ -32,11 +32,12 @@ def _node(name: str) -> dyn._NodeDesc:
 
 
 def _ctx(me: str, here: list[str], round_: int = 1, waiting: tuple[str, ...] = (), min_nodes: int = 2,
-         max_nodes: int = 3) -> dyn._RendezvousContext:
+         max_nodes: int = 3, redundant: tuple[str, ...] = ()) -> dyn._RendezvousContext:
     state = dyn._RendezvousState()
     state.round = round_
     state.participants = {_node(n): 0 for n in here}
     state.wait_list = {_node(n) for n in waiting}
+    state.redundancy_list = {_node(n) for n in redundant}
     state.deadline = datetime.now(timezone.utc) + timedelta(seconds=30) if len(here) >= min_nodes else None
     settings = dyn.RendezvousSettings(RUN, min_nodes, max_nodes, dyn.RendezvousTimeout(),
                                       timedelta(seconds=1), 2)
@@ -68,6 +69,13 @@ def test_a_round_is_complete_once_every_node_known_to_come_has_joined(
     assert rendezvous._all_known_here(_ctx(me, here, waiting=waiting), _known(*left)) is complete
 
 
+def test_a_node_queued_on_the_redundancy_list_is_waited_for() -> None:
+    """Node c died and was started again at once: the last round was still full (its dead self
+    counted until its keep-alive expired), so the new c queued on the redundancy list."""
+    assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], redundant=("c2",)), _known("a", "b"))
+    assert rendezvous._all_known_here(_ctx("a", ["a", "b", "c2"], redundant=("c2",)), _known("a", "b"))
+
+
 def test_the_first_round_and_other_rounds_keep_the_last_call() -> None:
     assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], round_=0), _known("a", "b"))
     # the record read is the one of the round before, not another
@@ -78,6 +86,9 @@ def test_the_entry_point_registers_the_handler() -> None:
     from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
 
     _register_out_of_tree_handlers()
+    assert rendezvous_handler_registry._registry.get(rendezvous.NAME) is rendezvous.create
+    rendezvous.register()  # the agent's own registration, where the entry point may be missing: the same creator
+    rendezvous.register()
     assert rendezvous_handler_registry._registry.get(rendezvous.NAME) is rendezvous.create
 
 

@@ -149,7 +149,7 @@ def _agent_lines(launcher: int) -> list[list[str]]:
 
 
 def test_an_elastic_jobs_rendezvous_is_under_no_name_a_stranger_can_form(tmp_path: Path) -> None:
-    """An elastic program of the user's own (torch's c10d rendezvous, in the
+    """An elastic program of the user's own (ddpkit's rendezvous, in the
     store launch local hosts) held after its first checkpoint: the stranger
     finds no rendezvous state under the id on the agents' command lines, the
     job's name or torchrun's default, so it can neither join the rendezvous
@@ -171,7 +171,7 @@ def test_an_elastic_jobs_rendezvous_is_under_no_name_a_stranger_can_form(tmp_pat
         lines = _agent_lines(job.proc.pid)
         assert len(lines) == 2, lines
         flags = {w.split("=", 1)[0]: w.split("=", 1)[1] for line in lines for w in line if w.startswith("--rdzv-")}
-        assert flags["--rdzv-backend"] == "c10d", flags
+        assert flags["--rdzv-backend"] == "ddpkit", flags
         rendered, (host, port) = flags["--rdzv-id"], flags["--rdzv-endpoint"].rsplit(":", 1)
         key = _run_key(job.proc.pid)
         store = stranger.connect(host, int(port))

@@ -13,7 +13,9 @@ left it, the living ones by leaving (each agent's exit at the start of
 round begins, the nodes that will come are known: those that left, and those
 already on the wait list. Each agent of this handler writes its name to the
 store when it leaves a complete round; once everyone named there and on the
-wait list has joined (and min_nodes is met), the round is complete at once.
+wait list (or the redundancy list, where a node restarted at once queues
+while its dead self still fills the last round) has joined (and min_nodes is
+met), the round is complete at once.
 Anything else (the first round, a node that left and then died before it
 joined again, a round whose members all expired) falls back to torch's own
 last call.
@@ -25,10 +27,12 @@ the last join seen).
 
 Registered through the `torchrun.handlers` entry point (pyproject.toml);
 torchrun calls `creator()` once and registers what it returns under the
-entry point's name. The handler is torch's own (`create_handler`), with its
-operation executor wrapped: the decisions of torch's join and exit
-operations are kept, this module only adds the early completion and the
-leaving record. Those operations are private to torch, so `unsupported()`
+entry point's name. ddpkit's agent registers it too (`register`), so that a
+node where ddpkit is importable but not installed with its entry points (a
+source tree on PYTHONPATH) has it all the same. The handler is torch's own
+(`create_handler`), with its operation executor wrapped: the decisions of
+torch's join and exit operations are kept, this module only adds the early
+completion and the leaving record. Those operations are private to torch, so `unsupported()`
 checks that they are there and `create` falls back to plain c10d, saying
 why, when a torch release moves them (tests/test_rendezvous.py pins them).
 """
@@ -97,7 +101,10 @@ def _all_known_here(ctx: Any, known: _Known) -> bool:
     here = {str(node) for node in state.participants}
     if ctx.node not in state.participants or not settings.min_nodes <= len(here) <= settings.max_nodes:
         return False
-    coming = known.left(state.round - 1) | {str(node) for node in state.wait_list}
+    # A node on the redundancy list is alive and waiting too: one restarted at once after it died finds the
+    # last round still full (its old self counts until its keep-alive expires) and queues there.
+    waiting = {str(node) for node in (*state.wait_list, *getattr(state, "redundancy_list", ()))}
+    coming = known.left(state.round - 1) | waiting
     return bool(coming) and coming <= here
 
 
@@ -199,3 +206,11 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
 def creator() -> Callable[[RendezvousParameters], RendezvousHandler]:
     """The `torchrun.handlers` entry point: torchrun calls it and registers the result."""
     return create
+
+
+def register() -> None:
+    """Register the handler with torch under its name, as the entry point
+    would (torch accepts the same creator registered twice)."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(NAME, create)

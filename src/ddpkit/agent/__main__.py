@@ -8,7 +8,7 @@ import signal
 import sys
 
 from .. import envnames, runkey, workdir
-from ..agreed import threads_per_process
+from ..agreed import RDZV_HANDLER, threads_per_process
 
 # What a ddpkit worker imports before its first step (train/main.py's
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> None:
 
     workdir.enter(os.environ, "ddpkit.agent")
     args = parse_args(argv)
+    if args.rdzv_backend == RDZV_HANDLER:
+        from .. import rendezvous
+
+        rendezvous.register()
     tailing.install()
     share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .. import envnames
-from ..agreed import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_HANDLER, TRAIN_MODULE
+from ..agreed import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_HANDLER
 from ..rdzv_timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive, torchrun_defaults
 from ..spec import JobSpec
 from .parts import FromNode, Part, Sources, Target
@@ -225,11 +225,10 @@ def elastic_refusal(spec: JobSpec, target: Target) -> str | None:
 def elastic_rdzv_backend(spec: JobSpec) -> str:
     """torchrun's --rdzv-backend for an elastic job: ddpkit's handler (torch's
     c10d with the round after a loss completed without the last call,
-    rendezvous.py) where the nodes run ddpkit train and so have it
-    installed; torch's own c10d for a job's own module or script, whose nodes
-    may not have ddpkit."""
+    rendezvous.py) for every program, since every node runs ddpkit's agent,
+    which registers it; torch's own c10d for `elastic.rendezvous: torchrun`."""
     ddpkit = spec.elastic is not None and spec.elastic.rendezvous == "ddpkit"
-    return RDZV_HANDLER if ddpkit and spec.command.module == TRAIN_MODULE else "c10d"
+    return RDZV_HANDLER if ddpkit else "c10d"
 
 
 def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
