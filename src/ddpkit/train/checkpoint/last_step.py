@@ -64,6 +64,9 @@ class LastStep:
         persistent = set(model.state_dict().keys()) if enabled else set()
         self._names = [name for name, _ in model.named_buffers() if name in persistent]
         self._before: dict[str, torch.Tensor] | None = None  # buffers before the step in flight
+        # Called after every write, whatever came of it: the watchdog tells the other ranks, who wait
+        # for it before they leave (train/watchdog/stall.py, on_lost).
+        self.done: Callable[[], object] | None = None
 
     def begin(self) -> None:
         """A step starts: keep the buffers its forward pass will change (a few KB for a ResNet)."""
@@ -80,6 +83,13 @@ class LastStep:
 
     def write(self, reason: str) -> Path | None:
         """Write the last completed step (rank 0; once per step; not for ZeRO), or None."""
+        try:
+            return self._write(reason)
+        finally:
+            if self.done is not None:
+                self.done()
+
+    def _write(self, reason: str) -> Path | None:
         if not self.enabled:
             return None
         if not self._guard.acquire(timeout=GUARD_WAIT_S):

@@ -208,7 +208,7 @@ class Watchdog:
             lost = {r.rank for r in verdict.lost}
             if self.ident.rank == 0:
                 self._last_words(loss_judge.reason(verdict))
-                self.store.set(WRITTEN_KEY, "1")
+                self.last_step_written()
                 keys = [_ack(r) for r in range(1, self.ident.world) if r not in lost]
                 deadline = time.monotonic() + ACK_WAIT_S
                 while time.monotonic() < deadline and not self.store.check(keys):
@@ -239,6 +239,13 @@ class Watchdog:
             sys.stdout.flush()
             sys.stderr.flush()
             self._exit(ExitCode.STALLED)
+
+    def last_step_written(self) -> None:
+        """Rank 0 is done writing its last completed step (or found nothing to
+        write), from this thread or from the main thread's failure path: the
+        other ranks may leave."""
+        with contextlib.suppress(Exception):  # the store's host gone: nobody waits
+            self.store.set(WRITTEN_KEY, "1")
 
     def _last_words(self, reason: str) -> None:
         if self.last_words is not None:
