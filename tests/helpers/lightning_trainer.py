@@ -2,13 +2,20 @@
 random data set, the DDP strategy on CPU (gloo); under torchrun Lightning
 takes the ranks from torchrun's variables. It calls nothing of ddpkit.
 
-  python lightning_trainer.py ROOT_DIR EPOCHS NODES [stop]
+  python lightning_trainer.py ROOT_DIR EPOCHS NODES [stop|resume]
 
 With `stop`, the program adds ddpkit's callback (stopped with `last.ckpt` on a
 stop signal) and a ModelCheckpoint in ROOT_DIR/ckpt, and resumes with ckpt_path="last".
+With `resume`, a ModelCheckpoint writes `last.ckpt` every 5 steps and the program
+resumes from it (an elastic job's restart), with no call into ddpkit. NODES
+`env` takes the node count from torchrun's variables, as an elastic script must:
+Lightning refuses a world size other than num_nodes x devices. The test knob
+STEP_SLEEP_S (environment) makes each step that much longer.
 """
 
+import os
 import sys
+import time
 
 import lightning as L
 import torch
@@ -24,6 +31,7 @@ class Regressor(L.LightningModule):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
+        time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))
         return loss
 
     def configure_optimizers(self):
@@ -31,11 +39,14 @@ class Regressor(L.LightningModule):
 
 
 def main():
-    root, epochs, nodes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    stop = sys.argv[4:] == ["stop"]
+    root, epochs = sys.argv[1], int(sys.argv[2])
+    nodes = int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"]) if sys.argv[3] == "env" \
+        else int(sys.argv[3])
+    mode = sys.argv[4] if len(sys.argv) > 4 else ""
+    stop = mode == "stop"
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.rand(256, 20, generator=generator), torch.rand(256, 1, generator=generator))
-    if not stop:
+    if not mode:
         trainer = L.Trainer(accelerator="cpu", devices=1, num_nodes=nodes, strategy="ddp", max_epochs=epochs,
                             default_root_dir=root, enable_progress_bar=False, logger=False,
                             enable_checkpointing=False, enable_model_summary=False)
@@ -43,11 +54,17 @@ def main():
         return
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from ddpkit.frameworks.lightning import StopCallback
+    if stop:
+        from ddpkit.frameworks.lightning import StopCallback
 
+        callbacks = [ModelCheckpoint(dirpath=f"{root}/ckpt", save_top_k=0), StopCallback()]
+    else:
+        callbacks = [ModelCheckpoint(dirpath=f"{root}/ckpt", save_top_k=0, save_last=True, every_n_train_steps=5)]
+    if os.path.exists(f"{root}/ckpt/last.ckpt"):
+        print(f"resuming from {root}/ckpt/last.ckpt", flush=True)
     trainer = L.Trainer(accelerator="cpu", devices=1, num_nodes=nodes, strategy="ddp", max_epochs=epochs,
                         default_root_dir=root, enable_progress_bar=False, logger=False, enable_model_summary=False,
-                        callbacks=[ModelCheckpoint(dirpath=f"{root}/ckpt", save_top_k=0), StopCallback()])
+                        callbacks=callbacks)
     trainer.fit(Regressor(), DataLoader(data, batch_size=16), ckpt_path="last")
 
 
