@@ -1,12 +1,18 @@
-"""Pre-emption of a Hugging Face and a Lightning `Trainer` program under
-`ddpkit launch ssh` (three real sshd hosts in network namespaces, 1 process
-each, gloo), with ddpkit's callback added to each: the launcher's SIGTERM
+"""A Hugging Face and a Lightning `Trainer` program under `ddpkit launch
+ssh` (three real sshd hosts in network namespaces, 1 process each, gloo).
+
+Pre-emption, with ddpkit's callback added to each: the launcher's SIGTERM
 (what `ddpkit cancel` sends) stops every node with grace, every rank agrees
 on one optimizer step, the framework saves its own checkpoint there, and the
-next launch resumes from it through the framework's own resume."""
+next launch resumes from it through the framework's own resume.
+
+A frozen rank, each program as it is: the rank table names every host's
+rank, and rank 1 SIGSTOPped is named and the job stopped with exit 13 within
+`watchdog.stall_s` and the launcher's grace."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -21,6 +27,7 @@ import torch
 import yaml
 
 from ddpkit.exitcodes import ExitCode
+from tests.helpers.rank_table import pid_of
 from tests.infra import netns, sshd
 from tests.infra.shared import SSH_NODES, SshPool
 from tests.test_launch_ssh import DDPKIT, hostfile, job_processes
@@ -41,11 +48,12 @@ def cluster(ssh_pool: SshPool) -> Iterator[Cluster]:
         yield hosts
 
 
-def write_job(folder: Path, name: str, script: Path, args: list[str]) -> Path:
+def write_job(folder: Path, name: str, script: Path, args: list[str], **more: object) -> Path:
     spec = {"name": name, "nodes": len(SSH_NODES), "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
             "command": {"python": sys.executable, "script": str(script), "args": args},
             "env": {"OMP_NUM_THREADS": "1"},
-            "ssh": {"workdir": str(folder), "log_dir": str(folder / "logs"), "grace_s": 20, "connect_timeout_s": 3}}
+            "ssh": {"workdir": str(folder), "log_dir": str(folder / "logs"), "grace_s": 20, "connect_timeout_s": 3},
+            **more}
     job = folder / f"{name}.yaml"
     job.write_text(yaml.safe_dump(spec))
     return job
@@ -117,3 +125,41 @@ def test_a_lightning_trainer_writes_last_ckpt_at_the_agreed_step(cluster: Cluste
     assert job_processes(str(tmp_path)) == []
     checkpoint = torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == step, text[-6000:]
+
+
+STALL_S = 6
+AS_THEY_ARE = {"hf": (HELPERS / "hf_trainer.py", lambda tmp: [str(tmp / "hf-out"), "100000"]),
+               "lightning": (HELPERS / "lightning_trainer.py", lambda tmp: [str(tmp / "lt"), "100000", "3"])}
+
+
+@pytest.mark.parametrize("program", sorted(AS_THEY_ARE))
+def test_a_frozen_rank_of_a_framework_trainer_on_three_hosts_is_named_and_the_job_stopped(
+        cluster: Cluster, tmp_path: Path, program: str) -> None:
+    script, args = AS_THEY_ARE[program]
+    job = write_job(tmp_path, f"{program}-frozen", script, args(tmp_path), watchdog={"stall_s": STALL_S})
+    launch = Launch(cluster, tmp_path, job)
+    try:
+        launch.wait_for("ddpkit watchdog: on for this script")
+        deadline = time.monotonic() + 120
+        while any(pid_of(launch.lines, rank) is None for rank in range(3)):  # the table: stdout, may come later
+            assert launch.proc.poll() is None and time.monotonic() < deadline, launch.text[-4000:]
+            time.sleep(0.2)
+        pid = pid_of(launch.lines, 1)
+        assert pid is not None
+        stopped = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        code = launch.finish(STALL_S + 90)
+    finally:
+        if launch.proc.poll() is None:
+            launch.proc.kill()
+            launch.finish(30)
+    took = time.monotonic() - stopped
+    text = launch.text
+    print(f"OWN-FROZEN-SSH {program}: {took:.1f} s from SIGSTOP to the launcher's exit {code}")
+    assert code == ExitCode.STALLED, text[-6000:]
+    assert re.search(r"STALL rank 1 node 1 host node2 pid \d+: step \d+", text), text[-6000:]
+    # the table: rank, local rank, node rank, host; node1..node3 are nodes 0..2, in the hostfile's order
+    for rank, host in enumerate(SSH_NODES):
+        assert re.search(rf"│ {rank}\s+│ 0\s+│ {rank}\s+│ {host}\s", text), text[-6000:]
+    assert took < STALL_S + 60, f"{took:.1f} s from SIGSTOP to the launcher's end"
+    assert job_processes(str(tmp_path)) == []
