@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .. import preamble, processes
+from .. import envnames, preamble, processes
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,15 @@ class WorkerRequest:
     stderr: str | None
 
 
-def become(request: WorkerRequest, zygote: int) -> None:
-    """Turn this fresh fork of process `zygote` into the worker `request`
-    asks for; never returns."""
+def become(request: WorkerRequest, zygote: int, blocked: tuple[signal.Signals, ...] = ()) -> None:
+    """Turn this fresh fork of process `zygote`, with the signals `blocked`
+    that the zygote blocks, into the worker `request` asks for; never returns."""
     code = 1
     try:
         os.setsid()
         processes.die_with(zygote)
+        _signals_as_after_exec(request.env)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)  # one sent since the fork is taken now
         os.chdir(request.cwd)
         _redirect(1, request.stdout)
         _redirect(2, request.stderr)
@@ -57,6 +59,19 @@ def become(request: WorkerRequest, zygote: int) -> None:
     except BaseException:  # the program's own error: said as an interpreter would, exit 1
         print_exception()
     _finish(code)
+
+
+def _signals_as_after_exec(env: dict[str, str]) -> None:
+    """The signal handlers torchrun's Popen worker starts with: the signals
+    torchrun's agent handles (TORCHELASTIC_SIGNALS_TO_HANDLE) are back to
+    their defaults after its exec, whatever the agent inherited (a shell's
+    `&` or nohup ignores SIGINT, SIGQUIT, SIGHUP), and the interpreter then
+    turns SIGINT into KeyboardInterrupt. The fork kept the agent's own."""
+    names = env.get(envnames.TORCHELASTIC_SIGNALS_TO_HANDLE, "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    for name in names.split(","):
+        sig = getattr(signal, name.strip(), None)
+        if isinstance(sig, signal.Signals):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 def show_argv(argv: list[str]) -> None:

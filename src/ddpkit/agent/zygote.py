@@ -259,8 +259,7 @@ def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, i
         for fd in children:
             os.close(fd)
         conn.close()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, SPARED)
-        worker.become(request, zygote)  # never returns
+        worker.become(request, zygote, SPARED)  # never returns
     children[os.pidfd_open(pid)] = pid
     conn.send(("pid", pid))
 
