@@ -1,6 +1,6 @@
 """An elastic job under `ddpkit launch local`: three torchrun agents on this
 machine, min_nodes 2. Right after the first checkpoint of the 3-node world
-(tests/helpers/elastic_gate.py), one node's agent and workers are SIGKILLed.
+(tests/helpers/elastic_gate.py), one node's agent and workers are SIGKILLed (or SIGSTOPped).
 
 - node 2, max_node_failures 1: node 2 is excluded; the two others finish
   with world size 2 and the summary says `failed, excluded`.
@@ -10,6 +10,9 @@ machine, min_nodes 2. Right after the first checkpoint of the 3-node world
 - node 0 (rank 0, the checkpoint writer), max_node_failures 1: the launcher
   hosts the rendezvous store (launch/rdzv_store.py), so node 0 goes as any
   other: nodes 1 and 2 finish with world size 2, the job exits 0.
+- node 0 frozen (SIGSTOP, not killed): the watchdog's heartbeats are in that
+  store too (DDPKIT_CONTROL_STORE), so node 1's monitor names node 0 lost
+  after watchdog.loss_s and the others go on without it, as above.
 
 Either way the job ends with exactly the parameters of an uninterrupted run,
 with the final world size, from the checkpoint the last rendezvous resumed
@@ -70,9 +73,11 @@ def node_agent(launcher: int, node: int) -> list[int]:
 
 
 
-@pytest.mark.parametrize(("lost", "max_node_failures"), [(2, 1), (2, 2), (0, 1)],
-                         ids=["excluded", "rejoins", "node0-excluded"])
-def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max_node_failures: int) -> None:
+@pytest.mark.parametrize(("lost", "max_node_failures", "how"),
+                         [(2, 1, signal.SIGKILL), (2, 2, signal.SIGKILL), (0, 1, signal.SIGKILL), (0, 1, signal.SIGSTOP)],
+                         ids=["excluded", "rejoins", "node0-excluded", "node0-frozen"])
+def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max_node_failures: int,
+                                                  how: signal.Signals) -> None:
     ckpt, gate = tmp_path / "ckpt", tmp_path / "gate"
     gate.mkdir()
     job = write_job(tmp_path, ckpt, gate, max_node_failures)
@@ -84,7 +89,7 @@ def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max
         step = held_step(gate, 3, lambda: None if proc.poll() is None else out.read_text()[-4000:], timeout=300)
         killed = node_agent(proc.pid, lost)
         assert killed, f"no agent for node {lost}"
-        proctree.signal_all(killed, signal.SIGKILL)
+        proctree.signal_all(killed, how)
         release(gate, 3)
         proc.wait(timeout=600)
     finally:

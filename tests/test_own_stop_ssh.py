@@ -6,9 +6,10 @@ Pre-emption, with ddpkit's callback added to each: the launcher's SIGTERM
 on one optimizer step, the framework saves its own checkpoint there, and the
 next launch resumes from it through the framework's own resume.
 
-A frozen rank, each program as it is: the rank table names every host's
-rank, and rank 1 SIGSTOPped is named and the job stopped with exit 13 within
-`watchdog.stall_s` and the launcher's grace."""
+A frozen rank, each program as it is (and the tutorial-style script): the
+rank table names every host's rank, rank 1 SIGSTOPped is named and the job
+stopped with exit 13 within `watchdog.stall_s` and the launcher's grace, and
+`ddpkit report` draws the run from the metrics the launcher kept."""
 
 from __future__ import annotations
 
@@ -62,11 +63,12 @@ def write_job(folder: Path, name: str, script: Path, args: list[str], **more: ob
 class Launch:
     """`ddpkit launch ssh` from the login host, its output collected as it comes."""
 
-    def __init__(self, cluster: Cluster, folder: Path, job: Path) -> None:
+    def __init__(self, cluster: Cluster, folder: Path, job: Path, env: dict[str, str] | None = None) -> None:
         net, hosts = cluster
         argv = [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hostfile(folder, net)),
                 *hosts.launcher_flags()]
-        self.proc = net["login"].popen(argv, cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = net["login"].popen(argv, cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       env=env)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -129,19 +131,28 @@ def test_a_lightning_trainer_writes_last_ckpt_at_the_agreed_step(cluster: Cluste
 
 STALL_S = 6
 AS_THEY_ARE = {"hf": (HELPERS / "hf_trainer.py", lambda tmp: [str(tmp / "hf-out"), "100000"]),
-               "lightning": (HELPERS / "lightning_trainer.py", lambda tmp: [str(tmp / "lt"), "100000", "3"])}
+               "lightning": (HELPERS / "lightning_trainer.py", lambda tmp: [str(tmp / "lt"), "100000", "3"]),
+               "tutorial": (HELPERS / "tutorial_ddp.py", lambda tmp: ["100000", "100000", "--step-sleep", "0.02"])}
+
+
+def trained(runs: Path) -> bool:
+    """The run folder holds a metrics record of training (every 10 optimizer steps)."""
+    return any('"kind": "train"' in f.read_text() for f in runs.glob("*/metrics.jsonl"))
 
 
 @pytest.mark.parametrize("program", sorted(AS_THEY_ARE))
-def test_a_frozen_rank_of_a_framework_trainer_on_three_hosts_is_named_and_the_job_stopped(
+def test_a_frozen_rank_of_each_program_on_three_hosts_is_named_the_job_stopped_and_the_run_reported(
         cluster: Cluster, tmp_path: Path, program: str) -> None:
     script, args = AS_THEY_ARE[program]
     job = write_job(tmp_path, f"{program}-frozen", script, args(tmp_path), watchdog={"stall_s": STALL_S})
-    launch = Launch(cluster, tmp_path, job)
+    runs = tmp_path / "runs"
+    env = {**os.environ, "DDPKIT_RUNS_DIR": str(runs)}
+    launch = Launch(cluster, tmp_path, job, env)
     try:
         launch.wait_for("ddpkit watchdog: on for this script")
         deadline = time.monotonic() + 120
-        while any(pid_of(launch.lines, rank) is None for rank in range(3)):  # the table: stdout, may come later
+        # the table (stdout, may come after the watchdog's line) and metrics in the run folder for the report
+        while any(pid_of(launch.lines, rank) is None for rank in range(3)) or not trained(runs):
             assert launch.proc.poll() is None and time.monotonic() < deadline, launch.text[-4000:]
             time.sleep(0.2)
         pid = pid_of(launch.lines, 1)
@@ -163,3 +174,11 @@ def test_a_frozen_rank_of_a_framework_trainer_on_three_hosts_is_named_and_the_jo
         assert re.search(rf"│ {rank}\s+│ 0\s+│ {rank}\s+│ {host}\s", text), text[-6000:]
     assert took < STALL_S + 60, f"{took:.1f} s from SIGSTOP to the launcher's end"
     assert job_processes(str(tmp_path)) == []
+    # the report page of the run, from the metrics the launcher kept: its training and the stall
+    [folder] = runs.iterdir()
+    net, _ = cluster
+    page = tmp_path / "page.html"
+    report = net["login"].run([DDPKIT, "report", folder.name.rsplit("-", 1)[1], "-o", str(page)], env=env, timeout=180)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert re.search(r"\([1-9]\d* train and \d+ step-time records", report.stdout), report.stdout
+    assert page.stat().st_size > 0

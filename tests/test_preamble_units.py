@@ -233,3 +233,24 @@ def test_nothing_is_timed_where_no_judge_reads_it_and_a_bad_setting_is_one_line(
     assert ended.value.code == 2
     assert capsys.readouterr().err == ("ddpkit: DDPKIT_WATCHDOG_STRAGGLER_FACTOR='fast': give a factor above 1 "
                                        "(e.g. 1.33), or 0 to turn straggler detection off\n")
+
+
+def test_the_preamble_reports_no_step_where_ddpkit_trains_in_the_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that runs ddpkit train inside it: the trainer's watchdog reports the steps; the
+    preamble's count starts no second watchdog and leaves the pulse alone (one owner of the rank's
+    heartbeats, and of the verdict's last words)."""
+    from ddpkit.train.watchdog import stall, stall_model
+
+    monkeypatch.setattr(watchdog, "_state", {})
+    trainers = object()
+    monkeypatch.setattr(stall, "_RUNNING", [trainers])
+    monkeypatch.setattr(stall_model.PULSE, "step", 7)
+    monkeypatch.setattr(watchdog, "_start", lambda: pytest.fail("a second watchdog started"))
+    watchdog.auto_progress(1)
+    assert stall_model.PULSE.step == 7 and not watchdog.watching()
+    monkeypatch.setattr(stall, "_RUNNING", [])  # without the trainer's, the preamble's count starts one
+    started: list[int] = []
+    monkeypatch.setattr(watchdog, "_start", lambda: started.append(1))
+    watchdog.auto_progress(1)
+    assert stall_model.PULSE.step == 1 and started == [1]

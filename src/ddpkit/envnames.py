@@ -107,6 +107,9 @@ DDPKIT_METRICS: Final = "DDPKIT_METRICS"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 
 # The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.
+# An elastic job's rendezvous store (host:port), where the watchdog keeps its records: set by the agent, so that
+# they outlive rank 0's process and, where the launcher hosts that store, a node 0 that froze.
+DDPKIT_CONTROL_STORE: Final = "DDPKIT_CONTROL_STORE"
 DDPKIT_WATCHDOG_STALL_S: Final = "DDPKIT_WATCHDOG_STALL_S"
 DDPKIT_WATCHDOG_FIRST_STEP_S: Final = "DDPKIT_WATCHDOG_FIRST_STEP_S"
 # The straggler judge (spec watchdog.straggler_factor; set only when not the default, agreed.STRAGGLER_FACTOR).

@@ -43,9 +43,18 @@ def progress(step: int) -> None:
 
 def auto_progress(step: int) -> None:
     """The preamble's report of an optimizer step (ddpkit/preamble), unless
-    the script reports its own steps with `progress`."""
-    if "script" not in _state:
+    the script reports its own steps with `progress`, or a watchdog this
+    module did not start runs in the process: `ddpkit train`'s, run inside a
+    program of the user's own, which reports its steps itself (a second
+    watchdog would publish the same rank's heartbeats with other steps, and
+    could act on a verdict before the trainer's writes its last step)."""
+    if "script" not in _state and not _foreign():
         _report(step)
+
+
+def _foreign() -> bool:
+    found = stall.running()
+    return found is not None and found is not _state.get("dog")
 
 
 def watching() -> bool:

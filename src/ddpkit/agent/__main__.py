@@ -64,6 +64,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def name_control_store(args: argparse.Namespace, env: os._Environ[str] | dict[str, str]) -> None:
+    """Tell the workers the rendezvous store's address (host:port) where
+    one is (c10d, ddpkit's handler): the watchdog keeps its records there
+    (train/watchdog/stall.open_store says why)."""
+    if args.rdzv_backend not in ("c10d", RDZV_HANDLER) or not args.rdzv_endpoint:
+        return
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    host, port = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+    env[envnames.DDPKIT_CONTROL_STORE] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -78,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         from .. import rendezvous
 
         rendezvous.register()
+    name_control_store(args, os.environ)
     tailing.install()
     share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None

@@ -21,11 +21,12 @@ import datetime
 import faulthandler
 import json
 import os
+import secrets
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 STALL_KEY, RELEASED_KEY, WRITTEN_KEY = "stall", "released", "last-step-written"
+ROUND_KEY = "round"  # in the process group's store: the token the round's records go under (open_store)
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 # On a lost node, the survivors wait this long for rank 0's last step from memory (a 1 GB state's write fits).
 WRITTEN_WAIT_S = 60.0
@@ -297,20 +299,42 @@ class Watchdog:
 
 
 # ---- starting it --------------------------------------------------------------------------
-def open_store(master_addr: str | None, master_port: int | None, timeout_s: float = 60.0) -> dist.Store:
-    """A client of its own to the rendezvous store (or, without an address,
-    the process group's store, e.g. --spawn's file store), under the run's
-    control prefix (runkey.py): a client without the run key writes where
-    no rank reads."""
+def open_store(master_addr: str | None, master_port: int | None, rank: int = 0, timeout_s: float = 60.0,
+               env: Mapping[str, str] = os.environ) -> dist.Store:
+    """A client of its own to the store the watchdog keeps its records in,
+    under the run's control prefix (runkey.py): a client without the run
+    key writes where no rank reads.
+
+    That store is the process group's (MASTER_ADDR; without an address the
+    group's own, e.g. --spawn's file store), except in an elastic job, whose
+    agent names its rendezvous store (DDPKIT_CONTROL_STORE): the group's
+    store lives in rank 0's process, which a frozen node 0 freezes with it,
+    and then no rank could publish or judge; the rendezvous store is the
+    launcher's under `launch local` and `launch ssh`, and outlives any node.
+    It outlives the rounds too, so each round's records go under a token of
+    the round, which rank 0 hands the others through the group's store (a
+    new one every round: TORCH_DISABLE_SHARE_RDZV_TCP_STORE)."""
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
+    prefix = runkey.control_prefix(env)
     base: dist.Store
-    if master_addr and master_port:
-        base = dist.TCPStore(master_addr, int(master_port), is_master=False, timeout=timeout, wait_for_workers=False)
-    else:
-        base = dist.distributed_c10d._get_default_store()
-    return dist.PrefixStore(runkey.control_prefix(), base)
+    if not (master_addr and master_port):
+        return dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+    base = dist.TCPStore(master_addr, int(master_port), is_master=False, timeout=timeout, wait_for_workers=False)
+    control = env.get(envnames.DDPKIT_CONTROL_STORE)
+    if not control or env.get(envnames.TORCH_DISABLE_SHARE_RDZV_TCP_STORE) != "1":
+        return dist.PrefixStore(prefix, base)
+    round_token = _round_token(dist.PrefixStore(prefix, base), rank)
+    host, _, port = control.rpartition(":")
+    elsewhere = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+    return dist.PrefixStore(f"{prefix}round-{round_token}/", elsewhere)
+
+
+def _round_token(group_store: dist.Store, rank: int) -> str:
+    if rank == 0:
+        group_store.set(ROUND_KEY, secrets.token_hex(8))
+    return bytes(group_store.get(ROUND_KEY)).decode()  # the others wait for rank 0's (the store's timeout)
 
 
 def nccl_recorder_file(log_dir: Path | None, env: MutableMapping[str, str] = os.environ) -> None:
@@ -318,6 +342,14 @@ def nccl_recorder_file(log_dir: Path | None, env: MutableMapping[str, str] = os.
     (unless the user chose a place); read when the NCCL group is created."""
     if log_dir is not None:
         env.setdefault(envnames.TORCH_FR_DUMP_TEMP_FILE, str(log_dir / "nccl-trace-rank"))
+
+
+_RUNNING: list[Watchdog] = []  # this process's watchdog: one, whoever started it (running())
+
+
+def running() -> Watchdog | None:
+    """The watchdog `start` started in this process, if any."""
+    return _RUNNING[-1] if _RUNNING else None
 
 
 def start(ident: Identity, master_addr: str | None, master_port: int | None, outputs: Outputs,
@@ -328,6 +360,7 @@ def start(ident: Identity, master_addr: str | None, master_port: int | None, out
         return None
     if ident.rank == 0 and master_addr and runkey.key_from() is None:  # a network store, open to any client
         print(runkey.UNKEYED_NOTE, file=sys.stderr, flush=True)
-    dog = Watchdog(open_store(master_addr, master_port), ident, settings, outputs, loss_s=loss_s)
+    dog = Watchdog(open_store(master_addr, master_port, ident.rank), ident, settings, outputs, loss_s=loss_s)
     dog.start()
+    _RUNNING.append(dog)
     return dog
