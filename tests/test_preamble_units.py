@@ -254,3 +254,21 @@ def test_the_preamble_reports_no_step_where_ddpkit_trains_in_the_process(
     monkeypatch.setattr(watchdog, "_start", lambda: started.append(1))
     watchdog.auto_progress(1)
     assert stall_model.PULSE.step == 1 and started == [1]
+
+
+def test_a_watchdog_whose_store_does_not_answer_is_off_for_that_rank_and_the_program_goes_on(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The preamble's watchdog starts inside the program's first optimizer step: a store that
+    does not answer there must not end the program."""
+    from ddpkit.train.watchdog import stall
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("the store timed out")
+
+    monkeypatch.setattr(stall, "start", refused)
+    assert watchdog._start() is None
+    assert capsys.readouterr().err == ("ddpkit watchdog: rank 1: off, its store did not answer "
+                                       "(the store timed out)\n")

@@ -101,8 +101,12 @@ def _start() -> stall.Watchdog | None:
     host = env.get(envnames.DDPKIT_HOSTNAME) or socket.gethostname()
     ident = stall.Identity(rank, world, local_world, node, host, os.getpid())
     settings = _wd.Settings.from_env()
-    dog = stall.start(ident, env[envnames.MASTER_ADDR], int(env.get(envnames.MASTER_PORT, "29500")),
-                      stall.Outputs(metrics=metrics_file(env)), settings)
+    try:
+        dog = stall.start(ident, env[envnames.MASTER_ADDR], int(env.get(envnames.MASTER_PORT, "29500")),
+                          stall.Outputs(metrics=metrics_file(env)), settings)
+    except Exception as exc:  # called from the program's optimizer step: never end the program for it
+        print(f"ddpkit watchdog: rank {rank}: off, its store did not answer ({exc})", file=sys.stderr, flush=True)
+        return None
     if rank == 0 and dog is not None:
         print(f"ddpkit watchdog: on for this script: a rank without progress for {settings.stall_s:g}s "
               "stops the job", file=sys.stderr, flush=True)

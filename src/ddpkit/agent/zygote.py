@@ -26,9 +26,9 @@ The protocol, over one socket pair: the agent sends a WorkerRequest and gets
 ("exit", pid, returncode) (a signal as a negative number, as Popen says it).
 The zygote ends when the agent's end closes (the agent ended) and with its
 parent (processes.die_with), never on a stop signal (SPARED), and each
-worker with the zygote: where torchrun's
-Popen workers outlive an agent that was SIGKILLed (by Slurm after KillWait,
-by the OOM killer), running on unsupervised, a forked worker never does.
+worker with the zygote: where torchrun's Popen workers outlive an agent
+that was SIGKILLed (by Slurm after KillWait, by the OOM killer), running on
+unsupervised, a forked worker never does.
 """
 
 from __future__ import annotations
