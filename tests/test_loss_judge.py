@@ -361,3 +361,14 @@ def test_the_first_failure_is_the_earliest_worker_failure_unless_the_node_read_f
                       first_failure=killed[1])  # type: ignore[arg-type]
     outside.blame_earliest({0: 100.4})  # node 1's container was killed: no record of its own
     assert outside.first_failure is killed[1]
+
+
+@pytest.mark.parametrize("stopped_code", [143, 137, 15, 9])
+def test_a_node_the_launcher_stopped_reports_its_workers_code(stopped_code: int) -> None:
+    """The node whose worker failed first may still run when another node's exit makes the
+    launcher stop the rest: its code is then the stop's (a shell's 143, or the bare 15 that
+    launch ssh's `setsid -w` reports for a node SIGTERM ended), its worker's is the run's."""
+    node = _Node(1, code=stopped_code)
+    outcome = Outcome(nodes=[NodeTrack(node, NodeState.STOPPED)], first_failure=node,  # type: ignore[arg-type]
+                      worker_codes={1: 1})
+    assert outcome.node_code(node) == 1  # type: ignore[arg-type]

@@ -88,8 +88,10 @@ class Outcome:
         return ExitCode.OK
 
 
-# A node's code when the launcher stopped it (SIGTERM, then SIGKILL after the grace).
-STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+# A node's code when the launcher stopped it (SIGTERM, then SIGKILL after the grace): a shell's 128 + the
+# signal, or the signal's bare number where `setsid -w` ran the node (launch ssh: it exits with the raw
+# wait status of a child that a signal ended).
+STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL, int(signal.SIGTERM), int(signal.SIGKILL))
 
 
 def node_code(node: NodeHandle, worker: int | None) -> int | None:
