@@ -7,6 +7,7 @@ The real thing (launch ssh, a link cut, a SIGSTOPped node): tests/test_elastic_s
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -372,3 +373,46 @@ def test_a_node_the_launcher_stopped_reports_its_workers_code(stopped_code: int)
     outcome = Outcome(nodes=[NodeTrack(node, NodeState.STOPPED)], first_failure=node,  # type: ignore[arg-type]
                       worker_codes={1: 1})
     assert outcome.node_code(node) == 1  # type: ignore[arg-type]
+
+
+def test_a_survivor_stops_waiting_for_a_rank_0_that_died_writing(tmp_path: Path) -> None:
+    """Rank 0 starts writing the last step and dies (its node lost too): its
+    heartbeats stop, and rank 1 leaves loss_s later instead of after
+    WRITTEN_WAIT_S (its agent's SIGTERM cannot reach a main thread that waits
+    in a collective: torchrun then kills it after 30 s, seen in the chaos run).
+    A rank 0 that writes slowly but lives keeps beating from a thread of its
+    own, and rank 1 waits for it."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    fast = dataclasses.replace(S, interval_s=0.2)
+    dogs = [stall.Watchdog(stall.open_store("127.0.0.1", server.port), stall.Identity(r, 3, 1, r, f"h{r}", 5000 + r),
+                           fast, stall.Outputs(), exit=_exit, loss_s=1.0) for r in range(3)]
+    lost = [records.LostRank(2, 2, "h2", 5002, 4, Phase.BACKWARD.value, 6.0)]
+    verdict = loss_judge.verdict(lost, 1.0, by=1, elastic=True)
+    written: list[float] = []
+    dogs[0].last_words = lambda reason: (time.sleep(2.5), written.append(time.monotonic()))
+    left: dict[int, float] = {}
+
+    def leave(dog: stall.Watchdog) -> None:
+        try:
+            dog.on_lost(verdict)
+        except _Exited:
+            left[dog.ident.rank] = time.monotonic()
+
+    for dog in dogs[:2]:
+        dog.publish()
+    threads = [threading.Thread(target=leave, args=(dogs[r],)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert written and written[0] <= left[1], "rank 1 left while a live rank 0 was still writing (2.5 s > loss_s)"
+
+    # rank 0 dies as it starts writing: nothing beats, nothing is written
+    server2 = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    survivor = stall.Watchdog(stall.open_store("127.0.0.1", server2.port), stall.Identity(1, 3, 1, 1, "h1", 5001),
+                              fast, stall.Outputs(), exit=_exit, loss_s=1.0)
+    stall.Watchdog(stall.open_store("127.0.0.1", server2.port), stall.Identity(0, 3, 1, 0, "h0", 5000),
+                   fast, stall.Outputs(), exit=_exit, loss_s=1.0).publish()
+    start = time.monotonic()
+    leave(survivor)
+    assert 1.0 <= left[1] - start < 5.0, f"waited {left[1] - start:.1f}s for a dead rank 0 (bound {stall.WRITTEN_WAIT_S}s)"

@@ -98,6 +98,7 @@ class Resume(Record):
     step: int
     epoch: int
     checkpoint: str
+    world_size: int | None = optional()  # the world that resumed (the checkpoint's own may differ)
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,8 @@ class Trainer:
                                   enabled=self.rank == 0 and _restartable(config), log=self.log)
         if self.resumed_from is not None:
             self._replan(saved_batch)
-            self.metrics.write("resume", step=self.pos.step, epoch=self.pos.epoch, checkpoint=str(self.resumed_from))
+            self.metrics.write("resume", step=self.pos.step, epoch=self.pos.epoch, checkpoint=str(self.resumed_from),
+                               world_size=self.world)
         self._first_step_pending = True
 
     def _steps_left_in_epoch(self) -> int:

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +93,7 @@ class Watchdog:
         self.loss = loss_judge.LossWatch(loss_s, period) if loss_s < settings.stall_s else None
         self.judge = Judge(ident.world, settings) if ident.rank in monitors(ident.world, ident.local_world) else None
         self._exit = exit
+        self.loss_s = loss_s
         self._stop = threading.Event()
         self._seq = 0
         self._step_times: deque[float] = deque(maxlen=20)
@@ -198,18 +199,19 @@ class Watchdog:
         """Every rank leaves with NODE_LOST: its main thread may wait in a
         collective with the lost node that gloo cannot abort. The declarer
         reports first. Rank 0 writes the last completed step; each other
-        rank waits for that write (up to WRITTEN_WAIT_S), says so and leaves:
-        a survivor that left sooner would have its agent re-form the job, and
-        node 0's agent would stop rank 0 mid-write. Rank 0, whose process may
-        hold the store, leaves last (once every other rank said so, or after
-        ACK_WAIT_S). Never returns."""
+        rank waits for that write (up to WRITTEN_WAIT_S, and only while rank
+        0's heartbeats go on), says so and leaves: a survivor that left sooner
+        would have its agent re-form the job, and node 0's agent would stop
+        rank 0 mid-write. Rank 0, whose process may hold the store, leaves last
+        (once every other rank said so, or after ACK_WAIT_S). Never returns."""
         self._stop.set()
         try:
             if verdict.by == self.ident.rank:
                 loss_judge.report(verdict, self.outputs.metrics)
             lost = {r.rank for r in verdict.lost}
             if self.ident.rank == 0:
-                self._last_words(loss_judge.reason(verdict))
+                with self._beating():  # this thread writes: the others still see rank 0 alive
+                    self._last_words(loss_judge.reason(verdict))
                 self.last_step_written()
                 keys = [_ack(r) for r in range(1, self.ident.world) if r not in lost]
                 deadline = time.monotonic() + ACK_WAIT_S
@@ -217,7 +219,7 @@ class Watchdog:
                     time.sleep(0.1)
             else:
                 if 0 not in lost:
-                    self._wait_for(WRITTEN_KEY, WRITTEN_WAIT_S)
+                    self._wait_for_last_step()
                 self.store.set(_ack(self.ident.rank), verdict.kind)
         finally:
             sys.stdout.flush()
@@ -248,6 +250,46 @@ class Watchdog:
         other ranks may leave."""
         with contextlib.suppress(Exception):  # the store's host gone: nobody waits
             self.store.set(WRITTEN_KEY, "1")
+
+    @contextlib.contextmanager
+    def _beating(self) -> Iterator[None]:
+        """Heartbeats from a thread of their own while this one is busy."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.settings.interval_s):
+                with contextlib.suppress(Exception):
+                    self.publish()
+
+        thread = threading.Thread(target=beat, name="ddpkit-watchdog-beat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _wait_for_last_step(self) -> None:
+        """Until rank 0 says its last step is written, at most WRITTEN_WAIT_S; not
+        once rank 0's heartbeats stopped for loss_s: it died writing (its node
+        lost too), and its agent's SIGTERM cannot reach this rank's main thread,
+        which waits in a collective, so only leaving ends this rank."""
+        deadline = time.monotonic() + WRITTEN_WAIT_S
+        seq, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            try:
+                if self.store.check([WRITTEN_KEY]):
+                    return
+                beat = Beat.decode(0, self.store.get(_hb(0))) if self.store.check([_hb(0)]) else None
+            except Exception:  # the store's host exited: nothing more to wait for
+                return
+            now = time.monotonic()
+            if beat is not None and beat.seq != seq:
+                seq, since = beat.seq, now
+            elif now - since > self.loss_s:
+                print(f"ddpkit watchdog: rank {self.ident.rank}: rank 0 fell silent for {self.loss_s:g}s while "
+                      "writing the last step; leaving without it", file=sys.stderr, flush=True)
+                return
+            time.sleep(0.2)
 
     def _last_words(self, reason: str) -> None:
         if self.last_words is not None:
