@@ -148,10 +148,10 @@ def worlds(records: list[dict[str, Any]], first_size: int) -> list[World]:
 
 def trained_after(records: list[dict[str, Any]], t: float, size: int | None = None) -> float | None:
     """The time of the first step trained by workers that resumed after `t` (of `size` ranks, if given)."""
-    resumed = False
+    resumed = False  # the run now writing resumed after t, with that size
     for r in records:
-        if r["kind"] == "resume" and r["time"] > t and (size is None or r["world_size"] == size):
-            resumed = True
+        if r["kind"] == "resume":
+            resumed = r["time"] > t and (size is None or r["world_size"] == size)
         elif resumed and r["kind"] == "train":
             return float(r["time"])
     return None
@@ -523,19 +523,23 @@ def _line(pid: int) -> str:
 
 # ---- the fault-free reference ---------------------------------------------------------------
 
+def segments(chaos_worlds: list[World]) -> list[World]:
+    """The runs that trained: a run the next one resumed at its own start trained nothing that stayed."""
+    return [w for i, w in enumerate(chaos_worlds) if i + 1 == len(chaos_worlds) or chaos_worlds[i + 1].start > w.start]
+
+
 def reference(args: argparse.Namespace, work: Path, chaos_worlds: list[World]) -> Path:
     """The job without faults, world size changed at the chaos run's resume steps; its checkpoint folder."""
-    segments = [w for i, w in enumerate(chaos_worlds)
-                if i + 1 == len(chaos_worlds) or chaos_worlds[i + 1].start > w.start]  # one that trained
     previous: Path | None = None
-    for i, seg in enumerate(segments):
+    for i, seg in enumerate(segments(chaos_worlds)):
         folder = work / f"ref{i}"
         folder.mkdir()
         if previous is not None:
             name = f"ckpt-{seg.start:08d}.pt"
             shutil.copy2(previous / name, folder / name)
             (folder / "latest").write_text(name + "\n")
-        until = segments[i + 1].start if i + 1 < len(segments) else None
+        later = segments(chaos_worlds)[i + 1:]
+        until = later[0].start if later else None
         _segment(args, folder, seg.size, until)
         previous = folder
     assert previous is not None
@@ -544,9 +548,11 @@ def reference(args: argparse.Namespace, work: Path, chaos_worlds: list[World]) -
 
 def _segment(args: argparse.Namespace, folder: Path, world: int, until: int | None) -> None:
     """Trains with `world` ranks from the folder's checkpoint, until a checkpoint of step
-    `until` exists (every step is checkpointed), or to the end."""
+    `until` exists, or to the end. A checkpoint is written where the step is a multiple of
+    --checkpoint-every: `until` itself is the one multiple of `until` past the start."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            "-m", "ddpkit.train", *train_args(args), "--checkpoint-dir", str(folder), "--checkpoint-every", "1",
+            "-m", "ddpkit.train", *train_args(args), "--checkpoint-dir", str(folder),
+            "--checkpoint-every", str(until or args.steps),
             "--keep-global-batch-of", str(NODES)]  # what the spec's elastic.keep_global_batch adds
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
            "CHAOS_PACE_S": "0"}

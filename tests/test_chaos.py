@@ -1,0 +1,81 @@
+"""bench/chaos.py: the chaos run's plan and bookkeeping (no processes), and its
+short version on `launch ssh` (three namespace hosts with sshd): three
+episodes that crash, freeze, cut off and kill a worker of nodes including node
+0, during a checkpoint write, two at once, and during rank 0's last-step write.
+The job must exit 0 and end with the weights of a fault-free run that changed
+world size at the same steps, bit for bit; no checkpoint corrupt, nothing left
+running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bench import chaos
+from bench.chaos import MOMENTS, Episode, World
+
+from tests.infra import netns, sshd
+
+ROOT = Path(__file__).resolve().parents[1]
+SSH_SEED, SSH_EPISODES = 3, 3  # checkpoint: crash n1; back-to-back: freeze n2 + worker n0; last-step: link, crash
+
+
+def test_the_plan_takes_every_moment_and_node_0() -> None:
+    for seed in range(20):
+        episodes = chaos.plan(seed, 5, list(chaos.KINDS))
+        assert sorted(e.moment for e in episodes) == sorted(MOMENTS), seed
+        assert any(0 in e.nodes or e.moment == "last-step" for e in episodes), seed
+        for e in episodes:
+            assert len(e.kinds) == len(e.nodes) == (1 if e.moment in ("step", "checkpoint") else 2), e
+            if e.moment == "back-to-back":
+                assert e.nodes[0] != e.nodes[1], e
+    assert chaos.plan(7, 4, ["crash"]) == chaos.plan(7, 4, ["crash"])  # the seed decides
+    assert not any("link" in e.kinds for e in chaos.plan(1, 10, ["crash", "worker"]))
+
+
+def test_the_ssh_short_version_is_the_plan_the_test_says() -> None:
+    episodes = chaos.plan(SSH_SEED, SSH_EPISODES, list(chaos.KINDS))
+    assert episodes == [Episode("checkpoint", ("crash",), (1,), 7),
+                        Episode("back-to-back", ("freeze", "worker"), (2, 0), 5),
+                        Episode("last-step", ("link", "crash"), (None, None), 7)]
+
+
+def test_steps_trained_twice_and_the_reference_segments() -> None:
+    records = [{"kind": "train", "step": s, "time": float(s)} for s in range(1, 13)]
+    records.insert(11, {"kind": "checkpoint", "step": 10, "time": 10.5})
+    records += [{"kind": "resume", "step": 10, "world_size": 2, "time": 20.0},  # steps 11, 12 again
+                {"kind": "train", "step": 11, "time": 21.0},
+                {"kind": "resume", "step": 11, "world_size": 3, "time": 22.0},  # nothing lost
+                {"kind": "resume", "step": 11, "world_size": 2, "time": 23.0},  # that run trained nothing
+                {"kind": "train", "step": 12, "time": 24.0}]
+    assert chaos.steps_trained_twice(records) == 2
+    worlds = chaos.worlds(records, 3)
+    assert [(w.start, w.size) for w in worlds] == [(0, 3), (10, 2), (11, 3), (11, 2)]
+    assert [(w.start, w.size) for w in chaos.segments(worlds)] == [(0, 3), (10, 2), (11, 2)]
+    assert chaos.trained_after(records, 20.5) == 24.0 and chaos.trained_after(records, 19.0, 2) == 21.0
+    assert chaos.trained_after(records, 19.0, 3) is None
+    assert chaos.segments([World(0, 3, 0.0)]) == [World(0, 3, 0.0)]
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(bool(netns.available() or sshd.available()), reason=str(netns.available() or sshd.available()))
+def test_chaos_on_launch_ssh_costs_time_never_work(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.chaos", "--target", "ssh", "--seed", str(SSH_SEED),
+                           "--episodes", str(SSH_EPISODES), "--steps", "700", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    result = json.loads((tmp_path / "chaos-ssh.json").read_text())
+    out = result["outcome"]
+    said = done.stdout[-3000:] + done.stderr[-6000:]
+    assert out["exit_code"] == 0, said
+    assert "every node finished" in out["closing"] or "rejoined" in out["closing"], said
+    assert [e["moment"] for e in out["episodes"]] == ["checkpoint", "back-to-back", "last-step"], said
+    assert all(e["to_full_world_s"] is not None for e in out["episodes"]), said
+    assert any(node == 0 for e in out["episodes"] for _, node in e["faults"]), said
+    assert out["bitwise_equal"] is True, said
+    assert out["corrupt"] == [] and out["left_running"] == [], said
+    assert result["passed"] and done.returncode == 0, said
+    assert "episodes survived: 3 of 3" in done.stdout and "bitwise equal" in done.stdout, said
