@@ -1,9 +1,10 @@
 """The supervisor's elastic policy with a reviver (what `launch ssh` does
 when a node is lost, tests/test_elastic_ssh.py runs it on real hosts): a
 failed node is brought back while it has failed fewer than
-max_node_failures times, a node that keeps failing is excluded, a host that
-never answers again is excluded when the others finish, and a failure that
-leaves fewer than min_nodes (counting the nodes still away) ends the run.
+max_node_failures times (two at once too), a node that keeps failing is
+excluded, a host that never answers again is excluded when the others
+finish, and a failure after which fewer than min_nodes can be in the job
+(counting the nodes being brought back), or nobody runs, ends the run.
 Nodes here are scripted handles, driven by the test."""
 
 from __future__ import annotations
@@ -210,32 +211,60 @@ def test_a_host_that_never_answers_is_excluded_when_the_others_finish() -> None:
     assert hosts.cancelled == [2]
 
 
-def test_a_failure_that_leaves_fewer_than_min_nodes_counting_those_away_ends_the_run() -> None:
+def test_a_failure_that_leaves_fewer_than_min_nodes_ends_the_run() -> None:
     nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
     def drive() -> None:
-        nodes[2].finish(137)  # away: 2 remain, min_nodes 2
-        assert hosts.asked.get(timeout=WAIT_S) == 2
-        nodes[1].finish(1)  # 1 would remain: the run ends
+        nodes[2].finish(137)  # excluded (max_node_failures 1): 2 remain, min_nodes 2
+        nodes[1].finish(1)  # 1 would remain, and nobody comes back: the run ends
 
-    sup, outcome = run(nodes, hosts, drive)
+    sup, outcome = run(nodes, hosts, drive, max_node_failures=1)
+    assert hosts.asked.empty()
     assert outcome.first_failure is nodes[1] and outcome.code == 1
     assert nodes[0].stopped and node_status(nodes[0], outcome) == Status.STOPPED
     # each node's one state at the end: none is left running
     assert [t.state for t in outcome.nodes] == [NodeState.STOPPED, NodeState.FAILED, NodeState.EXCLUDED]
 
 
-def test_a_rejoined_node_that_fails_first_is_summarised_by_its_failure() -> None:
+def test_two_nodes_lost_at_once_both_come_back_and_the_run_goes_on() -> None:
+    """Two of three nodes fail back to back (min_nodes 2): the one left waits in the
+    rendezvous while both are brought back; had the second failure ended the run,
+    a switch's hiccup would end every job it touched."""
     nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
     made: list[ScriptedNode] = []
 
     def drive() -> None:
         nodes[2].finish(137)
-        made.append(hosts.answer(2))
-        nodes[1].finish(137)  # away: 2 remain
-        assert hosts.asked.get(timeout=WAIT_S) == 1
-        made[0].finish(1)  # 1 would remain: it ends the run
+        nodes[1].finish(137)
+        made.extend(hosts.answer(i) for i in (2, 1))
+        for node in (nodes[0], *made):
+            node.finish(0)
+
+    sup, outcome = run(nodes, hosts, drive)
+    assert outcome.code == 0 and outcome.first_failure is None and outcome.excluded == []
+    assert [node_status(n, outcome) for n in sup.nodes] == [Status.OK, Status.REJOINED, Status.REJOINED]
+
+
+def test_a_run_whose_every_node_failed_ends_though_all_could_come_back() -> None:
+    nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
+    def drive() -> None:
+        for node in reversed(nodes):  # nodes 2 and 1 are being brought back when node 0 fails: nobody runs
+            node.finish(137)
 
     sup, outcome = run(nodes, hosts, drive, max_node_failures=3)
+    assert outcome.first_failure is nodes[0] and outcome.code == 137
+    assert [t.state for t in outcome.nodes] == [NodeState.FAILED, NodeState.EXCLUDED, NodeState.EXCLUDED]
+
+
+def test_a_rejoined_node_that_fails_first_is_summarised_by_its_failure() -> None:
+    nodes, hosts = [ScriptedNode(i) for i in range(2)], Hosts()
+    made: list[ScriptedNode] = []
+
+    def drive() -> None:
+        nodes[1].finish(137)  # brought back: node 0 waits for it (min_nodes 2)
+        made.append(hosts.answer(1))
+        made[0].finish(1)  # its second failure: not brought back, 1 would remain: it ends the run
+
+    sup, outcome = run(nodes, hosts, drive, max_node_failures=2)
     [back] = made
     assert outcome.first_failure is back and outcome.code == 1
     assert node_status(back, outcome) == Status.FAILED_FIRST

@@ -213,20 +213,32 @@ class Supervisor:
         threading.Thread(target=node.stop, args=(self.grace_s,), name=f"stop lost {node.label}", daemon=True).start()
 
     def _excludes(self, track: NodeTrack) -> bool:
-        """Elastic policy: the job goes on without a failed node while at
-        least min_nodes others remain, unless it is node 0 and its agent holds
-        the rendezvous store (the launcher holds it where `any_node`)."""
+        """Elastic policy: the job goes on without a failed node while another
+        node still runs and at least min_nodes can be in it: the others not
+        excluded for good, counting those being brought back, and this one if
+        it is brought back too (two nodes lost at once both come back; the
+        survivors wait for them in the rendezvous, at most its timeout_s).
+        Never where it is node 0 and its agent holds the rendezvous store (the
+        launcher holds it where `any_node`)."""
         if self.elastic is None or (track.index == 0 and not self.elastic.any_node):
             return False
-        gone = len(self._in(NodeState.EXCLUDED, NodeState.AWAY))
-        return len(self.tracks) - gone - 1 >= self.elastic.min_nodes
+        others = [t for t in self.tracks.values() if t is not track]
+        if all(t.state in (NodeState.AWAY, NodeState.EXCLUDED) for t in others):
+            return False  # nobody left to carry the job on
+        can_be_in = sum(t.state is not NodeState.EXCLUDED for t in others) + self._revives(track)
+        return can_be_in >= self.elastic.min_nodes
+
+    def _revives(self, track: NodeTrack) -> bool:
+        """A failed node is brought back while it failed fewer than max_node_failures times."""
+        assert self.elastic is not None
+        return track.failures + 1 < self.elastic.max_node_failures  # its earlier failures, and this one
 
     def _leave_out(self, track: NodeTrack) -> None:
         """Revived while it has failed fewer than max_node_failures times;
         otherwise excluded from the rest of the run."""
         assert self.elastic is not None  # _excludes said yes
         node = track.node
-        if track.failures + 1 >= self.elastic.max_node_failures:  # its earlier failures, and this one
+        if not self._revives(track):
             track.move(NodeState.EXCLUDED)
             self.note("excluded", f"{self.reason(node)}: failed {track.failures} times", node.index)
             return
