@@ -487,8 +487,10 @@ def _said(i: Injected) -> str:
 
 
 def _closing(out: Path) -> str:
-    lines = [line for line in out.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    """What the launcher printed below its summary table (its closing line, which the console wraps)."""
+    lines = out.read_text(errors="replace").splitlines()
+    bottom = max((i for i, line in enumerate(lines) if line.startswith("└")), default=-1)
+    return " ".join(line.strip() for line in lines[bottom + 1:] if line.strip())
 
 
 def _first_world(ckpt: Path) -> int:
