@@ -403,6 +403,7 @@ class Outcome:
     steps_trained_twice: int
     corrupt: list[str]
     left_running: list[str]
+    error: str = ""  # why the run stopped injecting (a wait that timed out, the job ended first)
     bitwise_equal: bool | None = None
     differs: str = ""
     seconds: float = 0.0
@@ -456,6 +457,7 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
     episodes = plan(args.seed, args.episodes, args.kinds)
     t0 = time.time()
     done: list[Injected] = []
+    error = ""
     with launched(args, work, mark) as (proc, nodes):
         chaos = Chaos(nodes, work / "m.jsonl", work / "ckpt", random.Random(args.seed + 1), args.pace_s)
         try:
@@ -466,7 +468,12 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
             for ep in episodes:
                 if not alive():
                     break
-                done.append(chaos.episode(ep, alive))
+                try:
+                    done.append(chaos.episode(ep, alive))
+                except (RuntimeError, TimeoutError) as exc:
+                    error = f"{ep.moment}: {exc}"
+                    print(f"chaos: {error}", flush=True)
+                    break
                 print(f"chaos: {_said(done[-1])}", flush=True)
             proc.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
         finally:
@@ -477,7 +484,7 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
     records = metric_records(work / "m.jsonl")
     return Outcome(proc.returncode, _closing(work / "launcher.out"), done,
                    worlds(records, _first_world(work / "ckpt")), steps_trained_twice(records),
-                   corrupt_checkpoints(work / "ckpt"), left_running(mark), seconds=round(seconds, 1))
+                   corrupt_checkpoints(work / "ckpt"), left_running(mark), error=error, seconds=round(seconds, 1))
 
 
 def _said(i: Injected) -> str:
@@ -607,6 +614,7 @@ def report(outcome: Outcome) -> str:
         f"world sizes: {' -> '.join(f'{w.size}@{w.start}' for w in outcome.worlds)}",
         f"launcher: exit {outcome.exit_code}; last line: {outcome.closing}",
         f"corrupt checkpoints: {len(outcome.corrupt)}; left running: {len(outcome.left_running)}",
+        *([f"stopped injecting: {outcome.error}"] if outcome.error else []),
         "final weights vs the fault-free reference: " + (
             "bitwise equal" if outcome.bitwise_equal else f"DIFFER ({outcome.differs})"),
     ]
@@ -649,12 +657,15 @@ def main(argv: list[str] | None = None) -> int:
             outcome.bitwise_equal = not outcome.differs
         outcome.reference_seconds = round(time.time() - t0, 1)
     finally:
-        if args.work is None:
+        ok = "outcome" in locals() and passed(outcome, args.episodes)
+        if args.work is None and ok:
             shutil.rmtree(work, ignore_errors=True)
+        elif args.work is None:
+            print(f"chaos: kept the run's files in {work}", flush=True)
     print(report(outcome))
     result = {"machine": machine(), "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "plan": [asdict(e) for e in plan(args.seed, args.episodes, args.kinds)], "outcome": asdict(outcome),
-              "passed": passed(outcome, args.episodes)}
+              "passed": ok}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"chaos-{args.target}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
