@@ -416,3 +416,60 @@ def test_a_survivor_stops_waiting_for_a_rank_0_that_died_writing(tmp_path: Path)
     start = time.monotonic()
     leave(survivor)
     assert 1.0 <= left[1] - start < 5.0, f"waited {left[1] - start:.1f}s for a dead rank 0 (bound {stall.WRITTEN_WAIT_S}s)"
+
+
+def test_with_rank_0_lost_the_lowest_survivor_writes_the_last_step_and_leaves_last(tmp_path: Path) -> None:
+    """Node 0 is the one lost: rank 1 writes the last completed step (every DDP
+    rank holds it whole), rank 2 waits for that write, and rank 1 leaves last."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dogs = [stall.Watchdog(stall.open_store("127.0.0.1", server.port), stall.Identity(r, 3, 1, r, f"h{r}", 5000 + r),
+                           S, stall.Outputs(), exit=_exit, loss_s=5.0) for r in range(3)]
+    written: list[tuple[int, float]] = []
+    for dog in dogs[1:]:
+        dog.last_words = lambda reason, r=dog.ident.rank: (time.sleep(1.0), written.append((r, time.monotonic())))
+    lost = [records.LostRank(0, 0, "h0", 5000, 4, Phase.BACKWARD.value, 6.0)]
+    verdict = loss_judge.verdict(lost, 5.0, by=2, elastic=True)
+    left: dict[int, float] = {}
+
+    def leave(dog: stall.Watchdog) -> None:
+        try:
+            dog.on_lost(verdict)
+        except _Exited:
+            left[dog.ident.rank] = time.monotonic()
+
+    threads = [threading.Thread(target=leave, args=(dogs[r],)) for r in (2, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [r for r, _ in written] == [1] and sorted(left) == [1, 2]
+    assert written[0][1] <= left[2] <= left[1]
+
+
+def test_one_rank_claims_the_last_step_of_a_loss() -> None:
+    """Both threads of every rank may reach the write (a failed collective, the
+    verdict): one claim wins, the others write nothing; rank 0 wins where it
+    asks within CLAIM_DEFER_S of the others, and the others win without it."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def dogs() -> list[stall.Watchdog]:
+        store = stall.open_store("127.0.0.1", server.port)
+        prefix = f"try{time.monotonic_ns()}/"
+        return [stall.Watchdog(dist.PrefixStore(prefix, store), stall.Identity(r, 3, 1, r, f"h{r}", 5000 + r), S,
+                               stall.Outputs(), exit=_exit) for r in range(3)]
+
+    alive = dogs()
+    won: dict[int, bool] = {}
+    asking = [threading.Thread(target=lambda r=r: won.update({r: alive[r].claim_last_step()})) for r in (2, 1)]
+    for thread in asking:
+        thread.start()
+    time.sleep(0.3)  # rank 0's main thread fails a moment after the others'
+    won[0] = alive[0].claim_last_step()
+    for thread in asking:
+        thread.join(timeout=10)
+    assert won == {0: True, 1: False, 2: False}
+
+    gone = dogs()  # rank 0 lost with its node: rank 1 or 2, once
+    start = time.monotonic()
+    results = [gone[r].claim_last_step() for r in (2, 1, 2)]
+    assert results == [True, False, True] and time.monotonic() - start >= stall.CLAIM_DEFER_S

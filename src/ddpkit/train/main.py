@@ -104,8 +104,8 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
         trainer = Trainer(fit.config, ctx, stop)
         if dog is not None:
             dog.last_words = trainer.last_step.write
-            if ctx.rank == 0:
-                trainer.last_step.done = dog.last_step_written
+            trainer.last_step.claim = dog.claim_last_step
+            trainer.last_step.done = dog.last_step_written
         _report_membership(ctx, trainer, fit.note, keeps_batch=config.keep_global_batch_of is not None)
         summary = trainer.run()
     finally:

@@ -143,16 +143,20 @@ class Checkpointer:
         return path
 
     def save_from_memory(self, pos: Position, model: dict[str, Any], reason: str) -> Path | None:
-        """Rank 0 alone, without a collective (a peer is gone): this rank's state
-        of the last completed step, which every DDP rank holds whole. Its own
-        RNG state only: a restart on another world size restarts the streams anyway."""
+        """One rank alone, without a collective (a peer is gone): this rank's
+        state of the last completed step, which every DDP rank holds whole. Its
+        own RNG state only: a restart on another world size restarts the streams anyway."""
         directory = self.config.checkpoint_dir
         if directory is None or self.config.zero:  # ZeRO: this rank holds one shard of the optimizer
             return None
         payload = self._payload(pos, model, self.state.optimizer.state_dict(), [ckpt.rng_state(self.ctx.device)])
-        payload["from_memory"] = reason
+        payload["from_memory"], payload["from_memory_rank"] = reason, self.ctx.rank
         path = ckpt.write_checkpoint(directory, pos.step, payload, self.config.keep)
-        self.metrics.write("checkpoint", step=pos.step, path=str(path), from_memory=reason)
+        # another rank writes only where rank 0 is gone: the record goes where rank 0's would have
+        metrics = self.metrics if self.ctx.rank == 0 else Metrics(self.config.metrics, enabled=True)
+        metrics.write("checkpoint", step=pos.step, path=str(path), from_memory=reason)
+        if metrics is not self.metrics:
+            metrics.close()
         self.last = path
         return path
 
@@ -246,7 +250,8 @@ class Checkpointer:
             self.log.warning("checkpoint holds the RNG states of %d ranks, this run has %d: RNG streams restart",
                              len(rngs), self.ctx.world_size)
             seed_all(c.seed + rank + 1_000 * pos.step)
-        origin = f" (written from rank 0's memory: {state['from_memory']})" if "from_memory" in state else ""
+        origin = (f" (written from rank {state.get('from_memory_rank', 0)}'s memory: {state['from_memory']})"
+                  if "from_memory" in state else "")
         self.log.info("resumed from %s at step %d (epoch %d, step %d of the epoch, global sample %d of the epoch)%s",
                       path, pos.step, pos.epoch, pos.epoch_step, pos.samples, origin)
         return pos, path, old_batch

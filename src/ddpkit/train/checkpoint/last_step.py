@@ -5,8 +5,12 @@ Under DDP every rank holds the whole model and optimizer of the last step all
 ranks completed. When a node is lost the survivors' agents restart their
 workers, which resume from the newest checkpoint in --checkpoint-dir; without
 this, the one written every --checkpoint-every steps, and every step since is
-trained again. Instead rank 0 writes its own state of the last completed step
-at the loss: a checkpoint like any other, marked with why it was written.
+trained again. Instead one rank writes its own state of the last completed
+step at the loss: a checkpoint like any other, marked with why it was written.
+Which rank: the first to claim the write in the job's control store (the
+watchdog's; in an elastic job the rendezvous store, which outlives any node),
+so the write is done once and also when rank 0's node is the one lost;
+without a store to claim in, rank 0.
 
 Two moments write it, whichever comes first:
 - the main thread, when a collective fails: a peer that died closed its
@@ -54,12 +58,14 @@ def failure_reason(exc: BaseException) -> str:
 
 
 class LastStep:
-    """Rank 0's guard over the training state, and the writer of its last completed step."""
+    """A rank's guard over the training state, and the writer of its last completed step."""
 
     def __init__(self, checkpointer: Checkpointer, model: nn.Module, position: Callable[[], Position],
-                 enabled: bool, log: logging.Logger) -> None:
+                 enabled: bool, log: logging.Logger, rank: int = 0) -> None:
         self.checkpointer, self.model, self.position = checkpointer, model, position
-        self.enabled, self.log = enabled, log
+        self.enabled, self.log, self.rank = enabled, log, rank
+        # Claims the one write of this loss for this rank (the watchdog's store); None: rank 0 writes.
+        self.claim: Callable[[], bool] | None = None
         self._guard = threading.Lock()
         persistent = set(model.state_dict().keys()) if enabled else set()
         self._names = [name for name, _ in model.named_buffers() if name in persistent]
@@ -82,16 +88,26 @@ class LastStep:
             self._before = None
 
     def write(self, reason: str) -> Path | None:
-        """Write the last completed step (rank 0; once per step; not for ZeRO), or None."""
+        """Write the last completed step (the rank that claimed it; once per step; not for ZeRO), or None."""
+        if not self._mine():
+            return None  # another rank writes it, and says so itself
         try:
             return self._write(reason)
         finally:
             if self.done is not None:
                 self.done()
 
-    def _write(self, reason: str) -> Path | None:
+    def _mine(self) -> bool:
         if not self.enabled:
-            return None
+            return False
+        if self.claim is None:
+            return self.rank == 0
+        try:
+            return self.claim()
+        except Exception:  # the store went with the node lost: rank 0, as without one
+            return self.rank == 0
+
+    def _write(self, reason: str) -> Path | None:
         if not self._guard.acquire(timeout=GUARD_WAIT_S):
             self.log.warning("not writing the last step from memory (%s): the main thread is still updating", reason)
             return None

@@ -157,7 +157,7 @@ class Trainer:
         self.agreement = StopAgreement.for_run(self.stop, self.distributed)
         self.pos, self.resumed_from, saved_batch = self.checkpointer.resume(self.plan.global_batch)
         self.last_step = LastStep(self.checkpointer, self.par.raw, lambda: self.pos,
-                                  enabled=self.rank == 0 and _restartable(config), log=self.log)
+                                  enabled=_restartable(config), log=self.log, rank=self.rank)
         if self.resumed_from is not None:
             self._replan(saved_batch)
             self.metrics.write("resume", step=self.pos.step, epoch=self.pos.epoch, checkpoint=str(self.resumed_from),

@@ -43,11 +43,12 @@ from .straggler import Stragglers
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-STALL_KEY, RELEASED_KEY, WRITTEN_KEY = "stall", "released", "last-step-written"
+STALL_KEY, RELEASED_KEY, WRITTEN_KEY, WRITER_KEY = "stall", "released", "last-step-written", "last-step-writer"
 ROUND_KEY = "round"  # in the process group's store: the token the round's records go under (open_store)
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 # On a lost node, the survivors wait this long for rank 0's last step from memory (a 1 GB state's write fits).
 WRITTEN_WAIT_S = 60.0
+CLAIM_DEFER_S = 1.0  # a rank other than 0 claims the last step's write only after rank 0 had this long
 RELEASE_WAIT_S = 30.0  # a rank waits this long for the release, then exits anyway
 # Here one multi_get of 8,192 keys took several times longer than 32 of 256 keys each.
 MULTI_GET_KEYS = 256
@@ -198,28 +199,30 @@ class Watchdog:
     def on_lost(self, verdict: records.NodeLost) -> None:
         """Every rank leaves with NODE_LOST: its main thread may wait in a
         collective with the lost node that gloo cannot abort. The declarer
-        reports first. Rank 0 writes the last completed step; each other
-        rank waits for that write (up to WRITTEN_WAIT_S, and only while rank
-        0's heartbeats go on), says so and leaves: a survivor that left sooner
-        would have its agent re-form the job, and node 0's agent would stop
-        rank 0 mid-write. Rank 0, whose process may hold the store, leaves last
-        (once every other rank said so, or after ACK_WAIT_S). Never returns."""
+        reports first. The lowest surviving rank (rank 0 unless its node is
+        the one lost) writes the last completed step, where no other rank
+        claimed that write first; each other rank waits for the write (up to
+        WRITTEN_WAIT_S, and only while the writer's heartbeats go on), says
+        so and leaves: a survivor that left sooner would have its agent
+        re-form the job, and the writer's agent would stop it mid-write. The
+        writer, whose process may hold the store (rank 0), leaves last (once
+        every other rank said so, or after ACK_WAIT_S). Never returns."""
         self._stop.set()
         try:
             if verdict.by == self.ident.rank:
                 loss_judge.report(verdict, self.outputs.metrics)
             lost = {r.rank for r in verdict.lost}
-            if self.ident.rank == 0:
-                with self._beating():  # this thread writes: the others still see rank 0 alive
+            writer = min(r for r in range(self.ident.world) if r not in lost)
+            if self.ident.rank == writer:
+                with self._beating():  # this thread writes: the others still see the writer alive
                     self._last_words(loss_judge.reason(verdict))
                 self.last_step_written()
-                keys = [_ack(r) for r in range(1, self.ident.world) if r not in lost]
+                keys = [_ack(r) for r in range(self.ident.world) if r not in lost and r != writer]
                 deadline = time.monotonic() + ACK_WAIT_S
                 while time.monotonic() < deadline and not self.store.check(keys):
                     time.sleep(0.1)
             else:
-                if 0 not in lost:
-                    self._wait_for_last_step()
+                self._wait_for_last_step(writer)
                 self.store.set(_ack(self.ident.rank), verdict.kind)
         finally:
             sys.stdout.flush()
@@ -244,8 +247,20 @@ class Watchdog:
             sys.stderr.flush()
             self._exit(ExitCode.STALLED)
 
+    def claim_last_step(self) -> bool:
+        """Whether this rank is the one to write the last completed step of this
+        loss: the first rank to ask, from either thread of any rank. Rank 0
+        asks at once; the others give it CLAIM_DEFER_S first, so that where it
+        lives it writes (its metrics file records the write, its log says so)."""
+        if self.ident.rank != 0:
+            deadline = time.monotonic() + CLAIM_DEFER_S
+            while time.monotonic() < deadline and not self.store.check([WRITER_KEY]):
+                time.sleep(0.05)
+        mine = str(self.ident.rank).encode()
+        return bytes(self.store.compare_set(WRITER_KEY, "", mine.decode())) == mine
+
     def last_step_written(self) -> None:
-        """Rank 0 is done writing its last completed step (or found nothing to
+        """The writer is done with the last completed step (or found nothing to
         write), from this thread or from the main thread's failure path: the
         other ranks may leave."""
         with contextlib.suppress(Exception):  # the store's host gone: nobody waits
@@ -268,10 +283,10 @@ class Watchdog:
         finally:
             done.set()
 
-    def _wait_for_last_step(self) -> None:
-        """Until rank 0 says its last step is written, at most WRITTEN_WAIT_S; not
-        once rank 0's heartbeats stopped for loss_s: it died writing (its node
-        lost too), and its agent's SIGTERM cannot reach this rank's main thread,
+    def _wait_for_last_step(self, writer: int) -> None:
+        """Until the last step is written, at most WRITTEN_WAIT_S; not once the
+        writer's heartbeats stopped for loss_s: it died writing (its node lost
+        too), and its agent's SIGTERM cannot reach this rank's main thread,
         which waits in a collective, so only leaving ends this rank."""
         deadline = time.monotonic() + WRITTEN_WAIT_S
         seq, since = -1, time.monotonic()
@@ -279,15 +294,15 @@ class Watchdog:
             try:
                 if self.store.check([WRITTEN_KEY]):
                     return
-                beat = Beat.decode(0, self.store.get(_hb(0))) if self.store.check([_hb(0)]) else None
+                beat = Beat.decode(writer, self.store.get(_hb(writer))) if self.store.check([_hb(writer)]) else None
             except Exception:  # the store's host exited: nothing more to wait for
                 return
             now = time.monotonic()
             if beat is not None and beat.seq != seq:
                 seq, since = beat.seq, now
             elif now - since > self.loss_s:
-                print(f"ddpkit watchdog: rank {self.ident.rank}: rank 0 fell silent for {self.loss_s:g}s while "
-                      "writing the last step; leaving without it", file=sys.stderr, flush=True)
+                print(f"ddpkit watchdog: rank {self.ident.rank}: rank {writer} fell silent for {self.loss_s:g}s "
+                      "while writing the last step; leaving without it", file=sys.stderr, flush=True)
                 return
             time.sleep(0.2)
 
