@@ -253,6 +253,7 @@ class Chaos:
     rng: random.Random
     pace_s: float
     undo: list[Callable[[], None]] = field(default_factory=list)  # thaw a frozen node, restore a link
+    full: int = NODES  # the world the job trains with again once an episode is over
 
     def records(self) -> list[dict[str, Any]]:
         return metric_records(self.metrics)
@@ -277,12 +278,12 @@ class Chaos:
             proctree.signal_all(pids, signal.SIGTERM if kind == "preempt" else signal.SIGKILL)
 
     def full_world_trains(self, since: float) -> bool:
-        """All 3 nodes train: the last run has 3 ranks and has stepped since `since`."""
+        """The full world trains: the last run has its ranks and has stepped since `since`."""
         recs = self.records()
         runs = [r for r in recs if r["kind"] == "resume"]
         size = runs[-1]["world_size"] if runs else NODES
         last_start = runs[-1]["time"] if runs else 0.0
-        return size == NODES and any(r["kind"] == "train" and r["time"] > max(since, last_start) for r in recs)
+        return size == self.full and any(r["kind"] == "train" and r["time"] > max(since, last_start) for r in recs)
 
     def steps_done(self) -> int:
         return max((r["step"] for r in self.records() if r["kind"] == "train"), default=0)
@@ -308,10 +309,10 @@ class Chaos:
         done.to_first_step_s = round(first - done.at, 2)
         while self.undo:  # the others train without the node: a frozen one is rebooted, a link mended
             self.undo.pop()()
-        full = wait_until(lambda: trained_after(self.records(), done.at, NODES) or (not alive() and -1.0),
-                          WAIT_S, "the job never trained on all 3 nodes again after the fault")
+        full = wait_until(lambda: trained_after(self.records(), done.at, self.full) or (not alive() and -1.0),
+                          WAIT_S, f"the job never trained on {self.full} nodes again after the fault")
         if full < 0:
-            raise RuntimeError("the job ended before all 3 nodes trained again")
+            raise RuntimeError(f"the job ended before {self.full} nodes trained again")
         done.to_full_world_s = round(full - done.at, 2)
 
     # each moment: inject the episode's faults, return what happened
@@ -490,7 +491,7 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
 def _said(i: Injected) -> str:
     faults = " then ".join(f"{kind} of node {node}" for kind, node in i.faults)
     return (f"{i.moment}: {faults} ({'moment hit' if i.hit else 'moment missed'}); first step after "
-            f"{i.to_first_step_s} s, all 3 nodes after {i.to_full_world_s} s" + "".join(f"; {n}" for n in i.notes))
+            f"{i.to_first_step_s} s, the full world after {i.to_full_world_s} s" + "".join(f"; {n}" for n in i.notes))
 
 
 def _closing(out: Path) -> str:
@@ -603,11 +604,11 @@ def difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> str:
 def report(outcome: Outcome) -> str:
     survived = sum(1 for e in outcome.episodes if e.to_full_world_s is not None)
     faults = sum(len(e.faults) for e in outcome.episodes)
-    lines = [f"{'moment':<13} {'faults':<40} {'hit':<4} {'first step s':>12} {'3 nodes s':>10}"]
+    lines = [f"{'moment':<13} {'faults':<40} {'hit':<4} {'first step s':>12} {'full world s':>12}"]
     for e in outcome.episodes:
         what = ", ".join(f"{k} n{n}" for k, n in e.faults)
         lines.append(f"{e.moment:<13} {what:<40} {'yes' if e.hit else 'no':<4} {e.to_first_step_s!s:>12} "
-                     f"{e.to_full_world_s!s:>10}")
+                     f"{e.to_full_world_s!s:>12}")
     lines += [
         f"episodes survived: {survived} of {len(outcome.episodes)} ({faults} faults)",
         f"steps trained twice: {outcome.steps_trained_twice}",

@@ -1,10 +1,12 @@
 """bench/chaos.py: the chaos run's plan and bookkeeping (no processes), and its
 short version on `launch ssh` (three namespace hosts with sshd): three
 episodes that crash, freeze, cut off and kill a worker of nodes including node
-0, during a checkpoint write, two at once, and during rank 0's last-step write.
-The job must exit 0 and end with the weights of a fault-free run that changed
-world size at the same steps, bit for bit; no checkpoint corrupt, nothing left
-running."""
+0, during a checkpoint write, two at once, and during rank 0's last-step write;
+and bench/chaos_slurm.py's on a real Slurm cluster: a worker's crash during a
+checkpoint write, a node's trainer crashed, and the batch host lost while rank
+0 writes the last step (requeued, resumed). The job must end well (exit 0,
+COMPLETED) and with the weights of a fault-free run that changed world size
+at the same steps, bit for bit; no checkpoint corrupt, nothing left running."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import pytest
 from bench import chaos
 from bench.chaos import MOMENTS, Episode, World
 
-from tests.infra import netns, sshd
+from tests.infra import netns, slurm_cluster, sshd
 
 ROOT = Path(__file__).resolve().parents[1]
 SSH_SEED, SSH_EPISODES = 3, 3  # checkpoint: crash n1; back-to-back: freeze n2 + worker n0; last-step: link, crash
+SLURM_SEED = 4  # a worker of node 1 at a checkpoint; node 2's trainer; the batch host while rank 0 writes
 
 
 def test_the_plan_takes_every_moment_and_node_0() -> None:
@@ -65,7 +68,7 @@ def test_steps_trained_twice_and_the_reference_segments() -> None:
 @pytest.mark.skipif(bool(netns.available() or sshd.available()), reason=str(netns.available() or sshd.available()))
 def test_chaos_on_launch_ssh_costs_time_never_work(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench.chaos", "--target", "ssh", "--seed", str(SSH_SEED),
-                           "--episodes", str(SSH_EPISODES), "--steps", "400", "--out", str(tmp_path)],
+                           "--episodes", str(SSH_EPISODES), "--steps", "300", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     said = done.stdout[-3000:] + done.stderr[-6000:]
     assert (tmp_path / "chaos-ssh.json").exists(), said
@@ -81,3 +84,24 @@ def test_chaos_on_launch_ssh_costs_time_never_work(tmp_path: Path) -> None:
     assert out["corrupt"] == [] and out["left_running"] == [], said
     assert result["passed"] and done.returncode == 0, said
     assert "episodes survived: 3 of 3" in done.stdout and "bitwise equal" in done.stdout, said
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(bool(slurm_cluster.available()), reason=str(slurm_cluster.available()))
+def test_chaos_on_slurm_costs_time_never_work(tmp_path: Path) -> None:
+    from bench import chaos_slurm
+
+    assert [(e.moment, e.kinds, e.nodes) for e in chaos_slurm.plan(SLURM_SEED)] == [
+        ("checkpoint", ("worker",), (1,)), ("step", ("crash",), (2,)), ("last-step", ("host",), (0,))]
+    done = subprocess.run([sys.executable, "-m", "bench.chaos_slurm", "--seed", str(SLURM_SEED), "--steps", "250",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    said = done.stdout[-3000:] + done.stderr[-6000:]
+    assert (tmp_path / "chaos-slurm.json").exists(), said
+    out = json.loads((tmp_path / "chaos-slurm.json").read_text())["outcome"]
+    assert out["exit_code"] == 0 and out["closing"].endswith("COMPLETED, exit code 0:0, restarts 1"), said
+    assert [len(e["faults"]) for e in out["episodes"]] == [1, 1, 2], said
+    # the world went 3, then 2 after the crash, then 3 again after the requeue
+    assert [w["size"] for w in out["worlds"]][-2:] == [2, 3], said
+    assert out["bitwise_equal"] is True and out["corrupt"] == [] and out["left_running"] == [], said
+    assert done.returncode == 0 and "episodes survived: 3 of 3" in done.stdout, said

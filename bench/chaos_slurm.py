@@ -1,0 +1,216 @@
+"""The chaos run on a real Slurm cluster (slurmctld and three slurmds in
+network namespaces, tests/infra, root): the rendered sbatch script of an
+elastic job (torchrun mode, 3 nodes, min_nodes 2, `slurm.requeue: true`),
+faults at moments a seed draws, checked as bench/chaos.py checks a launcher's
+run: the job ends COMPLETED, and its final weights are bit for bit those of a
+fault-free run that changed world size at the same steps.
+
+On Slurm nothing brings a lost node back while the job step runs (the batch
+script relaunches a step only once it ended), and node 0, the batch host,
+holds the rendezvous store: its loss has the other nodes requeue the job,
+which resumes from its last checkpoint. So the episodes follow that shape,
+three in a row, the seed drawing their nodes and the first one's moment:
+1. one worker's crash, during a checkpoint write or a step (the agents
+   re-form the job on the same 3 nodes);
+2. a node's trainer crashed (its agent and workers SIGKILLed, its slurmd
+   answers): the others go on with world size 2;
+3. the batch host lost, every process on it (slurmd, the batch shell, the
+   store, the trainer) SIGKILLed while rank 0 writes the last step or at a
+   step: the others requeue the job, its slurmd is started again, and the
+   job resumes on 3 nodes.
+
+    python -m bench.chaos_slurm [--seed 1] [--steps 500] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bench import chaos
+from bench.chaos import NODES, Chaos, Episode, HostNodes, Injected, Outcome
+from bench.common import ROOT, machine
+from bench.recovery import wait_until
+
+from ddpkit.launch.supervise import proctree
+
+
+def plan(seed: int) -> list[Episode]:
+    rng = random.Random(seed)
+    return [Episode(rng.choice(["checkpoint", "step"]), ("worker",), (rng.randrange(NODES),), rng.randint(3, 8)),
+            Episode("step", ("crash",), (rng.choice([1, 2]),), rng.randint(3, 8)),
+            Episode(rng.choice(["last-step", "step"]), ("host",), (0,), rng.randint(3, 8))]
+
+
+@dataclass
+class SlurmJob:
+    """A submitted job, seen as the launchers' process is by bench/chaos.py."""
+
+    cluster: Any
+    job: int
+    info: Any = None
+    asked: float = 0.0
+
+    def poll(self) -> int | None:
+        if self.info is None or (not self.info.finished and time.monotonic() - self.asked > 1.0):
+            self.info, self.asked = self.cluster.job(self.job), time.monotonic()  # scontrol, once a second
+        if not self.info.finished:
+            return None
+        return 0 if self.info.state == "COMPLETED" else 1
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        self.info = self.cluster.wait(self.job, timeout=timeout)
+        return self.poll()
+
+    def send_signal(self, _sig: int) -> None:
+        self.cluster.run(["scancel", str(self.job)])
+
+
+@dataclass
+class SlurmChaos(Chaos):
+    """bench/chaos.py's injector, with the batch host's loss (`host`) and what follows it."""
+
+    cluster: Any = None
+    job: SlurmJob | None = None
+
+    def hit(self, kind: str, node: int) -> None:
+        if kind != "host":
+            super().hit(kind, node)
+            return
+        assert self.cluster is not None and self.job is not None
+        host = self.cluster.net[chaos.HOSTS[node]]
+        proctree.signal_all(host.pids(), signal.SIGKILL)  # slurmd, the batch shell, the store, the trainer
+        job, cluster = self.job, self.cluster
+
+        def back() -> None:  # once the others had the job requeued, the host comes back (a reboot)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and cluster.job(job.job).restarts < 1:
+                time.sleep(0.5)
+            cluster.restart_dead_slurmds()
+        threading.Thread(target=back, name="batch host back", daemon=True).start()
+
+    def _last_step(self, ep: Episode) -> Injected:
+        """rank 0's node is the batch host here: a worker's crash elsewhere makes rank 0 write."""
+        other = self.rng.choice([n for n in range(1, NODES) if chaos.workers(self.nodes.pids(n))])
+        at = time.time()
+        super().hit("worker", other)
+        done = Injected(ep.moment, [("worker", other)], at, False)
+        pid = self._temporary_file(lambda p: p in chaos.workers(self.nodes.pids(0)), timeout=60)
+        done.hit = pid is not None
+        self.hit(ep.kinds[0], 0)
+        done.faults.append((ep.kinds[0], 0))
+        return done
+
+
+def job_spec(work: Path, args: argparse.Namespace, mark: str) -> Path:
+    spec = yaml.safe_load(chaos.job_spec(work, args, mark).read_text())
+    spec["elastic"].pop("max_node_failures")  # a launcher's setting; Slurm's batch script relaunches
+    spec["slurm"] = {"requeue": True}
+    path = work / "chaos.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@contextmanager
+def cluster_up() -> Iterator[Any]:
+    from tests.infra.slurm_cluster import SlurmCluster
+
+    folder = Path(tempfile.mkdtemp(prefix="ddpkit-chaos-slurm-"))
+    try:
+        with SlurmCluster(folder, nodes=NODES) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path, cluster: Any) -> Outcome:
+    mark = f"chaos-run-{os.getpid()}-{int(time.time())}"
+    spec = job_spec(work, args, mark)
+    done = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "-f", str(spec), "-o", str(work)],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"ddpkit render slurm failed: {done.stderr}")
+    job = SlurmJob(cluster, cluster.sbatch(work / "chaos.sbatch"))
+    injector = SlurmChaos(HostNodes(cluster.net), work / "m.jsonl", work / "ckpt", random.Random(args.seed + 1),
+                          args.pace_s, cluster=cluster, job=job)
+    episodes, injected, error, t0 = plan(args.seed), [], "", time.time()
+    alive = lambda: job.poll() is None  # noqa: E731
+    try:
+        wait_until(lambda: injector.full_world_trains(0.0) or not alive(), chaos.WAIT_S, "the job never trained")
+        for ep, full in zip(episodes, (NODES, NODES - 1, NODES)):
+            injector.full = full
+            try:
+                injected.append(injector.episode(ep, alive))
+            except (RuntimeError, TimeoutError) as exc:
+                error = f"{ep.moment}: {exc}"
+                break
+            print(f"chaos: {chaos._said(injected[-1])}", flush=True)
+        job.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGINT)
+    records = chaos.metric_records(work / "m.jsonl")
+    info = job.info
+    closing = f"Slurm: job {job.job} {info.state}, exit code {info.exit_code}, restarts {info.restarts}"
+    return Outcome(0 if info.state == "COMPLETED" else 1, closing, injected,
+                   chaos.worlds(records, chaos._first_world(work / "ckpt")), chaos.steps_trained_twice(records),
+                   chaos.corrupt_checkpoints(work / "ckpt"), chaos.left_running(mark), error=error,
+                   seconds=round(time.time() - t0, 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--pace-s", type=float, default=0.05)
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--loss-s", type=int, default=5)
+    parser.add_argument("--last-call-s", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    args.episodes = 3
+    work = Path(tempfile.mkdtemp(prefix="ddpkit-chaos-slurm-job-"))
+    with cluster_up() as cluster:
+        outcome = run(args, work, cluster)
+    t0 = time.time()
+    if outcome.exit_code == 0:
+        ref = chaos.reference(args, work, outcome.worlds)
+        outcome.differs = chaos.difference(chaos.final_model(work / "ckpt"), chaos.final_model(ref))
+        outcome.bitwise_equal = not outcome.differs
+    outcome.reference_seconds = round(time.time() - t0, 1)
+    ok = chaos.passed(outcome, 3)
+    if ok:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"chaos: kept the run's files in {work}", flush=True)
+    print(chaos.report(outcome))
+    result = {"machine": machine(), "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "plan": [asdict(e) for e in plan(args.seed)], "outcome": asdict(outcome), "passed": ok}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "chaos-slurm.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
