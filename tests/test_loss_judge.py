@@ -473,3 +473,8 @@ def test_one_rank_claims_the_last_step_of_a_loss() -> None:
     start = time.monotonic()
     results = [gone[r].claim_last_step() for r in (2, 1, 2)]
     assert results == [True, False, True] and time.monotonic() - start >= stall.CLAIM_DEFER_S
+
+    named = dogs()  # a verdict named rank 0 lost: the writer it picked does not wait for rank 0
+    named[1]._rank0_lost = True
+    start = time.monotonic()
+    assert named[1].claim_last_step() and time.monotonic() - start < stall.CLAIM_DEFER_S

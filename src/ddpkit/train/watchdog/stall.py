@@ -95,6 +95,7 @@ class Watchdog:
         self.judge = Judge(ident.world, settings) if ident.rank in monitors(ident.world, ident.local_world) else None
         self._exit = exit
         self.loss_s = loss_s
+        self._rank0_lost = False  # a verdict named rank 0 lost: another rank claims the last step at once
         self._stop = threading.Event()
         self._seq = 0
         self._step_times: deque[float] = deque(maxlen=20)
@@ -212,6 +213,7 @@ class Watchdog:
             if verdict.by == self.ident.rank:
                 loss_judge.report(verdict, self.outputs.metrics)
             lost = {r.rank for r in verdict.lost}
+            self._rank0_lost = 0 in lost
             writer = min(r for r in range(self.ident.world) if r not in lost)
             if self.ident.rank == writer:
                 with self._beating():  # this thread writes: the others still see the writer alive
@@ -251,8 +253,8 @@ class Watchdog:
         """Whether this rank is the one to write the last completed step of this
         loss: the first rank to ask, from either thread of any rank. Rank 0
         asks at once; the others give it CLAIM_DEFER_S first, so that where it
-        lives it writes (its metrics file records the write, its log says so)."""
-        if self.ident.rank != 0:
+        lives it writes (its log says so), unless a verdict named it lost."""
+        if self.ident.rank != 0 and not self._rank0_lost:
             deadline = time.monotonic() + CLAIM_DEFER_S
             while time.monotonic() < deadline and not self.store.check([WRITER_KEY]):
                 time.sleep(0.05)
