@@ -161,7 +161,8 @@ def test_the_survivors_leave_only_once_rank_0_wrote_the_last_step(tmp_path: Path
     dogs = [stall.Watchdog(stall.open_store("127.0.0.1", server.port), stall.Identity(r, 3, 1, r, f"h{r}", 5000 + r),
                            S, stall.Outputs(), exit=_exit, loss_s=5.0) for r in range(3)]
     written: list[float] = []
-    dogs[0].last_words = lambda reason: (time.sleep(1.0), written.append(time.monotonic()))
+    # as train/main.py wires it: the trainer's write, then its done hook
+    dogs[0].last_words = lambda reason: (time.sleep(1.0), written.append(time.monotonic()), dogs[0].last_step_written())
     lost = [records.LostRank(2, 2, "h2", 5002, 4, Phase.BACKWARD.value, 6.0)]
     verdict = loss_judge.verdict(lost, 5.0, by=1, elastic=True)
     left: dict[int, float] = {}
@@ -389,7 +390,7 @@ def test_a_survivor_stops_waiting_for_a_rank_0_that_died_writing(tmp_path: Path)
     lost = [records.LostRank(2, 2, "h2", 5002, 4, Phase.BACKWARD.value, 6.0)]
     verdict = loss_judge.verdict(lost, 1.0, by=1, elastic=True)
     written: list[float] = []
-    dogs[0].last_words = lambda reason: (time.sleep(2.5), written.append(time.monotonic()))
+    dogs[0].last_words = lambda reason: (time.sleep(2.5), written.append(time.monotonic()), dogs[0].last_step_written())
     left: dict[int, float] = {}
 
     def leave(dog: stall.Watchdog) -> None:
@@ -426,7 +427,8 @@ def test_with_rank_0_lost_the_lowest_survivor_writes_the_last_step_and_leaves_la
                            S, stall.Outputs(), exit=_exit, loss_s=5.0) for r in range(3)]
     written: list[tuple[int, float]] = []
     for dog in dogs[1:]:
-        dog.last_words = lambda reason, r=dog.ident.rank: (time.sleep(1.0), written.append((r, time.monotonic())))
+        dog.last_words = lambda reason, d=dog: (time.sleep(1.0), written.append((d.ident.rank, time.monotonic())),
+                                                d.last_step_written())
     lost = [records.LostRank(0, 0, "h0", 5000, 4, Phase.BACKWARD.value, 6.0)]
     verdict = loss_judge.verdict(lost, 5.0, by=2, elastic=True)
     left: dict[int, float] = {}
@@ -478,3 +480,23 @@ def test_one_rank_claims_the_last_step_of_a_loss() -> None:
     named[1]._rank0_lost = True
     start = time.monotonic()
     assert named[1].claim_last_step() and time.monotonic() - start < stall.CLAIM_DEFER_S
+
+
+def test_the_last_step_is_written_by_its_claimant_alone_and_a_job_without_one_says_done() -> None:
+    """A rank whose claim lost writes nothing and leaves 'done' to the claimant; a
+    rank with nothing to write (no restart to come) says done at once, so nobody waits."""
+    import logging
+
+    from torch import nn
+
+    from ddpkit.train.checkpoint.last_step import LastStep
+
+    said: list[str] = []
+    lost_claim = LastStep(None, nn.Linear(2, 2), lambda: None, enabled=True,  # type: ignore[arg-type]
+                          log=logging.getLogger("t"), rank=1)
+    lost_claim.claim, lost_claim.done = (lambda: False), (lambda: said.append("done"))
+    assert lost_claim.write("peer gone") is None and said == []
+    static = LastStep(None, nn.Linear(2, 2), lambda: None, enabled=False,  # type: ignore[arg-type]
+                      log=logging.getLogger("t"), rank=0)
+    static.done = lambda: said.append("done")
+    assert static.write("peer gone") is None and said == ["done"]

@@ -89,17 +89,15 @@ class LastStep:
 
     def write(self, reason: str) -> Path | None:
         """Write the last completed step (the rank that claimed it; once per step; not for ZeRO), or None."""
-        if not self._mine():
-            return None  # another rank writes it, and says so itself
+        if self.enabled and not self._mine():
+            return None  # another rank writes it, and says when it is done
         try:
-            return self._write(reason)
+            return self._write(reason) if self.enabled else None
         finally:
             if self.done is not None:
                 self.done()
 
     def _mine(self) -> bool:
-        if not self.enabled:
-            return False
         if self.claim is None:
             return self.rank == 0
         try:

@@ -216,9 +216,10 @@ class Watchdog:
             self._rank0_lost = 0 in lost
             writer = min(r for r in range(self.ident.world) if r not in lost)
             if self.ident.rank == writer:
+                if self.last_words is None:  # no trainer writes here (a program's own): nothing to wait for
+                    self.last_step_written()
                 with self._beating():  # this thread writes: the others still see the writer alive
                     self._last_words(loss_judge.reason(verdict))
-                self.last_step_written()
                 keys = [_ack(r) for r in range(self.ident.world) if r not in lost and r != writer]
                 deadline = time.monotonic() + ACK_WAIT_S
                 while time.monotonic() < deadline and not self.store.check(keys):
