@@ -50,6 +50,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -475,7 +476,7 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
                     error = f"{ep.moment}: {exc}"
                     print(f"chaos: {error}", flush=True)
                     break
-                print(f"chaos: {_said(done[-1])}", flush=True)
+                print(f"chaos: {said(done[-1])}", flush=True)
             proc.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
         finally:
             if proc.poll() is None:
@@ -484,11 +485,11 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
     seconds = time.time() - t0
     records = metric_records(work / "m.jsonl")
     return Outcome(proc.returncode, _closing(work / "launcher.out"), done,
-                   worlds(records, _first_world(work / "ckpt")), steps_trained_twice(records),
+                   worlds(records, first_world(work / "ckpt")), steps_trained_twice(records),
                    corrupt_checkpoints(work / "ckpt"), left_running(mark), error=error, seconds=round(seconds, 1))
 
 
-def _said(i: Injected) -> str:
+def said(i: Injected) -> str:
     faults = " then ".join(f"{kind} of node {node}" for kind, node in i.faults)
     return (f"{i.moment}: {faults} ({'moment hit' if i.hit else 'moment missed'}); first step after "
             f"{i.to_first_step_s} s, the full world after {i.to_full_world_s} s" + "".join(f"; {n}" for n in i.notes))
@@ -501,7 +502,7 @@ def _closing(out: Path) -> str:
     return " ".join(line.strip() for line in lines[bottom + 1:] if line.strip())
 
 
-def _first_world(ckpt: Path) -> int:
+def first_world(ckpt: Path) -> int:
     """The first run's world size, from the earliest checkpoint it wrote."""
     first = min(ckpt.glob("ckpt-*.pt"))
     return int(torch.load(first, map_location="cpu", weights_only=False)["world_size"])
@@ -647,37 +648,36 @@ def main(argv: list[str] | None = None) -> int:
     args.kinds = args.kinds.split(",") if args.kinds else allowed
     if set(args.kinds) - set(allowed):
         parser.error(f"--kinds: {args.target} takes {', '.join(allowed)}")
-    work = args.work or Path(tempfile_dir())
+    work = args.work or Path(tempfile.mkdtemp(prefix="ddpkit-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
-    try:
-        outcome = chaos_run(args, work)
-        t0 = time.time()
-        if outcome.exit_code == 0:
-            ref = reference(args, work, outcome.worlds)
-            outcome.differs = difference(final_model(work / "ckpt"), final_model(ref))
-            outcome.bitwise_equal = not outcome.differs
-        outcome.reference_seconds = round(time.time() - t0, 1)
-    finally:
-        ok = "outcome" in locals() and passed(outcome, args.episodes)
-        if args.work is None and ok:
-            shutil.rmtree(work, ignore_errors=True)
-        elif args.work is None:
-            print(f"chaos: kept the run's files in {work}", flush=True)
+    outcome = chaos_run(args, work)
+    return finish(args, work, outcome, [asdict(e) for e in plan(args.seed, args.episodes, args.kinds)],
+                  f"chaos-{args.target}", keep=args.work is not None)
+
+
+def finish(args: argparse.Namespace, work: Path, outcome: Outcome, planned: list[dict[str, Any]], name: str,
+           keep: bool = False) -> int:
+    """The fault-free reference and the comparison, the report, the result file; the exit code.
+    The run's files are kept where it did not pass (or where `keep`)."""
+    t0 = time.time()
+    if outcome.exit_code == 0:
+        ref = reference(args, work, outcome.worlds)
+        outcome.differs = difference(final_model(work / "ckpt"), final_model(ref))
+        outcome.bitwise_equal = not outcome.differs
+    outcome.reference_seconds = round(time.time() - t0, 1)
+    ok = passed(outcome, args.episodes)
+    if not ok and not keep:
+        print(f"chaos: kept the run's files in {work}", flush=True)
+    elif not keep:
+        shutil.rmtree(work, ignore_errors=True)
     print(report(outcome))
     result = {"machine": machine(), "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "plan": [asdict(e) for e in plan(args.seed, args.episodes, args.kinds)], "outcome": asdict(outcome),
-              "passed": ok}
+              "plan": planned, "outcome": asdict(outcome), "passed": ok}
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"chaos-{args.target}.json"
+    path = args.out / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
-    return 0 if result["passed"] else 1
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="ddpkit-chaos-")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

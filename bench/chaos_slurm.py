@@ -25,7 +25,6 @@ three in a row, the seed drawing their nodes and the first one's moment:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -44,7 +43,7 @@ from typing import Any
 import yaml
 from bench import chaos
 from bench.chaos import NODES, Chaos, Episode, HostNodes, Injected, Outcome
-from bench.common import ROOT, machine
+from bench.common import ROOT
 from bench.recovery import wait_until
 
 from ddpkit.launch.supervise import proctree
@@ -163,7 +162,7 @@ def run(args: argparse.Namespace, work: Path, cluster: Any) -> Outcome:
             except (RuntimeError, TimeoutError) as exc:
                 error = f"{ep.moment}: {exc}"
                 break
-            print(f"chaos: {chaos._said(injected[-1])}", flush=True)
+            print(f"chaos: {chaos.said(injected[-1])}", flush=True)
         job.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
     finally:
         if job.poll() is None:
@@ -172,7 +171,7 @@ def run(args: argparse.Namespace, work: Path, cluster: Any) -> Outcome:
     info = job.info
     closing = f"Slurm: job {job.job} {info.state}, exit code {info.exit_code}, restarts {info.restarts}"
     return Outcome(0 if info.state == "COMPLETED" else 1, closing, injected,
-                   chaos.worlds(records, chaos._first_world(work / "ckpt")), chaos.steps_trained_twice(records),
+                   chaos.worlds(records, chaos.first_world(work / "ckpt")), chaos.steps_trained_twice(records),
                    chaos.corrupt_checkpoints(work / "ckpt"), chaos.left_running(mark), error=error,
                    seconds=round(time.time() - t0, 1))
 
@@ -191,25 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ddpkit-chaos-slurm-job-"))
     with cluster_up() as cluster:
         outcome = run(args, work, cluster)
-    t0 = time.time()
-    if outcome.exit_code == 0:
-        ref = chaos.reference(args, work, outcome.worlds)
-        outcome.differs = chaos.difference(chaos.final_model(work / "ckpt"), chaos.final_model(ref))
-        outcome.bitwise_equal = not outcome.differs
-    outcome.reference_seconds = round(time.time() - t0, 1)
-    ok = chaos.passed(outcome, 3)
-    if ok:
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print(f"chaos: kept the run's files in {work}", flush=True)
-    print(chaos.report(outcome))
-    result = {"machine": machine(), "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "plan": [asdict(e) for e in plan(args.seed)], "outcome": asdict(outcome), "passed": ok}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "chaos-slurm.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
-    return 0 if ok else 1
+    return chaos.finish(args, work, outcome, [asdict(e) for e in plan(args.seed)], "chaos-slurm")
 
 
 if __name__ == "__main__":
