@@ -289,6 +289,23 @@ class Chaos:
     def steps_done(self) -> int:
         return max((r["step"] for r in self.records() if r["kind"] == "train"), default=0)
 
+    def inject_all(self, episodes: list[Episode], alive: Callable[[], bool],
+                   fulls: list[int] | None = None) -> tuple[list[Injected], str]:
+        """Every episode in turn while the job runs (each followed by the world `fulls` names,
+        default the whole job); the episodes done, and why it stopped before the last ('' if not)."""
+        done: list[Injected] = []
+        for i, ep in enumerate(episodes):
+            if not alive():
+                return done, f"the job ended before episode {i + 1}"
+            self.full = fulls[i] if fulls else NODES
+            try:
+                done.append(self.episode(ep, alive))
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"chaos: {ep.moment}: {exc}", flush=True)
+                return done, f"{ep.moment}: {exc}"
+            print(f"chaos: {said(done[-1])}", flush=True)
+        return done, ""
+
     def episode(self, ep: Episode, alive: Callable[[], bool]) -> Injected:
         start = self.steps_done()
         wait_until(lambda: self.steps_done() >= start + ep.after_steps or not alive(), WAIT_S,
@@ -467,24 +484,21 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
             wait_until(lambda: chaos.full_world_trains(0.0) or not alive(), WAIT_S, "the job never trained")
             wait_until(lambda: any(r["kind"] == "checkpoint" for r in chaos.records()) or not alive(), WAIT_S,
                        "the job wrote no checkpoint")
-            for ep in episodes:
-                if not alive():
-                    break
-                try:
-                    done.append(chaos.episode(ep, alive))
-                except (RuntimeError, TimeoutError) as exc:
-                    error = f"{ep.moment}: {exc}"
-                    print(f"chaos: {error}", flush=True)
-                    break
-                print(f"chaos: {said(done[-1])}", flush=True)
+            done, error = chaos.inject_all(episodes, alive)
             proc.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
                 proc.wait(120)
+    return outcome_of(work, proc.returncode, _closing(work / "launcher.out"), done, mark, error, t0)
+
+
+def outcome_of(work: Path, exit_code: int | None, closing: str, done: list[Injected], mark: str, error: str,
+               t0: float) -> Outcome:
+    """What the run left: its worlds, the steps it trained twice, its checkpoints, its processes."""
     seconds = time.time() - t0
     records = metric_records(work / "m.jsonl")
-    return Outcome(proc.returncode, _closing(work / "launcher.out"), done,
+    return Outcome(-1 if exit_code is None else exit_code, closing, done,
                    worlds(records, first_world(work / "ckpt")), steps_trained_twice(records),
                    corrupt_checkpoints(work / "ckpt"), left_running(mark), error=error, seconds=round(seconds, 1))
 

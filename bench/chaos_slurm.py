@@ -27,15 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +41,7 @@ import yaml
 from bench import chaos
 from bench.chaos import NODES, Chaos, Episode, HostNodes, Injected, Outcome
 from bench.common import ROOT
+from bench.elastic import slurm_cluster
 from bench.recovery import wait_until
 
 from ddpkit.launch.supervise import proctree
@@ -129,18 +127,6 @@ def job_spec(work: Path, args: argparse.Namespace, mark: str) -> Path:
     return path
 
 
-@contextmanager
-def cluster_up() -> Iterator[Any]:
-    from tests.infra.slurm_cluster import SlurmCluster
-
-    folder = Path(tempfile.mkdtemp(prefix="ddpkit-chaos-slurm-"))
-    try:
-        with SlurmCluster(folder, nodes=NODES) as cluster:
-            yield cluster
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def run(args: argparse.Namespace, work: Path, cluster: Any) -> Outcome:
     mark = f"chaos-run-{os.getpid()}-{int(time.time())}"
     spec = job_spec(work, args, mark)
@@ -151,29 +137,18 @@ def run(args: argparse.Namespace, work: Path, cluster: Any) -> Outcome:
     job = SlurmJob(cluster, cluster.sbatch(work / "chaos.sbatch"))
     injector = SlurmChaos(HostNodes(cluster.net), work / "m.jsonl", work / "ckpt", random.Random(args.seed + 1),
                           args.pace_s, cluster=cluster, job=job)
-    episodes, injected, error, t0 = plan(args.seed), [], "", time.time()
+    injected, error, t0 = [], "", time.time()
     alive = lambda: job.poll() is None  # noqa: E731
     try:
         wait_until(lambda: injector.full_world_trains(0.0) or not alive(), chaos.WAIT_S, "the job never trained")
-        for ep, full in zip(episodes, (NODES, NODES - 1, NODES)):
-            injector.full = full
-            try:
-                injected.append(injector.episode(ep, alive))
-            except (RuntimeError, TimeoutError) as exc:
-                error = f"{ep.moment}: {exc}"
-                break
-            print(f"chaos: {chaos.said(injected[-1])}", flush=True)
+        injected, error = injector.inject_all(plan(args.seed), alive, [NODES, NODES - 1, NODES])
         job.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
     finally:
         if job.poll() is None:
             job.send_signal(signal.SIGINT)
-    records = chaos.metric_records(work / "m.jsonl")
     info = job.info
     closing = f"Slurm: job {job.job} {info.state}, exit code {info.exit_code}, restarts {info.restarts}"
-    return Outcome(0 if info.state == "COMPLETED" else 1, closing, injected,
-                   chaos.worlds(records, chaos.first_world(work / "ckpt")), chaos.steps_trained_twice(records),
-                   chaos.corrupt_checkpoints(work / "ckpt"), chaos.left_running(mark), error=error,
-                   seconds=round(time.time() - t0, 1))
+    return chaos.outcome_of(work, 0 if info.state == "COMPLETED" else 1, closing, injected, mark, error, t0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.episodes = 3
     work = Path(tempfile.mkdtemp(prefix="ddpkit-chaos-slurm-job-"))
-    with cluster_up() as cluster:
+    with slurm_cluster() as cluster:
         outcome = run(args, work, cluster)
     return chaos.finish(args, work, outcome, [asdict(e) for e in plan(args.seed)], "chaos-slurm")
 
