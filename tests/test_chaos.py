@@ -67,8 +67,11 @@ def test_steps_trained_twice_and_the_reference_segments() -> None:
 @pytest.mark.root
 @pytest.mark.skipif(bool(netns.available() or sshd.available()), reason=str(netns.available() or sshd.available()))
 def test_chaos_on_launch_ssh_costs_time_never_work(tmp_path: Path) -> None:
+    # 600 steps: the job still trains when the last episode's node is back (a cut-off node takes up to
+    # about 20 s to return, while the two others train some 8 steps a second; the last episode starts
+    # near step 100). A job that ends first fails the run ("the job ended before 3 nodes trained again").
     done = subprocess.run([sys.executable, "-m", "bench.chaos", "--target", "ssh", "--seed", str(SSH_SEED),
-                           "--episodes", str(SSH_EPISODES), "--steps", "300", "--out", str(tmp_path)],
+                           "--episodes", str(SSH_EPISODES), "--steps", "600", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     said = done.stdout[-3000:] + done.stderr[-6000:]
     assert (tmp_path / "chaos-ssh.json").exists(), said
@@ -94,7 +97,7 @@ def test_chaos_on_slurm_costs_time_never_work(tmp_path: Path) -> None:
 
     assert [(e.moment, e.kinds, e.nodes) for e in chaos_slurm.plan(SLURM_SEED)] == [
         ("checkpoint", ("worker",), (1,)), ("step", ("crash",), (2,)), ("last-step", ("host",), (0,))]
-    done = subprocess.run([sys.executable, "-m", "bench.chaos_slurm", "--seed", str(SLURM_SEED), "--steps", "250",
+    done = subprocess.run([sys.executable, "-m", "bench.chaos_slurm", "--seed", str(SLURM_SEED), "--steps", "300",
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     said = done.stdout[-3000:] + done.stderr[-6000:]
     assert (tmp_path / "chaos-slurm.json").exists(), said
