@@ -475,8 +475,6 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
     mark = f"chaos-run-{os.getpid()}-{int(time.time())}"  # not key-like: the spec check warns of those
     episodes = plan(args.seed, args.episodes, args.kinds)
     t0 = time.time()
-    done: list[Injected] = []
-    error = ""
     with launched(args, work, mark) as (proc, nodes):
         chaos = Chaos(nodes, work / "m.jsonl", work / "ckpt", random.Random(args.seed + 1), args.pace_s)
         try:

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, work: Path, cluster: Any) -> Outcome:
     job = SlurmJob(cluster, cluster.sbatch(work / "chaos.sbatch"))
     injector = SlurmChaos(HostNodes(cluster.net), work / "m.jsonl", work / "ckpt", random.Random(args.seed + 1),
                           args.pace_s, cluster=cluster, job=job)
-    injected, error, t0 = [], "", time.time()
+    t0 = time.time()
     alive = lambda: job.poll() is None  # noqa: E731
     try:
         wait_until(lambda: injector.full_world_trains(0.0) or not alive(), chaos.WAIT_S, "the job never trained")

@@ -152,6 +152,27 @@ def test_the_store_protocol_three_nodes_one_silent(tmp_path: Path) -> None:
     assert record.action == "stop"  # no elastic agent here
 
 
+def _leave(dogs: list[stall.Watchdog], verdict: records.NodeLost, gap_s: float = 0.0) -> dict[int, float]:
+    """Each watchdog acts on the lost-node verdict on a thread of its own, started in
+    the order given, `gap_s` apart; when each left with NODE_LOST (any other exit: absent)."""
+    left: dict[int, float] = {}
+
+    def leave(dog: stall.Watchdog) -> None:
+        try:
+            dog.on_lost(verdict)
+        except _Exited as exc:
+            if exc.args[0] == ExitCode.NODE_LOST:
+                left[dog.ident.rank] = time.monotonic()
+
+    threads = [threading.Thread(target=leave, args=(dog,)) for dog in dogs]
+    for thread in threads:
+        thread.start()
+        time.sleep(gap_s)
+    for thread in threads:
+        thread.join(timeout=60)
+    return left
+
+
 def test_the_survivors_leave_only_once_rank_0_wrote_the_last_step(tmp_path: Path) -> None:
     """Rank 1 declared node 2 lost and would leave at once; had it, its agent
     would re-form the job and node 0's agent stop rank 0 while it writes the
@@ -165,21 +186,7 @@ def test_the_survivors_leave_only_once_rank_0_wrote_the_last_step(tmp_path: Path
     dogs[0].last_words = lambda reason: (time.sleep(1.0), written.append(time.monotonic()), dogs[0].last_step_written())
     lost = [records.LostRank(2, 2, "h2", 5002, 4, Phase.BACKWARD.value, 6.0)]
     verdict = loss_judge.verdict(lost, 5.0, by=1, elastic=True)
-    left: dict[int, float] = {}
-
-    def leave(dog: stall.Watchdog) -> None:
-        try:
-            dog.on_lost(verdict)
-        except _Exited as exc:
-            assert exc.args[0] == ExitCode.NODE_LOST
-            left[dog.ident.rank] = time.monotonic()
-
-    threads = [threading.Thread(target=leave, args=(dogs[r],)) for r in (1, 0)]  # the declarer sees it first
-    for thread in threads:
-        thread.start()
-        time.sleep(0.2)
-    for thread in threads:
-        thread.join(timeout=60)
+    left = _leave([dogs[1], dogs[0]], verdict, gap_s=0.2)  # the declarer sees it first
     assert sorted(left) == [0, 1] and len(written) == 1
     assert written[0] <= left[1] <= left[0]
 
@@ -391,21 +398,9 @@ def test_a_survivor_stops_waiting_for_a_rank_0_that_died_writing(tmp_path: Path)
     verdict = loss_judge.verdict(lost, 1.0, by=1, elastic=True)
     written: list[float] = []
     dogs[0].last_words = lambda reason: (time.sleep(2.5), written.append(time.monotonic()), dogs[0].last_step_written())
-    left: dict[int, float] = {}
-
-    def leave(dog: stall.Watchdog) -> None:
-        try:
-            dog.on_lost(verdict)
-        except _Exited:
-            left[dog.ident.rank] = time.monotonic()
-
     for dog in dogs[:2]:
         dog.publish()
-    threads = [threading.Thread(target=leave, args=(dogs[r],)) for r in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    left = _leave(dogs[:2], verdict)
     assert written and written[0] <= left[1], "rank 1 left while a live rank 0 was still writing (2.5 s > loss_s)"
 
     # rank 0 dies as it starts writing: nothing beats, nothing is written
@@ -415,7 +410,7 @@ def test_a_survivor_stops_waiting_for_a_rank_0_that_died_writing(tmp_path: Path)
     stall.Watchdog(stall.open_store("127.0.0.1", server2.port), stall.Identity(0, 3, 1, 0, "h0", 5000),
                    fast, stall.Outputs(), exit=_exit, loss_s=1.0).publish()
     start = time.monotonic()
-    leave(survivor)
+    left = _leave([survivor], verdict)
     assert 1.0 <= left[1] - start < 5.0, f"waited {left[1] - start:.1f}s for a dead rank 0 (bound {stall.WRITTEN_WAIT_S}s)"
 
 
@@ -431,19 +426,7 @@ def test_with_rank_0_lost_the_lowest_survivor_writes_the_last_step_and_leaves_la
                                                 d.last_step_written())
     lost = [records.LostRank(0, 0, "h0", 5000, 4, Phase.BACKWARD.value, 6.0)]
     verdict = loss_judge.verdict(lost, 5.0, by=2, elastic=True)
-    left: dict[int, float] = {}
-
-    def leave(dog: stall.Watchdog) -> None:
-        try:
-            dog.on_lost(verdict)
-        except _Exited:
-            left[dog.ident.rank] = time.monotonic()
-
-    threads = [threading.Thread(target=leave, args=(dogs[r],)) for r in (2, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    left = _leave([dogs[2], dogs[1]], verdict)
     assert [r for r, _ in written] == [1] and sorted(left) == [1, 2]
     assert written[0][1] <= left[2] <= left[1]
 
