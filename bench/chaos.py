@@ -51,6 +51,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -477,18 +478,55 @@ def chaos_run(args: argparse.Namespace, work: Path) -> Outcome:
     t0 = time.time()
     with launched(args, work, mark) as (proc, nodes):
         chaos = Chaos(nodes, work / "m.jsonl", work / "ckpt", random.Random(args.seed + 1), args.pace_s)
+        watch = stop_when_late(args.deadline_s, lambda: tail(work / "launcher.out", 80),
+                         lambda: proc.send_signal(signal.SIGINT))
+        done: list[Injected] = []
         try:
             alive = lambda: proc.poll() is None  # noqa: E731
-            wait_until(lambda: chaos.full_world_trains(0.0) or not alive(), WAIT_S, "the job never trained")
-            wait_until(lambda: any(r["kind"] == "checkpoint" for r in chaos.records()) or not alive(), WAIT_S,
-                       "the job wrote no checkpoint")
-            done, error = chaos.inject_all(episodes, alive)
+            error = started(chaos, alive, checkpointed=True)
+            if not error:
+                done, error = chaos.inject_all(episodes, alive)
             proc.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
         finally:
+            watch.set()
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
                 proc.wait(120)
     return outcome_of(work, proc.returncode, _closing(work / "launcher.out"), done, mark, error, t0)
+
+
+def started(chaos: Chaos, alive: Callable[[], bool], checkpointed: bool) -> str:
+    """Waits until the whole job trains (and, where `checkpointed`, has written a checkpoint);
+    '' then, else why not."""
+    try:
+        wait_until(lambda: chaos.full_world_trains(0.0) or not alive(), WAIT_S, "the job never trained")
+        if checkpointed:
+            wait_until(lambda: any(r["kind"] == "checkpoint" for r in chaos.records()) or not alive(), WAIT_S,
+                       "the job wrote no checkpoint")
+    except TimeoutError as exc:
+        return str(exc)
+    return "" if alive() else "the job ended before the first episode"
+
+
+def stop_when_late(seconds: float, state: Callable[[], str], stop: Callable[[], None]) -> threading.Event:
+    """Past `seconds`, prints what the job is doing and stops it, so that a stuck run ends
+    naming its state instead of at its caller's timeout. Set the event to call it off."""
+    off = threading.Event()
+
+    def watch() -> None:
+        if off.wait(seconds):
+            return
+        try:
+            print(f"chaos: past the deadline ({seconds:.0f} s), stopping the job; its state:\n{state()}", flush=True)
+        finally:
+            stop()
+    threading.Thread(target=watch, name="chaos deadline", daemon=True).start()
+    return off
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.exists() else ["(none)"]
+    return f"--- {path.name}, last {lines} lines:\n" + "\n".join(text[-lines:])
 
 
 def outcome_of(work: Path, exit_code: int | None, closing: str, done: list[Injected], mark: str, error: str,
@@ -653,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--loss-s", type=int, default=5, help="watchdog.loss_s")
     parser.add_argument("--last-call-s", type=int, default=5, help="elastic.last_call_s")
+    parser.add_argument("--deadline-s", type=float, default=3600,
+                        help="stop the job, saying its state, if it runs longer than this")
     parser.add_argument("--work", type=Path, default=None, help="keep the run's files here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)

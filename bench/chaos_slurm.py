@@ -42,7 +42,6 @@ from bench import chaos
 from bench.chaos import NODES, Chaos, Episode, HostNodes, Injected, Outcome
 from bench.common import ROOT
 from bench.elastic import slurm_cluster
-from bench.recovery import wait_until
 
 from ddpkit.launch.supervise import proctree
 
@@ -65,8 +64,12 @@ class SlurmJob:
 
     def poll(self) -> int | None:
         if self.info is None or (not self.info.finished and time.monotonic() - self.asked > 1.0):
-            self.info, self.asked = self.cluster.job(self.job), time.monotonic()  # scontrol, once a second
-        if not self.info.finished:
+            self.asked = time.monotonic()
+            try:
+                self.info = self.cluster.job(self.job)  # scontrol, once a second
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # a loaded slurmctld: ask again later
+                print(f"chaos: scontrol show job {self.job}: {exc}", flush=True)
+        if self.info is None or not self.info.finished:
             return None
         return 0 if self.info.state == "COMPLETED" else 1
 
@@ -75,7 +78,9 @@ class SlurmJob:
         return self.poll()
 
     def wait(self, timeout: float) -> int | None:
-        self.info = self.cluster.wait(self.job, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
         return self.poll()
 
     def send_signal(self, _sig: int) -> None:
@@ -100,9 +105,9 @@ class SlurmChaos(Chaos):
 
         def back() -> None:  # once the others had the job requeued, the host comes back (a reboot)
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and cluster.job(job.job).restarts < 1:
+            while time.monotonic() < deadline and not requeued(cluster, job.job):
                 time.sleep(0.5)
-            cluster.restart_dead_slurmds()
+            print(f"chaos: node 0's slurmd started again: {cluster.restart_dead_slurmds()}", flush=True)
         threading.Thread(target=back, name="batch host back", daemon=True).start()
 
     def _last_step(self, ep: Episode) -> Injected:
@@ -116,6 +121,28 @@ class SlurmChaos(Chaos):
         self.hit(ep.kinds[0], 0)
         done.faults.append((ep.kinds[0], 0))
         return done
+
+
+def requeued(cluster: Any, job: int) -> bool:
+    """The job was requeued; False too where scontrol did not answer (a loaded slurmctld)."""
+    try:
+        return bool(cluster.job(job).restarts >= 1)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def state(cluster: Any, job: int, work: Path) -> str:
+    """What Slurm says of the job and its nodes, and the tail of the job's output."""
+    said = []
+    for cmd in (["scontrol", "show", "job", str(job)], ["sinfo", "-N", "-o", "%N %T %E"],
+                ["squeue", "-a", "-o", "%i %T %r %N"]):
+        try:
+            done = cluster.run(cmd, timeout=20)
+            said.append(f"--- {' '.join(cmd)}:\n{done.stdout.strip()}{done.stderr.strip()}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said.append(f"--- {' '.join(cmd)}: {exc}")
+    logs = [*sorted(work.glob("*.out")), cluster.workdir / "slurmctld.log", *sorted(cluster.workdir.glob("slurmd-*.log"))]
+    return "\n".join([*said, *(chaos.tail(p, 30) for p in logs)])
 
 
 def job_spec(work: Path, args: argparse.Namespace, mark: str) -> Path:
@@ -139,14 +166,23 @@ def run(args: argparse.Namespace, work: Path, cluster: Any) -> Outcome:
                           args.pace_s, cluster=cluster, job=job)
     t0 = time.time()
     alive = lambda: job.poll() is None  # noqa: E731
+    watch = chaos.stop_when_late(args.deadline_s, lambda: state(cluster, job.job, work),
+                                 lambda: job.send_signal(signal.SIGINT))
+    injected: list[Injected] = []
     try:
-        wait_until(lambda: injector.full_world_trains(0.0) or not alive(), chaos.WAIT_S, "the job never trained")
-        injected, error = injector.inject_all(plan(args.seed), alive, [NODES, NODES - 1, NODES])
+        error = chaos.started(injector, alive, checkpointed=False)
+        if not error:
+            injected, error = injector.inject_all(plan(args.seed), alive, [NODES, NODES - 1, NODES])
         job.wait(timeout=args.steps * (args.pace_s * 4 + 0.5) + 300)
     finally:
+        watch.set()
         if job.poll() is None:
             job.send_signal(signal.SIGINT)
+            job.wait(120)
     info = job.info
+    if info is None:
+        return chaos.outcome_of(work, None, f"Slurm: job {job.job}: scontrol never answered", injected, mark,
+                                error, t0)
     closing = f"Slurm: job {job.job} {info.state}, exit code {info.exit_code}, restarts {info.restarts}"
     return chaos.outcome_of(work, 0 if info.state == "COMPLETED" else 1, closing, injected, mark, error, t0)
 
@@ -159,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--loss-s", type=int, default=5)
     parser.add_argument("--last-call-s", type=int, default=5)
+    parser.add_argument("--deadline-s", type=float, default=3600,
+                        help="cancel the job, saying its state, if it runs longer than this")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     args.episodes = 3

@@ -24,6 +24,19 @@ from tests.infra import netns, slurm_cluster, sshd
 ROOT = Path(__file__).resolve().parents[1]
 SSH_SEED, SSH_EPISODES = 3, 3  # checkpoint: crash n1; back-to-back: freeze n2 + worker n0; last-step: link, crash
 SLURM_SEED = 4  # a worker of node 1 at a checkpoint; node 2's trainer; the batch host while rank 0 writes
+# A stuck job is stopped by the bench itself, which then prints the job's state; the test's own limit
+# comes after that and the fault-free reference, and before pytest's (600 s).
+DEADLINE_S, LIMIT_S = 400, 560
+
+
+def run_chaos(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The bench, as a user runs it; what it printed, also where it ran past the test's limit."""
+    argv = [sys.executable, "-m", module, *args, "--deadline-s", str(DEADLINE_S)]
+    try:
+        return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"{module} ran past {LIMIT_S} s; it printed:\n{out[-8000:]}")
 
 
 def test_the_plan_takes_every_moment_and_node_0() -> None:
@@ -70,9 +83,8 @@ def test_chaos_on_launch_ssh_costs_time_never_work(tmp_path: Path) -> None:
     # 600 steps: the job still trains when the last episode's node is back (a cut-off node takes up to
     # about 20 s to return, while the two others train some 8 steps a second; the last episode starts
     # near step 100). A job that ends first fails the run ("the job ended before 3 nodes trained again").
-    done = subprocess.run([sys.executable, "-m", "bench.chaos", "--target", "ssh", "--seed", str(SSH_SEED),
-                           "--episodes", str(SSH_EPISODES), "--steps", "600", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = run_chaos("bench.chaos", "--target", "ssh", "--seed", str(SSH_SEED), "--episodes", str(SSH_EPISODES),
+                     "--steps", "600", "--out", str(tmp_path))
     said = done.stdout[-3000:] + done.stderr[-6000:]
     assert (tmp_path / "chaos-ssh.json").exists(), said
     result = json.loads((tmp_path / "chaos-ssh.json").read_text())
@@ -97,8 +109,7 @@ def test_chaos_on_slurm_costs_time_never_work(tmp_path: Path) -> None:
 
     assert [(e.moment, e.kinds, e.nodes) for e in chaos_slurm.plan(SLURM_SEED)] == [
         ("checkpoint", ("worker",), (1,)), ("step", ("crash",), (2,)), ("last-step", ("host",), (0,))]
-    done = subprocess.run([sys.executable, "-m", "bench.chaos_slurm", "--seed", str(SLURM_SEED), "--steps", "300",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = run_chaos("bench.chaos_slurm", "--seed", str(SLURM_SEED), "--steps", "300", "--out", str(tmp_path))
     said = done.stdout[-3000:] + done.stderr[-6000:]
     assert (tmp_path / "chaos-slurm.json").exists(), said
     out = json.loads((tmp_path / "chaos-slurm.json").read_text())["outcome"]
