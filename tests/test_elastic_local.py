@@ -8,7 +8,7 @@ machine, min_nodes 2. Right after the first checkpoint of the 3-node world
   once, it joins at the next rendezvous, the job finishes with world size 3
   and the summary says `ok, rejoined`.
 - node 0 (rank 0, the checkpoint writer), max_node_failures 1: the launcher
-  hosts the rendezvous store (launch/rdzv_store.py), so node 0 goes as any
+  hosts the rendezvous store (rdzv_store.py), so node 0 goes as any
   other: nodes 1 and 2 finish with world size 2, the job exits 0.
 - node 0 frozen (SIGSTOP, not killed): the watchdog's heartbeats are in that
   store too (DDPKIT_CONTROL_STORE), so node 1's monitor names node 0 lost

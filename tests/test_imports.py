@@ -38,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
             "netif", "runs"} | BASE,
     # launch -> train: only train.argcheck, the trainer's own parser checking a job's
     # command line before anything starts (no torch).
-    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train", "runs"} | BASE,
+    "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train", "runs", "rdzv_store"} | BASE,
     # runs: the run folders' layout and records; below launch, it starts and signals nothing.
     "runs": BASE,
     # report: a run's page (`ddpkit report`); it reads run folders and draws, and starts nothing.
@@ -46,6 +46,8 @@ ALLOWED: dict[str, set[str]] = {
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec", "rdzv_timing"} | BASE,
+    # an elastic job's rendezvous store outside the nodes: hosted by a launcher, or run as a service of its own
+    "rdzv_store": BASE,
     "rdzv_timing": set(),  # the rendezvous timeouts derived from watchdog.loss_s: arithmetic only
     # `python -m ddpkit.agent`: torchrun with a zygote; preloads train by name; each forked worker gets the preamble;
     # it registers ddpkit's rendezvous handler with torch (no entry point needed on the node)
@@ -94,14 +96,13 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "config": set(),
     },
     "launch": {
-        "local": {"supervise", "runargs", "secrets", "prelude", "rdzv_store"},
+        "local": {"supervise", "runargs", "secrets", "prelude"},
         "docker": {"supervise", "runargs", "secrets", "prelude"},
-        "ssh": {"supervise", "runargs", "secrets", "prelude", "rdzv_store"},
+        "ssh": {"supervise", "runargs", "secrets", "prelude"},
         "slurm": {"secrets", "prelude"},
         "control": {"slurm", "supervise"},
         "supervise": set(),
         "prelude": {"secrets"},  # the checks and pieces every launcher starts with
-        "rdzv_store": set(),  # an elastic job's rendezvous store, hosted by the launcher
         "runargs": set(),
         "secrets": set(),
     },

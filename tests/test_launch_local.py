@@ -63,7 +63,7 @@ def test_each_node_gets_its_rank_and_name() -> None:
 
 def test_no_agent_hosts_an_elastic_jobs_store() -> None:
     """Every local agent sees 127.0.0.1 in the endpoint, and the launcher hosts the
-    c10d store (launch/rdzv_store.py): every agent is told it does not."""
+    c10d store (rdzv_store.py): every agent is told it does not."""
     spec = local_spec(parse("--nodes", "3", "--set", "elastic.min_nodes=2"))
     for node in build_nodes(spec, Path("/logs")):
         (conf,) = [word for word in node.argv if word.startswith("--rdzv-conf=")]

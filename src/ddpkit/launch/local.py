@@ -9,7 +9,7 @@ workers go too), and the run ends with a summary naming it.
 
 An elastic job (spec.elastic) runs its agents with c10d rendezvous on
 127.0.0.1 and a fresh id, in a store this launcher hosts
-(launch/rdzv_store.py): any failed node, node 0 too, is left out while
+(rdzv_store.py): any failed node, node 0 too, is left out while
 min_nodes remain, and started again at once (this machine is always there)
 to join at the next rendezvous, until it failed elastic.max_node_failures
 times (docs/ELASTIC.md).
@@ -34,13 +34,13 @@ from pathlib import Path
 from .. import envnames, records, runkey
 from ..agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
 from ..contract import Arg, LaunchPlan, Target, resolve
+from ..rdzv_store import hosted_store
 from ..runs import NodeLog, RunFolder
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..wording import plural
 from .prelude import Prelude, make_console, prelude
-from .rdzv_store import hosted_store
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .supervise import proctree
 from .supervise.events import ElasticPolicy

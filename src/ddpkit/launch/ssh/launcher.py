@@ -27,11 +27,11 @@ from typing import TextIO
 from ...contract import Target, master_port
 from ...exitcodes import ExitCode
 from ...quoting import shell_word
+from ...rdzv_store import hosted_store
 from ...runs import NodeLog, RunFolder
 from ...spec import JobSpec, doctor_mode
 from ...targets.sshnode import NodeCommand, env_prefix, launch_line, new_rdzv_id, node_command, node_env
 from ..prelude import Prelude, make_console, prelude
-from ..rdzv_store import hosted_store
 from ..runargs import add_train_args, metrics_from_output, with_train_args
 from ..secrets import stdin_payload, with_run_key
 from ..supervise.events import ElasticPolicy

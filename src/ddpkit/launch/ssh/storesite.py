@@ -1,6 +1,6 @@
 """Where an elastic `launch ssh` job's rendezvous store lives.
 
-The launcher hosts it (launch/rdzv_store.py) when every node reaches the
+The launcher hosts it (rdzv_store.py) when every node reaches the
 launcher: then any node may be lost, node 0 too. The address is this host's
 own on the route to node 0 (the source address the kernel picks for it),
 which every node tries during the preflight. Until the store takes the
@@ -21,7 +21,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from ..rdzv_store import listener
+from ...rdzv_store import listener
 from .connect import Endpoint
 from .preflight import StoreProbe
 

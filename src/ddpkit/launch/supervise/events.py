@@ -78,7 +78,7 @@ class ElasticPolicy:
     min_nodes: int
     max_node_failures: int
     reviver: Reviver
-    # The launcher hosts the rendezvous store (launch/rdzv_store.py): node 0 may go as any
+    # The launcher hosts the rendezvous store (rdzv_store.py): node 0 may go as any
     # other; else node 0's agent holds it, and its loss ends the run.
     any_node: bool = False
 
