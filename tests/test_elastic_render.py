@@ -322,18 +322,37 @@ def test_pytorchjob_verify_refuses_a_changed_elastic_policy() -> None:
 # ---- compose -----------------------------------------------------------------------
 
 
-def test_compose_restarts_lost_nodes_but_not_the_store_node() -> None:
+def test_compose_runs_the_store_in_its_own_service_and_restarts_every_node() -> None:
     spec = make()
     text = render(spec, "compose").files["compose.yaml"]
     doc = yaml.safe_load(text)
-    assert "restart" not in doc["services"]["node0"]
-    assert [doc["services"][f"node{i}"]["restart"] for i in (1, 2)] == ["on-failure:4"] * 2
-    assert "--exit-code-from" not in text.split("\n# Run:", 1)[1].split("\n", 1)[0]  # it would stop every node
-    assert all(flags(s["command"])["nnodes"] == "2:3" for s in doc["services"].values())
+    store = doc["services"]["rdzv"]
+    assert store["command"] == ["python3", "-m", "ddpkit.rdzv_store", "--port", "29500"]
+    assert store["hostname"] == "rdzv" and store["restart"] == "on-failure" and store["image"] == spec.image
+    assert "DDPKIT_RUN_KEY" not in store.get("environment", {})  # a plain store: the keys are the agents' to make
+    nodes = [doc["services"][f"node{i}"] for i in range(3)]
+    assert [n["restart"] for n in nodes] == ["on-failure:4"] * 3  # node0 too: it holds no store
+    assert all(n["depends_on"] == ["rdzv"] for n in nodes)
+    for node in nodes:  # every agent a client of the rdzv service's store, none hosting it
+        got = flags(node["command"])
+        assert got["nnodes"] == "2:3" and got["rdzv-endpoint"] == "rdzv:29500", got
+        assert got["rdzv-conf"].endswith(",is_host=0"), got
+    run = text.split("\n# Run:", 1)[1].split("\n", 1)[0]
+    assert "--exit-code-from" not in run and " wait node0 node1 node2; " in run, run  # every node, any may go
     rendered = render(spec, "compose")
     rendered.files["compose.yaml"] = text.replace('restart: "on-failure:4"', 'restart: "no"', 1)
-    with pytest.raises(RenderError, match="node1"):
+    with pytest.raises(RenderError, match="node0"):
         compose.verify(spec, rendered)
+    rendered.files["compose.yaml"] = text.replace('"ddpkit.rdzv_store"', '"ddpkit.other"', 1)
+    with pytest.raises(RenderError, match="service rdzv"):
+        compose.verify(spec, rendered)
+
+
+def test_a_static_compose_job_has_no_store_service_and_node0_hosts_it() -> None:
+    spec = make(elastic=None)
+    doc = yaml.safe_load(render(spec, "compose").files["compose.yaml"])
+    assert "rdzv" not in doc["services"] and all("depends_on" not in s for s in doc["services"].values())
+    assert all("restart" not in s for s in doc["services"].values())
 
 
 # ---- SSH: launch ssh and the rendered launcher ---------------------------------------

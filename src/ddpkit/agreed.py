@@ -24,6 +24,8 @@ TRAIN_MODULE: Final = "ddpkit.train"
 AGENT_MODULE: Final = "ddpkit.agent"
 # The runner that gives a program of the user's own the preamble where no zygote forks it (ddpkit/run.py).
 RUN_MODULE: Final = "ddpkit.run"
+# An elastic job's rendezvous store as a service of its own, where no launcher hosts it (compose, Kubernetes).
+RDZV_STORE_MODULE: Final = "ddpkit.rdzv_store"
 # The preamble's parts (ddpkit/preamble), in the order they install; DDPKIT_PREAMBLE leaves some out.
 PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress", "metrics", "stragglers", "stop")
 # A metrics file of this name is the launcher: each record goes framed on

@@ -3,7 +3,12 @@
 Compose has no per-container shell, so each service gets its node rank
 resolved into its own command at render time (service index = node rank).
 A cuda job reserves each node's own GPUs (node i: GPUs i*G .. i*G+G-1);
-with compose.cpu_test it is a gloo test on CPU instead, and says so."""
+with compose.cpu_test it is a gloo test on CPU instead, and says so.
+
+An elastic job's rendezvous store runs in a service of its own (`rdzv`,
+`python -m ddpkit.rdzv_store`), not in node0's agent: any node may then be
+lost, node0 too, and every node that fails is restarted by compose and
+rejoins."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any
 import yaml
 
 from .. import envnames, runkey
+from ..agreed import RDZV_STORE_MODULE
 from ..contract import LaunchPlan, Target, one_host_gpus, resolve
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
@@ -24,6 +30,8 @@ from .refusals import refuse
 
 NAME = "compose"
 FILENAME = "compose.yaml"
+RDZV_SERVICE = "rdzv"  # an elastic job's rendezvous store: its service, hostname and the agents' endpoint host
+RDZV_STOP_S = 5  # the store stops at once on SIGTERM; after the nodes, which `down` stops first (depends_on)
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,28 @@ def notes(spec: JobSpec) -> tuple[str, ...]:
             "Container Toolkit); set compose.cpu_test: true for a gloo test on CPU",)
 
 
+@dataclass(frozen=True)
+class StoreService:
+    """An elastic job's rendezvous store, restarted by compose if it fails
+    (an empty store: the nodes' agents fail, are restarted and meet again)."""
+
+    name: str
+    command: list[str]
+    restart: str = "on-failure"
+
+
+def store_service(spec: JobSpec) -> StoreService | None:
+    if spec.elastic is None:
+        return None
+    port = str(resolve(spec, Target.COMPOSE).port)
+    return StoreService(RDZV_SERVICE, [spec.command.python, "-m", RDZV_STORE_MODULE, "--port", port])
+
+
 def services(spec: JobSpec) -> list[Service]:
-    plan = resolve(spec, Target.COMPOSE)
+    # elastic: every agent a client of the rdzv service's store (is_host=0), none hosts it
+    elastic = spec.elastic is not None
+    plan = resolve(spec, Target.COMPOSE, master_addr=RDZV_SERVICE if elastic else None,
+                   store_host="0" if elastic else None)
     env = compose_env(spec, plan)
     out = []
     for index, host in enumerate(plan.hosts):
@@ -76,18 +104,18 @@ def services(spec: JobSpec) -> list[Service]:
 
 
 def elastic_restart(spec: JobSpec, index: int) -> str | None:
-    """Elastic: a node other than node0 (which holds the rendezvous store)
-    that fails is restarted by compose, up to max_restarts times, and its
+    """Elastic: a node that fails, node0 too (the store is the rdzv
+    service's), is restarted by compose, up to max_restarts times, and its
     agent rejoins at the survivors' next restart."""
-    if spec.elastic is None or index == 0:
+    if spec.elastic is None:
         return None
     return f"on-failure:{spec.elastic.max_restarts}"
 
 
 def build(spec: JobSpec) -> list[OutputFile]:
     refuse(spec, Target.COMPOSE)
-    variables = {"spec": spec, "services": services(spec), "volumes": mounts.binds(spec),
-                 "limits": compose_limits(spec)}
+    variables = {"spec": spec, "services": services(spec), "store": store_service(spec), "volumes": mounts.binds(spec),
+                 "limits": compose_limits(spec), "rdzv_stop_s": RDZV_STOP_S}
     return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml",
                        notes=(*notes(spec), *mounts.container_warnings(spec, "compose")))]
 
@@ -110,6 +138,12 @@ def verify(spec: JobSpec, rendered: Rendered) -> None:
                 or [_unescape(v) for v in got.get("volumes", [])] != mounts.binds(spec)
                 or (got.get("shm_size"), got.get("cpus"), got.get("mem_limit")) != (lim.shm_size, lim.cpus, lim.memory)):
             raise RenderError(f"{FILENAME}: service {svc.name} does not match the job spec")
+    store = store_service(spec)
+    got_store = doc["services"].get(RDZV_SERVICE)
+    if (store is None) != (got_store is None) or (store is not None and got_store is not None and (
+            [_unescape(c) for c in got_store["command"]] != store.command or got_store.get("restart") != store.restart
+            or got_store["image"] != spec.image)):
+        raise RenderError(f"{FILENAME}: service {RDZV_SERVICE} does not match the job spec")
 
 
 def _reserved_gpus(service: dict[str, Any]) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ import shlex
 from typing import Any
 
 from ....runs import Applied, RunState, StoredRun
+from ....targets.compose import RDZV_SERVICE
 from ..applied import compose_cli, last_error, print_tool_logs, run_tool
 from ..common import RunCommandError
 from ..logs import LogRequest
@@ -74,19 +75,46 @@ def _base(a: Applied, cli: list[str]) -> list[str]:
     return [*cli, "-f", a.files[0], "-p", a.project]
 
 
+State = tuple[str, int]  # a container's state and exit code
+
+
 def _from_containers(a: Applied, cli: list[str], rows: list[dict[str, Any]]) -> Now:
-    """node0 decides once it has exited, as `up --exit-code-from node0` does.
-    An elastic job (`up -d`) can end on the survivors while a lost node's
-    container is still paused or running."""
+    """Who decides the job's end (_decided); the containers still there once it has ended are named."""
     states = {str(r.get("Service")): (str(r.get("State")), int(r.get("ExitCode") or 0)) for r in rows}
     summary = ", ".join(f"{svc} {st}" + (f" ({code})" if st == "exited" else "")
-                        for svc, (st, code) in sorted(states.items()))
-    node0, code = states.get("node0", ("exited", 1))
-    if node0 != "exited" and any(st in ACTIVE_CONTAINER for st, _ in states.values()):
+                        for svc, (st, code) in sorted(states.items(), key=lambda item: _order(item[0])))
+    code = _decided(states)
+    if code is None:
         return Now(RunState.RUNNING, None, f"{summary} (docker compose)", None)
-    left = sorted(svc for svc, (st, _) in states.items() if st in ACTIVE_CONTAINER)
+    left = sorted((svc for svc, (st, _) in states.items() if st in ACTIVE_CONTAINER), key=_order)
     tail = f"; {', '.join(left)} left: `{shlex.join(_base(a, cli))} down` removes them" if left else ""
     return Now(RunState.FINISHED if code == 0 else RunState.FAILED, code, f"{summary} (docker compose){tail}", None)
+
+
+def _decided(states: dict[str, State]) -> int | None:
+    """The job's exit code once it has ended, else None.
+
+    A static job: node0 decides once it has exited, as `up --exit-code-from
+    node0` does. An elastic one (its store in the rdzv service): any node may
+    be lost, node0 too, so the job has ended well once a node exited 0 (an
+    agent exits 0 only when its group finished), and failed once every node
+    exited without one; a lost node's container may still be paused or
+    running then."""
+    nodes = {svc: state for svc, state in states.items() if svc != RDZV_SERVICE}
+    if RDZV_SERVICE not in states:
+        node0, code = nodes.get("node0", ("exited", 1))
+        return code if node0 == "exited" or not any(st in ACTIVE_CONTAINER for st, _ in nodes.values()) else None
+    if any(st == "exited" and code == 0 for st, code in nodes.values()):
+        return 0
+    if any(st in ACTIVE_CONTAINER for st, _ in nodes.values()):
+        return None
+    return next((code for _, (_, code) in sorted(nodes.items(), key=lambda item: _order(item[0])) if code), 1)
+
+
+def _order(service: str) -> tuple[int, str]:
+    """The store first, then the nodes by rank (node10 after node9)."""
+    number = service.removeprefix("node")
+    return (int(number) if number.isdigit() else -1, service)
 
 
 def _json_rows(text: str) -> list[dict[str, Any]]:
