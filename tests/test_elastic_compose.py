@@ -121,9 +121,9 @@ def records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (folder / "job" / "metrics.jsonl").read_text().splitlines()]
 
 
-def first_step_after(recs: list[dict[str, Any]], lost: dict[str, Any]) -> float:
-    """Wall-clock time of the survivors' first step after their resume."""
-    resume = next(i for i in range(recs.index(lost), len(recs)) if recs[i]["kind"] == "resume")
+def first_step_after(recs: list[dict[str, Any]], since: dict[str, Any]) -> float:
+    """Wall-clock time of the survivors' first step after their resume (at or after the record `since`)."""
+    resume = next(i for i in range(recs.index(since), len(recs)) if recs[i]["kind"] == "resume")
     return float(next(r for r in recs[resume:] if r["kind"] == "train")["time"])
 
 
@@ -164,8 +164,9 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
         down = compose("down", "--remove-orphans", "--timeout", "5", timeout=180)
     said = output[-6000:]
     if loss == "killed":
-        assert waited.returncode == 0, waited.stdout + waited.stderr + said  # the last to stop: a survivor
-        assert waited.stdout.count("exited with status code") == 3, waited.stdout
+        # `wait` waits for the containers still running (node 0 was gone by then) and returns the last one's code
+        assert waited.returncode == 0, waited.stdout + waited.stderr + said
+        assert waited.stdout.count("exited with status code 0") == 2, waited.stdout
     assert all(s["ExitCode"] == 0 and not s["Running"] for s in ended.values()), (ended, said)
     assert down.returncode == 0 and compose.left() == [], down.stderr
     # `ddpkit status`: a node that exited 0 ends an elastic job well; what is still there is named
@@ -183,12 +184,13 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
     recs = records(tmp_path)
     assert not [r for r in recs if r["kind"] == "stall"], recs
     assert recs[-1]["kind"] == "summary", recs[-3:]  # rank 0 of the 2-node world ended the run
-    [record] = [r for r in recs if r["kind"] == "lost"]
-    assert {r["node"] for r in record["lost"]} == {lost_node} and record["action"] == "re-form", record
-    took = first_step_after(recs, record) - lost_at
+    resume = next(r for r in recs if r["kind"] == "resume" and r["time"] > lost_at)
+    took = first_step_after(recs, resume) - lost_at
     print(f"{loss} node {lost_node}: {took:.1f}s from the loss to the others' first step")
     if loss == "paused":
-        # found by its heartbeats, not by a collective timing out (30 min)
+        # found by its heartbeats (kept in the rdzv service's store), not by a collective timing out (30 min)
+        [record] = [r for r in recs if r["kind"] == "lost"]
+        assert {r["node"] for r in record["lost"]} == {lost_node} and record["action"] == "re-form", record
         assert record["noticed_by"] == "heartbeat" and record["loss_s"] == LOSS_S, record
         assert took < LOSS_S + 290, took
 

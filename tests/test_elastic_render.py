@@ -69,6 +69,10 @@ RDZV_IDS = {Target.SLURM: "4242", Target.PYTORCHJOB: "el", Target.COMPOSE: "el",
             Target.LOCAL: "el-run1"}
 
 
+# The targets that render the store as a service of its own: its endpoint (PyTorchJob: the operator's MASTER_PORT).
+STORE_OUTSIDE = {Target.COMPOSE: "rdzv:29500", Target.PYTORCHJOB: "el-rdzv:23456"}
+
+
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
 def test_launch_line(target: Target) -> None:
     spec = make()
@@ -81,16 +85,20 @@ def test_launch_line(target: Target) -> None:
         assert f["rdzv-id"] == RDZV_IDS[target]
         assert "node-rank" not in f  # c10d assigns node ranks anew at every rendezvous
         conf = dict(kv.split("=") for kv in f["rdzv-conf"].split(","))
-        assert conf == {k: str(v) for k, v in rdzv_conf(spec, target).items()}
+        # where the store is a service of its own, or the launcher's, no agent hosts it
+        hosted = {"is_host": "0"} if target in STORE_OUTSIDE else {}
+        assert conf == {k: str(v) for k, v in rdzv_conf(spec, target).items()} | hosted
         assert int(conf["join_timeout"]) == spec.rendezvous.timeout_s
         # the keep-alive, last call and close derive from watchdog.loss_s (default 10 s)
         assert int(conf["keep_alive_interval"]) * int(conf["keep_alive_max_attempt"]) <= 10
         assert 3 <= int(conf["last_call_timeout"]) <= 90
-        # node 0 hosts the store: every node names the same endpoint, node 0's
+        # every node names the same endpoint: node 0's, or the store service's
         endpoints = {flags([a.resolve(controller_env(spec, target, i, job_id=4242) | {RDZV_ID: "x",
                                                                                          "DDPKIT_MASTER_ADDR": "h1"})
                             for a in argv])["rdzv-endpoint"] for i in range(spec.nodes)}
         assert len(endpoints) == 1
+        if target in STORE_OUTSIDE:
+            assert endpoints == {STORE_OUTSIDE[target]}, endpoints
 
 
 # A program of the user's own meets in ddpkit's rendezvous too (every node runs ddpkit's agent, which
@@ -279,8 +287,12 @@ def test_slurm_verify_refuses_a_script_without_no_kill() -> None:
 # ---- Kubernetes: PyTorchJob elasticPolicy --------------------------------------------
 
 
+def k8s_docs(spec: JobSpec) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(render(spec, "k8s").files[kubernetes.filename(spec)]) if d is not None]
+
+
 def pytorchjob(spec: JobSpec) -> dict[str, Any]:
-    (doc,) = [d for d in yaml.safe_load_all(render(spec, "k8s").files[kubernetes.filename(spec)]) if d is not None]
+    (doc,) = [d for d in k8s_docs(spec) if d["kind"] == "PyTorchJob"]
     return doc
 
 
@@ -295,7 +307,9 @@ def test_pytorchjob_elastic_policy_agrees_with_the_launch_line() -> None:
     doc = pytorchjob(spec)
     policy = doc["spec"]["elasticPolicy"]
     assert policy["minReplicas"] == 2 and policy["maxReplicas"] == 3 and policy["maxRestarts"] == 4
-    assert policy["rdzvBackend"] == "ddpkit" and policy["rdzvHost"] == "el-master-0" and policy["rdzvPort"] == 23456
+    # the store is in the job's own Service, not in the Master pod: every agent its client
+    assert policy["rdzvBackend"] == "ddpkit" and policy["rdzvHost"] == "el-rdzv" and policy["rdzvPort"] == 23456
+    assert {"key": "is_host", "value": "0"} in policy["rdzvConf"]
     command = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     f = flags(command)
     assert f["rdzv-backend"] == policy["rdzvBackend"]
@@ -307,6 +321,45 @@ def test_pytorchjob_elastic_policy_agrees_with_the_launch_line() -> None:
     assert {r["restartPolicy"] for r in roles} == {"OnFailure"}
     assert doc["spec"]["runPolicy"]["backoffLimit"] == 4
     assert "elasticPolicy" not in pytorchjob(make(elastic=None))["spec"]
+
+
+def test_an_elastic_pytorchjobs_store_is_a_job_and_service_of_its_own() -> None:
+    spec = make(k8s={"kind": "pytorchjob", "ttl_seconds_after_finished": 300, "active_deadline_s": 7200,
+                     "image_pull_secrets": ["regcred"]})
+    docs = k8s_docs(spec)
+    assert [d["kind"] for d in docs] == ["PyTorchJob", "Service", "Job"]  # the job first, as every kind's file
+    service, job = docs[1], docs[2]
+    assert service["metadata"]["name"] == job["metadata"]["name"] == "el-rdzv"
+    pod = job["spec"]["template"]
+    assert service["spec"]["selector"] == pod["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "ddpkit", "ddpkit.io/job": "el", "ddpkit.io/component": "rdzv-store"}
+    assert service["spec"]["ports"][0]["port"] == service["spec"]["ports"][0]["targetPort"] == 23456
+    # no training pod carries the component label, so the Service selects the store's pod only
+    training = pytorchjob(spec)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"]
+    assert "ddpkit.io/component" not in training
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["python3", "-m", "ddpkit.rdzv_store", "--port", "23456", "--rdzv-id", "el"]
+    assert c["resources"] == {"requests": {"cpu": "100m", "memory": "512Mi"}}  # no GPU
+    assert pod["spec"]["restartPolicy"] == "OnFailure" and pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert job["spec"]["ttlSecondsAfterFinished"] == 300 and job["spec"]["activeDeadlineSeconds"] == 7200
+    trainer = pytorchjob(spec)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert c["securityContext"] == trainer["securityContext"] and c["image"] == trainer["image"]
+    assert [d["kind"] for d in k8s_docs(make(elastic=None))] == ["PyTorchJob"]
+
+
+@pytest.mark.parametrize(("old", "new", "says"), [
+    ('"ddpkit.rdzv_store"', '"ddpkit.other"', "does not run the job's store"),
+    ('"ddpkit.io/component": "rdzv-store"', '"ddpkit.io/component": "other"', "does not select the store's pod"),
+    ('name: "el-rdzv"', 'name: "el-store"', "not both named el-rdzv"),
+])
+def test_pytorchjob_verify_refuses_a_changed_store(old: str, new: str, says: str) -> None:
+    spec = make()
+    rendered = render(spec, "k8s")
+    text = rendered.files[kubernetes.filename(spec)]
+    assert old in text
+    rendered.files[kubernetes.filename(spec)] = text.replace(old, new, 1)
+    with pytest.raises(RenderError, match=says):
+        kubernetes.verify(spec, rendered)
 
 
 def test_pytorchjob_verify_refuses_a_changed_elastic_policy() -> None:
@@ -327,9 +380,10 @@ def test_compose_runs_the_store_in_its_own_service_and_restarts_every_node() -> 
     text = render(spec, "compose").files["compose.yaml"]
     doc = yaml.safe_load(text)
     store = doc["services"]["rdzv"]
-    assert store["command"] == ["python3", "-m", "ddpkit.rdzv_store", "--port", "29500"]
+    # it ends once the job's rendezvous closed: named as the agents name it, the run key from the same shell
+    assert store["command"] == ["python3", "-m", "ddpkit.rdzv_store", "--port", "29500", "--rdzv-id", "el"]
     assert store["hostname"] == "rdzv" and store["restart"] == "on-failure" and store["image"] == spec.image
-    assert "DDPKIT_RUN_KEY" not in store.get("environment", {})  # a plain store: the keys are the agents' to make
+    assert store["environment"] == {"DDPKIT_RUN_KEY": None}
     nodes = [doc["services"][f"node{i}"] for i in range(3)]
     assert [n["restart"] for n in nodes] == ["on-failure:4"] * 3  # node0 too: it holds no store
     assert all(n["depends_on"] == ["rdzv"] for n in nodes)

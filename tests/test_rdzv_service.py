@@ -40,7 +40,7 @@ def test_the_service_answers_the_agents_client_and_stops_on_sigterm() -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
-    assert out.strip() == "ddpkit.rdzv_store: stopped by SIGTERM" and err == ""
+    assert out.strip() == "ddpkit.rdzv_store: stopped: by SIGTERM" and err == ""
 
 
 def test_a_taken_port_is_one_line_and_exit_4() -> None:

@@ -187,3 +187,41 @@ def test_cancel_of_a_rendered_job_names_the_command_that_stops_it(env: dict[str,
 ])
 def test_condition_state(status: dict[str, object], state: RunState) -> None:
     assert condition_state(status)[0] == state
+
+
+# docker compose's containers -> the job's end: (service, state, exit code) rows as `ps --format json` gives them
+def _compose_now(rows: list[tuple[str, str, int]]) -> tuple[RunState, int | None, str]:
+    from ddpkit.launch.control.backends.compose import _from_containers
+    from ddpkit.runs import Applied
+
+    applied = Applied(tool="compose", files=["/job/compose.yaml"], project="job")
+    now = _from_containers(applied, ["docker", "compose"],
+                           [{"Service": svc, "State": st, "ExitCode": code} for svc, st, code in rows])
+    return now.state, now.exit_code, now.detail
+
+
+@pytest.mark.parametrize(("rows", "state", "code"), [
+    # static: node0 decides once it has exited, as `up --exit-code-from node0` does
+    ([("node0", "running", 0), ("node1", "exited", 1)], RunState.RUNNING, None),
+    ([("node0", "exited", 3), ("node1", "running", 0)], RunState.FAILED, 3),
+    # elastic (the rdzv service): a node that exited 0 ends it well, node0 lost or not
+    ([("rdzv", "running", 0), ("node0", "exited", 137), ("node1", "exited", 0), ("node2", "running", 0)],
+     RunState.FINISHED, 0),
+    ([("rdzv", "running", 0), ("node0", "exited", 137), ("node1", "running", 0), ("node2", "restarting", 1)],
+     RunState.RUNNING, None),
+    # every node exited, none with 0: the first failed node's code, in rank order (node10 after node2)
+    ([("rdzv", "running", 0), ("node10", "exited", 5), ("node2", "exited", 14), ("node0", "exited", 1)],
+     RunState.FAILED, 1),
+    ([("rdzv", "running", 0), ("node10", "exited", 5), ("node2", "exited", 14)], RunState.FAILED, 14),
+])
+def test_compose_status_of_static_and_elastic_jobs(rows: list[tuple[str, str, int]], state: RunState,
+                                                   code: int | None) -> None:
+    got_state, got_code, _ = _compose_now(rows)
+    assert (got_state, got_code) == (state, code)
+
+
+def test_compose_status_names_the_store_first_and_what_is_left() -> None:
+    _, _, where = _compose_now([("node2", "paused", 0), ("node1", "exited", 0), ("rdzv", "running", 0),
+                                ("node0", "exited", 0)])
+    assert where.startswith("rdzv running, node0 exited (0), node1 exited (0), node2 paused (docker compose); "
+                            "rdzv, node2 left: `docker compose -f /job/compose.yaml -p job down` removes them"), where

@@ -37,6 +37,7 @@ from .env import cpus_per_process, elastic_env, interface_env, job_env, omp_env,
 from .parts import Arg, FromNode, Part, Sources, Target
 from .plan import LaunchPlan, resolve
 from .rows import (
+    COMPOSE_STORE_SERVICE,
     CONTRACT,
     DDPKIT,
     ContractRow,
@@ -50,14 +51,16 @@ from .rows import (
     k8s_service_name,
     master_port,
     one_host_gpus,
+    pytorchjob_store_service,
     rdzv_conf,
     sources,
 )
 
 __all__ = [
-    "CONTRACT", "DDPKIT", "Arg", "ContractRow", "ElasticRow", "Fixed", "FromNode", "LaunchPlan", "Origin", "Part",
-    "Sources", "Target", "controller_env", "cpus_per_process", "elastic_env", "elastic_rdzv_backend", "elastic_refusal",
-    "elastic_train_args", "hosts_for", "interface_env", "job_env", "k8s_service_name", "master_port", "nnodes",
-    "omp_env", "one_host_gpus", "process_argv", "rdzv_conf", "rendezvous_args", "resolve", "sources", "stop_args",
-    "target_env", "torchrun_argv", "watchdog_env",
+    "COMPOSE_STORE_SERVICE", "CONTRACT", "DDPKIT", "Arg", "ContractRow", "ElasticRow", "Fixed", "FromNode",
+    "LaunchPlan", "Origin", "Part", "Sources", "Target", "controller_env", "cpus_per_process", "elastic_env",
+    "elastic_rdzv_backend", "elastic_refusal", "elastic_train_args", "hosts_for", "interface_env", "job_env",
+    "k8s_service_name", "master_port", "nnodes", "omp_env", "one_host_gpus", "process_argv",
+    "pytorchjob_store_service", "rdzv_conf", "rendezvous_args", "resolve", "sources", "stop_args", "target_env",
+    "torchrun_argv", "watchdog_env",
 ]

@@ -6,6 +6,7 @@ the variables ddpkit injects on the targets it controls)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -41,6 +42,11 @@ class ElasticRow:
     refusal: str = ""  # when rdzv_id is None: why, and what to use instead
     last_call_floor_s: int = LAST_CALL_FLOOR_S
     close_floor_s: int = CLOSE_FLOOR_S
+    # Where the target renders the rendezvous store as a service of its own
+    # beside the nodes (`python -m ddpkit.rdzv_store`), its host name: every
+    # agent is then its client and none hosts it, so node 0 may go as any.
+    # None: the store is at the master address (an agent or a launcher hosts it).
+    store_service: Callable[[JobSpec], str] | None = None
 
 
 Origin = FromNode | Fixed
@@ -91,6 +97,15 @@ def _pytorchjob_hosts(spec: JobSpec) -> list[str]:
     return [f"{spec.name}-master-0"] + [f"{spec.name}-worker-{i}" for i in range(spec.nodes - 1)]
 
 
+COMPOSE_STORE_SERVICE = "rdzv"  # the compose service (and host name) of an elastic job's store
+
+
+def pytorchjob_store_service(spec: JobSpec) -> str:
+    """The Service (and Deployment) of an elastic PyTorchJob's store: unique
+    in the namespace as the job's own name is."""
+    return f"{spec.name}-rdzv"
+
+
 def _ssh_hosts(spec: JobSpec) -> list[str]:
     return list(spec.ssh.hosts) if spec.ssh.hosts else _numbered(1)(spec)
 
@@ -115,11 +130,13 @@ CONTRACT: dict[Target, ContractRow] = {
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=PYTORCHJOB_DEFAULT_PORT,
         hosts=_pytorchjob_hosts, controller_sets_unbuffered=True,
         # The name is unique in its namespace while the job exists, and the
-        # store lives in this job's Master pod: no other run can reach it.
-        # 90 s of last call at least: a failed Worker pod restarts in place
+        # store lives in this job's own rendezvous Deployment (no Master pod
+        # holds it, so the Master may be lost as any Worker): no other run can
+        # reach it. 90 s of last call at least: a failed pod restarts in place
         # (restartPolicy OnFailure) and rejoins within it, so the others do not
         # restart twice; 90 s to close, as the operator's own examples.
-        elastic=ElasticRow(Fixed.JOB_NAME, last_call_floor_s=90, close_floor_s=90)),
+        elastic=ElasticRow(Fixed.JOB_NAME, last_call_floor_s=90, close_floor_s=90,
+                           store_service=pytorchjob_store_service)),
     Target.INDEXED_JOB: ContractRow(
         controller="kubernetes job controller", node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
@@ -160,8 +177,9 @@ CONTRACT: dict[Target, ContractRow] = {
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; compose.cpu_test: gloo on CPU",
         default_port=DEFAULT_PORT, hosts=_numbered(0),
-        # every `up` starts a fresh node0 container and so a fresh store
-        elastic=ElasticRow(Fixed.JOB_NAME)),
+        # the store is the rdzv service's, fresh after every `down`; a fresh
+        # run key (the header says so) makes the id fresh for each run
+        elastic=ElasticRow(Fixed.JOB_NAME, store_service=lambda spec: COMPOSE_STORE_SERVICE)),
     Target.LOCAL: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
@@ -208,8 +226,12 @@ def sources(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> So
         return fixed[origin] if isinstance(origin, Fixed) else origin
 
     rdzv_id = row.elastic.rdzv_id
-    return Sources(part(row.node_rank), part(row.master_addr), part(row.master_port),
-                   None if rdzv_id is None else part(rdzv_id), target)
+    src = Sources(part(row.node_rank), part(row.master_addr), part(row.master_port),
+                  None if rdzv_id is None else part(rdzv_id), target)
+    service = row.elastic.store_service
+    if spec.elastic is None or service is None:
+        return src
+    return dataclasses.replace(src, master_addr=service(spec), store_host="0")
 
 
 def elastic_refusal(spec: JobSpec, target: Target) -> str | None:

@@ -19,7 +19,7 @@ import yaml
 
 from .. import envnames, runkey
 from ..agreed import RDZV_STORE_MODULE
-from ..contract import LaunchPlan, Target, one_host_gpus, resolve
+from ..contract import COMPOSE_STORE_SERVICE, Arg, LaunchPlan, Target, one_host_gpus, resolve
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
@@ -30,7 +30,7 @@ from .refusals import refuse
 
 NAME = "compose"
 FILENAME = "compose.yaml"
-RDZV_SERVICE = "rdzv"  # an elastic job's rendezvous store: its service, hostname and the agents' endpoint host
+RDZV_SERVICE = COMPOSE_STORE_SERVICE  # an elastic job's rendezvous store: its service and host name
 RDZV_STOP_S = 5  # the store stops at once on SIGTERM; after the nodes, which `down` stops first (depends_on)
 
 
@@ -74,25 +74,26 @@ def notes(spec: JobSpec) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class StoreService:
     """An elastic job's rendezvous store, restarted by compose if it fails
-    (an empty store: the nodes' agents fail, are restarted and meet again)."""
+    (an empty store: the nodes' agents fail, are restarted and meet again).
+    It exits 0 once the job's rendezvous has closed; it names that
+    rendezvous as the agents do, with the run key from the same shell."""
 
     name: str
     command: list[str]
     restart: str = "on-failure"
+    secrets: tuple[str, ...] = (runkey.ENV,)
 
 
 def store_service(spec: JobSpec) -> StoreService | None:
-    if spec.elastic is None:
+    plan = resolve(spec, Target.COMPOSE)
+    if spec.elastic is None or plan.sources.rdzv_id is None:
         return None
-    port = str(resolve(spec, Target.COMPOSE).port)
-    return StoreService(RDZV_SERVICE, [spec.command.python, "-m", RDZV_STORE_MODULE, "--port", port])
+    return StoreService(RDZV_SERVICE, [spec.command.python, "-m", RDZV_STORE_MODULE, "--port", str(plan.port),
+                                       "--rdzv-id", Arg.of(plan.sources.rdzv_id).resolve({})])
 
 
 def services(spec: JobSpec) -> list[Service]:
-    # elastic: every agent a client of the rdzv service's store (is_host=0), none hosts it
-    elastic = spec.elastic is not None
-    plan = resolve(spec, Target.COMPOSE, master_addr=RDZV_SERVICE if elastic else None,
-                   store_host="0" if elastic else None)
+    plan = resolve(spec, Target.COMPOSE)  # elastic: every agent a client of the rdzv service's store
     env = compose_env(spec, plan)
     out = []
     for index, host in enumerate(plan.hosts):
@@ -142,7 +143,7 @@ def verify(spec: JobSpec, rendered: Rendered) -> None:
     got_store = doc["services"].get(RDZV_SERVICE)
     if (store is None) != (got_store is None) or (store is not None and got_store is not None and (
             [_unescape(c) for c in got_store["command"]] != store.command or got_store.get("restart") != store.restart
-            or got_store["image"] != spec.image)):
+            or got_store["image"] != spec.image or tuple(got_store.get("environment", {})) != store.secrets)):
         raise RenderError(f"{FILENAME}: service {RDZV_SERVICE} does not match the job spec")
 
 

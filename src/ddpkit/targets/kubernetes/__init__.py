@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from ...contract import Target, resolve
+from ...contract import CONTRACT, Target, resolve
 from ...render import OutputFile, Rendered, RenderError
 from ...spec import DNS1035, JobSpec
 from ...specfile import SpecError
@@ -125,19 +125,22 @@ def verify(spec: JobSpec, rendered: Rendered) -> None:
     want = pod.container(spec, module.INFO)
     pods = pod_specs(docs, module.INFO.kind)
     problems = pod.check_pod_security(rendered.files[name], pods) + gang.verify_gang(docs, pods, spec, module.INFO)
-    problems += pod.check_pods(pods, spec) + _metadata_problems(docs, spec)
+    problems += pod.check_pods(pods, spec) + _metadata_problems(docs, spec, module.INFO.target)
     problems += module.verify([d for d in docs if d.get("kind") != "PodGroup"], spec, want)  # verify_gang checked those
     if problems:
         raise RenderError(f"{name}: " + "; ".join(problems))
 
 
-def _metadata_problems(docs: list[dict[str, Any]], spec: JobSpec) -> list[str]:
+def _metadata_problems(docs: list[dict[str, Any]], spec: JobSpec, target: Target) -> list[str]:
+    """Every object is named for the job (an elastic job's store, where the kind renders one, for its store)."""
+    service = CONTRACT[target].elastic.store_service
+    names = {spec.name} | ({service(spec)} if service is not None and spec.elastic is not None else set())
     problems = []
     for doc in docs:
         m = doc.get("metadata", {})
         if not DNS1035.match(m.get("name", "")) or len(m["name"]) > DNS_LABEL_MAX:
             problems.append(f"{doc.get('kind')} name {m.get('name')!r} is not a DNS-1035 label")
-        if m.get("name") != spec.name or m.get("namespace") != spec.k8s.namespace:
+        if m.get("name") not in names or m.get("namespace") != spec.k8s.namespace:
             problems.append(f"{doc.get('kind')} name/namespace differ from the spec")
     return problems
 
