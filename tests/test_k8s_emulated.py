@@ -108,12 +108,27 @@ def pods(spec: JobSpec, text: str) -> list[Pod]:
     return out
 
 
+def store_pod(spec: JobSpec, text: str, linger_s: float) -> Pod:
+    """An elastic PyTorchJob's rendezvous store, as its Job controller starts
+    it, reachable by its Service's name; `linger_s` shortens its stay after
+    the rendezvous closed (the test's only change)."""
+    [job_doc] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Job"]
+    [service] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Service"]
+    [container] = job_doc["spec"]["template"]["spec"]["containers"]
+    name = service["metadata"]["name"]
+    uid = (container.get("securityContext") or {}).get("runAsUser")
+    return Pod(f"{name}-0", [name], [*container["command"], "--linger-s", str(linger_s)], {}, {},
+               None if uid is None else str(uid), None)
+
+
 def run_pods(docker: Docker, pods_: list[Pod], *, volumes: dict[str, str] | None = None,
-             kill: Callable[[list[Any]], int | None] | None = None) -> tuple[list[int], list[str]]:
+             kill: Callable[[list[Any]], int | None] | None = None,
+             fail_fast: bool = True) -> tuple[list[int], list[str]]:
     """Start every pod's container on one network; fail fast like a JobSet
-    or an operator with backoffLimit 0; return exit codes and logs.
-    `volumes`: claim name -> Docker volume. `kill(containers)`, polled while
-    they run, may SIGKILL one and return its index (a lost node)."""
+    or an operator with backoffLimit 0 (`fail_fast`; an elastic job's pods
+    go on without a lost one); return exit codes and logs. `volumes`: claim
+    name -> Docker volume. `kill(containers)`, polled while they run, may
+    SIGKILL one and return its index (a lost node)."""
     # By name: run from the repository root, mypy takes its docker/ folder for the SDK.
     sdk: Any = importlib.import_module("docker")
 
@@ -151,7 +166,7 @@ def run_pods(docker: Docker, pods_: list[Pod], *, volumes: dict[str, str] | None
                         codes[i] = int(c.wait(timeout=2)["StatusCode"])
                     except Exception:
                         continue
-                    if codes[i] != 0:
+                    if codes[i] != 0 and fail_fast:
                         for other in containers:
                             other.stop(timeout=2)
         logs = [c.logs().decode("utf-8", "replace") for c in containers]
@@ -249,3 +264,41 @@ def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(
         assert "resumed from" in logs[0] and "at step 0 " not in logs[0], logs[0]
     finally:
         volume.remove(force=True)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_elastic_pytorchjob_goes_on_when_its_master_pod_is_lost(docker_daemon: Docker) -> None:
+    """Elastic PyTorchJob, 3 pods, min_nodes 2, its rendezvous store in the
+    file's own Job and Service (<name>-rdzv), the checkpoint directory on the
+    shared claim. The Master's container is SIGKILLed after the first
+    checkpoint and not restarted (its node gone): the Master held no store,
+    so the two Workers re-form at once and finish from that checkpoint with
+    world size 2, exit 0; the store then exits 0 by itself (the rendezvous
+    closed)."""
+    args = [a.replace("--epochs=3", "--epochs=6") for a in RESUME_ARGS]
+    spec = load_spec(REPO / "examples" / "cpu-smoke.yaml",
+                     overrides=["k8s.kind=pytorchjob", "command.args=" + json.dumps(args),
+                                'elastic={"min_nodes": 2, "max_restarts": 2}'],
+                     nodes=3, nproc_per_node=1)
+    text = rendered(spec)
+    pods_ = [dataclasses.replace(p, env=p.env | SLOW_STEPS) for p in pods(spec, text)]
+    store = store_pod(spec, text, linger_s=2)
+    assert store.dns_names == ["cpu-smoke-rdzv"] and store.argv[:3] == ["python3", "-m", "ddpkit.rdzv_store"], store
+    assert all("--rdzv-endpoint=cpu-smoke-rdzv:23456" in p.argv for p in pods_), pods_[0].argv
+    sdk: Any = importlib.import_module("docker")
+    client = sdk.DockerClient(base_url=docker_daemon.host)
+    volume = client.volumes.create(f"k8s-emul-ckpt-{uuid.uuid4().hex[:8]}", labels={"io.ddpkit.test": "ckpt"})
+    try:
+        client.containers.run(docker_daemon.image, ["sh", "-c", f"chgrp {pods_[0].fs_group} /ckpt && chmod 2775 /ckpt"],
+                              volumes={volume.name: {"bind": "/ckpt", "mode": "rw"}}, remove=True, user="0")
+        mountpoint = Path(client.api.inspect_volume(volume.name)["Mountpoint"])
+        codes, logs = run_pods(docker_daemon, [store, *pods_], volumes={"smoke-checkpoints": volume.name},
+                               kill=kill_after_first_checkpoint(mountpoint, 1), fail_fast=False)
+    finally:
+        volume.remove(force=True)
+    said = "\n".join(logs)[-8000:]
+    assert codes == [0, 137, 0, 0], said  # the store, the lost Master, the two Workers
+    assert "world size 3 -> 2" in said and "resumed from" in said, said
+    assert logs[0].strip().endswith("ddpkit.rdzv_store: stopped: the job's rendezvous closed"), logs[0]
