@@ -347,6 +347,20 @@ def test_an_elastic_pytorchjobs_store_is_a_job_and_service_of_its_own() -> None:
     assert [d["kind"] for d in k8s_docs(make(elastic=None))] == ["PyTorchJob"]
 
 
+def test_the_stores_service_and_job_pass_kubernetes_validate_strict(tmp_path: Path) -> None:
+    from tests.test_render_k8s import BIN, K8S_VERSIONS
+
+    docs = [d for d in k8s_docs(make(k8s={"ttl_seconds_after_finished": 300, "image_pull_secrets": ["regcred"]}))
+            if d["kind"] != "PyTorchJob"]
+    path = tmp_path / "store.yaml"
+    path.write_text(yaml.safe_dump_all(docs), encoding="utf-8")
+    for version in K8S_VERSIONS:
+        result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", "-k", version, str(path)],
+                                capture_output=True, text=True, check=False)
+        assert result.returncode == 0 and result.stdout.count(" passed for resource ") == 2, (
+            result.stdout + result.stderr)
+
+
 @pytest.mark.parametrize(("old", "new", "says"), [
     ('"ddpkit.rdzv_store"', '"ddpkit.other"', "does not run the job's store"),
     ('"ddpkit.io/component": "rdzv-store"', '"ddpkit.io/component": "other"', "does not select the store's pod"),
