@@ -101,7 +101,7 @@ COMPOSE_STORE_SERVICE = "rdzv"  # the compose service (and host name) of an elas
 
 
 def pytorchjob_store_service(spec: JobSpec) -> str:
-    """The Service (and Deployment) of an elastic PyTorchJob's store: unique
+    """The Service (and Job) of an elastic PyTorchJob's store: unique
     in the namespace as the job's own name is."""
     return f"{spec.name}-rdzv"
 
@@ -130,7 +130,7 @@ CONTRACT: dict[Target, ContractRow] = {
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=PYTORCHJOB_DEFAULT_PORT,
         hosts=_pytorchjob_hosts, controller_sets_unbuffered=True,
         # The name is unique in its namespace while the job exists, and the
-        # store lives in this job's own rendezvous Deployment (no Master pod
+        # store lives in this job's own rendezvous Job and Service (no Master pod
         # holds it, so the Master may be lost as any Worker): no other run can
         # reach it. 90 s of last call at least: a failed pod restarts in place
         # (restartPolicy OnFailure) and rejoins within it, so the others do not

@@ -100,11 +100,11 @@ def services(spec: JobSpec) -> list[Service]:
         injected = plan.node_vars[index]
         gpus = () if cpu_test(spec) else tuple(one_host_gpus(spec, index))
         out.append(Service(host, [a.resolve(injected) for a in plan.argv], env | injected,
-                           elastic_restart(spec, index), gpus, (*spec.secret_names, runkey.ENV)))
+                           elastic_restart(spec), gpus, (*spec.secret_names, runkey.ENV)))
     return out
 
 
-def elastic_restart(spec: JobSpec, index: int) -> str | None:
+def elastic_restart(spec: JobSpec) -> str | None:
     """Elastic: a node that fails, node0 too (the store is the rdzv
     service's), is restarted by compose, up to max_restarts times, and its
     agent rejoins at the survivors' next restart."""
