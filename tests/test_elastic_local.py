@@ -6,7 +6,9 @@ machine, min_nodes 2. Right after the first checkpoint of the 3-node world
   with world size 2 and the summary says `failed, excluded`.
 - node 2, max_node_failures 2: the launcher starts node 2's agent again at
   once, it joins at the next rendezvous, the job finishes with world size 3
-  and the summary says `ok, rejoined`.
+  and the summary says `ok, rejoined` (the two others' world is held at its
+  first checkpoint until then: on a loaded machine they could otherwise
+  finish the short job first, and the late agent finds the rendezvous closed).
 - node 0 (rank 0, the checkpoint writer), max_node_failures 1: the launcher
   hosts the rendezvous store (rdzv_store.py), so node 0 goes as any
   other: nodes 1 and 2 finish with world size 2, the job exits 0.
@@ -26,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,7 +46,7 @@ TRAIN = [*TINY, "--synthetic-size", "96", "--batch-size", "4", "--epochs", "2", 
          "--keep", "100", "--resume", "auto", "--dist-timeout", "60"]
 
 
-def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int) -> Path:
+def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held: str = "3") -> Path:
     spec = {
         "name": "elastic-local", "nodes": 3, "nproc_per_node": 1,
         "rendezvous": {"timeout_s": 120},
@@ -51,7 +54,7 @@ def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int) -> P
                     "last_call_s": LAST_CALL_S},
         "command": {"module": "tests.helpers.elastic_gate", "args": [*TRAIN, "--checkpoint-dir", str(ckpt)]},
         "env": {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
-                "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": "3"},
+                "ELASTIC_TEST_GATE_DIR": str(gate), "ELASTIC_TEST_GATE_WORLD": held},
     }
     job = folder / "job.yaml"
     job.write_text(yaml.safe_dump(spec))
@@ -73,6 +76,18 @@ def node_agent(launcher: int, node: int) -> list[int]:
 
 
 
+BACK_IN = re.compile(r"restart [12] of at most 2; world size (2 -> 3|3, unchanged)")  # rank 0's line, node 2 in
+
+
+def back_in(out: Path, proc: subprocess.Popen[bytes], timeout: float = 240) -> None:
+    """Waits until the world has 3 nodes again after the loss (or the launcher ended, or `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if BACK_IN.search(" ".join(out.read_text().split())):
+            return
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize(("lost", "max_node_failures", "how"),
                          [(2, 1, signal.SIGKILL), (2, 2, signal.SIGKILL), (0, 1, signal.SIGKILL), (0, 1, signal.SIGSTOP)],
                          ids=["excluded", "rejoins", "node0-excluded", "node0-frozen"])
@@ -80,7 +95,10 @@ def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max
                                                   how: signal.Signals) -> None:
     ckpt, gate = tmp_path / "ckpt", tmp_path / "gate"
     gate.mkdir()
-    job = write_job(tmp_path, ckpt, gate, max_node_failures)
+    # rejoins: the 2-node world is held at its first checkpoint too, until node 2 is back in, so that
+    # the two others cannot finish the job before the restarted agent joins (its rendezvous then closed)
+    rejoins = max_node_failures > 1
+    job = write_job(tmp_path, ckpt, gate, max_node_failures, "3,2" if rejoins else "3")
     out = tmp_path / "launcher.out"
     with out.open("w") as o:
         proc = subprocess.Popen([DDPKIT, "launch", "local", "-f", str(job)], stdout=o, stderr=subprocess.STDOUT,
@@ -91,9 +109,13 @@ def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max
         assert killed, f"no agent for node {lost}"
         proctree.signal_all(killed, how)
         release(gate, 3)
+        if rejoins:
+            back_in(out, proc)
+            release(gate, 2)
         proc.wait(timeout=600)
     finally:
         release(gate, 3)
+        release(gate, 2)
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
