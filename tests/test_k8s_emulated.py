@@ -18,7 +18,8 @@ import importlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,6 +219,22 @@ STEP_S = 0.5
 SLOW_STEPS = {envnames.DDPKIT_TEST_SLOW_RANK: f"0:{STEP_S}"}
 
 
+@contextmanager
+def checkpoint_claim(docker: Docker, fs_group: int | None) -> Iterator[tuple[str, Path]]:
+    """A Docker volume standing in for the example's ReadWriteMany checkpoint
+    claim, prepared as the kubelet does for fsGroup (the volume's group,
+    group-writable, setgid); its name and its mount point on the daemon's side."""
+    sdk: Any = importlib.import_module("docker")
+    client = sdk.DockerClient(base_url=docker.host)
+    volume = client.volumes.create(f"k8s-emul-ckpt-{uuid.uuid4().hex[:8]}", labels={"io.ddpkit.test": "ckpt"})
+    try:
+        client.containers.run(docker.image, ["sh", "-c", f"chgrp {fs_group} /ckpt && chmod 2775 /ckpt"],
+                              volumes={volume.name: {"bind": "/ckpt", "mode": "rw"}}, remove=True, user="0")
+        yield volume.name, Path(client.api.inspect_volume(volume.name)["Mountpoint"])
+    finally:
+        volume.remove(force=True)
+
+
 def kill_after_first_checkpoint(volume_dir: Path, victim: int) -> Callable[[list[Any]], int | None]:
     """SIGKILL pod `victim` once the checkpoint pointer exists on the shared
     volume (read on the daemon's side: the volume's mount point)."""
@@ -247,23 +264,14 @@ def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(
     assert kubernetes.resume_warning(spec) is None, "the example mounts a shared checkpoint claim"
     pods_ = [dataclasses.replace(p, env=p.env | SLOW_STEPS) for p in pods(spec, rendered(spec))]
     assert all(p.claims.get("/ckpt") == ("smoke-checkpoints", False) and p.user == "1000" for p in pods_)
-    sdk: Any = importlib.import_module("docker")
-    client = sdk.DockerClient(base_url=docker_daemon.host)
-    volume = client.volumes.create(f"k8s-emul-ckpt-{uuid.uuid4().hex[:8]}", labels={"io.ddpkit.test": "ckpt"})
-    try:
-        # What the kubelet does for fsGroup: the volume's group, group-writable, setgid.
-        client.containers.run(docker_daemon.image, ["sh", "-c", f"chgrp {pods_[0].fs_group} /ckpt && chmod 2775 /ckpt"],
-                              volumes={volume.name: {"bind": "/ckpt", "mode": "rw"}}, remove=True, user="0")
-        claims = {"smoke-checkpoints": volume.name}
-        mountpoint = Path(client.api.inspect_volume(volume.name)["Mountpoint"])
+    with checkpoint_claim(docker_daemon, pods_[0].fs_group) as (volume, mountpoint):
+        claims = {"smoke-checkpoints": volume}
         codes, logs = run_pods(docker_daemon, pods_, volumes=claims, kill=kill_after_first_checkpoint(mountpoint, 1))
         assert codes[1] == 137 and codes != [0, 0], "\n".join(logs)
         assert not any("resumed from" in log for log in logs), "the first attempt had nothing to resume"
         codes, logs = run_pods(docker_daemon, pods_, volumes=claims)
         assert codes == [0, 0], "\n".join(logs)
         assert "resumed from" in logs[0] and "at step 0 " not in logs[0], logs[0]
-    finally:
-        volume.remove(force=True)
 
 
 @pytest.mark.root
@@ -287,17 +295,9 @@ def test_an_elastic_pytorchjob_goes_on_when_its_master_pod_is_lost(docker_daemon
     store = store_pod(spec, text, linger_s=2)
     assert store.dns_names == ["cpu-smoke-rdzv"] and store.argv[:3] == ["python3", "-m", "ddpkit.rdzv_store"], store
     assert all("--rdzv-endpoint=cpu-smoke-rdzv:23456" in p.argv for p in pods_), pods_[0].argv
-    sdk: Any = importlib.import_module("docker")
-    client = sdk.DockerClient(base_url=docker_daemon.host)
-    volume = client.volumes.create(f"k8s-emul-ckpt-{uuid.uuid4().hex[:8]}", labels={"io.ddpkit.test": "ckpt"})
-    try:
-        client.containers.run(docker_daemon.image, ["sh", "-c", f"chgrp {pods_[0].fs_group} /ckpt && chmod 2775 /ckpt"],
-                              volumes={volume.name: {"bind": "/ckpt", "mode": "rw"}}, remove=True, user="0")
-        mountpoint = Path(client.api.inspect_volume(volume.name)["Mountpoint"])
-        codes, logs = run_pods(docker_daemon, [store, *pods_], volumes={"smoke-checkpoints": volume.name},
+    with checkpoint_claim(docker_daemon, pods_[0].fs_group) as (volume, mountpoint):
+        codes, logs = run_pods(docker_daemon, [store, *pods_], volumes={"smoke-checkpoints": volume},
                                kill=kill_after_first_checkpoint(mountpoint, 1), fail_fast=False)
-    finally:
-        volume.remove(force=True)
     said = "\n".join(logs)[-8000:]
     assert codes == [0, 137, 0, 0], said  # the store, the lost Master, the two Workers
     assert "world size 3 -> 2" in said and "resumed from" in said, said
