@@ -108,4 +108,6 @@ def test_only_torchs_state_classes_are_unpickled_from_the_store() -> None:
         assert rendezvous_state(store, "run") is None
         store.set(RDZV_STATE_KEY + "run", b"not base64 at all!")
         assert rendezvous_state(store, "run") is None
+        store.set(RDZV_STATE_KEY + "run", base64.b64encode(pickle.dumps(SimpleNamespace())[:9]))  # cut short
+        assert rendezvous_state(store, "run") is None
         assert rendezvous_state(store, "other") is None
