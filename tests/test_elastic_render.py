@@ -361,6 +361,18 @@ def test_the_stores_service_and_job_pass_kubernetes_validate_strict(tmp_path: Pa
             result.stdout + result.stderr)
 
 
+def test_the_stores_command_comes_out_exactly_as_given() -> None:
+    """The kubelet expands $(VAR) in a container's command: the store's python path is written with `$` doubled,
+    so that it runs as given, and verify reads it back so."""
+    python = "/opt/$(HOME)/py'thon"
+    spec = make(command={"python": python})
+    [job] = [d for d in k8s_docs(spec) if d["kind"] == "Job"]
+    from tests.expansion import kubelet_expand
+
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert [kubelet_expand(a, {"HOME": "/root"}) for a in command][0] == python
+
+
 @pytest.mark.parametrize(("old", "new", "says"), [
     ('"ddpkit.rdzv_store"', '"ddpkit.other"', "does not run the job's store"),
     ('"ddpkit.io/component": "rdzv-store"', '"ddpkit.io/component": "other"', "does not select the store's pod"),

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...agreed import RDZV_STORE_MODULE
 from ...contract import Target, elastic_rdzv_backend, pytorchjob_store_service, resolve
+from ...quoting import kubelet_literal
 from ...spec import JobSpec
 from .base import Controller, KindInfo, labels, single
 from .pod import Container, check_container
@@ -211,7 +212,7 @@ def store_problems(docs: list[dict[str, Any]], spec: JobSpec, want: Container) -
             or [c.get("name") for c in containers] != [store.container]):
         problems.append(f"Job {store.name}: its pod is not the store's (labels, restartPolicy OnFailure, one container)")
     c = containers[0]
-    if (c.get("command") != store.command or c.get("image") != want.image
+    if (c.get("command") != [kubelet_literal(a) for a in store.command] or c.get("image") != want.image
             or c.get("securityContext") != want.security_context):
         problems.append(f"Job {store.name}: its container does not run the job's store as the spec says")
     return problems
