@@ -231,7 +231,7 @@ print("TRAINING", flush=True)  # never: the report ends every rank first
 """
 
 
-def test_rows_that_do_not_form_one_job_end_every_rank_with_exit_4(tmp_path: Path) -> None:
+def test_rows_that_do_not_form_one_job_end_the_job_with_exit_4_and_every_rank_says_why(tmp_path: Path) -> None:
     """The checks of `ddpkit train`'s rank report, for a program of the user's own: a rank whose
     torch differs (forged from inside the program) stops every rank before its first step."""
     (tmp_path / "forged.py").write_text(FORGED_VERSION)
@@ -241,7 +241,9 @@ def test_rows_that_do_not_form_one_job_end_every_rank_with_exit_4(tmp_path: Path
                           text=True, timeout=180)
     text = done.stdout + done.stderr
     assert done.returncode == 1 and "TRAINING" not in text, text
-    assert re.findall(r"exitcode\s+: (\d+)", done.stderr) == [str(int(ExitCode.STARTUP))] * 2, text
+    # torchrun lists the ranks that had exited when it looked (one or both), and stops the rest
+    codes = re.findall(r"exitcode\s+: (-?\d+)", done.stderr)
+    assert codes and set(codes) == {str(int(ExitCode.STARTUP))}, text
     assert text.count("ddpkit: rank report: torch/CUDA/NCCL versions differ") == 2, text
     assert "2.0.0-other" in done.stdout  # rank 0's table shows the row that differs
 

@@ -33,6 +33,7 @@ SUBPREFIX = "rank-report"  # under the run's control prefix (runkey): a stranger
 # How long rank 0 waits for every row, and every rank for rank 0's verdict: the
 # ranks are past init_process_group, so each is seconds away from its row.
 WAIT_S = 120.0
+SAID_WAIT_S = 10.0
 
 
 def install(env: Mapping[str, str]) -> None:
@@ -108,6 +109,7 @@ def report(env: Mapping[str, str], say: Callable[[str], None] | None = None) -> 
     if problems:
         for problem in problems:
             (say or _say)(f"ddpkit: rank report: {problem}")
+        _all_said(store, row.world_size)
         sys.exit(ExitCode.STARTUP)
     return problems
 
@@ -127,6 +129,17 @@ def _verdict(store: Any) -> list[str]:
         return list(json.loads(store.get("verdict")))
     except RuntimeError:
         return [f"rank 0 gave no verdict on the rank report within {WAIT_S:g} s"]
+
+
+def _all_said(store: Any, world: int) -> None:
+    """Wait (briefly) until every rank has said why it ends: the first rank to
+    exit makes torchrun stop the others, which would cut their lines."""
+    if store.add("said", 1) >= world:
+        store.set("all-said", "1")
+    try:
+        store.wait(["all-said"], datetime.timedelta(seconds=SAID_WAIT_S))
+    except RuntimeError:  # a rank that never got here (it died): end anyway
+        pass
 
 
 def _say(line: str) -> None:
