@@ -63,7 +63,7 @@ import psutil
 import torch
 import yaml
 from bench.common import ROOT, machine
-from bench.recovery import wait_until
+from bench.recovery import tail, wait_until
 
 from ddpkit.launch.supervise import proctree
 
@@ -522,11 +522,6 @@ def stop_when_late(seconds: float, state: Callable[[], str], stop: Callable[[], 
             stop()
     threading.Thread(target=watch, name="chaos deadline", daemon=True).start()
     return off
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    text = path.read_text(errors="replace").splitlines() if path.exists() else ["(none)"]
-    return f"--- {path.name}, last {lines} lines:\n" + "\n".join(text[-lines:])
 
 
 def outcome_of(work: Path, exit_code: int | None, closing: str, done: list[Injected], mark: str, error: str,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bench import chaos
+from bench import chaos, recovery
 from bench.chaos import NODES, Chaos, Episode, HostNodes, Injected, Outcome
 from bench.common import ROOT
 from bench.elastic import slurm_cluster
@@ -142,7 +142,7 @@ def state(cluster: Any, job: int, work: Path) -> str:
         except (OSError, subprocess.TimeoutExpired) as exc:
             said.append(f"--- {' '.join(cmd)}: {exc}")
     logs = [*sorted(work.glob("*.out")), cluster.workdir / "slurmctld.log", *sorted(cluster.workdir.glob("slurmd-*.log"))]
-    return "\n".join([*said, *(chaos.tail(p, 30) for p in logs)])
+    return "\n".join([*said, *(recovery.tail(p, 30) for p in logs)])
 
 
 def job_spec(work: Path, args: argparse.Namespace, mark: str) -> Path:

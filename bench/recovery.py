@@ -79,10 +79,14 @@ def work_folder(prefix: str) -> Iterator[Path]:
         try:
             yield work
         except TimeoutError as exc:
-            tails = "".join(f"\n--- {p.name}, last lines:\n"
-                            + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
-                            for p in sorted(work.rglob("*.out")))
+            tails = "".join("\n" + tail(p, 15) for p in sorted(work.rglob("*.out")))
             raise TimeoutError(f"{exc}{tails}") from None
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """A file's last lines under a header naming it, for a failure message."""
+    text = path.read_text(errors="replace").splitlines() if path.exists() else ["(none)"]
+    return f"--- {path.name}, last {lines} lines:\n" + "\n".join(text[-lines:])
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
