@@ -103,3 +103,36 @@ def test_bad_hosts_stop_the_script_before_any_ssh(tmp_path: Path, hostfile: str 
                          env={"PATH": f"{fake}:/usr/bin:/bin"})
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert not (tmp_path / "ssh-called").exists()
+
+
+FAKE_NODES = """#!/bin/bash
+# ssh standing in for three hosts: node 2's worker fails first (by its agent's
+# record) but its ssh ends last; node 1's fails after it and its ssh ends first.
+cmd=${*: -1}
+case $cmd in
+  "env DDPKIT_PGID="*) pg=${cmd#env DDPKIT_PGID=}; kill -TERM -- "-${pg%% *}" 2>/dev/null; exit 0 ;;
+  *DDPKIT_NODE_RANK=0*) exec setsid -w bash -c 'echo "DDPKIT_PGID=$$"; exec sleep 60' ;;
+  *DDPKIT_NODE_RANK=1*) sleep 0.5; echo "$FRAME_1"; exit 1 ;;
+  *DDPKIT_NODE_RANK=2*) echo "$FRAME_2"; sleep 2; echo gone; exit 1 ;;
+esac
+"""
+
+
+def test_the_node_blamed_is_the_one_whose_worker_failed_first_not_whose_ssh_ended_first(tmp_path: Path) -> None:
+    from ddpkit import records
+
+    script = tmp_path / "launch.sh"
+    script.write_text(launcher(build_spec({"name": "job", "nodes": 3, "nproc_per_node": 1,
+                                           "ssh": {"hosts": ["h0", "h1", "h2"]}})))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ssh").write_text(FAKE_NODES)
+    (fake / "ssh").chmod(0o755)
+    failed = {n: "[rank%d]:" % n + records.frame(records.WorkerExit(rank=n, local_rank=0, pid=10 + n, exitcode=1),
+                                                 time=1000.0 + (n == 1) * 0.5) for n in (1, 2)}
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env={"PATH": f"{fake}:/usr/bin:/bin", "FRAME_1": failed[1], "FRAME_2": failed[2]})
+    assert out.returncode == 1, out.stderr
+    assert "launch.sh: node 2 (h2) failed first with exit status 1; every other node was stopped" in out.stderr, \
+        out.stderr
+    assert out.stderr.rstrip().endswith("gone"), out.stderr  # node 2's log tail, read after its ssh ended

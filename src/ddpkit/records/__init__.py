@@ -38,7 +38,7 @@ __all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_F
            "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
            "decode", "emit", "encode", "frame", "from_fields", "is_bare_tag", "is_frame", "rank_tagged", "read_file",
-           "tag_starts", "task_labelled", "to_json", "unframe"]
+           "stamped_frame_pattern", "tag_starts", "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
 
@@ -111,6 +111,15 @@ def frame(record: Record, time: float | None = None) -> str:
     """The record as one framed line for a job's output (no newline); `time`:
     when it was written (a worker's failure, a metrics record the launcher keeps)."""
     return FRAME + encode(record, time)
+
+
+def stamped_frame_pattern(kind: type[Record]) -> str:
+    """A POSIX extended regex (bash's `=~`) that finds the framed line of a
+    record of this kind written with a time, and captures the time: for a
+    reader with no Python (the rendered bash launcher)."""
+    head = FRAME + json.dumps({"kind": kind.kind})[:-1]
+    return "".join(f"[{c}]" if c in ".[{}()*+?$|" else f"\\{c}" if c in "\\^]" else c for c in head) \
+        + r', "v": [0-9]+, "time": ([0-9.]+)'
 
 
 def is_frame(body: str) -> bool:

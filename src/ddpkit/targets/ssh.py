@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from .. import records
 from ..contract import Target
 from ..quoting import first_shell_word
 from ..render import OutputFile, Rendered, RenderError
@@ -30,6 +31,7 @@ def variables(spec: JobSpec) -> dict[str, object]:
         "alive_interval": max(1, round(spec.ssh.alive_interval_s)),
         "start_payload": start_payload(spec, watch_stdin=False),
         "stop_payload": stop_payload(spec),
+        "worker_failed_at": records.stamped_frame_pattern(records.WorkerExit),
     }
 
 
