@@ -7,6 +7,7 @@ tests/test_elastic_slurm.py (the batch host's every process killed)."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -56,3 +57,56 @@ def test_a_host_without_slurms_client_says_so_in_one_line(monkeypatch: pytest.Mo
     assert lines[0].startswith("ddpkit.agent: the batch host 127.0.0.1 is gone") and "cancelling it" in lines[0]
     assert len(lines) == 2 and lines[1].startswith("ddpkit.agent: scancel 7 failed: ")
     assert lines[1].endswith("; end the job by hand (scancel 7)")
+
+
+FAKE_SCONTROL = """#!/bin/bash
+echo "$*" >> "$CALLS"
+case $* in
+  "show job -o 7") echo "JobId=7 JobName=j JobState=RUNNING StdErr=$OUT StdOut=$OUT" ;;
+  "requeue 7")  # the first try times out, as against a slurmctld busy with the lost node
+    [ "$(grep -c requeue "$CALLS")" -ge 2 ] && exit 0
+    echo "slurm_requeue error: Socket timed out on send/recv operation" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_a_requeue_that_times_out_is_asked_again_and_the_job_output_says_why(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    calls, out = tmp_path / "calls", tmp_path / "job-7.out"
+    out.write_text("0: step 30/300\n")  # what the batch host's srun had written
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("OUT", str(out))
+    monkeypatch.setattr(orphaned, "slurmd_port", closed_port)
+    monkeypatch.setattr(orphaned, "ASK_PAUSE_S", 0.01)
+    args = SimpleNamespace(nnodes="2:3", rdzv_endpoint=f"127.0.0.1:{closed_port()}")
+    assert orphaned.end_orphaned_job(args, True, {"SLURM_JOB_ID": "7", "DDPKIT_SLURM_REQUEUE_ON": "USR2"}) is True
+    assert calls.read_text().splitlines() == ["show job -o 7", "requeue 7", "requeue 7"]
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith("ddpkit.agent: the batch host 127.0.0.1 is gone"), said
+    assert "requeueing it" in said[0]
+    assert out.read_text().splitlines() == ["0: step 30/300", said[0]]
+
+
+def test_a_requeue_that_keeps_failing_is_named_with_the_fix(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho \"$*\" >> \"$CALLS\"\necho 'Job is in transition state' >&2\n"
+                                      "exit 1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    monkeypatch.setattr(orphaned, "slurmd_port", closed_port)
+    monkeypatch.setattr(orphaned, "ASK_PAUSE_S", 0.01)
+    args = SimpleNamespace(nnodes="2:3", rdzv_endpoint=f"127.0.0.1:{closed_port()}")
+    assert orphaned.end_orphaned_job(args, True, {"SLURM_JOB_ID": "7", "DDPKIT_SLURM_REQUEUE_ON": "USR2"}) is True
+    asked = (tmp_path / "calls").read_text().splitlines()
+    assert asked == ["show job -o 7"] + ["requeue 7"] * orphaned.ASK_TRIES
+    said = capsys.readouterr().err.splitlines()
+    assert said[-1] == "ddpkit.agent: scontrol requeue 7 failed: Job is in transition state; end the job by hand " \
+                       "(scancel 7)"

@@ -215,3 +215,6 @@ def test_a_lost_batch_host_has_the_others_requeue_the_job_which_resumes_from_its
     # the run after the requeue resumed from the checkpoint the three ranks wrote before the loss
     assert f"ckpt-{step:08d}.pt at step {step}" in text, text[-6000:]
     assert "ddpkit train finished" in text, text[-6000:]
+    # the others' agents said why in the job's output, with the batch host's srun gone: one line each
+    said = [line for line in text.splitlines() if line.startswith("ddpkit.agent: the batch host")]
+    assert 1 <= len(said) <= 2 and all("is gone" in line and "requeueing it" in line for line in said), text[-6000:]

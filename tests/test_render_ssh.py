@@ -128,8 +128,8 @@ def test_the_node_blamed_is_the_one_whose_worker_failed_first_not_whose_ssh_ende
     fake.mkdir()
     (fake / "ssh").write_text(FAKE_NODES)
     (fake / "ssh").chmod(0o755)
-    failed = {n: "[rank%d]:" % n + records.frame(records.WorkerExit(rank=n, local_rank=0, pid=10 + n, exitcode=1),
-                                                 time=1000.0 + (n == 1) * 0.5) for n in (1, 2)}
+    failed = {n: f"[rank{n}]:" + records.frame(records.WorkerExit(rank=n, local_rank=0, pid=10 + n, exitcode=1),
+                                               time=1000.0 + (n == 1) * 0.5) for n in (1, 2)}
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=60,
                          env={"PATH": f"{fake}:/usr/bin:/bin", "FRAME_1": failed[1], "FRAME_2": failed[2]})
     assert out.returncode == 1, out.stderr

@@ -15,6 +15,9 @@ there relaunches the step itself), asks Slurm to requeue the job
 (`slurm.requeue` on: the requeued job starts on a new allocation and
 resumes from its last checkpoint) or else cancels it, so the allocation is
 freed at once. Both agents may ask; the second request changes nothing.
+A request that fails is made again (a slurmctld busy with the lost node
+times out), and what the agent says goes into the job's output file too:
+the batch host's srun, which carried every node's lines there, is gone.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .. import envnames
 
 CONNECT_S = 5.0
+ASK_TRIES, ASK_PAUSE_S = 4, 3.0
 DEFAULT_SLURMD_PORT = 6818
 
 
@@ -76,14 +82,57 @@ def end_orphaned_job(args: Any, workers_ran: bool, env: Mapping[str, str]) -> bo
     command = ["scontrol", "requeue", job] if requeue else ["scancel", job]
     what = "requeueing it (its next run resumes from the last checkpoint)" if requeue else \
         "cancelling it (slurm.requeue is off)"
-    print(f"ddpkit.agent: the batch host {host} is gone (its rendezvous store and its slurmd do not answer), and "
-          f"nothing there can end Slurm job {job}: {what}", file=sys.stderr, flush=True)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
-        why = done.stderr.strip() if done.returncode != 0 else ""
-    except (OSError, subprocess.TimeoutExpired) as exc:  # no Slurm client here, or slurmctld did not answer
-        why = str(exc)
+    output = job_output(job)
+    tell(f"ddpkit.agent: the batch host {host} is gone (its rendezvous store and its slurmd do not answer), and "
+         f"nothing there can end Slurm job {job}: {what}", output)
+    why = ask_slurm(command)
     if why:
-        print(f"ddpkit.agent: {' '.join(command)} failed: {why}; end the job by hand (scancel {job})",
-              file=sys.stderr, flush=True)
+        tell(f"ddpkit.agent: {' '.join(command)} failed: {why}; end the job by hand (scancel {job})", output)
     return True
+
+
+def ask_slurm(command: list[str]) -> str:
+    """Run a Slurm command, again after a failure (a slurmctld busy with the
+    lost node times out); what the last try said when every try failed, else ""."""
+    why = ""
+    for attempt in range(ASK_TRIES):
+        if attempt:
+            time.sleep(ASK_PAUSE_S)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+        except FileNotFoundError as exc:  # no Slurm client on this host: no try will find one
+            return str(exc)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = str(exc)
+            continue
+        if done.returncode == 0:
+            return ""
+        why = done.stderr.strip() or f"exit status {done.returncode}"
+    return why
+
+
+def job_output(job: str) -> Path | None:
+    """The job's output file (`StdOut`), where its batch host's srun wrote
+    every node's lines: with that srun gone, this node's own last words go
+    there too (the file is opened for appending; none when Slurm does not say)."""
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                              check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for word in done.stdout.split():
+        if word.startswith("StdOut="):
+            return Path(word.removeprefix("StdOut="))
+    return None
+
+
+def tell(line: str, output: Path | None) -> None:
+    """A line on this task's stderr (srun's, which may be gone) and in the job's output file."""
+    print(line, file=sys.stderr, flush=True)
+    if output is None:
+        return
+    try:
+        with output.open("a") as out:
+            out.write(line + "\n")
+    except OSError:
+        pass  # not on a file system this node shares: stderr only
