@@ -110,3 +110,33 @@ def test_a_requeue_that_keeps_failing_is_named_with_the_fix(
     said = capsys.readouterr().err.splitlines()
     assert said[-1] == "ddpkit.agent: scontrol requeue 7 failed: Job is in transition state; end the job by hand " \
                        "(scancel 7)"
+
+
+class BrokenPipe:
+    """stderr whose reader is gone: the lost batch host's srun."""
+
+    def write(self, _text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_broken_stderr_does_not_stop_the_requeue_or_the_line_in_the_job_output(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    calls, out = tmp_path / "calls", tmp_path / "job-7.out"
+    (tmp_path / "calls").write_text("requeue 7 (an earlier try)\n")  # the fake's next requeue succeeds
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("OUT", str(out))
+    monkeypatch.setattr(orphaned, "slurmd_port", closed_port)
+    monkeypatch.setattr("sys.stderr", BrokenPipe())
+    args = SimpleNamespace(nnodes="2:3", rdzv_endpoint=f"127.0.0.1:{closed_port()}")
+    assert orphaned.end_orphaned_job(args, True, {"SLURM_JOB_ID": "7", "DDPKIT_SLURM_REQUEUE_ON": "USR2"}) is True
+    assert calls.read_text().splitlines()[1:] == ["show job -o 7", "requeue 7"]
+    [line] = out.read_text().splitlines()
+    assert line.startswith("ddpkit.agent: the batch host 127.0.0.1 is gone") and "requeueing it" in line

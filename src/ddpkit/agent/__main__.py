@@ -123,7 +123,10 @@ def main(argv: list[str] | None = None) -> None:
         # What torchrun's own uncaught failure prints (a rendezvous that timed
         # out, a store that went away), from torch's frames on: this module's
         # two add nothing. Exit 1, as the interpreter would.
-        worker.print_exception(skipping=(__name__,))
+        try:
+            worker.print_exception(skipping=(__name__,))
+        except OSError:  # stderr's reader gone (in Slurm, the lost batch host's srun): the job must still end
+            pass
         orphaned.end_orphaned_job(args, handler.workers_started() > 0, os.environ)
         sys.exit(1)
     finally:

@@ -127,12 +127,16 @@ def job_output(job: str) -> Path | None:
 
 
 def tell(line: str, output: Path | None) -> None:
-    """A line on this task's stderr (srun's, which may be gone) and in the job's output file."""
-    print(line, file=sys.stderr, flush=True)
-    if output is None:
-        return
+    """A line in the job's output file and on this task's stderr. The file
+    first: stderr's reader was the batch host's srun, and with it gone a
+    write there can fail (a broken pipe) or go nowhere."""
+    if output is not None:
+        try:
+            with output.open("a") as out:
+                out.write(line + "\n")
+        except OSError:
+            pass  # not on a file system this node shares: stderr only
     try:
-        with output.open("a") as out:
-            out.write(line + "\n")
+        print(line, file=sys.stderr, flush=True)
     except OSError:
-        pass  # not on a file system this node shares: stderr only
+        pass
