@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-fast demo bench bench-launch clean
+.PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-full test-times test-fast demo bench bench-launch clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,16 +85,30 @@ lint: install
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-# The whole suite, spread over $(TEST_WORKERS) pytest-xdist workers: on the
-# 2-core CI machine many tests wait (on torchrun, sshd, slurmd, dockerd)
-# rather than compute, so a worker more than the cores overlaps those waits.
-# A module runs on one worker (--dist loadfile: its clusters are built once),
-# longest first (tests/conftest.py orders them; xdist's own reorder by test
-# count is off). Ends with the slowest tests and the time per module.
+# CI's tier (.ci/run): every capability proven once end to end on real
+# processes (every test but those marked `full`), spread over $(TEST_WORKERS)
+# pytest-xdist workers: on the 2-core CI machine many tests wait (on torchrun,
+# sshd, slurmd, dockerd) rather than compute, so a worker more than the cores
+# overlaps those waits. A module runs on one worker (--dist loadfile: its
+# clusters are built once), longest first (tests/conftest.py orders them by
+# tests/test_seconds.json; xdist's own reorder by test count is off). Starts
+# with this machine's speed; ends with the slowest tests, the time per module
+# and the run's wall and CPU time in units of that speed.
 TEST_WORKERS ?= 3
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install lint
-	$(PY) -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not full" --durations=30 $(PYTEST_ARGS)
+
+# Everything: CI's tier and the full matrix (every framework x target x
+# fault, the chaos runs, the benches' longer smokes). Run it when changing
+# those parts. Its JUnit XML is what `make test-times` reads.
+test-full: install lint
+	$(PY) -m pytest $(XDIST) --durations=30 --junitxml=.pytest_cache/junit-full.xml $(PYTEST_ARGS)
+
+# Refresh tests/test_seconds.json (what conftest orders modules by) from
+# the last `make test-full` run.
+test-times: install
+	$(PY) -m tests.timings .pytest_cache/junit-full.xml
 
 # The edit loop: every test that needs neither root nor a cluster nor a
 # torch process (markers root and slow), in a few minutes; CI runs everything.

@@ -4,8 +4,8 @@
               job stopped: `ddpkit launch local` 2 nodes x 2 processes with
               the watchdog, side by side with plain torchrun (4 processes, the
               same `ddpkit train` job, watchdog off), which does not stop
-              before its collective timeout: it is killed at --cap seconds
-              and reported as "still running".
+              before its collective timeout: it is killed at --torchrun-cap
+              seconds (default --cap) and reported as "still running".
   heartbeat   the training loop's cost per step (the 4 phase marks in
               steps.py and loop.py's progress call) against a 10 ms step,
               and the publishing thread's cost (one store `set` per second).
@@ -14,7 +14,7 @@
               monitor's check (one multi_get, decode, judge), and the
               detection delay past stall_s on a simulated clock.
 
-  .venv/bin/python -m bench.watchdog [--ranks 1024,8192] [--stall-s 10] [--cap 120]
+  .venv/bin/python -m bench.watchdog [--ranks 1024,8192] [--stall-s 10] [--cap 120] [--torchrun-cap S]
 
 Writes bench/results/watchdog.json.
 """
@@ -98,13 +98,13 @@ def stall_to_stop(argv: list[str], env: dict[str, str], cap: float) -> dict[str,
             "named_rank_3": "stalled rank(s): rank 3" in "".join(lines)}
 
 
-def bench_stop(stall_s: float, cap: float) -> dict[str, Any]:
+def bench_stop(stall_s: float, cap: float, torchrun_cap: float) -> dict[str, Any]:
     ddpkit = [sys.executable, "-m", "ddpkit.cli", "launch", "local", "--nodes", "2", "--nproc-per-node", "2",
               "--grace", "5", "--set", f"watchdog.stall_s={stall_s:g}", "--", *TRAIN]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=4",
                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "ddpkit.train", *TRAIN]
     return {"ddpkit": stall_to_stop(ddpkit, _env(), cap),
-            "torchrun": stall_to_stop(torchrun, {**_env(), "DDPKIT_WATCHDOG_STALL_S": "0"}, cap)}
+            "torchrun": stall_to_stop(torchrun, {**_env(), "DDPKIT_WATCHDOG_STALL_S": "0"}, torchrun_cap)}
 
 
 # ---- heartbeat: the loop's cost and the thread's -------------------------------------------
@@ -195,6 +195,8 @@ def main() -> int:
     parser.add_argument("--ranks", default="1024,8192", help="simulated ranks, comma-separated")
     parser.add_argument("--stall-s", type=float, default=10.0, help="watchdog.stall_s for the jobs and the simulation")
     parser.add_argument("--cap", type=float, default=120.0, help="seconds a job may run after the stall")
+    # plain torchrun never stops before its collective timeout: how long to watch it still running
+    parser.add_argument("--torchrun-cap", type=float, default=None, help="--cap for plain torchrun (default --cap)")
     parser.add_argument("--calls", type=int, default=200_000, help="steps timed for the loop's cost")
     parser.add_argument("--rounds", type=int, default=0, help="simulated seconds (default stall_s + 8)")
     parser.add_argument("--out", type=Path, default=None, help="result folder (default bench/results)")
@@ -206,7 +208,7 @@ def main() -> int:
     scale = [bench_scale(int(n), args.stall_s, rounds) | {"judge_ms": round(judge_only(int(n)) * 1e3, 2)}
              for n in args.ranks.split(",")]
     with tempfile.TemporaryDirectory():
-        stop = bench_stop(args.stall_s, args.cap)
+        stop = bench_stop(args.stall_s, args.cap, args.cap if args.torchrun_cap is None else args.torchrun_cap)
     print(table(["launcher", "stall -> job gone (s)", "stopped by itself", "exit", "named rank 3"],
                 [[k, v["seconds"], v["stopped_by_itself"], v["exit_code"], v["named_rank_3"]] for k, v in stop.items()]))
     print(f"\nheartbeat: {heartbeat['loop_ns_per_step']} ns per step in the loop "
@@ -217,6 +219,7 @@ def main() -> int:
                 [[s["ranks"], s["check_every_s"], s["check_ms_median"], s["check_ms_max"], s["judge_ms"],
                   s["write_all_heartbeats_ms_median"], s["detection_delay_past_stall_s"]] for s in scale]))
     payload = {"machine": machine(), "command": command_line(), "stall_s": args.stall_s, "cap_s": args.cap,
+               "torchrun_cap_s": args.torchrun_cap or args.cap,
                "stop": stop, "heartbeat": heartbeat, "scale": scale}
     path = write_result(args.name, payload, **({"out_dir": args.out} if args.out else {}))
     print(f"\nwrote {path}")

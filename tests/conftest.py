@@ -1,22 +1,24 @@
 """Suite-wide hooks: tests marked `gpu` need a CUDA device and are skipped,
 with a one-line reason, on a machine without one; no test leaks environment
-variables into the ones after it; and every run ends with the time each test
+variables into the ones after it; the header says how fast this machine is
+(tests/timings.py's calibration) and every run ends with the time each test
 module took (setup, call and teardown added up, across xdist workers), next
-to pytest's --durations table, so a CI log shows where the time went."""
+to pytest's --durations table, and the run's wall and CPU time, also in
+units of that calibration, so that CI logs of different machines compare."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests import timings
 from tests.helpers import matrix
 from tests.infra import docker_daemon
 from tests.infra.shared import restore_after_each_test, slurm_pool, ssh_pool  # noqa: F401  (fixtures)
@@ -51,6 +53,39 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[_OWN_RUNS_DIR] = str(os.getpid())
 
 
+_RUN_TIME_START = pytest.StashKey[tuple[float, float, float]]()  # calibration s, wall clock, machine busy s
+_WORKERS_CPU_S: list[float] = []
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Before the first test (the controller's header): how fast this machine
+    is now. Also where the run's wall clock and the machine's CPU count start."""
+    seconds = timings.calibrate()
+    config.stash[_RUN_TIME_START] = (seconds, time.perf_counter(), timings.machine_busy_seconds())
+    return (f"machine speed: a 10-million-addition Python loop took {seconds:.2f} s "
+            f"(~1.0 s on an idle fast CI machine, ~2.9 s on a slow one); {os.cpu_count()} cores")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """An xdist worker's CPU time, sent back by its pytest_sessionfinish."""
+    output = getattr(node, "workeroutput", {})
+    if "cpu_s" in output:
+        _WORKERS_CPU_S.append(float(output["cpu_s"]))
+
+
+def _run_time(config: pytest.Config) -> timings.RunTime | None:
+    if _RUN_TIME_START not in config.stash:
+        return None
+    calibration_s, started, busy = config.stash[_RUN_TIME_START]
+    if _WORKERS_CPU_S:  # the workers counted their children; the controller's children are the workers
+        suite_cpu = timings.own_cpu_seconds(children=False) + sum(_WORKERS_CPU_S)
+    else:
+        suite_cpu = timings.own_cpu_seconds()
+    return timings.RunTime(calibration_s, time.perf_counter() - started, suite_cpu,
+                           timings.machine_busy_seconds() - busy)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not _is_xdist_worker(config) and os.environ.get(_OWN_RUNS_DIR) == str(os.getpid()):
         shutil.rmtree(os.environ.pop(RUNS_DIR), ignore_errors=True)
@@ -64,31 +99,36 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-# Seconds per module in a `make test` run on the 2-core machine (from its
-# junit XML; a module split since, from its tests' times there, the image
-# build on the first Docker module); what the modules are ordered by. Not learnt
-# from runs here: a `make test-fast` run would record its modules' few fast
-# tests as their whole cost and send the long ones last.
-MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+# A test the timings table does not know yet (a new one): what it is
+# guessed to take, so that a new module of real-process tests starts early.
+NEW_SLOW_TEST_S, NEW_TEST_S = 60.0, 0.5
 
 
 def _expected_cost(items: list[pytest.Item], known: dict[str, float]) -> float:
-    """What a module is expected to take: its time in the table; a module
-    not in it (a new one) goes first, by the count of its tests that start
-    processes or infrastructure."""
-    module = _module(items[0].nodeid)
-    if module in known:
-        return known[module]
-    return 1e4 + sum(1 for i in items if i.get_closest_marker("root") or i.get_closest_marker("slow"))
+    """What a module is expected to take in this run: the tests selected,
+    each at its time in tests/test_seconds.json (a `make test-full` run on
+    the 2-core machine) or, if new, at a guess by its markers. Costing the
+    selected tests, not the module, keeps a module whose long tests are
+    deselected (`make test` leaves out the `full` ones) from starting first."""
+    cost = 0.0
+    for item in items:
+        if item.nodeid in known:
+            cost += known[item.nodeid]
+        elif item.get_closest_marker("root") or item.get_closest_marker("slow"):
+            cost += NEW_SLOW_TEST_S
+        else:
+            cost += NEW_TEST_S
+    return cost
 
 
+@pytest.hookimpl(trylast=True)  # after `-m`'s deselection: only what runs is costed
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Modules longest first, so that `--dist loadfile` (a module runs on one
     xdist worker, in order: its module-scoped clusters are built once) starts the long
     modules at once and ends on short ones, instead of starting a 5-minute
     module when the others are done. Then `gpu` tests are skipped where
     there is no GPU."""
-    known: dict[str, float] = json.loads(MODULE_SECONDS.read_text())
+    known = timings.load_test_seconds()
     by_module: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
         by_module[_module(item.nodeid)].append(item)
@@ -163,6 +203,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     a whole only if every target did (what its closing test asserted when it
     was one module). Controller only: it has every worker's reports."""
     if _is_xdist_worker(session.config):
+        session.config.workeroutput["cpu_s"] = timings.own_cpu_seconds()  # type: ignore[attr-defined]
         return
     missing = matrix.missing_targets(_MATRIX_OUTCOMES)
     if missing and session.exitstatus == pytest.ExitCode.OK:
@@ -185,6 +226,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{docker_setup:8.1f}s {share:5.1f}%             Docker daemon and CPU image set-up "
                                     "(before the first test that needed them, outside its time)")
     terminalreporter.write_line(f"{total:8.1f}s in all (test time summed over workers; wall time is in the closing line)")
+    run_time = _run_time(terminalreporter.config)
+    if run_time is not None:
+        terminalreporter.section("this run's time, and in units of this machine's calibration")
+        for line in run_time.lines():
+            terminalreporter.write_line(line)
 
 
 def _matrix_summary(terminalreporter: pytest.TerminalReporter) -> None:

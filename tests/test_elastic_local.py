@@ -37,6 +37,7 @@ import yaml
 from ddpkit.launch.supervise import proctree
 from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
+from tests.helpers.tiers import full_case
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +90,9 @@ def back_in(out: Path, proc: subprocess.Popen[bytes], timeout: float = 240) -> N
 
 
 @pytest.mark.parametrize(("lost", "max_node_failures", "how"),
-                         [(2, 1, signal.SIGKILL), (2, 2, signal.SIGKILL), (0, 1, signal.SIGKILL), (0, 1, signal.SIGSTOP)],
+                         # excluded: "rejoins" loses the same node, and node0-excluded excludes one
+                         [full_case(2, 1, signal.SIGKILL), (2, 2, signal.SIGKILL), (0, 1, signal.SIGKILL),
+                          (0, 1, signal.SIGSTOP)],
                          ids=["excluded", "rejoins", "node0-excluded", "node0-frozen"])
 def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max_node_failures: int,
                                                   how: signal.Signals) -> None:

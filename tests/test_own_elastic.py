@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.launch.supervise import proctree
+from tests.helpers.tiers import one_case_in_ci
 from tests.test_elastic_local import node_agent
 from tests.test_preamble import TUTORIAL, Job
 from tests.test_startup import ROOT
@@ -55,7 +56,7 @@ def wait_for_file(path: Path, job: Job, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("name", one_case_in_ci(sorted(PROGRAMS), keep="tutorial"))
 def test_a_lost_node_and_the_program_resumes_from_its_own_checkpoint_on_the_two_left(tmp_path: Path,
                                                                                       name: str) -> None:
     program = PROGRAMS[name]

@@ -81,6 +81,7 @@ def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str) -> t
     return int(found.group(1)), text
 
 
+@pytest.mark.full  # the Lightning Trainer's test below proves pre-emption, requeue and resume on Slurm
 def test_a_hugging_face_trainer_is_preempted_requeued_and_resumes_from_its_checkpoint(
         cluster: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "job" / "hf-out"

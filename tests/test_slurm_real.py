@@ -24,6 +24,7 @@ import yaml
 from ddpkit.cli import main as cli_main
 from ddpkit.runs import RunState, all_runs
 from tests.helpers.runs import processes_in
+from tests.helpers.tiers import full_case, one_case_in_ci
 from tests.infra import slurm_cluster
 from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster
@@ -127,7 +128,7 @@ def test_srun_mode_gives_a_torchrun_program_torchruns_variables(cluster: SlurmCl
     assert "rank report: 4 processes" in text and text.count("│ srun") == 4, text
 
 
-@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+@pytest.mark.parametrize("mode", one_case_in_ci(["torchrun", "srun"], keep="torchrun"))
 def test_failing_task_fails_the_whole_job(cluster: SlurmCluster, tmp_path: Path, mode: str) -> None:
     # the other ranks sleep 300 s after the failure: only --kill-on-bad-exit ends them
     script = render(tmp_path, job_spec(f"fail-{mode}", mode=mode, args=["--fail-rank=3"]))
@@ -255,11 +256,12 @@ def _local_image(tmp: Path, name: str) -> str:
     return str(path)
 
 
+# Each image form's translation is checked without a cluster (test_render_slurm.py); one reaches a real job in CI.
 @pytest.mark.parametrize(("image", "expected"), [
-    ("docker://registry.example/ddpkit:1.0", "docker://registry.example/ddpkit:1.0"),
+    full_case("docker://registry.example/ddpkit:1.0", "docker://registry.example/ddpkit:1.0"),
     ("ghcr.io/org/img:tag", "docker://ghcr.io/org/img:tag"),
-    ("nvcr.io#nvidia/pytorch:24.05-py3", "docker://nvcr.io/nvidia/pytorch:24.05-py3"),
-    ("LOCAL/ddpkit.sif", "LOCAL/ddpkit.sif"),
+    full_case("nvcr.io#nvidia/pytorch:24.05-py3", "docker://nvcr.io/nvidia/pytorch:24.05-py3"),
+    full_case("LOCAL/ddpkit.sif", "LOCAL/ddpkit.sif"),
 ])
 def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path: Path, image: str,
                                                 expected: str) -> None:
@@ -287,10 +289,10 @@ def test_apptainer_receives_image_binds_and_env(cluster: SlurmCluster, tmp_path:
 
 
 @pytest.mark.parametrize(("image", "expected"), [
-    ("nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io#nvidia/pytorch:24.05-py3"),
+    full_case("nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io#nvidia/pytorch:24.05-py3"),
     ("ghcr.io/org/img:tag", "ghcr.io#org/img:tag"),
-    ("docker.io/library/ubuntu:22.04", "library/ubuntu:22.04"),
-    ("LOCAL/ddpkit.sqsh", "LOCAL/ddpkit.sqsh"),
+    full_case("docker.io/library/ubuntu:22.04", "library/ubuntu:22.04"),
+    full_case("LOCAL/ddpkit.sqsh", "LOCAL/ddpkit.sqsh"),
 ])
 def test_pyxis_options_reach_srun(cluster: SlurmCluster, tmp_path: Path, image: str, expected: str) -> None:
     if image.startswith("LOCAL/"):

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from ddpkit.train.startup.distributed import DistContext, add_startup_arguments, run_spawned
 from ddpkit.train.stop.signals import StopAgreement, StopRequest, cpu_group
 from tests.helpers.runs import ROOT, TINY, Job, alone, assert_bitwise_equal, final_model, metrics, run_ok, wait_for_step
+from tests.helpers.tiers import one_case_in_ci
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +118,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return final_model(tmp / "ckpt")
 
 
-@pytest.mark.parametrize("sig, rank", [(signal.SIGTERM, 1), (signal.SIGUSR2, 0)],
+@pytest.mark.parametrize("sig, rank", one_case_in_ci([(signal.SIGTERM, 1), (signal.SIGUSR2, 0)], keep=(signal.SIGTERM, 1)),
                          ids=["SIGTERM-rank1", "SIGUSR2-rank0"])
 def test_signal_to_one_rank_stops_both_at_one_step_then_resumes_exactly(
         tmp_path: Path, reference: dict, sig: int, rank: int) -> None:
