@@ -129,11 +129,16 @@ def failing_job(folder: Path, name: str, fail_node: int) -> tuple[Path, Path]:
     return job, mark
 
 
-def assert_all_gone_within_10s(folder: Path, mark: Path) -> None:
-    deadline = float(mark.read_text()) + 10
+# The others run for good (--max-steps=100000) unless the failure stops them: 3-5 s idle; the bound
+# tells fail-fast from that on a machine 3x slower, not from an idle one.
+FAIL_FAST_S = 45
+
+
+def assert_all_gone_soon(folder: Path, mark: Path) -> None:
+    deadline = float(mark.read_text()) + FAIL_FAST_S
     while job_processes(str(folder)) and time.time() < deadline:
         time.sleep(0.2)
-    assert job_processes(str(folder)) == [], "processes of the job survived 10 s after the failure"
+    assert job_processes(str(folder)) == [], f"processes of the job survived {FAIL_FAST_S} s after the failure"
 
 
 def wait_ranks_running(proc: subprocess.Popen[str], count: int) -> None:
@@ -165,7 +170,7 @@ def test_failing_node_stops_every_host(cluster: Cluster, tmp_path: Path) -> None
     job, mark = failing_job(tmp_path, "failfast", fail_node=1)
     out = launch(net, hosts, tmp_path, job, hostfile(tmp_path, net))
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    assert_all_gone_within_10s(tmp_path, mark)
+    assert_all_gone_soon(tmp_path, mark)
     summary = " ".join(out.stderr.split())
     assert f"node 1 ({net['node2'].addr}) failed first: exit status 1" in summary, out.stderr
 
@@ -255,7 +260,7 @@ def test_rendered_bash_launcher_fails_fast(cluster: Cluster, tmp_path: Path) -> 
     out = net["login"].run(["bash", str(rendered / "launch.sh"), str(hostfile(tmp_path, net))],
                            cwd=str(tmp_path), env=env, timeout=420)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    assert_all_gone_within_10s(tmp_path, mark)
+    assert_all_gone_soon(tmp_path, mark)
     assert f"node 2 ({net['node3'].addr}) failed first with exit status 1" in out.stderr
 
 
