@@ -161,7 +161,7 @@ def test_a_frozen_rank_of_each_program_on_three_hosts_is_named_the_job_stopped_a
         assert pid is not None
         stopped = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
-        code = launch.finish(STALL_S + 90)
+        code = launch.finish(STALL_S + 200)
     finally:
         if launch.proc.poll() is None:
             launch.proc.kill()
@@ -174,7 +174,7 @@ def test_a_frozen_rank_of_each_program_on_three_hosts_is_named_the_job_stopped_a
     # the table: rank, local rank, node rank, host; node1..node3 are nodes 0..2, in the hostfile's order
     for rank, host in enumerate(SSH_NODES):
         assert re.search(rf"│ {rank}\s+│ 0\s+│ {rank}\s+│ {host}\s", text), text[-6000:]
-    assert took < STALL_S + 60, f"{took:.1f} s from SIGSTOP to the launcher's end"
+    assert took < STALL_S + 150, f"{took:.1f} s from SIGSTOP to the launcher's end"
     assert job_processes(str(tmp_path)) == []
     # the report page of the run, from the metrics the launcher kept: its training and the stall
     [folder] = runs.iterdir()

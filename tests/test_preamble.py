@@ -129,7 +129,7 @@ def freeze_rank_1_and_expect_the_stall(job: Job) -> None:
         assert pid is not None and pid in job.pids, job.text
         stopped = time.monotonic()
         proctree.signal_all([pid], signal.SIGSTOP)
-        code = job.finish(STALL_S + 60)
+        code = job.finish(STALL_S + 200)
     finally:
         if job.proc.poll() is None:
             job.finish(10)
@@ -137,7 +137,7 @@ def freeze_rank_1_and_expect_the_stall(job: Job) -> None:
     text = job.text
     assert code == ExitCode.STALLED, text
     assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step \d+, phase train", text), text
-    assert took < STALL_S + 45, f"{took:.1f} s from SIGSTOP to the launcher's end"
+    assert took < STALL_S + 150, f"{took:.1f} s from SIGSTOP to the launcher's end"
     assert job.left == [], "a process of the job outlived it"
 
 

@@ -137,7 +137,7 @@ def test_the_round_after_a_killed_node_completes_without_the_last_call() -> None
         assert sorted(j["rank"] for j in second) == [0, 1] and {j["world_size"] for j in second} == {2}
         took = max(j["at"] for j in second) - lost_at
         # the keep-alive expiry (2 s) and a few 0.1 s polls; the last call alone would be 30 s
-        assert took < LAST_CALL_S / 2, f"the round after the loss took {took:.1f}s"
+        assert took < LAST_CALL_S - 5, f"the round after the loss took {took:.1f}s"
         logs = [a.communicate(input="", timeout=30)[1] for a in agents[:2]]  # EOF: each leaves and ends
         # and it was the rule that completed the round, on one of the two survivors
         assert any("complete without the last call" in log for log in logs), logs
