@@ -42,6 +42,7 @@ def test_each_variant_gets_its_rendezvous_settings(tmp_path: Path) -> None:
                             "torchrun-defaults")["elastic"]["last_call_s"] == 7
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_elastic_bench_times_recovery_per_loss_kind(tmp_path: Path) -> None:
     """bench/elastic.py on `launch local`: node 2 crashed, the pinned torchrun-defaults variant (torchrun's
     own rendezvous timeouts; ddpkit's fast path runs on ssh and Slurm below: two runs that each recover in
@@ -57,6 +58,7 @@ def test_elastic_bench_times_recovery_per_loss_kind(tmp_path: Path) -> None:
     assert data["medians"]["local"]["crash"]["torchrun-defaults"]["runs"] == 1
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_torchft_anchor_survives_a_killed_replica_group(tmp_path: Path) -> None:
     """bench/torchft_anchor.py: a real lighthouse, three replica groups, the last SIGKILLed; torchft
     with its comm hook mended (--patch-comm-hook), whose survivors train on without a restart. As
@@ -79,6 +81,7 @@ def test_torchft_anchor_survives_a_killed_replica_group(tmp_path: Path) -> None:
     assert not run["survivor_restarted"], run  # trained through the loss, as torchft intends
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 @pytest.mark.root
 def test_elastic_bench_on_launch_ssh_and_real_slurm(tmp_path: Path) -> None:
     """bench/elastic.py's real targets: namespace hosts with sshd, and slurmctld with three slurmds

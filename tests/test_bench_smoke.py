@@ -24,6 +24,7 @@ def run_bench(module: str, *args: str, env: dict[str, str] | None = None) -> Non
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-8000:]
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_train_throughput_writes_every_entry_and_ratio(tmp_path: Path) -> None:
     # One entry of each kind: the others differ only in ddpkit train's flags.
     run_bench("bench.train_throughput", "--only", "resnet18", "--repeats", "1", "--nproc", "1",
@@ -54,6 +55,7 @@ def test_throughput_entries_must_name_known_entries_of_every_kind() -> None:
         chosen_entries("cpu", False, ["ddpkit", "reference"])
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_startup_phases_add_up_to_total(tmp_path: Path) -> None:
     run_bench("bench.startup", "--nproc", "1", "--repeats", "1", "--batch-size", "2", "--workers", "0",
               "--out", str(tmp_path), "--name", "s")
@@ -83,6 +85,7 @@ def test_ceiling_rejects_unknown_variant(tmp_path: Path) -> None:
     assert not (tmp_path / "t.jsonl").exists()
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_teardown_local_times_both_launchers(tmp_path: Path) -> None:
     # Measured to the end, however loaded the machine: plain torchrun's teardown, about 2 s on an idle
     # machine, outlasted the benchmark's 20 s cap beside the suite in a fresh-clone run (ci31).
@@ -131,6 +134,7 @@ def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) ->
     assert scale["ranks"] == 64 and scale["check_ms_median"] > 0 and scale["named"] == [63]
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_own_work_bench_times_every_variant(tmp_path: Path) -> None:
     run_bench("bench.own_work", "--rounds", "1", "--steps", "5", "--warmup", "3", "--out", str(tmp_path))
     data = json.loads((tmp_path / "own_work.json").read_text())

@@ -195,6 +195,7 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
         assert took < LOSS_S + 290, took
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 @pytest.mark.timeout(600)
 def test_the_recovery_bench_times_a_container_cut_off_its_network(docker_daemon: Docker, tmp_path: Path) -> None:
     """bench/elastic.py on compose: node 2's container disconnected from the job's network (the

@@ -140,6 +140,7 @@ def test_signal_to_one_rank_stops_both_at_one_step_then_resumes_exactly(
     assert_bitwise_equal(reference, final_model(tmp_path / "ckpt"))
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_stopflag_bench_writes_every_variant_and_ratio(tmp_path: Path) -> None:
     """bench/stopflag.py end to end with a few steps; figures present and positive, none compared."""
     done = subprocess.run([sys.executable, "-m", "bench.stopflag", "--steps", "20", "--warmup", "2",
