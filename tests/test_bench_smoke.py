@@ -75,6 +75,7 @@ def test_startup_phases_add_up_to_total(tmp_path: Path) -> None:
                                    "cpu torch.distributed.run / ddpkit.agent"}
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_ceiling_rejects_unknown_variant(tmp_path: Path) -> None:
     """Bad input fails the run loudly instead of writing a figure."""
     from bench import common
@@ -120,6 +121,7 @@ def test_launch_bench_times_start_and_teardown_on_real_hosts(tmp_path: Path) -> 
         assert row["spread"] and row["spread"]["mean"] > 0, (key, row["notes"])
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_watchdog_bench_stops_the_job_and_simulates_the_store(tmp_path: Path) -> None:
     # ddpkit's stop is bounded against the fallback it rules out (torchrun's 30-minute collective timeout),
     # not against an idle machine; plain torchrun is watched for 8 s: it must still be running then
@@ -143,6 +145,7 @@ def test_own_work_bench_times_every_variant(tmp_path: Path) -> None:
                                                                                       "stragglers, builtin hook"}
 
 
+@pytest.mark.full  # the benches' longer smokes: make test-full
 def test_rendezvous_bench_times_the_round_after_a_crash_per_variant(tmp_path: Path) -> None:
     run_bench("bench.rendezvous", "--repeats", "1", "--losses", "crash", "--variants", "c10d,ddpkit",
               "--out", str(tmp_path), "--name", "r")

@@ -60,6 +60,7 @@ def test_two_hosts_auto_interface_and_a_wrong_name() -> None:
         assert "enp7s0=" in fail[0]["fix"]
 
 
+@pytest.mark.full  # the same check: test_faults.py[auto-on-node0-resolving-to-loopback-works]
 def test_auto_on_a_node0_that_maps_its_own_name_to_loopback() -> None:
     """Debian/Ubuntu write '127.0.1.1 <hostname>': on node 0 the master's
     name is loopback. auto must pin the interface the other node reaches it

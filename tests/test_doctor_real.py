@@ -129,6 +129,7 @@ def test_unresolvable_master_fails() -> None:
     assert "no-such-master.invalid" in the_failure(doc, "master resolves")["detail"]
 
 
+@pytest.mark.full  # the same refusal: test_rank_report.py
 def test_forged_version_mismatch_fails_the_rank_report() -> None:
     from tests.helpers.forge_rank_report import forge_env  # the forge hook is a test helper, not in ddpkit
 

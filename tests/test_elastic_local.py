@@ -90,9 +90,11 @@ def back_in(out: Path, proc: subprocess.Popen[bytes], timeout: float = 240) -> N
 
 
 @pytest.mark.parametrize(("lost", "max_node_failures", "how"),
-                         # excluded: "rejoins" loses the same node, and node0-excluded excludes one
-                         [full_case(2, 1, signal.SIGKILL), (2, 2, signal.SIGKILL), (0, 1, signal.SIGKILL),
-                          (0, 1, signal.SIGSTOP)],
+                         # every case: make test-full; make test proves an excluded, a rejoined, a silent node
+                         # and node 0 lost on launch ssh (test_elastic_ssh.py), a lost node of launch local
+                         # in test_own_elastic.py
+                         [full_case(2, 1, signal.SIGKILL), full_case(2, 2, signal.SIGKILL), full_case(0, 1, signal.SIGKILL),
+                          full_case(0, 1, signal.SIGSTOP)],
                          ids=["excluded", "rejoins", "node0-excluded", "node0-frozen"])
 def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max_node_failures: int,
                                                   how: signal.Signals) -> None:

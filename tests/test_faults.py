@@ -29,6 +29,7 @@ import pytest
 
 from ddpkit.exitcodes import ExitCode
 from tests.helpers.runs import TINY
+from tests.helpers.tiers import full_case
 from tests.infra import netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.root,
@@ -207,7 +208,9 @@ def run_case(fx: Net, case: Fault) -> Outcome:
     return Outcome(codes, {n: (work / f"node{n}.err").read_text() for n in procs}, seconds)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# the wrong address: the same check and message as the link down
+@pytest.mark.parametrize("case", [full_case(c) if c.id == "master-unreachable-wrong-address" else c for c in CASES],
+                         ids=[c.id for c in CASES])
 def test_start_up_fault(faultnet: Net, case: Fault) -> None:
     with case.inject(faultnet):
         out = run_case(faultnet, case)

@@ -152,6 +152,7 @@ def wait_ranks_running(proc: subprocess.Popen[str], count: int) -> None:
             running.add(line.split("]")[0])
 
 
+@pytest.mark.full  # a launch ssh job: the targets matrix
 def test_three_node_job_runs_in_hostfile_order(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job = write_job(tmp_path, "e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
@@ -237,6 +238,7 @@ def test_preflight_refuses_and_starts_nothing(cluster: Cluster, tmp_path: Path, 
         assert "ssh-keygen -f" in table and "-R" in table
 
 
+@pytest.mark.full  # launch.sh runs a job: the targets matrix
 def test_rendered_bash_launcher_runs_the_same_job(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job = write_job(tmp_path, "bash-e2e", args=[*TRAIN_ARGS, "--max-steps=2"])
@@ -411,6 +413,7 @@ def _as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.full  # the same stop: the runs test's cancel below
 def test_ctrl_c_stops_every_node(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     fake = tmp_path / "python"

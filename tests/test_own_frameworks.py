@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.rank_table import pid_of
-from tests.helpers.tiers import one_case_in_ci
 from tests.test_preamble import Job, freeze_rank_1_and_expect_the_stall, run
 from tests.test_startup import ROOT
 
@@ -35,7 +34,8 @@ def test_a_framework_trainer_gets_the_rank_table_and_the_watchdog(tmp_path: Path
     assert text.rstrip().endswith("launch local: every node finished"), text[-500:]
 
 
-@pytest.mark.parametrize("program", one_case_in_ci(sorted(PROGRAMS), keep="hf"))
+@pytest.mark.full  # a frozen rank of a program of the user's own: test_preamble.py, test_own_stop_ssh.py
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_a_frozen_rank_of_a_framework_trainer_is_named_and_the_job_stopped(tmp_path: Path, program: str) -> None:
     script, args = PROGRAMS[program]
     freeze_rank_1_and_expect_the_stall(Job(tmp_path, script, *args(tmp_path, 10_000)))

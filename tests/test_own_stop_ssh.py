@@ -29,7 +29,6 @@ import yaml
 
 from ddpkit.exitcodes import ExitCode
 from tests.helpers.rank_table import pid_of
-from tests.helpers.tiers import one_case_in_ci
 from tests.infra import netns, sshd
 from tests.infra.shared import SSH_NODES, SshPool
 from tests.test_launch_ssh import DDPKIT, hostfile, job_processes
@@ -142,7 +141,8 @@ def trained(runs: Path) -> bool:
     return any('"kind": "train"' in f.read_text() for f in runs.glob("*/metrics.jsonl"))
 
 
-@pytest.mark.parametrize("program", one_case_in_ci(sorted(AS_THEY_ARE), keep="tutorial"))
+@pytest.mark.full  # a frozen rank on these hosts: test_watchdog_infra.py; a program's report: test_launch_ssh.py
+@pytest.mark.parametrize("program", sorted(AS_THEY_ARE))
 def test_a_frozen_rank_of_each_program_on_three_hosts_is_named_the_job_stopped_and_the_run_reported(
         cluster: Cluster, tmp_path: Path, program: str) -> None:
     script, args = AS_THEY_ARE[program]

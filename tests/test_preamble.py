@@ -155,6 +155,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.full  # no stall on a long first step or evaluation: test_watchdog_local.py
 def test_a_long_evaluation_and_a_program_that_never_trains_are_no_stall(tmp_path: Path) -> None:
     code, text = run(tmp_path, "2", "1", "--eval-seconds", str(2 * STALL_S + 3))
     assert code == 0, text

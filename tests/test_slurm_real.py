@@ -87,6 +87,7 @@ def check_ranks(text: str, *, launcher: str) -> None:
     assert len({p["master"] for p in seen}) == 1 and seen[0]["master"].startswith("node1:")
 
 
+@pytest.mark.full  # both modes run in the targets matrix
 def test_torchrun_mode_two_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
     script = render(tmp_path, job_spec("tr"))
     job = cluster.sbatch(script)
@@ -96,6 +97,7 @@ def test_torchrun_mode_two_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
     check_ranks(text, launcher="torchrun")
 
 
+@pytest.mark.full  # both modes run in the targets matrix
 def test_srun_mode_two_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
     script = render(tmp_path, job_spec("sr", mode="srun"))
     job = cluster.sbatch(script)
@@ -422,6 +424,7 @@ def test_submit_shows_sbatch_errors_as_they_are(cluster: SlurmCluster, tmp_path:
     assert all_runs(tmp_path / "runs") == []  # no run for a job that was not submitted
 
 
+@pytest.mark.full  # submit and status: the run test below
 def test_submit_without_follow_returns_at_once(cluster: SlurmCluster, tmp_path: Path) -> None:
     done = submit(cluster, tmp_path, job_spec("sub-bg"))
     assert done.returncode == 0, done.stderr

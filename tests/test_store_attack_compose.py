@@ -107,6 +107,7 @@ def compose(docker_daemon: Docker, tmp_path: Path) -> Iterator[Compose]:  # noqa
         assert job.left() == []
 
 
+@pytest.mark.full  # a stranger's forgery is proven on launch local and Slurm in make test
 def test_forged_records_without_the_run_key_do_not_reach_the_job(compose: Compose) -> None:
     compose.wait_for_step(3)  # the watchdog is up and every rank has published
     said = compose.stranger("--job-name", JOB, "--world", "2")
@@ -119,6 +120,7 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(compose: Compos
     assert "watchdog: STALL" not in logs and "watchdog: LOST" not in logs and "straggler rank" not in logs
 
 
+@pytest.mark.full  # the positive control runs on launch local in make test
 def test_the_same_verdict_under_the_run_key_stops_the_job(compose: Compose) -> None:
     compose.wait_for_step(3)
     said = compose.stranger("--key", compose.key)

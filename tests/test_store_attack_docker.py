@@ -97,6 +97,7 @@ class Job:
             self._docker("network", "ls", "-q", "--filter", f"label={LABEL_JOB}={JOB}")
 
 
+@pytest.mark.full  # a stranger's forgery is proven on launch local and Slurm in make test
 def test_forged_records_without_the_run_key_do_not_reach_the_job(job: Job) -> None:
     job.started()
     key = job.key()
@@ -113,6 +114,7 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(job: Job) -> No
     assert job.leftovers() == ""
 
 
+@pytest.mark.full  # the positive control runs on launch local in make test
 def test_the_same_verdict_under_the_run_key_stops_the_job(job: Job) -> None:
     job.started()
     said = job.stranger("--key", job.key())

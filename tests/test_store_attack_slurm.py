@@ -128,6 +128,7 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(cluster: SlurmC
     assert key not in text  # the batch script never printed it
 
 
+@pytest.mark.full  # the positive control runs on launch local in make test
 def test_the_same_verdict_under_the_run_key_stops_the_job(cluster: SlurmCluster, tmp_path: Path) -> None:
     job = Job(cluster, tmp_path, "forge-key", "torchrun")
     host, port = job.started()

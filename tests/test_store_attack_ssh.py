@@ -94,6 +94,7 @@ class Job:
                 self.proc.kill()
 
 
+@pytest.mark.full  # a stranger's forgery is proven on launch local and Slurm in make test
 def test_forged_records_without_the_run_key_do_not_reach_the_job(
         ssh_cluster: tuple[netns.Network, sshd.SshHosts], tmp_path: Path) -> None:
     job = Job(*ssh_cluster, tmp_path, "forge-ssh")
@@ -111,6 +112,7 @@ def test_forged_records_without_the_run_key_do_not_reach_the_job(
     assert job_processes(str(tmp_path)) == []
 
 
+@pytest.mark.full  # the positive control runs on launch local in make test
 def test_the_same_verdict_under_the_run_key_stops_the_job(
         ssh_cluster: tuple[netns.Network, sshd.SshHosts], tmp_path: Path) -> None:
     job = Job(*ssh_cluster, tmp_path, "forge-ssh-key")

@@ -55,6 +55,7 @@ def test_sigkill_at_random_step_then_resume_is_bitwise_identical(tmp_path: Path,
     assert len(list(ckpt_dir.glob("ckpt-*.pt"))) <= 2
 
 
+@pytest.mark.full  # SIGTERM's checkpoint: test_train_dist.py; a stop resumed bitwise: the SIGKILL test and test_preempt_slurm.py
 def test_sigterm_mid_epoch_checkpoints_then_resume_is_bitwise_identical(tmp_path: Path, reference: dict) -> None:
     job = torchrun(tmp_path, 2, 1, job_args(tmp_path, "t"), tag="termed")
     wait_for_step(tmp_path / "t.jsonl", STEPS_PER_EPOCH + 2, job)  # inside the second epoch

@@ -18,6 +18,7 @@ import torch
 
 from ddpkit.exitcodes import ExitCode
 from tests.helpers.runs import TINY, metrics, processes_in, run_ok, torchrun
+from tests.helpers.tiers import one_case_in_ci
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def two_process_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "ckpt"
 
 
-@pytest.mark.parametrize("world", [3, 1])
+@pytest.mark.parametrize("world", one_case_in_ci([3, 1], keep=3))
 def test_resume_with_another_world_size_continues_at_the_global_sample(
         two_process_checkpoint: Path, tmp_path: Path, world: int) -> None:
     ckpt = tmp_path / "ckpt"
@@ -98,7 +99,7 @@ def one_node_checkpoint(cwd: Path, seed: int) -> None:
                                 "--seed", str(seed), "--device", "cpu"], tag="prep"), timeout=300)
 
 
-@pytest.mark.parametrize("node1", ["missing", "different"])
+@pytest.mark.parametrize("node1", one_case_in_ci(["missing", "different"], keep="missing"))
 def test_a_node_without_rank0s_checkpoint_stops_the_job_within_seconds(tmp_path: Path, node1: str) -> None:
     node0, node1_dir = tmp_path / "node0", tmp_path / "node1"
     one_node_checkpoint(node0, seed=0)

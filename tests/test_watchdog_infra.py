@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.tiers import one_case_in_ci
 from tests.infra import netns, sshd
 from tests.infra.shared import SlurmPool, SshPool
 from tests.infra.slurm_cluster import SlurmCluster
@@ -89,7 +90,7 @@ def slurm(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+@pytest.mark.parametrize("mode", one_case_in_ci(["torchrun", "srun"], keep="torchrun"))
 def test_sigstop_under_real_slurm(slurm: SlurmCluster, tmp_path: Path, mode: str) -> None:
     mark = tmp_path / "stopped-at"
     spec = {"name": "wd-slurm", "nodes": 2, "nproc_per_node": 2, "device": "cpu", "backend": "gloo",

@@ -160,6 +160,7 @@ def test_long_first_step_and_long_evaluation_are_no_stall(tmp_path: Path) -> Non
     assert job.stall_records() == []
 
 
+@pytest.mark.full  # a frozen rank of a program of the user's own: test_preamble.py
 def test_a_users_own_script_reports_progress_and_the_stuck_rank_is_found(tmp_path: Path) -> None:
     script = ROOT / "tests" / "helpers" / "user_loop.py"
     argv = launch_argv("--nodes", "2", "--nproc-per-node", "2", "--grace", "5", "--set", f"command.script={script}",
