@@ -201,7 +201,8 @@ def _note_matrix_outcome(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The targets matrix runs in three modules on any workers; it passes as
     a whole only if every target did (what its closing test asserted when it
-    was one module). Controller only: it has every worker's reports."""
+    was one module). Controller only: it has every worker's reports. A
+    worker hands back its CPU time instead (pytest_testnodedown)."""
     if _is_xdist_worker(session.config):
         session.config.workeroutput["cpu_s"] = timings.own_cpu_seconds()  # type: ignore[attr-defined]
         return
