@@ -111,7 +111,7 @@ test-times: install
 	$(PY) -m tests.timings .pytest_cache/junit-full.xml
 
 # The edit loop: every test that needs neither root nor a cluster nor a
-# torch process (markers root and slow), in a few minutes; CI runs everything.
+# torch process (markers root and slow), in a few minutes.
 test-fast: install
 	$(PY) -m pytest $(XDIST) -m "not root and not slow" --durations=15 $(PYTEST_ARGS)
 

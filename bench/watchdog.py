@@ -202,13 +202,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="result folder (default bench/results)")
     parser.add_argument("--name", default="watchdog")
     args = parser.parse_args()
+    torchrun_cap = args.cap if args.torchrun_cap is None else args.torchrun_cap
     PULSE.phase = Phase.TRAIN
     heartbeat = bench_heartbeat(args.calls, 200)
     rounds = args.rounds or int(args.stall_s) + 8
     scale = [bench_scale(int(n), args.stall_s, rounds) | {"judge_ms": round(judge_only(int(n)) * 1e3, 2)}
              for n in args.ranks.split(",")]
     with tempfile.TemporaryDirectory():
-        stop = bench_stop(args.stall_s, args.cap, args.cap if args.torchrun_cap is None else args.torchrun_cap)
+        stop = bench_stop(args.stall_s, args.cap, torchrun_cap)
     print(table(["launcher", "stall -> job gone (s)", "stopped by itself", "exit", "named rank 3"],
                 [[k, v["seconds"], v["stopped_by_itself"], v["exit_code"], v["named_rank_3"]] for k, v in stop.items()]))
     print(f"\nheartbeat: {heartbeat['loop_ns_per_step']} ns per step in the loop "
@@ -219,7 +220,7 @@ def main() -> int:
                 [[s["ranks"], s["check_every_s"], s["check_ms_median"], s["check_ms_max"], s["judge_ms"],
                   s["write_all_heartbeats_ms_median"], s["detection_delay_past_stall_s"]] for s in scale]))
     payload = {"machine": machine(), "command": command_line(), "stall_s": args.stall_s, "cap_s": args.cap,
-               "torchrun_cap_s": args.torchrun_cap or args.cap,
+               "torchrun_cap_s": torchrun_cap,
                "stop": stop, "heartbeat": heartbeat, "scale": scale}
     path = write_result(args.name, payload, **({"out_dir": args.out} if args.out else {}))
     print(f"\nwrote {path}")

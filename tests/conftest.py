@@ -63,7 +63,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     seconds = timings.calibrate()
     config.stash[_RUN_TIME_START] = (seconds, time.perf_counter(), timings.machine_busy_seconds())
     return (f"machine speed: a 10-million-addition Python loop took {seconds:.2f} s "
-            f"(~1.0 s on an idle fast CI machine, ~2.9 s on a slow one); {os.cpu_count()} cores")
+            f"({timings.CALIBRATION_REFERENCE}); {os.cpu_count()} cores")
 
 
 @pytest.hookimpl(optionalhook=True)

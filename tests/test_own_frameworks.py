@@ -34,7 +34,7 @@ def test_a_framework_trainer_gets_the_rank_table_and_the_watchdog(tmp_path: Path
     assert text.rstrip().endswith("launch local: every node finished"), text[-500:]
 
 
-@pytest.mark.full  # a frozen rank of a program of the user's own: test_preamble.py, test_own_stop_ssh.py
+@pytest.mark.full  # a frozen rank of a program of the user's own: test_preamble.py
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_a_frozen_rank_of_a_framework_trainer_is_named_and_the_job_stopped(tmp_path: Path, program: str) -> None:
     script, args = PROGRAMS[program]
