@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-full test-times test-fast demo bench bench-launch clean
+.PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-full test-times test-fast demo bench bench-launch clean docs
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -136,6 +136,12 @@ bench: install
 bench-launch: install
 	@if [ "$$(id -u)" = 0 ]; then $(PY) -m bench.launch; \
 	else echo "bench-launch: needs root (network namespaces and sshd)"; exit 2; fi
+
+# The documentation site from docs/ (mkdocs.yml), strict: a warning, a broken
+# link or anchor, or a page missing from the nav fails it. The reference pages
+# are generated from the code as it builds. Open site/index.html; no server needed.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

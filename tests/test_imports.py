@@ -77,6 +77,8 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": {"preamble"},
     # callbacks a program adds to a Hugging Face or Lightning Trainer: the preamble's stop part
     "frameworks": {"preamble"} | BASE,
+    # the documentation site's generated reference pages: they read the CLI, the spec, the targets and the owners
+    "docs_reference": {"cli", "targets", "render", "spec", "specfile", "templatedir"} | BASE,
 }
 
 
