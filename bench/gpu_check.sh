@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-call GPU check for a lent CUDA machine (see docs/PERFORMANCE.md, "CUDA").
+# One-call GPU check for a lent CUDA machine (see docs/BENCHMARKS.md, "CUDA").
 # Runs, each under a hard timeout and all inside one deadline:
 #   1. the machine and versions (nvidia-smi, python, torch, CUDA, cuDNN, NCCL)
 #   2. every `gpu`-marked test (tests/test_gpu_paths.py, test_devices.py, test_doctor_driver.py: whole runs
@@ -120,7 +120,7 @@ if ls /tmp/prof/*-ops.txt >/dev/null 2>&1; then
     python3 -c 'import json, pathlib, sys; print(json.dumps({p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path("/tmp/prof").glob("*-*.json")) if not p.stem.endswith("-ops")}, indent=1))' >"$OUT/profiles.json"
 fi
 
-# -- 4. throughput (cut down to fit the lease; see docs/PERFORMANCE.md). On one H200 the four
+# -- 4. throughput (cut down to fit the lease; see docs/BENCHMARKS.md). On one H200 the four
 #    ResNet-50 entries took ~185 s before the script's closing plot and JSON write: a 190 s
 #    and a 175 s cap both cut that tail, hence 250 s.
 FAST="ddpkit --gpu-resident-data bf16 cl compile"

@@ -179,7 +179,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="override warm-up steps")
     p.add_argument("--measure", type=int, help="override timed steps")
     p.add_argument("--compile-ceiling", action=argparse.BooleanOptionalAction, default=None,
-                   help="also measure torch.compile ceilings (default: on for cuda, off for cpu: see docs/PERFORMANCE.md)")
+                   help="also measure torch.compile ceilings (default: on for cuda, off for cpu: see docs/BENCHMARKS.md)")
     p.add_argument("--entries", type=lambda text: text.split(","), metavar="NAME,...",
                    help="only these entries (comma-separated names as printed; at least one of each kind)")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="folder for the JSON and PNG")

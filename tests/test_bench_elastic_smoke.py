@@ -63,7 +63,7 @@ def test_torchft_anchor_survives_a_killed_replica_group(tmp_path: Path) -> None:
     """bench/torchft_anchor.py: a real lighthouse, three replica groups, the last SIGKILLed; torchft
     with its comm hook mended (--patch-comm-hook), whose survivors train on without a restart. As
     shipped, every survivor's worker dies and must be restarted by its torchrun before a quorum of
-    two forms again (docs/ELASTIC.md): in CI16 one survivor never came back within 300 s, and that
+    two forms again (docs/BENCHMARKS.md): in CI16 one survivor never came back within 300 s, and that
     path measures torchft's restart, not the anchor's machinery."""
     reason = torchft_anchor.unavailable()
     if reason:

@@ -1,6 +1,6 @@
 """Each benchmark script runs end to end with the tiniest settings (real
 torchrun workers, one process, a step or two) and writes JSON with the fields
-docs/PERFORMANCE.md relies on. No timing is asserted: only that every figure
+docs/BENCHMARKS.md relies on. No timing is asserted: only that every figure
 is there and positive."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad elastic input (docs/ELASTIC.md, "Spec rules"): each is refused with a
+"""Bad elastic input (docs/guides/elastic.md, "Spec rules"): each is refused with a
 one-line cause and fix, exit 2, and nothing is rendered, written or started.
 Covers the spec (YAML and --set), the targets that cannot run an elastic
 job, `launch ssh` and `ddpkit train`'s own flag."""

@@ -1,4 +1,4 @@
-"""Training goes on after a membership change (docs/ELASTIC.md): real
+"""Training goes on after a membership change (docs/guides/elastic.md): real
 torchrun elastic agents (c10d rendezvous, --nnodes=2:3) on this machine as
 three nodes; one node's whole process tree is SIGKILLed at a known step, the
 two survivors re-form the job, resume from the last checkpoint with the new

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root,
 ROOT = Path(__file__).resolve().parents[1]
 # Past this a row has hung: kill it and fail. Unhandled, these faults end at torch's 1800 s
 # process-group timeout (TCPStore retries until then) or never. Handled, every row ends within
-# 20 s of joining on an idle 2-core machine (docs/FAILURES.md, from the FAULT-TIMING lines); in a
+# 20 s of joining on an idle 2-core machine (docs/BENCHMARKS.md, from the FAULT-TIMING lines); in a
 # whole-suite run 2.3x slower than usual two rows took 40 and 69 s, so the bound is the hang limit.
 RUN_LIMIT_S = 180.0
 HOSTS = ["fa", "fb", "fc"]
@@ -215,7 +215,7 @@ def test_start_up_fault(faultnet: Net, case: Fault) -> None:
     with case.inject(faultnet):
         out = run_case(faultnet, case)
     left = {h.name: h.pids() for h in faultnet.net.hosts if h.pids()}  # the injection's own process is gone too
-    print(f"\nFAULT-TIMING {case.id} {out.seconds:.1f}s codes={out.codes}")  # for docs/FAILURES.md
+    print(f"\nFAULT-TIMING {case.id} {out.seconds:.1f}s codes={out.codes}")  # for docs/BENCHMARKS.md
     everything = "\n".join(f"--- node {n}\n{text[-3000:]}" for n, text in out.stderr.items())
     started = case.started or tuple(range(case.nodes))
     expected = {n: int(case.also_exit.get(n, case.code)) for n in started}

@@ -569,7 +569,7 @@ def run_cmd(net: netns.Network, env: dict[str, str], *argv: str) -> subprocess.C
 
 
 def test_runs_status_logs_and_cancel_follow_a_running_launch_ssh_run(cluster: Cluster, tmp_path: Path) -> None:
-    """docs/RUNS.md on a live `launch ssh` run of 2 nodes x 2 ranks: listed
+    """docs/guides/runs.md on a live `launch ssh` run of 2 nodes x 2 ranks: listed
     running, its status, rank 3's last 5 lines (node 1's log holds them),
     then `cancel`: the launcher stops every node (exit 130), the run is
     recorded cancelled and nothing of the job is left on the hosts."""

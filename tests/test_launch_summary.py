@@ -5,7 +5,7 @@ node 0 waits; `python -m timeit` runs the job's code, so the same command
 runs unchanged on this machine, in a container and over SSH. Each launcher
 must print the same columns, name node 1 as the first failure with its exit
 code and its last lines, stop node 0, and leave nothing running. Each
-records its run (docs/RUNS.md): the same table as JSON, the exit code, the
+records its run (docs/guides/runs.md): the same table as JSON, the exit code, the
 failure as an event, and every node's whole log in the run folder.
 """
 

@@ -1,4 +1,4 @@
-"""`ddpkit report RUN` (docs/RUNS.md): the page of a real `launch local`
+"""`ddpkit report RUN` (docs/guides/runs.md): the page of a real `launch local`
 run, opened in headless Chromium; the screenshot's pixels must show the
 plots where the page puts them, and Chromium's own network log must show
 no request made by the page. Units: the records a report reads (stalls

@@ -1,4 +1,4 @@
-"""Run folders and `ddpkit runs / status / logs / cancel` (docs/RUNS.md).
+"""Run folders and `ddpkit runs / status / logs / cancel` (docs/guides/runs.md).
 
 Units: which run RUN names (a run id, a job name: its latest run, a Slurm
 job id), and a launcher that died without recording its end shown as lost.

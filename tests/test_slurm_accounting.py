@@ -1,7 +1,7 @@
 """A submitted job on a Slurm cluster that keeps accounting (a real slurmdbd
 and MariaDB beside slurmctld, tests/infra/slurm_cluster.py): once the job
 has left the queue, `ddpkit status` and `ddpkit runs` read its end from
-sacct (docs/RUNS.md). tests/test_slurm_real.py runs the same path on a
+sacct (docs/guides/runs.md). tests/test_slurm_real.py runs the same path on a
 cluster without accounting, where scontrol answers. A module of its own: its
 cluster is not the shared one, so xdist runs it beside the others."""
 

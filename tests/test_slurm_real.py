@@ -498,7 +498,7 @@ def test_follow_shows_the_state_as_it_changes(cluster: SlurmCluster, tmp_path: P
     assert f"ddpkit: job {job_id} RUNNING" in done.stderr or f"ddpkit: job {job_id} COMPLETED" in done.stderr
 
 
-# ---- ddpkit runs / status / logs / cancel on a submitted job (docs/RUNS.md) ---------------
+# ---- ddpkit runs / status / logs / cancel on a submitted job (docs/guides/runs.md) ---------------
 
 
 def test_submitted_job_is_a_run_that_status_reads_and_cancel_checkpoints(cluster: SlurmCluster,

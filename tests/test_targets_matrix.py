@@ -21,7 +21,7 @@ Each target is also compared with every target that finished before it, in
 any module or worker (`matrix.check`); the run ends with the table of targets
 covered, and fails if only part of the matrix ran (tests/conftest.py). One
 Slurm cluster whose namespace hosts also run the sshd hosts serves this
-module. docs/TARGETS.md describes the matrix.
+module. docs/TESTING.md describes the matrix.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("doctor",), "ddpkit.doctor", "preflight checks, collective correctness and (--bench) bandwidth on every rank"),
     (("submit", "slurm"), "ddpkit.launch.slurm.submit",
      "render the job, sbatch it, and (--follow) stream its logs until it ends"),
-    (("runs",), "ddpkit.launch.control.commands:RUNS", "list the runs of launch and submit, newest first (docs/RUNS.md)"),
+    (("runs",), "ddpkit.launch.control.commands:RUNS", "list the runs of launch and submit, newest first (docs/guides/runs.md)"),
     (("status",), "ddpkit.launch.control.commands:STATUS",
      "one run's state, events and summary (RUN: id, job name, Slurm job id)"),
     (("logs",), "ddpkit.launch.control.commands:LOGS", "a run's node logs: --node N, --rank R, --tail N, --follow"),
@@ -68,7 +68,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
     _print_notes(rendered, args.target, named=args.output is not None or len(rendered.files) > 1)
     if args.target in RENDER_TARGETS and not args.doctor:
-        # kubectl or docker compose starts it; `ddpkit status/logs` ask them (docs/RUNS.md)
+        # kubectl or docker compose starts it; `ddpkit status/logs` ask them (docs/guides/runs.md)
         recorded = record_render(spec, args.target, rendered, written)
         if recorded is not None and written:
             print(f"ddpkit render: run {recorded.id}: once it is started, `ddpkit status {recorded.id}` and "

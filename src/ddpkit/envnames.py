@@ -106,7 +106,7 @@ DDPKIT_WORKDIR: Final = "DDPKIT_WORKDIR"  # command.workdir: made and entered on
 DDPKIT_METRICS: Final = "DDPKIT_METRICS"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 
-# The hang watchdog (spec `watchdog:`; docs/WATCHDOG.md): seconds without progress, 0 = off.
+# The hang watchdog (spec `watchdog:`; docs/guides/hangs.md): seconds without progress, 0 = off.
 # An elastic job's rendezvous store (host:port), where the watchdog keeps its records: set by the agent, so that
 # they outlive rank 0's process and, where the launcher hosts that store, a node 0 that froze.
 DDPKIT_CONTROL_STORE: Final = "DDPKIT_CONTROL_STORE"
@@ -120,7 +120,7 @@ DDPKIT_TEST_SLOW_RANK: Final = "DDPKIT_TEST_SLOW_RANK"
 DDPKIT_LOADER_RANK_PID: Final = "DDPKIT_LOADER_RANK_PID"
 # The fork server's own pid, which its workers inherit (train/data/loader_procs.py).
 DDPKIT_LOADER_SERVER_PID: Final = "DDPKIT_LOADER_SERVER_PID"
-# Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/ELASTIC.md).
+# Seconds of a node's silence before the others act on it (spec watchdog.loss_s; docs/guides/elastic.md).
 DDPKIT_WATCHDOG_LOSS_S: Final = "DDPKIT_WATCHDOG_LOSS_S"
 # The stop signal after which ddpkit train requeues its Slurm job (train/stop/signals.py): the rendered
 # script sets preemption.signal, or empty (slurm.requeue false); unset means USR2.

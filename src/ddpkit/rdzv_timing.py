@@ -1,5 +1,5 @@
 """torchrun's c10d rendezvous timeouts for an elastic job, derived from the
-one setting `watchdog.loss_s` and the job's node count (docs/ELASTIC.md,
+one setting `watchdog.loss_s` and the job's node count (docs/DESIGN-NOTES.md,
 "How fast a loss is handled").
 
 torchrun reads every value of `--rdzv-conf` as whole seconds

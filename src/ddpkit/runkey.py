@@ -10,7 +10,7 @@ a holder of the run key can name: an HMAC of the key, so that even a client
 that reads the prefix off the wire cannot turn it back into the key, and
 keys under any other prefix (the old public one included) are never read.
 
-Who makes the key, and how it reaches every process (docs/FAILURES.md,
+Who makes the key, and how it reaches every process (docs/guides/security.md,
 "Threat model"): `launch local`, `launch docker` and `launch ssh` make it
 with `secrets.token_hex` and hand it over the environment, the Docker API,
 or ssh's stdin, as `secrets:` values travel; the rendered Slurm batch script
@@ -38,7 +38,7 @@ UNKEYED_PREFIX = "ddpkit-watchdog/"
 _NAMESPACE_HEX = 32  # 128 bits of the HMAC: not guessable, short enough for every store key
 UNKEYED_NOTE = (f"ddpkit: {ENV} is not set: ddpkit's control records in the rendezvous store (the watchdog's "
                 "verdict, heartbeats, straggler and node-loss records) are under a public prefix, and any client "
-                "that reaches the master port can forge a stall or a node loss (docs/FAILURES.md, threat model); "
+                "that reaches the master port can forge a stall or a node loss (docs/guides/security.md, threat model); "
                 "ddpkit's launchers and rendered scripts set it")
 
 

@@ -13,7 +13,7 @@ RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT say where the store is; the
 job environment carries the spec's `watchdog:` settings). Under ddpkit's agent a
 script needs none of this: every optimizer step is reported for it
 (ddpkit/preamble); a script that calls `progress` itself is counted by its
-own calls instead. docs/WATCHDOG.md has the details.
+own calls instead. docs/guides/hangs.md has the details.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The targets matrix's one spec, its promise, and the records every target
-leaves for the others (docs/TARGETS.md).
+leaves for the others (docs/TESTING.md).
 
 The matrix is three test modules (hosts, Docker, Kubernetes) so that pytest-xdist
 can run them on different workers at once; they still compare as one matrix.

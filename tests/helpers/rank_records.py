@@ -5,7 +5,7 @@ output, and compare them with what the job spec promises.
 process (kind `rank_report`), whatever prefix a launcher, srun or docker
 compose puts in front; `records(text)` finds them. `differences(...)` lists
 every field where a target's processes differ from the promise of the spec
-(docs/TARGETS.md), as rows of a target/field/expected/got table.
+(docs/TESTING.md), as rows of a target/field/expected/got table.
 """
 
 from __future__ import annotations

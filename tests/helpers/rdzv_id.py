@@ -23,7 +23,7 @@ from ddpkit.targets import render
 from ddpkit.targets.sshnode import RDZV_ID
 from tests.emulators import controller_env
 
-# The targets whose nodes hold a run key (docs/FAILURES.md, threat model), and the CLI target that renders each.
+# The targets whose nodes hold a run key (docs/guides/security.md, threat model), and the CLI target that renders each.
 KEYED = {Target.SLURM: "slurm", Target.SSH: "ssh", Target.COMPOSE: "compose", Target.LOCAL: None}
 CANARY = "5e1f" * 16  # a run key, as the nodes of a keyed target hold one
 

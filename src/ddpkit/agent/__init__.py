@@ -4,7 +4,7 @@ pre-imported process instead of started as new interpreters.
 Every per-node launch line ddpkit renders runs this in torchrun's place; it
 takes torchrun's arguments (and its PET_* defaults) and hands them to
 torch.distributed.run, with torch's rendezvous id tagged with the run key
-(__main__.parse_args; docs/FAILURES.md, threat model). What it adds: before
+(__main__.parse_args; docs/guides/security.md, threat model). What it adds: before
 torchrun starts, while the agent is still single-threaded, it forks a zygote
 (zygote.py) that imports torch, torch._dynamo and ddpkit's trainer once;
 handler.py routes torchrun's worker starts through it. A worker's start then

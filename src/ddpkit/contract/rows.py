@@ -257,7 +257,7 @@ def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
     """torchrun's c10d --rdzv-conf for an elastic job on `target`: the
     spec's join timeout, then the keep-alive, last call (the spec's when
     set) and close timeout derived from watchdog.loss_s and the node count
-    with the target's floors (rdzv_timing.derive; docs/ELASTIC.md says why
+    with the target's floors (rdzv_timing.derive; docs/DESIGN-NOTES.md says why
     each), or torchrun's own (elastic.rendezvous "torchrun")."""
     row = CONTRACT[target].elastic
     last_call_s = spec.elastic.last_call_s if spec.elastic is not None else None

@@ -9,7 +9,7 @@ the job's network (a second NIC, a management network, docker0) the port
 answers there too. The doctor can only see this host's side: the addresses
 the port listens at and the host's other addresses. Whether a machine
 outside the job can route to them is the network's business (a firewall on
-the master port range; docs/FAILURES.md, threat model).
+the master port range; docs/guides/security.md, threat model).
 """
 
 from __future__ import annotations
@@ -68,4 +68,4 @@ def check_exposure(master: Master, rank: int, host: str, interfaces: list[netif.
                f"answers on {', '.join(i.describe() for i in others)}, and torch's store lets any client that "
                "reaches it read and write the rendezvous",
                f"allow TCP {master.port} (the job's master port range) only from the job's hosts with a firewall, "
-               "or give each tenant its own master_port range (docs/FAILURES.md, threat model)")
+               "or give each tenant its own master_port range (docs/guides/security.md, threat model)")

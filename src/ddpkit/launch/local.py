@@ -12,7 +12,7 @@ An elastic job (spec.elastic) runs its agents with c10d rendezvous on
 (rdzv_store.py): any failed node, node 0 too, is left out while
 min_nodes remain, and started again at once (this machine is always there)
 to join at the next rendezvous, until it failed elastic.max_node_failures
-times (docs/ELASTIC.md).
+times (docs/guides/elastic.md).
 """
 
 from __future__ import annotations

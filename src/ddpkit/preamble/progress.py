@@ -1,4 +1,4 @@
-"""Progress without code, for the hang watchdog (docs/WATCHDOG.md).
+"""Progress without code, for the hang watchdog (docs/guides/hangs.md).
 
 - A training step is an optimizer step: torch's global optimizer-step hook
   counts the steps of the first optimizer that steps (a program with a

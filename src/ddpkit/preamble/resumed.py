@@ -35,7 +35,7 @@ def verdict(restart: str, loaded: list[str]) -> str:
     """The line rank 0 prints at the first optimizer step."""
     if not loaded:
         return (f"ddpkit: this job was {restart}, and the program loaded nothing with torch.load before its first "
-                "step: it starts over from step 0 (to resume, load your checkpoint at start: docs/FRAMEWORKS.md)")
+                "step: it starts over from step 0 (to resume, load your checkpoint at start: docs/guides/your-program.md)")
     shown = ", ".join(loaded[:SHOWN_FILES]) + (f" and {len(loaded) - SHOWN_FILES} more" if len(loaded) > SHOWN_FILES else "")
     return f"ddpkit: this job was {restart}; before its first step the program loaded {shown}: it resumes from there"
 

@@ -21,7 +21,7 @@ with a builtin comm hook (`_register_builtin_comm_hook`, in C++) registered
 before its first forward only its forward is timed (after it, the builtin
 hook runs as its Python twin). Nothing is wrapped where no judge reads the
 times (one process, the hang watchdog off, `straggler_factor` 0): the
-Python comm hook costs a thread hand-off per bucket (docs/PERFORMANCE.md).
+Python comm hook costs a thread hand-off per bucket (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`ddpkit report RUN [-o FILE] [--metrics FILE]`: the run's page and its
-PNGs (docs/RUNS.md, "ddpkit report"). RUN is found the way `ddpkit status`
+PNGs (docs/guides/runs.md, "ddpkit report"). RUN is found the way `ddpkit status`
 finds it (ddpkit.runs.resolve); the page goes into the run folder unless -o
 names a file, and the PNGs beside it (<stem>-curves.png, ...)."""
 

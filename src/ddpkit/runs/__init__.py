@@ -3,7 +3,7 @@ rendered for kubectl or docker compose), in one place
 (`~/.ddpkit/runs/<name>-<id>/`, or `$DDPKIT_RUNS_DIR`), that `ddpkit runs`,
 `status`, `logs` and `cancel` read. This package owns the folder's layout,
 its records (changed under a lock) and the one log tailer (`Tail`); it
-starts, signals and renders nothing (docs/RUNS.md)."""
+starts, signals and renders nothing (docs/guides/runs.md)."""
 
 from .folder import RunFolder, RunsDirError, runs_root
 from .record import (

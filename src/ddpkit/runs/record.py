@@ -1,5 +1,5 @@
 """What a run folder's `run.json` and `events.jsonl` hold, as models (the
-files are these models' JSON; docs/RUNS.md shows them)."""
+files are these models' JSON; docs/guides/runs.md shows them)."""
 
 from __future__ import annotations
 

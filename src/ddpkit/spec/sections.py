@@ -111,7 +111,7 @@ class Elastic(Strict):
     """Keep training when nodes are lost: torchrun's elastic agent with c10d
     rendezvous on node 0, `--nnodes=min_nodes:nodes`. After a membership
     change every agent restarts its workers, which resume from the latest
-    checkpoint with the new world size (docs/ELASTIC.md)."""
+    checkpoint with the new world size (docs/guides/elastic.md)."""
 
     min_nodes: int = Field(ge=1, description="the job continues while at least this many nodes remain")
     max_restarts: int = Field(
@@ -140,7 +140,7 @@ class Elastic(Strict):
 
 
 class WatchdogOptions(Strict):
-    """The hang watchdog (docs/WATCHDOG.md): a rank without progress for
+    """The hang watchdog (docs/guides/hangs.md): a rank without progress for
     stall_s (never less than 5 x the slowest step) gets every rank's stacks
     dumped and the job stopped with exit 13."""
 
@@ -159,7 +159,7 @@ class WatchdogOptions(Strict):
         default=LOSS_S, ge=LOSS_FLOOR_S, le=3600,
         description="seconds a node's ranks may send no heartbeat before the others act on it: an elastic job "
                     "re-forms without it, a static job stops naming it (exit 14); the rendezvous' last call "
-                    "derives from it, and it caps the keep-alive (docs/ELASTIC.md)")
+                    "derives from it, and it caps the keep-alive (docs/guides/elastic.md)")
 
     @field_validator("straggler_factor")
     @classmethod
@@ -176,7 +176,7 @@ class WatchdogOptions(Strict):
         if not command.script or not self.enabled or progress_reported:
             return None
         return ("stall detection is off: preamble.progress is false, so only a script that calls "
-                "ddpkit.watchdog.progress(step) is watched (docs/WATCHDOG.md); without it a hang lasts "
+                "ddpkit.watchdog.progress(step) is watched (docs/guides/hangs.md); without it a hang lasts "
                 "until the collective timeout")
 
 

@@ -3,7 +3,7 @@ writes for `kubectl apply`, and the compose file `ddpkit render compose`
 writes for `docker compose up`. Rendering records a run (state `rendered`);
 `ddpkit status` and `ddpkit logs` then ask kubectl or docker compose about
 it (backends/kubectl.py, backends/compose.py), and where that tool is not
-installed they print the exact command to run where it is (docs/RUNS.md).
+installed they print the exact command to run where it is (docs/guides/runs.md).
 This module records the render and runs the tools."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Slurm (one batched query for every job the command shows), kubectl or
 docker compose.
 
 RUN is a run id (or its folder's name), a job name (its latest run) or a
-Slurm job id. docs/RUNS.md."""
+Slurm job id. docs/guides/runs.md."""
 
 from __future__ import annotations
 

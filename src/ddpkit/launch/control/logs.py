@@ -1,7 +1,7 @@
 """A run's log files as `ddpkit logs` reads them: which lines of which
 files hold a node's or a rank's lines, each with the console's prefix
 (`[node0 rank1]`, `[node0]`): launch logs tagged by torchrun, Slurm output
-labelled by srun (docs/RUNS.md); and the printing of them, once or
+labelled by srun (docs/guides/runs.md); and the printing of them, once or
 followed until the run ends. Rendered jobs' logs are their tool's."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ goes on without a failed node while min_nodes remain (node 0 too where
 this launcher hosts the rendezvous store: storesite.py); its host is probed
 until it answers again, and the node's agent restarted to join at the next
 rendezvous, until it failed elastic.max_node_failures times; the summary
-names it as rejoined or excluded (docs/ELASTIC.md).
+names it as rejoined or excluded (docs/guides/elastic.md).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
         out.writelines(f"#   {k}={shell_word(v)}\n" for k, v in node_env(spec).items())
         if spec.elastic is not None:
             out.write("# elastic: the rendezvous endpoint becomes this launcher's address where every node "
-                      "reaches it (docs/ELASTIC.md)\n")
+                      "reaches it (docs/guides/elastic.md)\n")
         if spec.secrets:
             names = ", ".join(s.name for s in spec.secrets)
             out.write(f"#   and the secrets {names}, from this environment over each session's stdin\n")

@@ -80,7 +80,7 @@ def run_key_env(target: Target) -> list[FieldEnv]:
     the pods, read from the pod's labels. The API server assigns it when the
     Job is created, so no manifest holds it and every submission is a new
     run; a stranger on the pod network cannot learn it, while anyone allowed
-    to read the Job or its pods through the API can (docs/FAILURES.md, threat
+    to read the Job or its pods through the API can (docs/guides/security.md, threat
     model). A PyTorchJob's operator creates the pods itself, with no uid
     they share in their labels: none there, and the job runs unkeyed."""
     return [FieldEnv(runkey.ENV, f"metadata.labels['{JOB_UID_LABEL}']")] if target in _ONE_JOB else []

@@ -1,4 +1,4 @@
-"""Elastic membership, on the training side (spec.elastic, docs/ELASTIC.md).
+"""Elastic membership, on the training side (spec.elastic, docs/guides/elastic.md).
 
 torchrun's elastic agent starts new worker processes after every
 membership change, so nothing here survives a restart: each new set of

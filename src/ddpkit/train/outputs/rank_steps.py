@@ -1,5 +1,5 @@
 """Every rank's own step time, for the report's per-rank heat map
-(`ddpkit report`, docs/RUNS.md): each rank sums the time its steps took
+(`ddpkit report`, docs/guides/runs.md): each rank sums the time its steps took
 (the host's time in Stepper.compute and update: data, forward, backward, optimizer),
 and at each progress interval the ranks gather their means over the window
 to rank 0, which writes one `step_times` metrics record.

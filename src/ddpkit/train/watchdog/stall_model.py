@@ -8,7 +8,7 @@ monitor ranks read every rank's heartbeat with one `multi_get` and apply
 `Judge`. Every time in the judgement is the monitor's own monotonic clock
 (when it saw a value change), so clocks of different hosts never meet.
 
-docs/WATCHDOG.md is the user's page; this module has no torch import, so the
+docs/guides/hangs.md is the user's page; this module has no torch import, so the
 judge can be benchmarked and tested without a process group.
 """
 

@@ -18,7 +18,7 @@ an uneven one names nobody; neither does waiting (it is not timed).
 
 Everything but `Stragglers` (the store and the report) is pure, and this
 module has no torch import: tests/test_straggler.py drives the judge directly.
-docs/WATCHDOG.md ("Stragglers") is the user's page.
+docs/guides/hangs.md ("Stragglers") is the user's page.
 """
 
 from __future__ import annotations
