@@ -2,8 +2,8 @@
 
 The numbers follow sysexits(3) and the shell's 128+signal convention where one
 fits, so that schedulers and scripts can tell a fault of the input from a fault
-of the job. README.md ("When things go wrong") lists them with their messages for users; keep the
-two in step.
+of the job. The documentation's exit-code reference (docs/reference/exit-codes.md)
+is generated from this class and its comments.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2       # the job spec, a flag or a hostfile is wrong; nothing was started
     PREFLIGHT = 3       # a host or the cluster cannot run the job (no Docker daemon, too); nothing was started
     STARTUP = 4         # the job started but could not form its process group (network, rendezvous, versions)
-    # ddpkit train's own faults: each names the host, the path and the fix (README: When things go wrong)
+    # ddpkit train's own faults: each names the host, the path and the fix (docs/guides/hangs.md)
     RESUME_MISMATCH = 10  # a rank cannot read the checkpoint rank 0 chose to resume from (directory not shared)
     CHECKPOINT_DIR = 11   # --checkpoint-dir cannot be written on a rank that writes checkpoints
     DATA_MISSING = 12     # --data-dir does not exist (or lacks the dataset) on some node

@@ -1,6 +1,6 @@
 """Hostfiles as DeepSpeed and MPI write them: `[user@]host[:port] [slots=N]`.
 
-Line position is the node rank (README.md, the SSH row of "The rank contract"), so
+Line position is the node rank (docs/CONTRACT.md, the SSH row of "The rank contract"), so
 the order of the file is kept and a duplicate host is an error: one host
 carrying two node ranks would double-book its GPUs and its master port.
 """

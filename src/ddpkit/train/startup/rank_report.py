@@ -1,4 +1,4 @@
-"""The rank report every job starts with (README.md, "The rank contract").
+"""The rank report every job starts with (docs/CONTRACT.md, "The rank contract").
 
 Every process builds its row, all rows are gathered to every rank, rank 0
 prints one table, and every rank runs the same checks on the same rows, so
