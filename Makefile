@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
-.PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-full test-times test-fast demo bench bench-launch clean docs
+.PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-full test-times test-fast demo bench bench-launch clean docs docs-serve
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -139,9 +139,16 @@ bench-launch: install
 
 # The documentation site from docs/ (mkdocs.yml), strict: a warning, a broken
 # link or anchor, or a page missing from the nav fails it. The reference pages
-# are generated from the code as it builds. Open site/index.html; no server needed.
+# are generated from the code as it builds.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
+
+# The site built, then served on this machine only: browsers run the search's
+# web worker for a page served over http, never for one opened from file://.
+DOCS_PORT ?= 8000
+docs-serve: docs
+	@echo "docs-serve: http://127.0.0.1:$(DOCS_PORT)/ (Ctrl-C stops it)"
+	$(PY) -m http.server --bind 127.0.0.1 --directory site $(DOCS_PORT)
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

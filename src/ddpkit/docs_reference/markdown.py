@@ -2,21 +2,43 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
+CODE_SPAN = re.compile(r"(`+)(?:.+?)\1")
+
+
+def _one_line(text: str) -> str:
+    """Text on one line with its pipes escaped, as a table cell needs it."""
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def prose(text: str) -> str:
+    """Text with `<`, `>` and `&` outside code spans as entities: a
+    placeholder such as `PET_<FLAG>` in prose would otherwise be an HTML tag
+    that swallows the rest of its section (and of its search entry)."""
+    parts, end = [], 0
+    for span in CODE_SPAN.finditer(text):
+        parts += [html.escape(text[end:span.start()], quote=False), span.group(0)]
+        end = span.end()
+    parts.append(html.escape(text[end:], quote=False))
+    return "".join(parts)
+
 
 def cell(text: str) -> str:
-    """Text safe inside one cell of a Markdown table: pipes escaped, lines joined."""
-    return " ".join(text.replace("|", "\\|").split())
+    """Prose safe inside one cell of a Markdown table or a heading: pipes
+    escaped, lines joined, no HTML."""
+    return prose(_one_line(text))
 
 
 def code(value: str) -> str:
     """Inline code that survives a table cell (a backtick inside widens the fence)."""
     fence = "``" if "`" in value else "`"
     pad = " " if value.startswith("`") or value.endswith("`") else ""
-    return f"{fence}{pad}{cell(value)}{pad}{fence}"
+    return f"{fence}{pad}{_one_line(value)}{pad}{fence}"
 
 
 def literal(value: Any) -> str:

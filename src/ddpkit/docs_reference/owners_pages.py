@@ -44,7 +44,8 @@ def _comments(source: str) -> dict[int, str]:
 def commented_names(path: Path, body: list[ast.stmt] | None = None) -> list[Commented]:
     """Every `NAME = ...` (or `NAME: T = ...`) in `body` (default: the module's
     top level). A name's note is its trailing comment, else the comment lines
-    right above it; a comment block after a blank line opens a group."""
+    right above it; a comment block after a blank line opens a group (its
+    first sentence; the rest of the block is the first name's note)."""
     source = path.read_text(encoding="utf-8")
     lines = source.splitlines()
     comments = _comments(source)
@@ -65,12 +66,22 @@ def commented_names(path: Path, body: list[ast.stmt] | None = None) -> list[Comm
             number -= 1
         opens_group = above and (number == 0 or not lines[number - 1].strip())
         if opens_group:
-            group, above = " ".join(above), []
+            group, above = _split_group(above)
         trailing = comments.get(stmt.end_lineno or stmt.lineno, "")
         if (stmt.end_lineno or stmt.lineno) and not lines[(stmt.end_lineno or stmt.lineno) - 1].split("#")[0].strip():
             trailing = ""
         found.append(Commented(name, stmt.lineno, trailing or " ".join(above), group))
     return found
+
+
+def _split_group(block: list[str]) -> tuple[str, list[str]]:
+    """A comment block that opens a group: its first sentence (the lines up to
+    one that ends in a full stop) names the group; the lines after it are the
+    note of the name right below."""
+    for index, line in enumerate(block):
+        if line.endswith("."):
+            return " ".join(block[: index + 1]), block[index + 1:]
+    return " ".join(block), []
 
 
 def exit_codes_page() -> str:

@@ -13,12 +13,10 @@ from ..specfile import build_spec
 from ..targets import TARGETS
 from .examples import Example, found_examples, made_examples
 from .honour import Effect, Probe, probe_all
-from .markdown import cell, generated_note, literal
+from .markdown import cell, generated_note, literal, prose
 from .schema_walk import NO_DEFAULT, REQUIRED, SchemaField, SchemaWalk
 
 INTRO = """\
-# Job spec
-
 Every field of the YAML job spec, read from the spec's JSON Schema
 (`ddpkit schema` prints it). A field's path is dotted (`watchdog.loss_s` is
 `loss_s` under `watchdog:`); `[]` steps into a list's items.
@@ -96,7 +94,7 @@ def _entry(entry: FieldEntry, defaults: dict[str, Any]) -> str:
     field = entry.field
     lines = [f"### `{field.path}`", ""]
     if field.description:
-        lines += [field.description, ""]
+        lines += [prose(field.description), ""]
     lines += ["| Type | Default | Allowed values |", "|---|---|---|",
               f"| {cell(field.type)} | {_default(field, defaults)} | {cell(field.allowed) or 'any of its type'} |", ""]
     lines += [f"**Targets**{' (as its list)' if field.in_list_item else ''}: {_targets(entry.probe)}", ""]
@@ -112,7 +110,7 @@ def spec_page(root: Path) -> str:
     """The page's Markdown; `root` is the checkout whose examples/ and docs/ give examples."""
     defaults = build_spec({}).model_dump(mode="json")
     found = entries(root)
-    parts = [INTRO, "", generated_note("ddpkit.spec.JobSpec"), ""]
+    parts = ["# Job spec", "", generated_note("ddpkit.spec.JobSpec"), "", INTRO, ""]
     parts += ["## The job", "", "The fields at the top level of the spec.", ""]
     parts += [_entry(e, defaults) for e in found if not e.field.top]
     for top in dict.fromkeys(e.field.top for e in found if e.field.top):
@@ -120,6 +118,6 @@ def spec_page(root: Path) -> str:
         parts += [f"## `{top}`", ""]
         note = section[0].field.section_note if len(section[0].field.parts) == 2 else ""
         if note:
-            parts += [note, ""]
+            parts += [prose(note), ""]
         parts += [_entry(e, defaults) for e in section]
     return "\n".join(parts)
