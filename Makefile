@@ -117,13 +117,13 @@ test-fast: install
 
 # One spec on every target (local, ssh, launch.sh, Slurm x2, compose, launch
 # docker, four Kubernetes kinds emulated), every rank report compared
-# (docs/TARGETS.md). Needs root (namespaces, sshd, Slurm, dockerd).
+# (docs/TESTING.md, "The targets matrix"). Needs root (namespaces, sshd, Slurm, dockerd).
 .PHONY: test-targets
 test-targets: install
 	$(PY) -m pytest $(XDIST) tests/test_targets_matrix.py tests/test_targets_matrix_docker.py \
 		tests/test_targets_matrix_k8s.py $(PYTEST_ARGS)
 
-# CPU benchmarks (results in bench/results/, see docs/PERFORMANCE.md).
+# CPU benchmarks (results in bench/results/, see docs/BENCHMARKS.md).
 bench: install
 	$(PY) -m bench.train_throughput
 	$(PY) -m bench.startup
