@@ -87,9 +87,9 @@ lint: install
 
 # CI's tier (.ci/run): every capability proven once end to end on real
 # processes (every test but those marked `full`), spread over $(TEST_WORKERS)
-# pytest-xdist workers: on the 2-core CI machine many tests wait (on torchrun,
-# sshd, slurmd, dockerd) rather than compute, so a worker more than the cores
-# overlaps those waits. A module runs on one worker (--dist loadfile: its
+# pytest-xdist workers: on the 2-core CI machine three keep both cores busy
+# (the machine's CPU time is 1.9x the wall time; a fourth worker gained
+# nothing, docs/TESTING.md). A module runs on one worker (--dist loadfile: its
 # clusters are built once), longest first (tests/conftest.py orders them by
 # tests/test_seconds.json; xdist's own reorder by test count is off). Starts
 # with this machine's speed; ends with the slowest tests, the time per module
