@@ -23,13 +23,12 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from ddpkit.cli import build_parser
-from ddpkit.spec import JobSpec
+from ddpkit.docs_reference.examples import is_job_spec
 from ddpkit.specfile import SpecError, build_spec
 from ddpkit.targets import render
 
@@ -199,17 +198,13 @@ def make_targets(makefile: Path = ROOT / "Makefile") -> frozenset[str]:
     return frozenset(names)
 
 
-def is_spec(data: Any) -> bool:
-    return isinstance(data, dict) and bool(data) and set(data) <= set(JobSpec.model_fields)
-
-
 def check_yaml_block(where: str, text: str) -> None:
     """The block parses; a job spec (or fragment) validates and renders."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise AssertionError(f"{where}: the YAML block does not parse: {exc}") from None
-    if not is_spec(data):
+    if not is_job_spec(data):
         return  # another file's YAML (a manifest, a compose file): parsing is what a reader relies on
     try:
         spec = build_spec({**BASE, **data})
@@ -267,8 +262,8 @@ def test_every_make_command_shown_names_a_makefile_target(shown: Shown) -> None:
 def test_the_blocks_and_commands_are_found_in_readme_and_every_docs_folder() -> None:
     """Guards the tests above against finding nothing (a changed fence, a folder not walked)."""
     readme = [b for b in BLOCKS if b.path == "README.md"]
-    assert readme and is_spec(yaml.safe_load(readme[0].text)), "README.md's spec reference is not found as a job spec"
-    assert sum(is_spec(yaml.safe_load(b.text)) for b in BLOCKS) >= 5
+    assert readme and is_job_spec(yaml.safe_load(readme[0].text)), "README.md's spec reference is not found as a job spec"
+    assert sum(is_job_spec(yaml.safe_load(b.text)) for b in BLOCKS) >= 5
     assert any(s.where.startswith("README.md:") for s in DDPKIT_COMMANDS)
     assert any(s.where.startswith("docs/guides/") for s in DDPKIT_COMMANDS), "docs/guides/ is not walked"
     assert any(s.where.startswith("README.md:") for s in MAKE_COMMANDS)
@@ -281,7 +276,7 @@ def _blocks_of(markdown: str) -> list[Block]:
 
 def test_a_spec_the_schema_refuses_fails_naming_its_file_and_line() -> None:
     [block] = _blocks_of("Intro.\n\n```yaml\nnodes: 0\nwatchdog:\n  loss_s: -1\n```\n")
-    assert is_spec(yaml.safe_load(block.text))
+    assert is_job_spec(yaml.safe_load(block.text))
     with pytest.raises(AssertionError, match=r"example\.md:3: the job spec is refused"):
         check_yaml_block(block.where, block.text)
 

@@ -20,7 +20,6 @@ import functools
 import http.server
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -32,10 +31,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.helpers.chromium import CHROMIUM, HEADLESS, needs_chromium
+
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / ".pytest_cache" / "docs-screenshots"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/system-deps.sh installs it)")
 WAIT_S = 30  # the longest a page may take to show what a test waits for
 LOCAL_SCHEMES = {"data", "blob", "about"}  # made inside the page: no connection
 
@@ -215,9 +214,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
     from_browser_r, from_browser_w = os.pipe()
     # chromium reads commands on fd 3 and writes replies on fd 4
     process = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         f"--user-data-dir={profile}", "--window-size=1280,900", "--remote-debugging-pipe", "about:blank"],
+        [CHROMIUM, *HEADLESS, f"--user-data-dir={profile}", "--window-size=1280,900", "--remote-debugging-pipe", "about:blank"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         pass_fds=(3, 4), preexec_fn=lambda: _as_fds_3_and_4(to_browser_r, from_browser_w))
     os.close(to_browser_r)

@@ -40,9 +40,11 @@ def the_page_command(text: str) -> list[str]:
     return [DDPKIT, *commands[0][1:]]
 
 
-def write_the_pages_files(folder: Path, script: str) -> list[str]:
+def write_the_pages_files(folder: Path, script: str | None = None) -> list[str]:
+    """The page's train.py (or `script` in its place) and my-first.yaml in
+    `folder`; the page's command to run them."""
     text = PAGE.read_text()
-    (folder / "train.py").write_text(script or block_after(text, "train.py"))
+    (folder / "train.py").write_text(block_after(text, "train.py") if script is None else script)
     (folder / "my-first.yaml").write_text(block_after(text, "my-first.yaml"))
     return the_page_command(text)
 
@@ -53,7 +55,7 @@ def run(folder: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_pages_program_runs_as_two_nodes_with_the_pages_command(tmp_path: Path) -> None:
-    argv = write_the_pages_files(tmp_path, "")
+    argv = write_the_pages_files(tmp_path)
     done = run(tmp_path, argv)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]

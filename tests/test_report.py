@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,11 +25,10 @@ from ddpkit.exitcodes import ExitCode
 from ddpkit.report import data as report_data
 from ddpkit.report import plots
 from ddpkit.runs import RunFolder, StoredRun, all_runs
+from tests.helpers.chromium import CHROMIUM, HEADLESS, needs_chromium
 from tests.helpers.runs import TINY
 from tests.test_runs import ddpkit
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/system-deps.sh installs it)")
 WIDTH, HEIGHT = 1200, 2400
 _URL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?!data:)([a-z][a-z0-9+.-]*:)?//""", re.IGNORECASE)
 
@@ -63,9 +61,7 @@ def _screenshot(page: Path, out: Path, tmp: Path) -> list[str]:
     checks have no origin; what a page asks for has the page's file:// origin)."""
     net_log = tmp / "net.json"
     assert CHROMIUM is not None
-    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}", f"--log-net-log={net_log}",
+    done = subprocess.run([CHROMIUM, *HEADLESS, f"--user-data-dir={tmp / 'profile'}", f"--log-net-log={net_log}",
                            f"--screenshot={out}", f"--window-size={WIDTH},{HEIGHT}", page.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and out.is_file(), done.stderr[-2000:]

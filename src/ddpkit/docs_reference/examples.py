@@ -38,6 +38,12 @@ def spec_documents(root: Path) -> list[Path]:
     return [*sorted((root / "examples").glob("*.yaml")), root / "README.md", *docs]
 
 
+def is_job_spec(data: Any) -> bool:
+    """A YAML document that is a job spec or a fragment of one: a mapping
+    whose keys are all spec fields (a manifest or compose file is not)."""
+    return isinstance(data, dict) and bool(data) and set(data) <= set(JobSpec.model_fields)
+
+
 def _specs_in(path: Path) -> Iterator[dict[str, Any]]:
     text = path.read_text(encoding="utf-8")
     bodies = [text] if path.suffix == ".yaml" else [m.group(1) for m in YAML_BLOCK.finditer(text)]
@@ -46,7 +52,7 @@ def _specs_in(path: Path) -> Iterator[dict[str, Any]]:
             data = yaml.safe_load(body)
         except yaml.YAMLError:
             continue  # the doc-examples test reports a block that does not parse
-        if isinstance(data, dict) and data and set(data) <= set(JobSpec.model_fields):
+        if is_job_spec(data):
             yield data
 
 
