@@ -47,6 +47,7 @@ def test_a_warning_every_rank_prints_is_one_line_naming_the_ranks(tmp_path: Path
     assert "OMP_NUM_THREADS" not in out, out
 
 
+@pytest.mark.full  # the merge itself: the test above and the dedup units
 @pytest.mark.slow
 def test_no_dedup_prints_every_ranks_copy(tmp_path: Path) -> None:
     out, logs = run(tmp_path, "--no-dedup")

@@ -155,6 +155,7 @@ def test_launch_docker_runs_every_rank_once_and_cleans_up(docker_daemon: Docker,
     assert _leftovers(docker_daemon) == ""
 
 
+@pytest.mark.full  # secrets on stdin: launch local, ssh and Slurm (test_secrets.py, test_launch_ssh.py, test_slurm_real.py)
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)

@@ -135,7 +135,7 @@ def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmClus
     assert "ddpkit train finished" in relaunched and "world size 3" in relaunched, relaunched[-6000:]
 
 
-@pytest.mark.full  # a whole host lost: the frozen node below
+@pytest.mark.full  # a whole host lost: the lost batch host below
 @pytest.mark.timeout(900)
 def test_a_lost_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp_path: Path) -> None:
     step, text, info = run_with_a_loss(cluster, tmp_path, take_node3_down)
@@ -144,6 +144,7 @@ def test_a_lost_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp
     assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in text, text[-6000:]
 
 
+@pytest.mark.full  # a lost host on Slurm: the lost batch host below; a silent node: test_elastic_compose.py[paused]
 @pytest.mark.timeout(900)
 def test_a_frozen_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp_path: Path) -> None:
     assert cluster.net is not None
@@ -163,7 +164,7 @@ def test_a_frozen_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, t
     assert "srun: error: Node failure on node3" in text and "relaunch" not in text, text[-6000:]
 
 
-@pytest.mark.full  # a silent node on Slurm: the frozen node
+@pytest.mark.full  # a silent node: test_elastic_compose.py[paused]; a lost host on Slurm: the lost batch host below
 @pytest.mark.timeout(900)
 def test_a_node_whose_trainer_froze_is_ended_once_the_others_finished(cluster: SlurmCluster, tmp_path: Path) -> None:
     assert cluster.net is not None

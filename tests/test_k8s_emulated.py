@@ -249,6 +249,7 @@ def kill_after_first_checkpoint(volume_dir: Path, victim: int) -> Callable[[list
     return kill
 
 
+@pytest.mark.full  # a killed job resumed from its checkpoint: test_train_resume.py; the JobSet's pods: test_render_k8s.py
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900)
@@ -274,6 +275,7 @@ def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(
         assert "resumed from" in logs[0] and "at step 0 " not in logs[0], logs[0]
 
 
+@pytest.mark.full  # node 0 lost, the others finish: test_elastic_ssh.py; the elastic policy: test_elastic_render.py
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)

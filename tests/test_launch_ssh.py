@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.helpers.rank_records import records
+from tests.helpers.tiers import full_case
 from tests.infra import netns, sshd
 from tests.infra.shared import SSH_NODES, SshPool
 
@@ -253,6 +254,7 @@ def test_rendered_bash_launcher_runs_the_same_job(cluster: Cluster, tmp_path: Pa
     assert job_processes(str(tmp_path)) == []
 
 
+@pytest.mark.full  # fail fast: test_failing_node_stops_every_host; launch.sh's own stop: its Ctrl-C test
 def test_rendered_bash_launcher_fails_fast(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     job, mark = failing_job(tmp_path, "bash-ff", fail_node=2)
@@ -350,7 +352,7 @@ def test_a_login_shell_stuck_in_rc_files_is_named_and_nothing_starts(tmp_path: P
     assert not (tmp_path / "logs").exists()
 
 
-@pytest.mark.parametrize("launcher", ["launch ssh", "rendered launch.sh"])
+@pytest.mark.parametrize("launcher", ["launch ssh", full_case("rendered launch.sh")])
 def test_a_host_that_stops_answering_fails_the_job_fast(tmp_path: Path, launcher: str) -> None:
     """A host cut off mid-run (its link down: no reset, the connection goes
     quiet) is declared lost after alive_interval_s x alive_count (ssh's

@@ -125,6 +125,7 @@ def test_launch_local_summary(tmp_path: Path) -> None:
     assert nothing_left(marker) == []
 
 
+@pytest.mark.full  # the same table from every launcher: local and ssh above; docker's rows: test_docker.py
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)

@@ -71,7 +71,6 @@ def test_without_a_handler_the_program_stops_at_once_and_says_no_checkpoint_was_
     assert code == ExitCode.INTERRUPTED, text[-2000:]
 
 
-@pytest.mark.full  # the Hugging Face Trainer's stop and resume: test_own_stop_ssh.py; Lightning's: test_own_stop_slurm.py
 def test_a_hugging_face_trainer_saves_its_checkpoint_at_the_agreed_step_and_resumes_from_it(tmp_path: Path) -> None:
     out = tmp_path / "hf-out"
     job = Job(tmp_path, HELPERS / "hf_trainer.py", str(out), "100000", "stop")
@@ -91,7 +90,6 @@ def test_a_hugging_face_trainer_saves_its_checkpoint_at_the_agreed_step_and_resu
     assert f"resuming from {out / f'checkpoint-{step}'}" in done.text
 
 
-@pytest.mark.full  # Lightning's stop and resume: test_own_stop_slurm.py
 def test_a_lightning_trainer_saves_last_ckpt_at_the_agreed_step(tmp_path: Path) -> None:
     root = tmp_path / "lt"
     job = Job(tmp_path, HELPERS / "lightning_trainer.py", str(root), "100000", "2", "stop")

@@ -81,7 +81,7 @@ def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str) -> t
     return int(found.group(1)), text
 
 
-@pytest.mark.full  # the Lightning Trainer's test below proves pre-emption, requeue and resume on Slurm
+@pytest.mark.full  # a Trainer's stop and resume: test_own_stop.py; pre-emption and requeue on Slurm: test_preempt_slurm.py
 def test_a_hugging_face_trainer_is_preempted_requeued_and_resumes_from_its_checkpoint(
         cluster: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "job" / "hf-out"
@@ -95,6 +95,7 @@ def test_a_hugging_face_trainer_is_preempted_requeued_and_resumes_from_its_check
     assert len(said) == 1 and f"checkpoint-{step}" in said[0] and said[0].endswith("it resumes from there"), said
 
 
+@pytest.mark.full  # a Trainer's stop and resume: test_own_stop.py; pre-emption and requeue on Slurm: test_preempt_slurm.py
 def test_a_lightning_trainer_is_preempted_requeued_and_resumes_from_last_ckpt(
         cluster: SlurmCluster, tmp_path: Path) -> None:
     root = tmp_path / "job" / "lt"

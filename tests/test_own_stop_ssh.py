@@ -105,6 +105,7 @@ def cancel_when(launch: Launch, ready: str) -> tuple[int, str]:
     return int(found.group(1)), launch.text
 
 
+@pytest.mark.full  # the Hugging Face Trainer's stop and resume: test_own_stop.py
 def test_a_hugging_face_trainer_checkpoints_at_the_agreed_step_and_the_next_launch_resumes(
         cluster: Cluster, tmp_path: Path) -> None:
     out = tmp_path / "hf-out"

@@ -68,6 +68,7 @@ def manual_job(forge: dict[str, object]) -> list[subprocess.CompletedProcess[str
                      env=forge_env(forge))
 
 
+@pytest.mark.full  # a forged duplicate stops the job: test_forged_duplicate_fails_a_launch_local_job
 @pytest.mark.slow
 def test_forged_duplicate_rank_stops_every_rank() -> None:
     results = manual_job({"on_rank": 1, "rank": 0})

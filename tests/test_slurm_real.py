@@ -409,6 +409,7 @@ def test_submit_hands_a_secret_to_every_rank_and_writes_it_nowhere(cluster: Slur
     assert [p for p in files if b"3b9f-slurm-secret" in p.read_bytes()] == []
 
 
+@pytest.mark.full  # a failed job's state and code: test_failing_task_fails_the_whole_job
 def test_submit_follow_exits_with_the_failed_state(cluster: SlurmCluster, tmp_path: Path) -> None:
     done = submit(cluster, tmp_path, job_spec("sub-fail", mode="srun", args=["--fail-rank=1"]), "--follow")
     assert done.returncode != 0

@@ -107,7 +107,7 @@ def compose(docker_daemon: Docker, tmp_path: Path) -> Iterator[Compose]:  # noqa
         assert job.left() == []
 
 
-@pytest.mark.full  # a stranger's forgery is proven on launch local and Slurm in make test
+@pytest.mark.full  # a stranger's forgery is proven on launch local in make test
 def test_forged_records_without_the_run_key_do_not_reach_the_job(compose: Compose) -> None:
     compose.wait_for_step(3)  # the watchdog is up and every rank has published
     said = compose.stranger("--job-name", JOB, "--world", "2")

@@ -97,7 +97,7 @@ class Job:
             self._docker("network", "ls", "-q", "--filter", f"label={LABEL_JOB}={JOB}")
 
 
-@pytest.mark.full  # a stranger's forgery is proven on launch local and Slurm in make test
+@pytest.mark.full  # a stranger's forgery is proven on launch local in make test
 def test_forged_records_without_the_run_key_do_not_reach_the_job(job: Job) -> None:
     job.started()
     key = job.key()

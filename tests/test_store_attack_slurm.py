@@ -26,7 +26,6 @@ import yaml
 
 from ddpkit import runkey
 from tests.helpers.store_stranger import EVIL
-from tests.helpers.tiers import one_case_in_ci
 from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster
 
@@ -107,7 +106,8 @@ class Job:
         return keys.pop()
 
 
-@pytest.mark.parametrize("mode", one_case_in_ci(["torchrun", "srun"], keep="torchrun"))
+@pytest.mark.full  # a stranger's forgery: test_store_attack_local.py
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
 def test_forged_records_without_the_run_key_do_not_reach_the_job(cluster: SlurmCluster, tmp_path: Path,
                                                                  mode: str) -> None:
     job = Job(cluster, tmp_path, f"forge-{mode}", mode)

@@ -94,7 +94,7 @@ class Job:
                 self.proc.kill()
 
 
-@pytest.mark.full  # a stranger's forgery is proven on launch local and Slurm in make test
+@pytest.mark.full  # a stranger's forgery is proven on launch local in make test
 def test_forged_records_without_the_run_key_do_not_reach_the_job(
         ssh_cluster: tuple[netns.Network, sshd.SshHosts], tmp_path: Path) -> None:
     job = Job(*ssh_cluster, tmp_path, "forge-ssh")

@@ -16,6 +16,7 @@ from ddpkit.specfile import load_spec
 from ddpkit.targets import render
 from tests.helpers.matrix import IN_IMAGE, NODES, NPROC, check, write_spec
 from tests.helpers.rank_records import records
+from tests.helpers.tiers import full_case
 from tests.infra import docker_daemon as daemon_infra
 from tests.infra import rank_table
 from tests.infra.docker_daemon import Docker
@@ -26,7 +27,9 @@ docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", "trainjob", "jobset"])
+# jobset and trainjob: the same pods as pytorchjob and indexed-job under another controller's variables,
+# which the rendering tests check against the controllers' rules
+@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", full_case("trainjob"), full_case("jobset")])
 def test_kubernetes_emulated(docker_daemon: Docker, tmp_path: Path, kind: str) -> None:
     from tests.test_k8s_emulated import pods, run_pods
 

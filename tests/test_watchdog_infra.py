@@ -58,6 +58,7 @@ def ssh_cluster(ssh_pool: SshPool) -> Iterator[tuple[netns.Network, sshd.SshHost
         yield hosts
 
 
+@pytest.mark.full  # a frozen rank: under launch local (test_watchdog_local.py) and real Slurm below
 def test_sigstop_under_launch_ssh(ssh_cluster: tuple[netns.Network, sshd.SshHosts], tmp_path: Path) -> None:
     net, hosts = ssh_cluster
     mark = tmp_path / "stopped-at"
