@@ -27,6 +27,7 @@ EVERY_KIND: list[records.Record] = [
     records.NodeLost(0, "heartbeat", 10.0, "stop", (records.LostRank(2, 2, "h2", 7, 9, "backward", 11.0),)),
     records.Reformed(1, 3, 2, 3),
     records.WorkerExit(1, 0, 20011, 12),
+    records.SameError(1, "train.py", 42, "ValueError: bad batch at step #", 1),
     records.AgentReport(11),
     records.Traceback(4, "RuntimeError: boom  (its traceback: the node's log)"),
     records.Cause("ddpkit train", "the data is missing on host h1", 12),

@@ -29,6 +29,7 @@ TORCHELASTIC_SIGNALS_TO_HANDLE: Final = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 TORCHELASTIC_RESTART_COUNT: Final = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun's agent in every worker
 TORCHELASTIC_RUN_ID: Final = "TORCHELASTIC_RUN_ID"  # likewise: the worker was started by torchrun
 TORCHELASTIC_MAX_RESTARTS: Final = "TORCHELASTIC_MAX_RESTARTS"
+TORCHELASTIC_ERROR_FILE: Final = "TORCHELASTIC_ERROR_FILE"  # torchrun's per-worker error file (its folder: one per start)
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE: Final = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # elastic: a fresh store per restart
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT: Final = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
@@ -95,6 +96,9 @@ DDPKIT_RUN_ID: Final = "DDPKIT_RUN_ID"
 DDPKIT_STOP_TICKS: Final = "DDPKIT_STOP_TICKS"
 # 0: `python -m ddpkit.agent` starts workers as torchrun does, not from its pre-imported zygote (ddpkit/agent).
 DDPKIT_AGENT_FORK: Final = "DDPKIT_AGENT_FORK"
+# Set by ddpkit's agent in every worker: where a worker that ends on an uncaught exception writes what it was, for
+# the agent to tell the same error after a restart (a bug) from a fault (ddpkit/agent/sameerror.py).
+DDPKIT_FAILURE_FILE: Final = "DDPKIT_FAILURE_FILE"
 # Comma-separated modules the agent's zygote imports too (a program's own heavy imports: transformers, lightning).
 DDPKIT_AGENT_PRELOAD: Final = "DDPKIT_AGENT_PRELOAD"
 # What a program of the user's own gets before its first line (ddpkit/preamble): "off", or the parts

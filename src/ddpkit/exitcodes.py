@@ -26,6 +26,9 @@ class ExitCode(IntEnum):
     NODE_LOST = 14        # a node sent no heartbeat for watchdog.loss_s: elastic survivors re-form, a static job stops
     SOFTWARE = 70       # EX_SOFTWARE: an internal error in ddpkit (a template bug)
     PREEMPTED = 75      # EX_TEMPFAIL: checkpointed on a signal; run again with --resume auto
+    # elastic: a worker failed after a restart with the same error as before it (type, message, file and line), no
+    # node lost between: a bug in the program, which no restart gets past; not restarted again, not requeued
+    SAME_ERROR = 76
     INTERRUPTED = 130   # 128 + SIGINT: stopped by Ctrl-C or SIGTERM, every node stopped
 
 

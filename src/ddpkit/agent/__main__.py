@@ -6,9 +6,11 @@ import argparse
 import os
 import signal
 import sys
+from typing import Any, NoReturn
 
 from .. import envnames, runkey, workdir
 from ..agreed import RDZV_HANDLER, threads_per_process
+from ..exitcodes import ExitCode
 
 # What a ddpkit worker imports before its first step (train/main.py's
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
@@ -76,13 +78,27 @@ def name_control_store(args: argparse.Namespace, env: os._Environ[str] | dict[st
     env[envnames.DDPKIT_CONTROL_STORE] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def same_error_twice(repeated: Any) -> NoReturn:
+    """End the agent on the same error twice (agent/sameerror.py): the
+    record for its launcher, one line for people, ExitCode.SAME_ERROR (no
+    restart, and no requeue of a Slurm job). torchrun has stopped the workers."""
+    from .. import records
+
+    record = repeated.record
+    records.emit(record)
+    print(f"ddpkit.agent: {record.verdict} ({record.exception}, again in restart {record.restart}); not restarting "
+          f"(exit {int(ExitCode.SAME_ERROR)})", file=sys.stderr, flush=True)
+    sys.exit(ExitCode.SAME_ERROR)
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     from .. import records
-    from . import handler, orphaned, tailing, worker, zygote
+    from . import handler, orphaned, sameerror, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
     args = parse_args(argv)
@@ -102,7 +118,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
     try:
         record(torchrun.run)(args)
+    except sameerror.SameErrorTwice as exc:
+        same_error_twice(exc.repeated)
     except ChildFailedError:
+        if handler.repeated() is not None:  # the same error twice, with no restart left anyway
+            same_error_twice(handler.repeated())
         # torchrun's report on a failed worker (its traceback and summary box)
         # says nothing the worker's own lines and its exit record do not: the
         # `agent_report` record ahead of it lets a launcher keep it to the node's log.
@@ -118,6 +138,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(text)
         print(f"ddpkit.agent: stopped by {signal_name(exc.sigval)} (its workers were sent it too)",
               file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RendezvousClosedError:
+        # Another node's agent closed the job's rendezvous as it ended (it failed for good, or saw the same
+        # error twice): that node's lines say why; here torch's traceback is the node log's, and one line.
+        text = worker.exception_text(skipping=(__name__,))
+        records.emit(records.AgentReport(lines=text.count("\n")))
+        sys.stderr.write(text)
+        print("ddpkit.agent: the job's rendezvous was closed by another node's agent as it ended; this node ends too",
+              file=sys.stderr, flush=True)
+        orphaned.end_orphaned_job(args, handler.workers_started() > 0, os.environ)
         sys.exit(1)
     except Exception:
         # What torchrun's own uncaught failure prints (a rendezvous that timed

@@ -17,7 +17,10 @@ Every worker, forked or not, is watched (`Watched`): a worker that torchrun
 finds ended with a failure is said on the agent's stderr as a `worker_exit`
 record (ddpkit.records), which launchers read for the worker's own exit code
 (the agent itself exits 1). A worker that ends after torchrun began to stop
-it ended by torchrun's doing, which is no news.
+it ended by torchrun's doing, which is no news. A worker that failed by
+itself is told to `MEMORY` with what it noted (sameerror.py): the same
+error after a restart is a bug, and torchrun's restart then raises
+SameErrorTwice instead (`stop_restarts_after_the_same_error`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any, cast
 
 from .. import envnames, processes, records
 from ..agreed import RUN_MODULE, is_ddpkit_module
+from . import sameerror
 from .worker import WorkerRequest
 from .zygote import Zygote
 
@@ -91,6 +95,8 @@ class Watched:
         self.proc = proc
         self.stopping = False  # torchrun began to stop it: how it ends is no news
         self._rank, self._local_rank = _int(env.get(envnames.RANK)), _int(env.get(envnames.LOCAL_RANK))
+        self._restart = _int(env.get(envnames.TORCHELASTIC_RESTART_COUNT)) or 0
+        self._failure_file = env.get(envnames.DDPKIT_FAILURE_FILE)
         self._said = False
 
     @property
@@ -114,6 +120,8 @@ class Watched:
             # When, on this node's clock: a launcher orders the nodes' failures by it.
             records.emit(records.WorkerExit(rank=self._rank, local_rank=self._local_rank, pid=int(self.proc.pid),
                                             exitcode=code), time=time.time())
+            if code > 0:  # it ended by itself: an exception it noted, or an exit of its own
+                MEMORY.failed(sameerror.read(self._failure_file), self._rank, self._restart)
         return code
 
 
@@ -152,6 +160,10 @@ def unsupported() -> str | None:
         return f"torch's worker start is not where ddpkit expects it ({exc})"
     if not callable(getattr(api, "get_subprocess_handler", None)) or not hasattr(SubprocessHandler, "_popen"):
         return "torch's worker start is not where ddpkit expects it (api.get_subprocess_handler)"
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    if not callable(getattr(SimpleElasticAgent, "_restart_workers", None)):
+        return "torch's worker restart is not where ddpkit expects it (SimpleElasticAgent._restart_workers)"
     return None
 
 
@@ -167,6 +179,28 @@ def with_runner(args: Sequence[str]) -> list[str]:
 
 STOPPED_GRACE_S = 10.0  # a worker stopped when asked to stop is killed when still stopped this long after
 _STARTED: list[int] = []  # one entry per worker started
+MEMORY = sameerror.Memory()  # what this agent's workers failed with, per start: the same error twice is a bug
+
+
+def repeated() -> sameerror.Repeated | None:
+    """The same error twice in this agent's workers (a bug), if it was seen."""
+    return MEMORY.repeated
+
+
+def with_failure_file(env: dict[str, str]) -> dict[str, str]:
+    """A worker's environment with DDPKIT_FAILURE_FILE (sameerror.file_for),
+    any file left there by an earlier start removed; a new start of the
+    worker group is told to MEMORY, with its world."""
+    if env.get(envnames.LOCAL_RANK) == "0":
+        MEMORY.started(f"{env.get(envnames.WORLD_SIZE)}/{env.get(envnames.GROUP_WORLD_SIZE)}")
+    path = sameerror.file_for(env)
+    if path is None:
+        return env
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return {**env, envnames.DDPKIT_FAILURE_FILE: path}
 
 
 def workers_started() -> int:
@@ -184,6 +218,7 @@ def install(zygote: Zygote | None) -> None:
     class ZygoteHandler(SubprocessHandler):
         def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
             _STARTED.append(1)
+            env = with_failure_file(env)
             if zygote is not None and zygote.takes_requests:
                 request = request_for(args, env, _name(getattr(self, "_stdout", None)),
                                       _name(getattr(self, "_stderr", None)))
@@ -218,6 +253,27 @@ def install(zygote: Zygote | None) -> None:
         return ZygoteHandler(**kwargs)
 
     api.get_subprocess_handler = get_subprocess_handler  # type: ignore[assignment]
+    stop_restarts_after_the_same_error()
+
+
+def stop_restarts_after_the_same_error() -> None:
+    """torchrun's agent restarts a failed worker group while it has restarts
+    left; after the same error twice (MEMORY) it raises SameErrorTwice there
+    instead: torchrun stops the workers, closes the rendezvous, and the agent
+    ends with ExitCode.SAME_ERROR (__main__.py)."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    restart = SimpleElasticAgent._restart_workers
+    if getattr(restart, "same_error_checked", False):
+        return
+
+    def _restart_workers(self: Any, worker_group: Any) -> None:
+        if MEMORY.repeated is not None:
+            raise sameerror.SameErrorTwice(MEMORY.repeated)
+        restart(self, worker_group)
+
+    _restart_workers.same_error_checked = True  # type: ignore[attr-defined]
+    SimpleElasticAgent._restart_workers = _restart_workers  # type: ignore[method-assign]
 
 
 def kill_if_stopped(watched: Watched, death_sig: signal.Signals | None) -> None:

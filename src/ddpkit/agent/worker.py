@@ -3,7 +3,9 @@ Popen would have started: its session, directory, stdio files and
 environment, unbuffered stdio, its argv shown in ps, the preamble, then the
 program run as `python -u ARGV` would run it, ending with the exit code an
 interpreter would have ended with. `run_program` and `print_exception` also
-serve `python -m ddpkit.run` and the agent's own error."""
+serve `python -m ddpkit.run` and the agent's own error. A program's uncaught
+error is noted for the agent first (sameerror.record: the same error after a
+restart is a bug)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import envnames, preamble, processes
+from . import sameerror
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ def become(request: WorkerRequest, zygote: int, blocked: tuple[signal.Signals, .
         show_argv([sys.executable, "-u", *request.argv])
         preamble.install(request.argv)
         code = run_program(request.argv)
-    except BaseException:  # the program's own error: said as an interpreter would, exit 1
+    except BaseException as exc:  # the program's own error: said as an interpreter would, exit 1
+        sameerror.record(exc)
         print_exception()
     _finish(code)
 
@@ -147,7 +151,8 @@ def run_as_main(argv: Sequence[str]) -> int:
     says it (its traceback from its own frames on) and exit code 1."""
     try:
         return run_program(argv)
-    except BaseException:
+    except BaseException as exc:
+        sameerror.record(exc)
         print_exception()
         return 1
 

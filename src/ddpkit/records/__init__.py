@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import IO, Any, Union
 
 from .base import OMITTED_WHEN_NONE, Record, RecordError
-from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, Stall, StalledRank, Straggler, Traceback, WorkerExit
+from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, SameError, Stall, StalledRank, Straggler, Traceback, WorkerExit
 from .lines import RANK_TAG_CLOSE, RANK_TAG_FLAG, RANK_TAG_OPEN, is_bare_tag, rank_tagged, tag_starts, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
 __all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_FLAG", "RANK_TAG_OPEN",
            "AgentReport", "Cause", "Checkpoint", "Eval",
-           "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "Stall", "StalledRank",
+           "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "SameError", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
            "decode", "emit", "encode", "frame", "from_fields", "is_bare_tag", "is_frame", "rank_tagged", "read_file",
            "stamped_frame_pattern", "tag_starts", "task_labelled", "to_json", "unframe"]
@@ -43,7 +43,7 @@ __all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_F
 FRAME = "@@ddpkit-record "
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (
-    Stall, Straggler, NodeLost, Reformed, WorkerExit, AgentReport, Traceback, Cause,
+    Stall, Straggler, NodeLost, Reformed, WorkerExit, SameError, AgentReport, Traceback, Cause,
     Train, Eval, StepTimes, RankRow, Checkpoint, Stop, Resume, Startup, Summary)}
 # What a metrics file holds (what `ddpkit report` reads): the metrics, and the
 # watchdog's reports; a worker's exit and the agent's notes are the launcher's only.

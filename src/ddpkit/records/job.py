@@ -148,6 +148,27 @@ class WorkerExit(Record):
 
 
 @dataclass(frozen=True)
+class SameError(Record):
+    """A worker failed with the same error as in the start before (its
+    exception, its message without numbers, its innermost frame of the
+    program's own code), no node lost between: a bug, not a fault. Its
+    agent stops restarting and exits ExitCode.SAME_ERROR (agent/sameerror.py)."""
+
+    kind: ClassVar[str] = "same_error"
+    rank: int | None
+    file: str
+    line: int
+    exception: str  # its type and normalised message, one line
+    restart: int  # torchrun's restart count of the start it failed in again
+
+    @property
+    def verdict(self) -> str:
+        """The closing words (a launcher's closing line ends with them)."""
+        who = "" if self.rank is None else f", rank {self.rank}"
+        return f"the same error twice{who}, {self.file}:{self.line}: a bug in the program, not a fault of the machine"
+
+
+@dataclass(frozen=True)
 class Cause(Record):
     """Why a worker of ddpkit's own program ends: the line every rank prints
     (the same agreed text) and its exit code; a launcher shows it once, last."""

@@ -5,7 +5,7 @@ lines several ranks print at once shown once, and what the summary needs
 from the output: each node's last lines, the workers' cause lines, and the
 records the job and its agent send (ddpkit.records, framed on their
 output): the watchdog's stall, straggler and lost-node reports, an elastic
-job training again, a failed worker's exit code. A record is kept off the
+job training again, a failed worker's exit code, the same error twice. A record is kept off the
 console (the node's log keeps it); the lines a person reads come beside it.
 The supervisor (launch/supervise/supervisor.py) owns the run; this module only reads."""
 
@@ -90,6 +90,7 @@ class LinePrinter:
         self.stragglers: dict[int, records.Straggler] = {}  # by rank: the first time the watchdog named it
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (its agent's record)
         self.failed_at: dict[int, float] = {}  # by node index: when its first worker failed, on that node's clock
+        self.same_errors: dict[int, records.SameError] = {}  # by node index: its agent saw the same error twice
         self.causes: dict[str, int] = {}  # each worker's cause line (its `cause` record), once, with its first node
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
@@ -205,6 +206,8 @@ class LinePrinter:
                 self.failed_at[index] = stamped.time
             self._add_to_tail(index, prefix + record.line)
             self._cut[index] = self._tailed[index]
+        elif isinstance(record, records.SameError):
+            self.same_errors.setdefault(index, record)
         elif isinstance(record, records.AgentReport):
             self._held_back[(index, None)] = record.lines
         elif isinstance(record, records.Traceback):
@@ -223,6 +226,11 @@ class LinePrinter:
         with self._lock:
             return self.worker_codes.get(index)
 
+    def same_error(self, index: int) -> records.SameError | None:
+        """The same error twice, as node `index`'s agent said it (a bug: it stopped restarting)."""
+        with self._lock:
+            return self.same_errors.get(index)
+
     def worker_failed_at(self) -> dict[int, float]:
         with self._lock:
             return dict(self.failed_at)
@@ -232,6 +240,7 @@ class LinePrinter:
         with self._lock:
             self.worker_codes.pop(index, None)
             self.failed_at.pop(index, None)
+            self.same_errors.pop(index, None)
             self._cut.pop(index, None)
             for key in [key for key in self._held_back if key[0] == index]:
                 del self._held_back[key]

@@ -61,6 +61,8 @@ class Outcome:
         down within moments, and their agents may end sooner than its own."""
         if self.first_failure is None or self.first_failure.index not in failed_at:
             return  # the node read first had no worker fail (killed from outside, lost): it is the first
+        if self.node_code(self.first_failure) == ExitCode.SAME_ERROR:
+            return  # its agent saw the same error twice: the cause, whoever failed earlier in the start before
         failed = [t for t in self.nodes if t.index in failed_at and t.node.exit_code() != 0]
         if failed:
             self.first_failure = min(failed, key=lambda t: failed_at[t.index]).node

@@ -194,7 +194,8 @@ class Supervisor:
             track.move(NodeState.FINISHED)
             return False
         track.own_exit = track.state is NodeState.RUNNING and code != NO_EXIT_STATUS
-        if self._excludes(track):
+        # The same error twice (its agent's verdict: a bug) ends the run; bringing the node back would repeat it.
+        if code != ExitCode.SAME_ERROR and self._excludes(track):
             self._leave_out(track)
             return False
         track.move(NodeState.FAILED)
@@ -328,6 +329,9 @@ class Supervisor:
         if lost is not None and not self._own_exit(node.index):
             return lost.reason
         code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
+        same = self.printer.same_error(node.index)
+        if code == ExitCode.SAME_ERROR and same is not None:
+            return same.verdict
         return node.no_status_reason() if code == NO_EXIT_STATUS else f"exit status {code}"
 
     def closing_line(self, outcome: Outcome, text: RunText) -> str:
