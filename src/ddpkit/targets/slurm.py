@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .. import envnames
 from ..agreed import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
 from ..contract import LaunchPlan, Target, resolve
+from ..exitcodes import ExitCode
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
 from ..render import OutputFile, Rendered, RenderError, shell_argv
 from ..spec import JobSpec, container_image, slurm_size
@@ -168,6 +169,12 @@ class Plan:
     @property
     def directive_words(self) -> list[str]:
         return [sbatch_word(d) for d in self.directives]
+
+    @property
+    def same_error_code(self) -> int:
+        """An agent's exit on the same error twice (a bug): the step is not
+        relaunched and the job not requeued (templates/slurm)."""
+        return int(ExitCode.SAME_ERROR)
 
     @property
     def left_behind_s(self) -> int:
