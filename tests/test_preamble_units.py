@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ddpkit import watchdog
+from ddpkit import processes, watchdog
 from ddpkit.preamble import metrics, progress, stragglers
 from ddpkit.train.watchdog.straggler import WorkWindow
 from ddpkit.train.watchdog.worktime import WARM_STEPS
@@ -113,10 +113,10 @@ def test_a_loop_inside_one_function_is_no_sign_of_life_but_calls_are() -> None:
 def test_a_sleeping_thread_gives_up_the_cpu_again_and_again() -> None:
     import os
 
-    before = progress.voluntary_switches(os.getpid())
+    before = processes.voluntary_switches(os.getpid())
     for _ in range(5):
         time.sleep(0.01)
-    assert progress.voluntary_switches(os.getpid()) - before >= progress.SWITCHES_ALIVE
+    assert processes.voluntary_switches(os.getpid()) - before >= progress.SWITCHES_ALIVE
 
 
 # ---- the stragglers part: each rank's own work in a one-rank gloo DDP ----------------------------

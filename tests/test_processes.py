@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,3 +56,20 @@ def test_environ_has_reads_the_process_environment() -> None:
         child.kill()
         child.wait()
     assert not processes.environ_has(child.pid, "DDPKIT_TEST_MARK", "a=b")
+
+
+def test_voluntary_switches_are_the_main_threads_own() -> None:
+    # The liveness sampler asks about the main thread: another thread's sleeps are not counted.
+    def sleeper() -> None:
+        for _ in range(100):
+            time.sleep(0.001)
+
+    before = processes.voluntary_switches(os.getpid())
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    thread.join()
+    assert processes.voluntary_switches(os.getpid()) - before < 50
+    for _ in range(5):
+        time.sleep(0.001)
+    assert processes.voluntary_switches(os.getpid()) - before >= 5
+    assert processes.voluntary_switches(2**22 + 1) == 0  # beyond pid_max: no such process

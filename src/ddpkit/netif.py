@@ -172,6 +172,8 @@ def _own_name_addresses() -> list[str]:
 
 def default_route_interface(route_table: Path = Path("/proc/net/route")) -> str | None:
     """The interface of the IPv4 default route (destination 00000000), if any."""
+    # /proc by hand, not psutil: psutil lists interfaces and their addresses
+    # but not the routing table.
     try:
         lines = route_table.read_text().splitlines()[1:]
     except OSError:

@@ -1,7 +1,8 @@
 """Facts about this host's processes that more than one layer asks for,
 read through psutil: whether a process's environment holds a variable, when
-a process started, and whether it is stopped; and the one rule that ties a
-child's life to its parent's (die_with).
+a process started, whether it is stopped, and how often its main thread gave
+up the CPU; and the one rule that ties a child's life to its parent's
+(die_with).
 
 A leaf: it imports nothing of the package, so the launcher and the trainer
 (which must start without the job spec) may both use it.
@@ -53,6 +54,17 @@ def is_stopped(pid: int) -> bool:
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
     except psutil.Error:
         return False
+
+
+def voluntary_switches(pid: int) -> int:
+    """How often process `pid`'s main thread gave up the CPU of its own accord
+    (0 where psutil cannot tell). Linux counts the switches per thread, and
+    psutil reads them from /proc/PID/status, which holds the main thread's
+    own (the task whose id is the pid), not the sum over the process's threads."""
+    try:
+        return int(psutil.Process(pid).num_ctx_switches().voluntary)
+    except (psutil.Error, NotImplementedError):
+        return 0
 
 
 def die_with(parent: int) -> None:

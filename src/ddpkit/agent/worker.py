@@ -83,6 +83,9 @@ def show_argv(argv: list[str]) -> None:
     ps shows), cut to the area's size and padded with NULs; nothing where
     /proc cannot tell where the area is. The area is the agent's: no exec
     gave this process one of its own."""
+    # /proc by hand, not psutil: psutil reads a process's command line but not
+    # where its argument area lies (proc(5)'s arg_start and arg_end), and
+    # writing over that area is what changes the line ps shows.
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48 and 49

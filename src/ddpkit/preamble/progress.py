@@ -26,11 +26,10 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
-from .. import watchdog
+from .. import processes, watchdog
 from ..train.watchdog import stall_model as _wd
 from . import metrics
 
@@ -75,25 +74,13 @@ class LivenessSampler(threading.Thread):
         last: tuple[tuple[CodeType, ...], int] | None = None
         while not self._stop.wait(self.every_s):
             stack = stack_of(sys._current_frames().get(self.watched.ident or -1))
-            switches = voluntary_switches(os.getpid())  # the main thread's task id is the process id
+            switches = processes.voluntary_switches(os.getpid())  # the main thread's: the watched one
             if last is not None and (stack != last[0] or switches - last[1] >= SWITCHES_ALIVE):
                 _wd.mark(_wd.PULSE.phase)
             last = (stack, switches)
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def voluntary_switches(tid: int | None) -> int:
-    """How often the thread gave up the CPU of its own accord (0 where /proc cannot tell)."""
-    try:
-        status = Path(f"/proc/self/task/{tid}/status").read_text()
-    except OSError:
-        return 0
-    for line in status.splitlines():
-        if line.startswith("voluntary_ctxt_switches:"):
-            return int(line.split()[1])
-    return 0
 
 
 def stack_of(frame: FrameType | None) -> tuple[CodeType, ...]:
