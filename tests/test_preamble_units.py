@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ddpkit import processes, watchdog
-from ddpkit.preamble import metrics, progress, stragglers
+from ddpkit.preamble import interface, metrics, progress, stragglers
 from ddpkit.train.watchdog.straggler import WorkWindow
 from ddpkit.train.watchdog.worktime import WARM_STEPS
 from tests.helpers.straggler_models import Sleepy
@@ -233,6 +233,14 @@ def test_nothing_is_timed_where_no_judge_reads_it_and_a_bad_setting_is_one_line(
     assert ended.value.code == 2
     assert capsys.readouterr().err == ("ddpkit: DDPKIT_WATCHDOG_STRAGGLER_FACTOR='fast': give a factor above 1 "
                                        "(e.g. 1.33), or 0 to turn straggler detection off\n")
+
+
+def test_an_interface_this_host_lacks_is_one_line_and_exit_4(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        interface.install({"MASTER_ADDR": "127.0.0.1", "DDPKIT_INTERFACE": "ddpkit-none0"})
+    assert ended.value.code == 4
+    err = capsys.readouterr().err
+    assert err.startswith("ddpkit: interface ddpkit-none0 not found on this host; it has ") and err.count("\n") == 1
 
 
 def test_the_preamble_reports_no_step_where_ddpkit_trains_in_the_process(

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 
 from . import envnames
-from .exitcodes import ExitCode
+from .exitcodes import ExitCode, exit_on
 
 
 def enter(env: Mapping[str, str], who: str) -> None:
@@ -28,7 +28,6 @@ def enter(env: Mapping[str, str], who: str) -> None:
         os.makedirs(folder, exist_ok=True)
         os.chdir(folder)
     except OSError as exc:
-        print(f"{who}: command.workdir {folder} cannot be made or entered as uid {os.getuid()}: "
-              f"{exc.strerror or exc}; fix: a folder that user can write, or a mount there",
-              file=sys.stderr, flush=True)
-        sys.exit(ExitCode.PREFLIGHT)
+        sys.exit(exit_on(who, f"command.workdir {folder} cannot be made or entered as uid {os.getuid()}: "
+                              f"{exc.strerror or exc}; fix: a folder that user can write, or a mount there",
+                         ExitCode.PREFLIGHT))

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Mapping
 
 from .. import envnames, netif
-from ..exitcodes import ExitCode
+from ..exitcodes import ExitCode, exit_on
 
 
 def install(env: Mapping[str, str]) -> None:
@@ -20,5 +20,4 @@ def install(env: Mapping[str, str]) -> None:
     try:
         netif.apply_interface(choice, master)
     except netif.InterfaceError as err:
-        print(f"ddpkit: {err}", file=sys.stderr, flush=True)
-        sys.exit(ExitCode.STARTUP)
+        sys.exit(exit_on("ddpkit", err, ExitCode.STARTUP))

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from .. import envnames
-from ..exitcodes import ExitCode
+from ..exitcodes import ExitCode, exit_on
 from ..train.watchdog.stall_model import Settings
 from ..train.watchdog.straggler import WORK as WINDOW
 from ..train.watchdog.straggler import WorkWindow, factor_from_env
@@ -181,8 +181,7 @@ def judged(env: Mapping[str, str]) -> bool:
     try:
         factor, settings = factor_from_env(env), Settings.from_env(env)
     except ValueError as err:
-        print(f"ddpkit: {err}", file=sys.stderr, flush=True)
-        sys.exit(ExitCode.BAD_INPUT)
+        sys.exit(exit_on("ddpkit", err, ExitCode.BAD_INPUT))
     return factor > 0 and settings.enabled and int(env.get(envnames.WORLD_SIZE, "1") or "1") > 1
 
 
