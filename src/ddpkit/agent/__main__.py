@@ -6,7 +6,7 @@ import argparse
 import os
 import signal
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import envnames, runkey, workdir
 from ..agreed import RDZV_HANDLER, threads_per_process
@@ -78,16 +78,10 @@ def name_control_store(args: argparse.Namespace, env: os._Environ[str] | dict[st
     env[envnames.DDPKIT_CONTROL_STORE] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def same_error_twice(repeated: Any) -> NoReturn:
-    """End the agent on the same error twice (agent/sameerror.py): the
-    record for its launcher, one line for people, ExitCode.SAME_ERROR (no
-    restart, and no requeue of a Slurm job). torchrun has stopped the workers."""
-    from .. import records
-
-    record = repeated.record
-    records.emit(record)
-    print(f"ddpkit.agent: {record.verdict} ({record.exception}, again in restart {record.restart}); not restarting "
-          f"(exit {int(ExitCode.SAME_ERROR)})", file=sys.stderr, flush=True)
+def same_error_twice() -> NoReturn:
+    """End the agent on the same error twice (agent/sameerror.py; its
+    handler announced it): ExitCode.SAME_ERROR, no restart, and no requeue
+    of a Slurm job. torchrun has stopped the workers."""
     sys.exit(ExitCode.SAME_ERROR)
 
 
@@ -118,11 +112,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
     try:
         record(torchrun.run)(args)
-    except sameerror.SameErrorTwice as exc:
-        same_error_twice(exc.repeated)
+    except sameerror.SameErrorTwice:
+        same_error_twice()
     except ChildFailedError:
         if handler.repeated() is not None:  # the same error twice, with no restart left anyway
-            same_error_twice(handler.repeated())
+            same_error_twice()
         # torchrun's report on a failed worker (its traceback and summary box)
         # says nothing the worker's own lines and its exit record do not: the
         # `agent_report` record ahead of it lets a launcher keep it to the node's log.

@@ -121,7 +121,9 @@ class Watched:
             records.emit(records.WorkerExit(rank=self._rank, local_rank=self._local_rank, pid=int(self.proc.pid),
                                             exitcode=code), time=time.time())
             if code > 0:  # it ended by itself: an exception it noted, or an exit of its own
-                MEMORY.failed(sameerror.read(self._failure_file), self._rank, self._restart)
+                repeated = MEMORY.failed(sameerror.read(self._failure_file), self._rank, self._restart)
+                if repeated is not None:
+                    sameerror.announce(repeated)
         return code
 
 

@@ -30,8 +30,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TextIO
 
 from .. import envnames, records
+from ..exitcodes import ExitCode
 
 FILE_NAME = "ddpkit-failure.json"  # beside torchrun's error file for the worker, where it has one
 MESSAGE_CHARS = 300  # of the normalised message, compared and shown
@@ -210,7 +212,8 @@ class Memory:
     """What failed in this agent's workers, per worker-group start (see the
     module's doc). `started` is called at each start with its world size;
     `failed` with each failed worker's Failure (None: it wrote none) and
-    returns a Repeated when it is the same error as in the start just before."""
+    returns a Repeated when it is the same error as in the start just before
+    (the first time only; `repeated` keeps it)."""
 
     def __init__(self) -> None:
         self._start = 0  # this start's number
@@ -230,10 +233,23 @@ class Memory:
             return None
         before = self._start - 1
         if failure.key in self._bugs.get(before, set()) and self._world.get(before) == self._world[self._start]:
-            self.repeated = self.repeated or Repeated(failure, rank, restart)
+            if self.repeated is not None:
+                return None  # said once
+            self.repeated = Repeated(failure, rank, restart)
             return self.repeated
         self._bugs.setdefault(self._start, set()).add(failure.key)
         return None
+
+
+def announce(repeated: Repeated, stream: TextIO | None = None) -> None:
+    """Tell the launcher (the record) and people (one line) at once, as the
+    worker's failure is found: before torchrun closes the rendezvous, which
+    ends the other nodes' agents too."""
+    out = sys.stderr if stream is None else stream
+    record = repeated.record
+    records.emit(record, out)
+    print(f"ddpkit.agent: {record.verdict} ({record.exception}, again in restart {record.restart}); not restarting "
+          f"(exit {int(ExitCode.SAME_ERROR)})", file=out, flush=True)
 
 
 class SameErrorTwice(Exception):

@@ -194,7 +194,14 @@ class Supervisor:
             track.move(NodeState.FINISHED)
             return False
         track.own_exit = track.state is NodeState.RUNNING and code != NO_EXIT_STATUS
-        # The same error twice (its agent's verdict: a bug) ends the run; bringing the node back would repeat it.
+        # The same error twice (an agent's verdict: a bug) ends the run, from that node; bringing a node back
+        # would repeat it. Another node's agent may end first (the rendezvous it closed): it is not revived.
+        bug = self._same_error_node()
+        if bug is not None and bug is not track and code != ExitCode.SAME_ERROR:
+            track.move(NodeState.FAILED)
+            self.note("failed", f"{self.reason(track.node)}: another node's agent saw the same error twice",
+                      track.index)
+            return False
         if code != ExitCode.SAME_ERROR and self._excludes(track):
             self._leave_out(track)
             return False
@@ -202,6 +209,11 @@ class Supervisor:
         outcome.first_failure = track.node
         self.note("failed", f"{self.reason(track.node)}: stopping every other node", track.index)
         return True
+
+    def _same_error_node(self) -> NodeTrack | None:
+        """The running node whose agent said it saw the same error twice, if one did."""
+        return next((t for t in self.tracks.values()
+                     if t.state is NodeState.RUNNING and self.printer.same_error(t.index) is not None), None)
 
     def _stop_lost(self, track: NodeTrack) -> None:
         """A node the job's watchdog found silent: stopped (TERM, then KILL:
@@ -330,7 +342,7 @@ class Supervisor:
             return lost.reason
         code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
         same = self.printer.same_error(node.index)
-        if code == ExitCode.SAME_ERROR and same is not None:
+        if same is not None and code in (ExitCode.SAME_ERROR, ExitCode.FAILED):
             return same.verdict
         return node.no_status_reason() if code == NO_EXIT_STATUS else f"exit status {code}"
 
