@@ -68,6 +68,19 @@ def test_the_run_folder_and_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert ready.run_line(run) == f"launch ssh: run {run.path.name} (ddpkit status {record.id})"
 
 
+def test_a_slurm_run_folder_keeps_the_script_and_slurms_signal_lead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpkit.targets import render
+
+    monkeypatch.setenv("DDPKIT_RUNS_DIR", str(tmp_path))
+    ready = prelude(job(nodes=2, slurm={"signal_seconds": 300}), "submit slurm", None)
+    rendered = render(ready.spec, "slurm")
+    run = ready.run_folder("slurm", rendered=rendered)
+    record = RunFolder(run.path).record()
+    assert (record.target, record.nodes, record.stop_grace_s) == ("slurm", 2, 300)
+    assert (run.rendered_dir / "pre.sbatch").read_text() == rendered.files["pre.sbatch"]
+
+
 def test_the_watchdog_note_only_for_a_script_with_its_progress_off() -> None:
     script = {"command": {"script": "train.py"}}
     assert prelude(job(**script), "launch local", Target.LOCAL).note_line is None

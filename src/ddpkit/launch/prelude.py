@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ..contract import Target
+    from ..render import Rendered
     from ..spec import JobSpec
 
 
@@ -33,13 +34,19 @@ class Prelude:
     # The secrets' values (launch/secrets.py), in the spec's order; empty when not read (a dry run).
     secrets: dict[str, str] = field(repr=False)
 
-    def run_folder(self, target: str, nodes: int | None = None) -> RunFolder:
+    def run_folder(self, target: str, nodes: int | None = None, rendered: Rendered | None = None) -> RunFolder:
         """The run's folder (`ddpkit runs`), made now; `nodes`: when the
-        launcher counts them itself (launch ssh: the hosts)."""
+        launcher counts them itself (launch ssh: the hosts); `rendered`: the
+        files it hands a scheduler (submit slurm: the script), kept there too.
+        The nodes' time to stop that it records: Slurm's signal before the
+        job's end for a Slurm job, the launcher's grace for the others."""
         spec = self.spec
-        return RunFolder.create(name=spec.name, target=target, nodes=spec.nodes if nodes is None else nodes,
-                                nproc_per_node=spec.nproc_per_node, spec_yaml=dump_yaml(spec),
-                                stop_grace_s=spec.grace.launcher_grace_s)
+        grace = spec.grace.slurm_signal_s if target == "slurm" else spec.grace.launcher_grace_s
+        run = RunFolder.create(name=spec.name, target=target, nodes=spec.nodes if nodes is None else nodes,
+                               nproc_per_node=spec.nproc_per_node, spec_yaml=dump_yaml(spec), stop_grace_s=grace)
+        if rendered is not None:
+            rendered.write(run.rendered_dir)
+        return run
 
     def run_line(self, run: RunFolder) -> str:
         """The line naming the run and how to ask about it."""

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from ...exitcodes import ExitCode
-from ...render import Rendered
 from ...runs import RunFolder, SlurmJob
 from ...spec import JobSpec, doctor_mode
 from ...targets import render
@@ -83,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         spec = doctor_mode(spec)
     # Refused by render, below. The secrets are read to refuse an unset one: sbatch exports
     # this environment to the job, and a secret unset here would be unset on every rank.
-    prelude(spec, "submit slurm", None)
+    ready = prelude(spec, "submit slurm", None)
     for tool in ("sbatch",) if args.no_check else ("scontrol", "sbatch"):
         if shutil.which(tool) is None:
             print(slurm_checks.missing_tool(tool), file=sys.stderr)
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return refused
     rendered = render(spec, "slurm")
     # The run folder before sbatch: a job that was submitted is always recorded.
-    run = new_run(spec, rendered)
+    run = ready.run_folder("slurm", rendered=rendered)
     folder = args.dir.resolve()
     new = [name for name in rendered.files if not (folder / name).exists()]
     [script] = rendered.write(folder)
@@ -127,16 +126,6 @@ def run(args: argparse.Namespace) -> int:
     if final is not None and final.finished:
         run.finish(code, state=run_state(final.state))
     return code
-
-
-def new_run(spec: JobSpec, rendered: Rendered) -> RunFolder:
-    """The run folder of a job about to be submitted: the spec and the script."""
-    from ...specfile import dump_yaml
-
-    run = RunFolder.create(name=spec.name, target="slurm", nodes=spec.nodes, nproc_per_node=spec.nproc_per_node,
-                           spec_yaml=dump_yaml(spec), stop_grace_s=spec.grace.slurm_signal_s)
-    rendered.write(run.rendered_dir)
-    return run
 
 
 def record_job(run: RunFolder, spec: JobSpec, job_id: int, script: Path, output: str) -> None:
