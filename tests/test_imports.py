@@ -29,7 +29,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddpkit"
 # records: every record the job sends back (watchdog reports, worker exits, metrics),
 # its one writer and reader; a leaf, so the job, its agent, launchers and report share it.
 # workdir: the folder every process starts in (command.workdir), for the agent and the runner.
-LEAVES = {"envnames", "exitcodes", "wording", "processes", "templatedir", "records", "listening", "workdir"}
+# scontrol: what Slurm's scontrol prints, read by the launcher's Slurm checks and queue and by the agent.
+LEAVES = {"envnames", "exitcodes", "wording", "processes", "templatedir", "records", "listening", "workdir",
+          "scontrol"}
 # runkey: the run key's namespaces in the store, which launchers, the trainer
 # and the rendezvous handler must derive alike; a leaf over envnames.
 BASE = LEAVES | {"agreed", "runkey"}
@@ -72,6 +74,7 @@ ALLOWED: dict[str, set[str]] = {
     "processes": set(),
     "templatedir": set(),
     "listening": set(),
+    "scontrol": set(),
     "workdir": {"envnames", "exitcodes"},
     # `ddpkit.on_stop`, the one line a program of the user's own adds to be stopped with a checkpoint
     "__init__": {"preamble"},

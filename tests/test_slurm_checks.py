@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddpkit import scontrol
 from ddpkit.launch.slurm import checks as slurm_checks
 from ddpkit.launch.slurm.checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
 from ddpkit.launch.slurm.jobs import JobState
@@ -54,6 +55,17 @@ def test_memory_and_gres_forms() -> None:
     assert megabytes("64G") == 65536 and megabytes("500M") == 500 and megabytes("1000") == 1000
     assert gpu_count("gpu:8") == 8 and gpu_count("gpu:a100:4(S:0-1)") == 4 and gpu_count("(null)") == 0
     assert gpu_count("gpu:a100:2,gpu:v100:1") == 3
+
+
+def test_scontrols_two_shapes_are_read_by_the_one_parser() -> None:
+    # `-o` records (the launcher's checks and queue, the agent's job output file) and `show config`'s lines
+    record = scontrol.fields("JobId=7 JobName=j JobState=RUNNING Reason=None StdOut=/home/u/j-7.out Gres=")
+    assert record == {"JobId": "7", "JobName": "j", "JobState": "RUNNING", "Reason": "None",
+                      "StdOut": "/home/u/j-7.out", "Gres": ""}
+    config = "Configuration data as of 2024-01-01T00:00:00\nSlurmdPort              = 6818\nAccountingStorageType   = \n"
+    assert scontrol.config_value(config, "SlurmdPort") == "6818"
+    assert scontrol.config_value(config, "AccountingStorageType") == ""
+    assert scontrol.config_value(config, "SlurmctldPort") is None
 
 
 def test_a_job_that_fits_passes() -> None:

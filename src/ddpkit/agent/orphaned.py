@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import envnames
+from .. import envnames, scontrol
 
 CONNECT_S = 5.0
 ASK_TRIES, ASK_PAUSE_S = 4, 3.0
@@ -56,11 +56,8 @@ def slurmd_port() -> int:
                               timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return DEFAULT_SLURMD_PORT
-    for line in done.stdout.splitlines():
-        name, _, value = line.partition("=")
-        if name.strip() == "SlurmdPort" and value.strip().isdigit():
-            return int(value.strip())
-    return DEFAULT_SLURMD_PORT
+    port = scontrol.config_value(done.stdout, "SlurmdPort")
+    return int(port) if port is not None and port.isdigit() else DEFAULT_SLURMD_PORT
 
 
 def is_elastic(nnodes: str) -> bool:
@@ -120,10 +117,8 @@ def job_output(job: str) -> Path | None:
                               check=False, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    for word in done.stdout.split():
-        if word.startswith("StdOut="):
-            return Path(word.removeprefix("StdOut="))
-    return None
+    output = scontrol.fields(done.stdout).get("StdOut")
+    return None if output is None else Path(output)
 
 
 def tell(line: str, output: Path | None) -> None:

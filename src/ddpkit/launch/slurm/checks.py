@@ -14,21 +14,17 @@ import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ...scontrol import fields
 from ...spec import JobSpec
 from ...targets.slurm import cpus_per_task, tasks_per_node
 from ...targets.slurm import mem as slurm_mem
 
 Runner = Callable[[list[str]], str]
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEM = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
 UNLIMITED = ("INFINITE", "UNLIMITED")
-
-
-def fields(line: str) -> dict[str, str]:
-    return {m.group(1): m.group(2) for m in _FIELD.finditer(line)}
 
 
 def slurm_seconds(text: str) -> int | None:

@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from ... import scontrol
 from ...exitcodes import ExitCode
 from ...runs import RunState
 from . import checks as slurm_checks
@@ -90,7 +91,7 @@ def job_state(job_id: int) -> JobState | None:
     """From scontrol while slurmctld still knows the job, else from sacct."""
     shown = _slurm("scontrol", "show", "job", "-o", str(job_id))
     if shown:
-        f = slurm_checks.fields(shown)
+        f = scontrol.fields(shown)
         return JobState(f["JobState"], f.get("ExitCode", ""), f.get("StdOut"), hostnames(f.get("NodeList", "")),
                         f.get("Reason", "None"), int(f.get("Restarts", "0") or 0))
     lines = _slurm("sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,ExitCode").splitlines()
@@ -127,11 +128,8 @@ class Listed:
 def accounting() -> bool:
     """Whether the cluster keeps accounting (sacct answers for finished jobs)."""
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False)
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "AccountingStorageType":
-            return value.strip() not in ("", "accounting_storage/none")
-    return False
+    storage = scontrol.config_value(out.stdout, "AccountingStorageType")
+    return storage is not None and storage not in ("", "accounting_storage/none")
 
 
 def _rows(text: str, width: int) -> Iterable[tuple[int, list[str]]]:
@@ -162,7 +160,7 @@ def _scontrol(job_ids: Collection[int]) -> dict[int, Listed]:
     text = _slurm("scontrol", "show", "job", "-o", *one)
     found = {}
     for line in text.splitlines():
-        f = slurm_checks.fields(line)
+        f = scontrol.fields(line)
         job = f.get("JobId", "")
         if job.isdigit() and int(job) in job_ids:
             found[int(job)] = Listed(f["JobState"], f.get("ExitCode", ""), f.get("NodeList", ""), "scontrol",
