@@ -165,7 +165,7 @@ def test_the_timer_installs_a_comm_hook_under_ddp_and_the_gradients_stay_average
 def test_the_store_protocol_publish_judge_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Four ranks' Stragglers on a real TCPStore: nothing is judged until every
     rank published; then rank 0 names rank 3 once, with its line and record."""
-    from ddpkit.train.watchdog.stall import open_store
+    from ddpkit.train.watchdog.control_store import open_store
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     metrics = tmp_path / "m.jsonl"

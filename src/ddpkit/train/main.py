@@ -272,7 +272,7 @@ def run_config(config: TrainConfig) -> int:
 
     from .startup.distributed import init_distributed, run_spawned, shutdown
     from .stop.faults import TrainFault
-    from .watchdog.stall import nccl_recorder_file
+    from .watchdog.stacks import nccl_recorder_file
 
     expected = _expected_errors()
     try:

@@ -10,7 +10,10 @@ import shutil
 import subprocess
 import sys
 import traceback
+from collections.abc import MutableMapping
 from pathlib import Path
+
+from ... import envnames
 
 PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
 
@@ -89,3 +92,10 @@ def dump_nccl(path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def nccl_recorder_file(log_dir: Path | None, env: MutableMapping[str, str] = os.environ) -> None:
+    """Point the flight recorder's on-timeout dump at the job's log directory
+    (unless the user chose a place); read when the NCCL group is created."""
+    if log_dir is not None:
+        env.setdefault(envnames.TORCH_FR_DUMP_TEMP_FILE, str(log_dir / "nccl-trace-rank"))

@@ -17,24 +17,23 @@ pod) see a failed worker and stop the rest. The stacks themselves: stacks.py.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import faulthandler
 import json
 import os
-import secrets
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import envnames, records, runkey
+from ... import records, runkey
 from ...agreed import LOSS_S
 from ...exitcodes import ExitCode
 from . import node_loss as loss_judge
+from .control_store import open_store
 from .stacks import dump_nccl, main_frame, pyspy, write_stacks
 from .stall_model import PULSE, Beat, Judge, Phase, Settings, Verdict, monitors
 from .stall_report import Ack, dump_place, report_lines, stall_record, verdict_record
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 STALL_KEY, RELEASED_KEY, WRITTEN_KEY, WRITER_KEY = "stall", "released", "last-step-written", "last-step-writer"
-ROUND_KEY = "round"  # in the process group's store: the token the round's records go under (open_store)
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 # On a lost node, the survivors wait this long for rank 0's last step from memory (a 1 GB state's write fits).
 WRITTEN_WAIT_S = 60.0
@@ -359,51 +357,6 @@ class Watchdog:
 
 
 # ---- starting it --------------------------------------------------------------------------
-def open_store(master_addr: str | None, master_port: int | None, rank: int = 0, timeout_s: float = 60.0,
-               env: Mapping[str, str] = os.environ) -> dist.Store:
-    """A client of its own to the store the watchdog keeps its records in,
-    under the run's control prefix (runkey.py): a client without the run
-    key writes where no rank reads.
-
-    That store is the process group's (MASTER_ADDR; without an address the
-    group's own, e.g. --spawn's file store), except in an elastic job, whose
-    agent names its rendezvous store (DDPKIT_CONTROL_STORE): the group's
-    store lives in rank 0's process, which a frozen node 0 freezes with it,
-    and then no rank could publish or judge; the rendezvous store is the
-    launcher's under `launch local` and `launch ssh`, and outlives any node.
-    It outlives the rounds too, so each round's records go under a token of
-    the round, which rank 0 hands the others through the group's store (a
-    new one every round: TORCH_DISABLE_SHARE_RDZV_TCP_STORE)."""
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    prefix = runkey.control_prefix(env)
-    base: dist.Store
-    if not (master_addr and master_port):
-        return dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
-    base = dist.TCPStore(master_addr, int(master_port), is_master=False, timeout=timeout, wait_for_workers=False)
-    control = env.get(envnames.DDPKIT_CONTROL_STORE)
-    if not control or env.get(envnames.TORCH_DISABLE_SHARE_RDZV_TCP_STORE) != "1":
-        return dist.PrefixStore(prefix, base)
-    round_token = _round_token(dist.PrefixStore(prefix, base), rank)
-    host, _, port = control.rpartition(":")
-    elsewhere = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout, wait_for_workers=False)
-    return dist.PrefixStore(f"{prefix}round-{round_token}/", elsewhere)
-
-
-def _round_token(group_store: dist.Store, rank: int) -> str:
-    if rank == 0:
-        group_store.set(ROUND_KEY, secrets.token_hex(8))
-    return bytes(group_store.get(ROUND_KEY)).decode()  # the others wait for rank 0's (the store's timeout)
-
-
-def nccl_recorder_file(log_dir: Path | None, env: MutableMapping[str, str] = os.environ) -> None:
-    """Point the flight recorder's on-timeout dump at the job's log directory
-    (unless the user chose a place); read when the NCCL group is created."""
-    if log_dir is not None:
-        env.setdefault(envnames.TORCH_FR_DUMP_TEMP_FILE, str(log_dir / "nccl-trace-rank"))
-
-
 _RUNNING: list[Watchdog] = []  # this process's watchdog: one, whoever started it (running())
 
 
