@@ -3,7 +3,7 @@ post them (`EventSource`, `Reviver`), and an elastic run's rules
 (`ElasticPolicy`). Nodes post `NodeExited`; anything else that may end a run
 (a hang watchdog, say) is an `EventSource` that posts `StopRequested` with its
 reason and exit code; the job's watchdog reporting a node silent posts
-`NodeLost`; a `Reviver` bringing a failed node of an elastic run back posts
+`NodeReportedLost`; a `Reviver` bringing a failed node of an elastic run back posts
 `NodeReturned`."""
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ class NodeReturned:
 
 
 @dataclass(frozen=True)
-class NodeLost:
+class NodeReportedLost:
     """The job's watchdog reported node `index` silent (launch/supervise/recovery.py):
     stop what is left of it and treat it as a node that failed."""
 
     index: int
 
 
-Event = NodeExited | StopRequested | NodeReturned | NodeLost
+Event = NodeExited | StopRequested | NodeReturned | NodeReportedLost
 
 
 class EventSource(Protocol):

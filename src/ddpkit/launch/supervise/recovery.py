@@ -6,7 +6,7 @@ was noticed and how long recovery took.
 
 A launcher cannot see a frozen node on its own (its SSH session still
 answers, its container still runs): the job's own heartbeats can. The
-supervisor stops that node (launch/supervise/supervisor.py, NodeLost) and applies the
+supervisor stops that node (launch/supervise/supervisor.py, NodeReportedLost) and applies the
 elastic policy to it as to a node that failed.
 """
 

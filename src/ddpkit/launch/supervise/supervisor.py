@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from ...exitcodes import ExitCode
 from ...runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup
-from .events import ElasticPolicy, Event, EventSource, NodeExited, NodeLost, NodeReturned, StopRequested
+from .events import ElasticPolicy, Event, EventSource, NodeExited, NodeReportedLost, NodeReturned, StopRequested
 from .interrupt import interrupts_raise
 from .metricsink import MetricsSink
 from .nodeoutput import NO_EXIT_STATUS, SUMMARY_LINES, LinePrinter, NodeHandle
@@ -72,7 +72,7 @@ class Supervisor:
         self.sources = list(sources)
         self.printer = LinePrinter(console, Dedup(ranks) if dedup else None)
         self.events: queue.Queue[Event] = queue.Queue()
-        self.printer.on_lost = lambda index: self.events.put(NodeLost(index))
+        self.printer.on_lost = lambda index: self.events.put(NodeReportedLost(index))
         if metrics is not None:
             self.printer.on_record = MetricsSink(metrics, self._warn)
         self.run_folder = run
@@ -177,7 +177,7 @@ class Supervisor:
             if isinstance(event, NodeReturned):
                 self._rejoin(event.node)
                 continue
-            if isinstance(event, NodeLost):
+            if isinstance(event, NodeReportedLost):
                 lost = self.tracks.get(event.index)
                 if lost is not None and lost.state is NodeState.RUNNING:
                     self._stop_lost(lost)
