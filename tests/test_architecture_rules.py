@@ -96,7 +96,9 @@ SCRAPED_JOB_OUTPUT = {
     # The node's shell prints `DDPKIT_PGID=<pid>` (templates/ssh/node.sh.j2) before anything
     # of ddpkit runs on the host, so no record writer is there yet; the launcher takes the
     # node's process group from that first line (targets/sshnode.parse_pgid, a prefix
-    # match). A record instead is a change to the rendered ssh scripts and their goldens.
+    # match). `ddpkit render ssh`'s launch.sh reads the same line with bash's =~, and
+    # the tests' stand-in nodes print it: a record instead changes node.sh, launch.sh
+    # and those tests together, which is more than this rule's change.
     ("launch.ssh.running_node", "SshNode._line", "parse_pgid"),
 }
 SCRAPERS = {"parse_pgid"}  # text scrapers of job output defined outside launch/ and runs/
