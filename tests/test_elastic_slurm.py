@@ -123,6 +123,7 @@ def freeze_node3_trainer(net: netns.Network) -> None:
     proctree.signal_all(trainer, signal.SIGSTOP)  # slurmd and slurmstepd go on answering
 
 
+@pytest.mark.full  # a lost node on Slurm: the lost batch host below
 @pytest.mark.timeout(900)
 def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmCluster, tmp_path: Path) -> None:
     step, text, info = run_with_a_loss(cluster, tmp_path, kill_node1_trainer)

@@ -273,6 +273,7 @@ def test_a_static_job_stops_when_a_node_is_cut_off_naming_it(cluster: Cluster, t
         assert job_processes(net[name], tmp_path) == [], f"job processes left on {name}"
 
 
+@pytest.mark.full  # a node's return in the supervisor: test_supervisor_rejoin.py; a lost node on these hosts: node 0 above
 def test_a_lost_node_that_comes_back_rejoins_at_the_next_restart(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     ckpt, gate, held = tmp_path / "ckpt", tmp_path / "gate", tmp_path / "held"

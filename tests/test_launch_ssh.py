@@ -652,6 +652,7 @@ def test_an_own_programs_metrics_reach_the_run_folder_and_its_report(cluster: Cl
     assert job_processes(str(tmp_path)) == []
 
 
+@pytest.mark.full  # the same console lines under launch local: test_own_console.py
 def test_an_own_programs_bar_and_a_survivors_traceback_are_a_line_each(cluster: Cluster, tmp_path: Path) -> None:
     """Where no agent copies the workers' output line by line (launch ssh): rank 1 of
     a program with a tqdm bar dies at step 20; rank 0's gloo error reaches the

@@ -37,6 +37,7 @@ import pytest
 
 from tests.helpers.matrix import DDPKIT, HOSTILE, NODE_NAMES, NODES, NPROC, TIMEOUT_S, check, run_ok, write_spec
 from tests.helpers.rank_records import Promise, differences
+from tests.helpers.tiers import full_case
 from tests.infra import netns, slurm_cluster, sshd
 from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster
@@ -153,7 +154,8 @@ def test_rendered_ssh_launcher(hosts: Hosts, tmp_path: Path) -> None:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+# srun mode's processes and variables: test_slurm_real.py's srun-mode test, in make test
+@pytest.mark.parametrize("mode", ["torchrun", full_case("srun")])
 def test_slurm(hosts: Hosts, tmp_path: Path, mode: str) -> None:
     job = write_spec(tmp_path, **{"slurm.mode": mode})
     run_ok([DDPKIT, "render", "slurm", "-f", str(job), "-o", str(tmp_path)])

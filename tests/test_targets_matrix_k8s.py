@@ -27,9 +27,9 @@ docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-# jobset and trainjob: the same pods as pytorchjob and indexed-job under another controller's variables,
-# which the rendering tests check against the controllers' rules
-@pytest.mark.parametrize("kind", ["pytorchjob", "indexed-job", full_case("trainjob"), full_case("jobset")])
+# Indexed Job, TrainJob and JobSet: the same pods as the PyTorchJob's under another controller's
+# variables, which test_contract.py resolves and the rendering tests check against the controllers' rules
+@pytest.mark.parametrize("kind", ["pytorchjob", full_case("indexed-job"), full_case("trainjob"), full_case("jobset")])
 def test_kubernetes_emulated(docker_daemon: Docker, tmp_path: Path, kind: str) -> None:
     from tests.test_k8s_emulated import pods, run_pods
 

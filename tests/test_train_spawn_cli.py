@@ -77,6 +77,7 @@ def test_a_start_up_fault_under_spawn_is_one_line_and_its_exit_code(tmp_path: Pa
     assert "use --interface auto or one of this host's interfaces: lo=127.0.0.1" in lines[0]
 
 
+@pytest.mark.full  # one line from the parent: the start-up fault under spawn above
 @pytest.mark.slow
 def test_a_fault_every_child_hits_is_one_line_from_the_parent(tmp_path: Path) -> None:
     """Past the parent's own checks: both children fail on the model; each
