@@ -9,7 +9,9 @@ completes."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ import yaml
 from ddpkit.exitcodes import ExitCode
 from tests.infra import netns, sshd
 from tests.infra.shared import SshPool
-from tests.test_launch_ssh import hostfile, job_processes, launch
+from tests.test_launch_ssh import DDPKIT, hostfile, job_processes, launch
 from tests.test_same_error_local import SCRIPT, bad_line
 
 _REASON = netns.available() or sshd.available()
@@ -39,8 +41,7 @@ def cluster(ssh_pool: SshPool) -> Iterator[Cluster]:
         yield hosts
 
 
-def run_job(cluster: Cluster, folder: Path, mode: str) -> tuple[int, str, float]:
-    net, hosts = cluster
+def write_job(folder: Path, mode: str) -> Path:
     spec = {"name": f"same-error-{mode}", "nodes": len(NODES), "nproc_per_node": 1, "device": "cpu",
             "backend": "gloo", "elastic": {"min_nodes": 1, "max_restarts": 3},
             "command": {"python": sys.executable, "script": str(SCRIPT)},
@@ -48,6 +49,12 @@ def run_job(cluster: Cluster, folder: Path, mode: str) -> tuple[int, str, float]
             "ssh": {"workdir": str(folder), "log_dir": str(folder / "logs"), "grace_s": 5, "connect_timeout_s": 3}}
     job = folder / "job.yaml"
     job.write_text(yaml.safe_dump(spec))
+    return job
+
+
+def run_job(cluster: Cluster, folder: Path, mode: str) -> tuple[int, str, float]:
+    net, hosts = cluster
+    job = write_job(folder, mode)
     began = time.monotonic()
     done = launch(net, hosts, folder, job, hostfile(folder, net, [net[n].addr for n in NODES]), timeout=300)
     return done.returncode, done.stdout + done.stderr, time.monotonic() - began
@@ -79,3 +86,21 @@ def test_a_worker_killed_at_the_same_step_twice_is_restarted_on_ssh(cluster: Clu
     print(f"SAME-ERROR ssh control: exit {code} after {took:.1f} s, starts {starts(out)}")
     assert code == 0, out[-5000:]
     assert starts(out) == [0, 1, 2] and "same error twice" not in out, out[-5000:]
+
+
+def test_the_rendered_launch_sh_ends_with_the_same_error_and_leaves_no_node_out(cluster: Cluster,
+                                                                                  tmp_path: Path) -> None:
+    net, hosts = cluster
+    rendered = tmp_path / "rendered"
+    subprocess.run([DDPKIT, "render", "ssh", "-f", str(write_job(tmp_path, "raise")), "-o", str(rendered)],
+                   check=True, capture_output=True)
+    env = {**os.environ, "DDPKIT_SSH_OPTS": f"-F {hosts.ssh_config}"}
+    out = net["login"].run(["bash", str(rendered / "launch.sh"), str(hostfile(tmp_path, net, [net[n].addr for n in NODES]))],
+                           cwd=str(tmp_path), env=env, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == ExitCode.SAME_ERROR, text[-5000:]
+    assert starts(out.stdout) == [0, 1], text[-5000:]
+    assert "excluded" not in out.stderr, text[-5000:]
+    assert re.search(r"launch.sh: node 1 \(\S+\) failed first: its agent saw the same error twice, a bug in the "
+                     r"program, not a fault of the machine", out.stderr), text[-5000:]
+    assert job_processes(str(tmp_path)) == []

@@ -11,6 +11,7 @@ import math
 
 from .. import records
 from ..contract import Target
+from ..exitcodes import ExitCode
 from ..quoting import first_shell_word
 from ..render import OutputFile, Rendered, RenderError
 from ..spec import JobSpec
@@ -32,6 +33,7 @@ def variables(spec: JobSpec) -> dict[str, object]:
         "start_payload": start_payload(spec, watch_stdin=False),
         "stop_payload": stop_payload(spec),
         "worker_failed_at": records.stamped_frame_pattern(records.WorkerExit),
+        "same_error": int(ExitCode.SAME_ERROR),  # an agent saw the same error twice: a bug; the run ends with it
     }
 
 
