@@ -79,6 +79,7 @@ def test_the_same_type_and_message_at_another_line_is_another_error() -> None:
     (MemoryError(), "MemoryError"),
     (TimeoutError("collective timed out"), "timeout"),
     (KeyboardInterrupt(), "a signal, as the interpreter says it"),
+    (OSError(5, "Input/output error"), "a disk or a network file system"),
 ])
 def test_faults_of_the_machine_are_never_a_bug(exc: BaseException, why: str) -> None:
     failure = sameerror.of_exception(raised(exc))

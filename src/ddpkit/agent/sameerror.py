@@ -47,7 +47,8 @@ FAULT_TYPES = frozenset({"DistNetworkError", "DistStoreError", "DistBackendError
 FAULT_WORDS = ("connection reset", "connection closed", "connection refused", "connection aborted", "broken pipe",
                "by peer", "timed out", "timeout", "out of memory", "nccl", "gloo", "remote process",
                "no route to host", "network is unreachable", "socket", "ecc error", "uncorrectable",
-               "unspecified launch failure", "fell off the bus", "tcpstore")
+               "unspecified launch failure", "fell off the bus", "tcpstore", "input/output error",
+               "stale file handle")
 # The frames of what runs the program, not the program: ddpkit's agent, preamble and runner.
 RUNNER_MODULES = ("ddpkit.agent", "ddpkit.preamble", "ddpkit.run", "ddpkit.watchdog", "ddpkit.frameworks", "runpy")
 PROGRAM_MODULE = "ddpkit.train"  # `ddpkit train`'s own code is the program's
