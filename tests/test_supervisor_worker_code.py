@@ -210,3 +210,65 @@ def test_the_run_folder_records_a_stall_and_a_preempted_node_as_events(tmp_path:
     record = folder.record()
     assert (record.state, record.exit_code) == (RunState.FAILED, ExitCode.STALLED)
     assert record.summary is not None and record.summary.rows[1].status == "stalled"
+
+
+WARNINGS = [  # what a Hugging Face program prints before its crash: long, and wrapped in a table's cell
+    "/x/transformers/file_utils.py:1132: FutureWarning: `resume_download` is deprecated and will be removed in "
+    "version 1.0.0. Downloads always resume when possible. If you want to force a new download, use "
+    "`force_download=True`.",
+    "  warnings.warn(",
+    "/x/torch/nn/parallel/distributed.py:2014: UserWarning: find_unused_parameters=True was specified in DDP "
+    "constructor, but did not find any unused parameters in the forward pass.",
+    "  warnings.warn(",
+] * 3
+TRACE = ["Traceback (most recent call last):", '  File "/job/train.py", line 9, in <module>',
+         "    trainer.train()", "ValueError: Expected input batch_size (8) to match target batch_size (16)."]
+
+
+def crashed_summary(tmp_path: Path, lines: list[str]) -> tuple[str, str]:
+    """Node 1 prints `lines` (its captured stderr) and its worker fails; the
+    first failure cell as printed and as run.json records it."""
+    from ddpkit.runs import NodeLog, RunFolder
+
+    folder = RunFolder.create(name="crash", target="local", nodes=2, nproc_per_node=1, spec_yaml="", root=tmp_path)
+    folder.set_logs([NodeLog(node=n, host=f"h{n}", path=f"/logs/node{n}/agent.log") for n in (0, 1)])
+    nodes = [ScriptedNode(0), ScriptedNode(1)]
+    out = io.StringIO()
+    sup = Supervisor(nodes, Console(file=out, width=400), 1.0, run=folder)
+
+    def drive() -> None:
+        assert all(n.started.wait(WAIT_S) for n in nodes)
+        for line in [*lines, *torchrun_report(1, 1)]:
+            sup.printer.line(nodes[1], line)
+        nodes[1].finish(1)
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    outcome = sup.run()
+    thread.join(WAIT_S)
+    sup.summary(outcome, RunText("launch local", "interrupted"))
+    summary = folder.record().summary
+    assert summary is not None
+    return out.getvalue(), summary.rows[1].first_failure
+
+
+def test_a_crash_s_failure_cell_is_its_exception_and_where_its_traceback_is_not_the_warnings_before(
+        tmp_path: Path) -> None:
+    """Warnings, then a traceback: the cell is the exit, the exception line and
+    the node's log; on both paths a traceback reaches the launcher (the agent's
+    record ahead of the lines under launch local; the rank-tagged lines
+    themselves under launch ssh and docker)."""
+    copied = [records.frame(records.Traceback(lines=len(TRACE), line=f"{TRACE[-1]}  (its traceback: the node's "
+                                                                       "log)")), *TRACE]
+    copied = [f"[rank1]:{line}" for line in copied]  # torchrun's tag, as launch local's agent.log holds it
+    for shape in (copied, [f"[rank1]: {line}" for line in TRACE]):
+        text, cell = crashed_summary(tmp_path, [*(f"[rank1]:{w}" for w in WARNINGS), *shape])
+        assert cell.splitlines() == ["exit status 1", f"[node1 rank1] {TRACE[-1]}",
+                                     "its traceback: /logs/node1/agent.log"], cell
+        assert "FutureWarning" in text and text.count("FutureWarning") == 3, text  # on the console, not in the cell
+        assert f"[node1 rank1] {TRACE[-1]}  (its traceback: the node's log)" in text, text  # the console's line
+
+
+def test_a_failure_without_a_traceback_keeps_its_last_lines_in_the_cell(tmp_path: Path) -> None:
+    _, cell = crashed_summary(tmp_path, ["[rank1]:a line", "[rank1]:the last line"])
+    assert cell.splitlines()[:3] == ["exit status 1", "[node1 rank1] a line", "[node1 rank1] the last line"], cell

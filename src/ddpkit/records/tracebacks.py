@@ -24,6 +24,7 @@ CHAINED = ("During handling of the above exception", "The above exception was th
 HOLD_S = 2.0  # a traceback not whole after this goes out as it is
 HOLD_LINES = 400
 SHOWN_CHARS = 400
+WHERE = "  (its traceback: the node's log)"  # after the exception, in a record's line
 
 
 def _indent(line: str) -> int:
@@ -69,7 +70,7 @@ def record_of(lines: list[str], at: int) -> Record:
     """The record for a traceback whose exception is lines[at]."""
     exception = lines[at].strip()
     shown = exception if len(exception) <= SHOWN_CHARS else exception[:SHOWN_CHARS] + "..."
-    return Traceback(lines=block_end(lines, at) + 1, line=f"{shown}  (its traceback: the node's log)")
+    return Traceback(lines=block_end(lines, at) + 1, line=shown + WHERE)
 
 
 class Tracebacks:

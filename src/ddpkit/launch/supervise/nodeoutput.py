@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from ... import records
-from ...records.tracebacks import Tracebacks
+from ...records.tracebacks import WHERE, Tracebacks
 from .dedup import Dedup, Released, Source
 from .recovery import Recovery
 
@@ -91,6 +91,7 @@ class LinePrinter:
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (its agent's record)
         self.failed_at: dict[int, float] = {}  # by node index: when its first worker failed, on that node's clock
         self.same_errors: dict[int, records.SameError] = {}  # by node index: its agent saw the same error twice
+        self.exceptions: dict[int, str] = {}  # by node index: its first traceback's exception line, with its prefix
         self.causes: dict[str, int] = {}  # each worker's cause line (its `cause` record), once, with its first node
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
@@ -132,6 +133,8 @@ class LinePrinter:
             # A rank's own lines that no agent copied (launch ssh, docker): its traceback, one line.
             tracebacks = self._tracebacks.setdefault((node.index, rank), Tracebacks(at_exception=True))
             for record, lines in tracebacks.feed([body], self.clock()):
+                if isinstance(record, records.Traceback):
+                    self._note_exception(node.index, prefix, record)
                 for shown in [record.line] if isinstance(record, records.Traceback) else lines:
                     self._show(node.index, rank, prefix, shown)
 
@@ -212,11 +215,23 @@ class LinePrinter:
             self._held_back[(index, None)] = record.lines
         elif isinstance(record, records.Traceback):
             self._held_back[(index, rank)] = record.lines
+            self._note_exception(index, prefix, record)
             return record.line
         elif isinstance(record, records.Cause):
             self.causes.setdefault(record.line, index)  # shown once, at the end (Supervisor.summary)
             self._hidden[(index, record.line)] = self._hidden.get((index, record.line), 0) + 1
         return True
+
+    def _note_exception(self, index: int, prefix: str, record: records.Traceback) -> None:
+        """A worker's traceback before its node's agent reported a failed worker:
+        the summary's cell for the node (a peer's knock-on error after it is not)."""
+        if index not in self.worker_codes:
+            self.exceptions.setdefault(index, prefix + record.line.removesuffix(WHERE))
+
+    def exception(self, index: int) -> str | None:
+        """The exception line (type: message) of node `index`'s first worker traceback, if any."""
+        with self._lock:
+            return self.exceptions.get(index)
 
     def _add_to_tail(self, index: int, line: str) -> None:
         self.tails.setdefault(index, deque(maxlen=TAIL_LINES)).append(line)
@@ -241,6 +256,7 @@ class LinePrinter:
             self.worker_codes.pop(index, None)
             self.failed_at.pop(index, None)
             self.same_errors.pop(index, None)
+            self.exceptions.pop(index, None)
             self._cut.pop(index, None)
             for key in [key for key in self._held_back if key[0] == index]:
                 del self._held_back[key]

@@ -334,7 +334,18 @@ class Supervisor:
             return "\n".join(f"rejoined after: {why}" for why in track.rejoined_after)
         if outcome.stalled or (node is not outcome.first_failure and not excluded):
             return ""
+        exception = self.printer.exception(node.index)
+        if exception is not None:  # its cause, not the warnings printed before it
+            return "\n".join([self.reason(node, outcome), exception, f"its traceback: {self._log_of(node)}"])
         return "\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]])
+
+    def _log_of(self, node: NodeHandle) -> str:
+        """Where the node's whole output is: its log in the run's record, else "the node's log"."""
+        try:
+            logs = [] if self.run_folder is None else self.run_folder.record().logs
+        except (OSError, ValueError):
+            logs = []
+        return next((log.path for log in logs if log.node == node.index), "the node's log")
 
     def reason(self, node: NodeHandle, outcome: Outcome | None = None) -> str:
         lost = self.printer.recovery.of_node(node.index)
