@@ -610,7 +610,8 @@ def test_runs_status_logs_and_cancel_follow_a_running_launch_ssh_run(cluster: Cl
         if launcher.poll() is None:
             launcher.kill()
     said = (tmp_path / "launcher.out").read_text()
-    assert said.rstrip().splitlines()[-1] == "launch ssh: interrupted: every node was stopped", said[-2000:]
+    assert said.rstrip().splitlines()[-1] == "launch ssh: interrupted: every node was stopped; no checkpoint", \
+        said[-2000:]
     after = run_cmd(net, env, "status", "runs-ssh")
     assert re.search(r"^run \w{6}: cancelled, exit code 130$", after.stdout, re.M), after.stdout
     assert job_processes(str(tmp_path)) == []

@@ -58,6 +58,8 @@ def test_on_stop_runs_on_every_rank_at_the_same_step_and_the_workers_exit_75(tmp
     snapshot = torch.load(tmp_path / "snap.pt", map_location="cpu")
     assert snapshot["STEP"] == step  # written by the handler at the agreed step (the tutorial's own has no STEP)
     assert code == ExitCode.INTERRUPTED, text[-2000:]
+    # The preamble's stop record: the summary says the handlers saved at that step.
+    assert text.rstrip().endswith(f"interrupted; stopped all nodes; checkpoint at step {step}"), text[-2000:]
 
 
 def test_without_a_handler_the_program_stops_at_once_and_says_no_checkpoint_was_written(tmp_path: Path) -> None:
@@ -69,6 +71,7 @@ def test_without_a_handler_the_program_stops_at_once_and_says_no_checkpoint_was_
     # The tutorial's own snapshot of epoch 0 is there; no handler wrote a step's.
     assert "STEP" not in torch.load(tmp_path / "snap.pt", map_location="cpu")
     assert code == ExitCode.INTERRUPTED, text[-2000:]
+    assert text.rstrip().endswith("interrupted; stopped all nodes; no checkpoint"), text[-2000:]
 
 
 def test_a_hugging_face_trainer_saves_its_checkpoint_at_the_agreed_step_and_resumes_from_it(tmp_path: Path) -> None:
@@ -166,7 +169,7 @@ def test_a_stopped_rank_is_killed_at_once_so_a_cancelled_job_ends_without_waitin
     assert f"ddpkit.agent: rank 1 (pid {pid}) is stopped (SIGSTOP or a debugger) and was not continued within " \
            "10 s of SIGTERM: it cannot act on it or write a checkpoint; killed now" in text, text[-3000:]
     assert code == ExitCode.INTERRUPTED, text[-2000:]
-    assert text.rstrip().endswith("launch local: interrupted; stopped all nodes"), text[-2000:]
+    assert text.rstrip().endswith("launch local: interrupted; stopped all nodes; no checkpoint"), text[-2000:]
     assert took < 120, f"{took:.1f} s from SIGTERM to the launcher's end: the shutdown timeout's, not the kill's"
     assert job.left == [], job.left
 

@@ -170,7 +170,33 @@ def _announce() -> None:
 
 
 def finish() -> NoReturn:
-    """End the process as pre-empted: rank 0 first asks Slurm to requeue the job where the signal asks for it."""
+    """End the process as pre-empted: rank 0 first sends the `stop` record and
+    asks Slurm to requeue the job where the signal asks for it."""
     if rank() == 0:
+        record_stop()
         requeue_if_slurm(STATE.agreed, _say)
     raise SystemExit(EXIT_PREEMPTED)
+
+
+def record_stop(env: Mapping[str, str] = os.environ) -> None:
+    """The `stop` record, as ddpkit train's: its step is the agreed one, and its
+    checkpoint what saved there (the program's stop handlers, or its Trainer).
+    Framed on stderr for the launcher (its summary: `stopped, checkpoint at step
+    N`), and appended to the metrics file where there is one (`ddpkit report`)."""
+    import time
+    from pathlib import Path
+
+    from .. import envnames, records
+    from ..agreed import metrics_to_launcher
+
+    saved_by = "saved by the program's Trainer" if STATE.framework else "saved by the program's stop handlers"
+    name = signal.Signals(STATE.agreed).name if STATE.agreed else None
+    record = records.Stop(name, STATE.steps, saved_by, int(env.get(envnames.SLURM_RESTART_COUNT, "0") or 0))
+    now = time.time()
+    records.emit(record, time=now)
+    path = env.get(envnames.DDPKIT_METRICS)
+    if path and not metrics_to_launcher(path):
+        try:
+            records.append(Path(path), record, now)
+        except OSError:
+            pass  # the metrics are the report's; the stop itself goes on

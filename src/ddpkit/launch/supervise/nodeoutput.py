@@ -92,6 +92,7 @@ class LinePrinter:
         self.failed_at: dict[int, float] = {}  # by node index: when its first worker failed, on that node's clock
         self.same_errors: dict[int, records.SameError] = {}  # by node index: its agent saw the same error twice
         self.exceptions: dict[int, str] = {}  # by node index: its first traceback's exception line, with its prefix
+        self.stopped: records.Stop | None = None  # the job's last stop record: it checkpointed on a stop signal, or not
         self.causes: dict[str, int] = {}  # each worker's cause line (its `cause` record), once, with its first node
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
         self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
@@ -211,6 +212,8 @@ class LinePrinter:
             self._cut[index] = self._tailed[index]
         elif isinstance(record, records.SameError):
             self.same_errors.setdefault(index, record)
+        elif isinstance(record, records.Stop):
+            self.stopped = record
         elif isinstance(record, records.AgentReport):
             self._held_back[(index, None)] = record.lines
         elif isinstance(record, records.Traceback):
@@ -267,6 +270,10 @@ class LinePrinter:
         with self._lock:
             causes = list(self.causes.items())
         return [c for c, n in causes if n != first] + [c for c, n in causes if n == first]
+
+    def stop_record(self) -> records.Stop | None:
+        with self._lock:
+            return self.stopped
 
     def stalled_ranks(self) -> list[records.StalledRank]:
         with self._lock:

@@ -12,7 +12,7 @@ from ...exitcodes import WORKER_CODES, ExitCode
 from .nodestate import NodeState, NodeTrack
 
 if TYPE_CHECKING:
-    from ...records import LostRank, StalledRank, Straggler
+    from ...records import LostRank, StalledRank, Stop, Straggler
     from .events import StopRequested
     from .nodeoutput import NodeHandle
 
@@ -31,6 +31,7 @@ class Outcome:
     stragglers: list[Straggler] = field(default_factory=list)  # named by its straggler judge
     worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
     lost: list[LostRank] = field(default_factory=list)  # ranks the job's watchdog found silent (launch/supervise/recovery.py)
+    stopped_at: Stop | None = None  # the job's stop record: where it checkpointed on the stop signal, if it did
 
     def track(self, node: NodeHandle) -> NodeTrack:
         return next(t for t in self.nodes if t.index == node.index)

@@ -17,6 +17,7 @@ from .nodestate import NodeState
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from ...records import Stop
     from ...runs import RunSummary
     from .nodeoutput import NodeHandle
     from .outcome import Outcome
@@ -67,11 +68,34 @@ def node_status(node: NodeHandle, outcome: Outcome) -> Status:
     return Status.REJOINED if track.rejoined_after else Status.OK
 
 
+def status_text(node: NodeHandle, outcome: Outcome) -> str:
+    """The status cell: `node_status`; a node stopped by Ctrl-C or a cancel
+    says whether the job checkpointed on that stop (`stopped, checkpoint at
+    step N`, `stopped, no checkpoint`)."""
+    status = node_status(node, outcome)
+    if status is Status.STOPPED and outcome.interrupted:
+        return f"{status.value}, {checkpoint_text(outcome.stopped_at)}"
+    return status.value
+
+
+def checkpoint_text(stop: Stop | None) -> str:
+    """Whether the job's stop record (ddpkit train's, or the preamble's for a
+    program with a stop handler) says a checkpoint was written, and at which step."""
+    return f"checkpoint at step {stop.step}" if stop is not None and stop.checkpoint else "no checkpoint"
+
+
+def status_style(status: str) -> str:
+    """The style of a status cell as recorded (`stopped, ...` is styled as `stopped`)."""
+    exact = next((s for s in Status if s.value == status), None)
+    found = exact or next((s for s in Status if status.startswith(f"{s.value}, ")), None)
+    return "" if found is None else STATUS_STYLE[found]
+
+
 def closing_line(outcome: Outcome, text: RunText, reason: Callable[[NodeHandle], str], recovery: str) -> str:
     """The line after the table: how the run ended. `reason`: why a node
     failed; `recovery`: "; recovery: ..." for an elastic job that went on."""
     if outcome.interrupted:
-        return f"{text.title}: {text.interrupted}"
+        return f"{text.title}: {text.interrupted}; {checkpoint_text(outcome.stopped_at)}"
     if outcome.stalled:
         named = "; ".join(f"rank {s.rank} (node {s.node}, {s.host})" for s in outcome.stalled)
         return (f"{text.title}: the hang watchdog found stalled rank(s): {named}; stacks were dumped "
@@ -120,7 +144,7 @@ def summary_table(summary: RunSummary) -> Table:
     for column in ("node", "exit code", "status", "host", "first failure", *(("straggler",) * stragglers)):
         table.add_column(column, overflow="fold")
     for row in summary.rows:
-        style = next((STATUS_STYLE[s] for s in Status if s.value == row.status), "")
+        style = status_style(row.status)
         # Text, not markup: log lines hold brackets (our own prefix, for one).
         cells = [Text(f"node{row.node}"), Text(row.exit_code), Text(row.status, style=style), Text(row.host),
                  Text(row.first_failure)]

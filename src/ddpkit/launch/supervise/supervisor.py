@@ -39,7 +39,7 @@ from .nodeoutput import NO_EXIT_STATUS, SUMMARY_LINES, LinePrinter, NodeHandle
 from .nodestate import NodeState, NodeTrack
 from .outcome import Outcome, node_code
 from .stragglers import straggler_cell
-from .summary import RunText, closing_line, code_text, node_status, summary_table
+from .summary import RunText, closing_line, code_text, status_text, summary_table
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -128,6 +128,7 @@ class Supervisor:
         self.printer.close()  # every node has ended: what is held is printed, before the summary
         outcome.stalled = self.printer.stalled_ranks()
         outcome.stragglers = self.printer.straggler_ranks()
+        outcome.stopped_at = self.printer.stop_record()
         outcome.lost = sorted((x for x in self.printer.recovery.lost.values() if not self._own_exit(x.node)),
                               key=lambda x: x.rank)
         outcome.blame_earliest(self.printer.worker_failed_at())
@@ -320,7 +321,7 @@ class Supervisor:
 
     def _row(self, node: NodeHandle, outcome: Outcome) -> NodeRow:
         return NodeRow(node=node.index, exit_code=code_text(outcome.node_code(node)),
-                       status=node_status(node, outcome).value, host=node.host,
+                       status=status_text(node, outcome), host=node.host,
                        first_failure=self._failure_cell(node, outcome),
                        straggler=straggler_cell(outcome.stragglers, node.index))
 

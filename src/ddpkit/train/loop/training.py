@@ -343,7 +343,10 @@ class Trainer:
         self.log.warning("stop signal received: checkpointing at step %d and exiting with %d",
                          self.pos.step, ExitCode.PREEMPTED)
         path = self.save()
-        self.metrics.put(self.agreement.stop_record(self.pos.step, str(path) if path else None))
+        stopped = self.agreement.stop_record(self.pos.step, str(path) if path else None)
+        self.metrics.put(stopped)
+        if self.rank == 0 and not self.metrics.framed:
+            records.emit(stopped)  # for the launcher's summary: stopped, checkpoint at step N (or none)
         if self.rank == 0:
             requeue_if_slurm(self.agreement.signum, lambda line: self.log.warning("%s", line))
         return RunStatus.PREEMPTED
