@@ -1,0 +1,39 @@
+"""bench/scale_sim.py's short version end to end: the real store service, 16
+real rendezvous handlers in a host process, a crash and the re-formation,
+the rank report over 16 x 8 rows, a monitor round, the launcher's printer
+fed every node's lines. What happened is asserted, never how fast
+(tests/test_bench_smoke.py says what a smoke test asserts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_bench_smoke import run_bench
+
+pytestmark = pytest.mark.slow
+N = 16
+
+
+def test_scale_sim_short_forms_reforms_and_reports(tmp_path: Path) -> None:
+    run_bench("bench.scale_sim", "--short", "--nodes", str(N), "--steady-s", "1", "--launcher-s", "0.3",
+              "--out", str(tmp_path), "--name", "s")
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["machine"]["torch"] and data["command"]
+    [res] = data["results"]
+    rdzv = res["rendezvous"]
+    # every simulated node got a distinct rank, in one round of N
+    assert rdzv["first_ranks_distinct"] and rdzv["first_rendezvous_s"] > 0, rdzv
+    # the crashed node was left out: a round of N-1 with ranks 0..N-2, all survivors in it
+    assert rdzv["reformed_without_lost"] and rdzv["reformed_world"] == N - 1, rdzv
+    assert rdzv["steady"]["requests_per_s"]["get"] > 0 and rdzv["steady"]["requests_per_s"]["compare_set"] > 0
+    # the reports and the monitor saw every rank
+    assert res["rank_report_train"]["rows"] == res["rank_report_preamble"]["rows"] == N * 8
+    assert res["monitor"]["ranks"] == N * 8
+    assert res["launcher"]["nodes"] == N and res["launcher"]["cpu_s_per_line"] > 0
+    assert res["commit_chain"]["points"][-1]["nodes"] == N
+    assert set(data["goals"]) >= {"first_rendezvous_s", "reformation_s", "rank_report_train_s", "monitor_round_s",
+                                  "launcher_cores"}
+    assert "| one monitor round over N x 8 heartbeats | s |" in (tmp_path / "s.md").read_text()
