@@ -23,6 +23,7 @@ from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 from ddpkit.launch.supervise import proctree
 from ddpkit.run import torchrun_env
+from ddpkit.train.watchdog.straggler import SUSTAIN_STEPS
 from tests.helpers.rank_table import pid_of
 from tests.test_launch_local import _gone, clean_env, launch_argv
 from tests.test_startup import ROOT
@@ -167,7 +168,7 @@ def test_a_long_evaluation_and_a_program_that_never_trains_are_no_stall(tmp_path
     assert "rank report: 2 processes" in text and "ddpkit watchdog: on" not in text and "STALL" not in text
 
 
-SLOW_FROM, SLOW_S = 25, 0.15
+SLOW_FROM, SLOW_S = 20, 0.6  # the judge's rule: 30 steps and 20 s slow (train/watchdog/straggler.py)
 
 
 def run_folder(text: str) -> Path:
@@ -190,7 +191,8 @@ def test_a_rank_slower_in_its_forward_is_named_a_straggler_and_none_before(tmp_p
     stragglers = [r for r in records if r["kind"] == "straggler"]
     assert [(r["rank"], r["state"], r["node"]) for r in stragglers] == [(1, "slow", 1)], (stragglers, text)
     [named] = stragglers
-    assert named["step"] >= SLOW_FROM and named["own_s"] >= SLOW_S and named["median_s"] < SLOW_S / 5, named
+    assert named["step"] >= SLOW_FROM + SUSTAIN_STEPS and named["own_s"] >= SLOW_S, named
+    assert named["median_s"] < SLOW_S / 5, named
     assert re.search(r"\[node0 rank0\] ddpkit watchdog: STRAGGLER rank 1 node 1 host \S+-node1: \d\.\d{3}s of "
                      r"own work a step against the job's median 0\.\d+s", text), text
     assert text.count("ddpkit watchdog: STRAGGLER") == 1, text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,22 @@ from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.runs import NodeRow, RunSummary
 from ddpkit.spec import JobSpec
 from ddpkit.train.watchdog import straggler
-from ddpkit.train.watchdog.straggler import MIN_GAP_S, StragglerJudge, Stragglers, Work, WorkWindow, factor_from_env
+from ddpkit.train.watchdog.straggler import (
+    MIN_GAP_S,
+    Change,
+    StragglerJudge,
+    Stragglers,
+    Work,
+    WorkWindow,
+    factor_from_env,
+)
 from ddpkit.train.watchdog.worktime import WARM_STEPS, SlowHook, WorkTimer
 from tests.helpers.straggler_models import Sleepy
+
+
+def at_once(factor: float = 1.33) -> StragglerJudge:
+    """The judge's comparison alone: a rank slow at one check is named (no sustain)."""
+    return StragglerJudge(factor, sustain_s=0, sustain_steps=0)
 
 
 def works(*own_s: float, steps: int = 10, step: int = 20) -> list[Work | None]:
@@ -34,7 +48,7 @@ def works(*own_s: float, steps: int = 10, step: int = 20) -> list[Work | None]:
 
 
 def test_a_rank_above_factor_times_the_median_is_named_once_until_it_catches_up() -> None:
-    judge = StragglerJudge(1.33)
+    judge = at_once()
     [change] = judge.observe(works(0.10, 0.10, 0.14, 0.10))
     assert change.slow and change.work.rank == 2 and change.median_s == 0.10 and round(change.ratio, 2) == 1.4
     assert judge.observe(works(0.10, 0.10, 0.15, 0.10)) == []  # still slow: not named again
@@ -47,19 +61,66 @@ def test_a_rank_above_factor_times_the_median_is_named_once_until_it_catches_up(
 def test_two_ranks_and_half_the_job_slow() -> None:
     """The lower median: with two ranks the slow one is named, and when half
     the job is slow both slow halves are; a slow majority names nobody."""
-    assert [c.work.rank for c in StragglerJudge(1.33).observe(works(0.10, 0.20))] == [1]
-    assert [c.work.rank for c in StragglerJudge(1.33).observe(works(0.20, 0.10, 0.20, 0.10))] == [0, 2]
-    assert StragglerJudge(1.33).observe(works(0.10, 0.20, 0.20, 0.20)) == []
+    assert [c.work.rank for c in at_once().observe(works(0.10, 0.20))] == [1]
+    assert [c.work.rank for c in at_once().observe(works(0.20, 0.10, 0.20, 0.10))] == [0, 2]
+    assert at_once().observe(works(0.10, 0.20, 0.20, 0.20)) == []
 
 
 def test_equal_ranks_tiny_differences_and_ranks_without_enough_steps_are_not_named() -> None:
-    assert StragglerJudge(1.33).observe(works(0.10, 0.11, 0.12, 0.13)) == []
+    assert at_once().observe(works(0.10, 0.11, 0.12, 0.13)) == []
     # 2x, but 5 ms a step: scheduling noise on a busy host, not a straggler
-    assert StragglerJudge(1.33).observe(works(0.005, 0.005, 0.010, 0.005)) == []
-    assert StragglerJudge(1.33).observe(works(0.05, 0.05, 0.05 + MIN_GAP_S + 0.02, 0.05))
+    assert at_once().observe(works(0.005, 0.005, 0.010, 0.005)) == []
+    assert at_once().observe(works(0.05, 0.05, 0.05 + MIN_GAP_S + 0.02, 0.05))
     few = works(0.10, 0.10, 0.50, 0.10, steps=straggler.MIN_STEPS - 1)
-    assert StragglerJudge(1.33).observe(few) == []
-    assert StragglerJudge(1.33).observe([None, None, None, *works(0.1, 0.5)[:1]]) == []  # most ranks not published
+    assert at_once().observe(few) == []
+    assert at_once().observe([None, None, None, *works(0.1, 0.5)[:1]]) == []  # most ranks not published
+
+
+def lockstep(own: Callable[[int, int], float], steps: int, ranks: int = 4) -> list[tuple[float, Change]]:
+    """`ranks` ranks stepping together on a fake clock: each step lasts the
+    slowest rank's own work `own(rank, step)` (the others wait for it in the
+    all-reduce); every rank publishes its window and rank 0's judge checks
+    once a second, as the watchdog's thread does. Each change, with its time."""
+    now = [0.0]
+    judge = StragglerJudge(1.33, clock=lambda: now[0])
+    windows = [WorkWindow() for _ in range(ranks)]
+    changes, check_at = [], 1.0
+    for step in range(1, steps + 1):
+        spent = [own(r, step) for r in range(ranks)]
+        for window, seconds in zip(windows, spent, strict=True):
+            window.add(seconds)
+        now[0] += max(spent)
+        while now[0] >= check_at:
+            check_at += 1.0
+            published = [Work(r, step, *w.median(), r // 2, f"h{r // 2}") for r, w in enumerate(windows)]
+            changes += [(now[0], c) for c in judge.observe(published)]
+    return changes
+
+
+def test_a_spike_of_28x_on_a_busy_machine_names_nobody() -> None:
+    """Rank 0 at 28x the job's 0.05 s for a few steps (the median turns only
+    at 6 of 10), then for 20 steps, 28 s: the median is slow for about 20
+    steps, fewer than SUSTAIN_STEPS. No verdict, and so nothing to take back."""
+    for spike in (4, 8, 20):
+        assert lockstep(lambda r, s, n=spike: 1.4 if r == 0 and 50 <= s < 50 + n else 0.05, 200) == [], spike
+    # A spike long in steps but short in seconds (fast steps): below SUSTAIN_S.
+    assert lockstep(lambda r, s: 0.2 if r == 0 and 50 <= s < 110 else 0.02, 300) == []
+
+
+def test_a_rank_steadily_3x_slower_is_named_within_the_stated_time() -> None:
+    """From step 30 rank 2's own work is 3x the others' (0.1 s): named once,
+    no sooner than SUSTAIN_S and SUSTAIN_STEPS after its median turned, and
+    within what the judge's docstring states: 6 steps, then the longer of
+    SUSTAIN_STEPS steps and SUSTAIN_S, then a check."""
+    slow_from, step_s = 30, 0.3
+    changes = lockstep(lambda r, s: step_s if r == 2 and s >= slow_from else 0.1, 200)
+    [(when, change)] = changes
+    began = (slow_from - 1) * 0.1  # the job's clock when rank 2 turned slow
+    took = when - began
+    bound = 6 * step_s + max(straggler.SUSTAIN_STEPS * step_s, straggler.SUSTAIN_S) + 1.0 + step_s
+    assert change.slow and change.work.rank == 2 and round(change.ratio, 1) == 3.0, change
+    assert straggler.SUSTAIN_S <= took <= bound, (took, bound)
+    assert change.work.step - slow_from >= 6 + straggler.SUSTAIN_STEPS - 1, change.work
 
 
 def test_the_window_takes_the_lower_median_of_its_last_steps() -> None:
@@ -77,7 +138,7 @@ def test_the_window_takes_the_lower_median_of_its_last_steps() -> None:
 def test_the_record_line_and_settings() -> None:
     work = Work(3, 41, 10, 0.3012, 1, "node-b")
     assert Work.decode(3, work.encode().encode()) == work
-    [change] = StragglerJudge(1.33).observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [work])
+    [change] = at_once().observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [work])
     line = change.line()
     assert line.startswith("ddpkit watchdog: STRAGGLER rank 3 node 1 host node-b: 0.301s of own work a step against "
                            "the job's median 0.010s (30.1x, limit 1.33x) at step 41; its own work")
@@ -184,6 +245,8 @@ def test_the_store_protocol_publish_judge_report(tmp_path: Path, capsys: pytest.
         for _ in range(10):
             straggler.WORK.add(0.3)
         ranks[3].publish()
+        assert ranks[0].judge is not None
+        ranks[0].judge = at_once()  # the sustain's rule: test_a_spike_... below
         ranks[0].check()
         ranks[0].check()
         ranks[1].check()  # not rank 0: no judge
@@ -213,7 +276,7 @@ def test_the_supervisor_marks_the_straggler_in_a_column_of_its_own() -> None:
     nodes = [_Node(0), _Node(1)]
     sup = Supervisor(nodes, console, 1.0)  # type: ignore[arg-type]  # _Node has what these calls read
     line = Work(3, 41, 10, 0.3, 1, "h1")
-    [change] = StragglerJudge(1.33).observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [line])
+    [change] = at_once().observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [line])
     sup.printer.line(nodes[0], "[rank0]:" + change.line())  # the line for people: no mark by itself
     assert sup.printer.straggler_ranks() == []
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(change.record()))

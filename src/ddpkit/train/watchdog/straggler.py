@@ -9,7 +9,9 @@ bucket goes to the all-reduce) into `WORK`, a window of its last
 median with its heartbeat (`work/<rank>` in the store) and rank 0's thread
 applies `StragglerJudge`: a rank whose median is more than `factor` x the
 job's median (the lower middle of every rank's, so two ranks work too) and
-at least `MIN_GAP_S` above it is a straggler. The report is one line
+at least `MIN_GAP_S` above it is slow; a rank that stayed slow at every check
+for `SUSTAIN_STEPS` of its steps and `SUSTAIN_S` seconds is a straggler (a busy
+machine's hiccup is not one). The report is one line
 for people (`STRAGGLER_LINE`), the `straggler` record (on stderr, where the
 launcher reads it for its summary, and in the metrics file).
 
@@ -27,7 +29,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,6 +48,11 @@ MIN_STEPS = 5  # a rank with fewer timed steps is not judged yet
 # A straggler is also at least this much slower a step: below it, one CPU
 # scheduling slice on a busy host makes the difference, and it costs little.
 MIN_GAP_S = 0.02
+# A straggler stays slow: its median above the limit at every check over this many
+# more of its steps (three windows) and this long. A verdict so costs 6 slow steps
+# (the median turns), then the longer of the two, then up to a check (1 s).
+SUSTAIN_STEPS = 3 * WINDOW_STEPS
+SUSTAIN_S = 20.0
 MULTI_GET_KEYS = 256  # as the stall judge reads heartbeats (train/watchdog/stall.py)
 # The report's line, for people; launchers read the `straggler` record instead.
 STRAGGLER_LINE = ("ddpkit watchdog: STRAGGLER rank {rank} node {node} host {host}: {detail}; "
@@ -141,12 +148,29 @@ class Change:
 
 @dataclass
 class StragglerJudge:
-    """Names ranks whose own work is above `factor` x the job's median.
-    A named rank is named again only after it caught up (below half the
-    margin, so one that hovers at the limit is not reported every second)."""
+    """Names ranks whose own work stays above `factor` x the job's median.
+
+    The rule: a rank is slow at a check when the lower median of its last
+    WINDOW_STEPS steps is above `factor` x the job's median (the lower median
+    of every rank's) and at least MIN_GAP_S above it. It is named a straggler
+    once it was slow at every check for `sustain_steps` of its own steps and
+    `sustain_s` seconds on `clock` (SUSTAIN_STEPS, SUSTAIN_S); a check where it
+    is not slow starts that over. So a few slow steps never turn the median (6
+    of 10 do), and a burst of slow steps (another tenant, a page-cache flush,
+    a compile: a busy machine's hiccup) that ends within 20 s or 30 steps of
+    turning it names nobody, however slow. The cost, in detection time: a rank
+    that turns steadily slow is named 6 of its steps, then the longer of
+    `sustain_steps` steps and `sustain_s` seconds, then up to a check (1 s)
+    later. A named rank is named again only after it caught up (below half
+    the margin, so one that hovers at the limit is not reported every
+    second)."""
 
     factor: float
     slow: set[int] = field(default_factory=set)
+    sustain_s: float = SUSTAIN_S
+    sustain_steps: int = SUSTAIN_STEPS
+    clock: Callable[[], float] = time.monotonic
+    since: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (time, its step): slow since
 
     def observe(self, works: Sequence[Work | None]) -> list[Change]:
         ready = [w for w in works if w is not None and w.steps >= MIN_STEPS]
@@ -154,12 +178,18 @@ class StragglerJudge:
         if len(ready) < 2 or 2 * len(ready) < len(works):
             return []
         median = statistics.median_low(w.own_s for w in ready)
-        back = 1 + (self.factor - 1) / 2
+        back, now = 1 + (self.factor - 1) / 2, self.clock()
         changes = []
         for w in ready:
-            if w.rank not in self.slow and w.own_s > self.factor * median and w.own_s - median >= MIN_GAP_S:
-                self.slow.add(w.rank)
-                changes.append(Change(w, median, self.factor, slow=True))
+            if w.rank not in self.slow:
+                if w.own_s <= self.factor * median or w.own_s - median < MIN_GAP_S:
+                    self.since.pop(w.rank, None)  # not slow at this check: a verdict starts over
+                    continue
+                at, step = self.since.setdefault(w.rank, (now, w.step))
+                if now - at >= self.sustain_s and w.step - step >= self.sustain_steps:
+                    del self.since[w.rank]
+                    self.slow.add(w.rank)
+                    changes.append(Change(w, median, self.factor, slow=True))
             elif w.rank in self.slow and (w.own_s <= back * median or w.own_s - median < MIN_GAP_S / 2):
                 self.slow.discard(w.rank)
                 changes.append(Change(w, median, self.factor, slow=False))
