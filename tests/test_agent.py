@@ -115,8 +115,9 @@ def test_workers_are_forked_from_the_zygote_and_see_what_torchrun_gives_them(tmp
 
 
 @pytest.mark.slow
-# exit and os-exit end the worker as [raise] does, with another code
-@pytest.mark.parametrize("mode", [full_case("exit"), "raise", full_case("os-exit"), "killed"])
+# exit and os-exit end the worker as [raise] does, with another code; a killed worker's restart:
+# test_same_error_local.py's control
+@pytest.mark.parametrize("mode", [full_case("exit"), "raise", full_case("os-exit"), full_case("killed")])
 def test_a_failed_worker_ends_the_agent_as_under_torchrun(tmp_path: Path, mode: str) -> None:
     plain, forked = run(tmp_path, TORCHRUN, mode), run(tmp_path, AGENT, mode)
     assert forked.returncode == plain.returncode == 1, forked.stderr[-3000:]

@@ -240,6 +240,7 @@ def test_node_0_lost_the_launcher_holds_the_store_and_the_others_finish(cluster:
     same_as_uninterrupted(tmp_path, ckpt, held, step, nodes=2)
 
 
+@pytest.mark.full  # a static job's host cut off: test_launch_ssh.py's host that stops answering
 def test_a_static_job_stops_when_a_node_is_cut_off_naming_it(cluster: Cluster, tmp_path: Path) -> None:
     net, hosts = cluster
     ckpt, gate = tmp_path / "ckpt", tmp_path / "gate"

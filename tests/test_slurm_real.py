@@ -492,6 +492,7 @@ def test_follow_gives_up_on_a_job_that_can_never_start(cluster: SlurmCluster, tm
     assert cluster.wait(job_id, timeout=30).state == "CANCELLED"
 
 
+@pytest.mark.full  # --follow's lines and exit code: test_submit_follow_streams_node_logs_and_exits_zero
 def test_follow_shows_the_state_as_it_changes(cluster: SlurmCluster, tmp_path: Path) -> None:
     done = submit(cluster, tmp_path, job_spec("chk-states"), "--follow")
     assert done.returncode == 0, done.stdout + done.stderr
