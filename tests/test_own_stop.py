@@ -74,6 +74,7 @@ def test_without_a_handler_the_program_stops_at_once_and_says_no_checkpoint_was_
     assert text.rstrip().endswith("interrupted; stopped all nodes; no checkpoint"), text[-2000:]
 
 
+@pytest.mark.full  # a Trainer's agreed stop and resume: the Lightning test below; Hugging Face's callback: test_own_frameworks.py
 def test_a_hugging_face_trainer_saves_its_checkpoint_at_the_agreed_step_and_resumes_from_it(tmp_path: Path) -> None:
     out = tmp_path / "hf-out"
     job = Job(tmp_path, HELPERS / "hf_trainer.py", str(out), "100000", "stop")

@@ -141,6 +141,7 @@ def test_failing_task_fails_the_whole_job(cluster: SlurmCluster, tmp_path: Path,
     assert "PROBE-FAIL rank=3" in text
 
 
+@pytest.mark.full  # a port per job: test_render_slurm.py's port rule, in bash and Python
 def test_two_jobs_share_the_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
     scripts = [render(tmp_path / name, job_spec(name)) for name in ("pair-a", "pair-b")]
     jobs = [cluster.sbatch(s) for s in scripts]

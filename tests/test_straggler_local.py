@@ -28,6 +28,7 @@ EVAL_RANK = 1
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.full  # the judge on real processes: test_preamble.py; an evaluation is no step: test_straggler.py
 def test_a_slowed_rank_is_named_and_a_slow_evaluation_is_not(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     # 200 samples / 4 ranks / batch 4: 12 steps an epoch, each ending with an

@@ -24,6 +24,7 @@ docker_daemon = daemon_infra.docker_daemon  # the session fixture, by its name
 
 # ---- Docker: the session's daemon and CPU image ----
 
+@pytest.mark.full  # the compose file run: make compose-test below (its rank report); its values: test_render_hostile.py
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900)
@@ -60,6 +61,7 @@ def rendered_run_is_followed(env: dict[str, str]) -> None:
     assert any(line.endswith("  checkpoint -") for line in logs), logs
 
 
+@pytest.mark.full  # launch docker's ranks and rank table: test_docker.py; the contract's variables: test_contract.py
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900)
