@@ -76,7 +76,7 @@ def test_steps_trained_twice_and_the_reference_segments() -> None:
     assert chaos.segments([World(0, 3, 0.0)]) == [World(0, 3, 0.0)]
 
 
-@pytest.mark.full
+@pytest.mark.full  # a long chaos run; a fault costs time, never work: test_elastic_train.py (bitwise) in make test
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.skipif(bool(netns.available() or sshd.available()), reason=str(netns.available() or sshd.available()))
@@ -102,7 +102,7 @@ def test_chaos_on_launch_ssh_costs_time_never_work(tmp_path: Path) -> None:
     assert "episodes survived: 3 of 3" in done.stdout and "bitwise equal" in done.stdout, said
 
 
-@pytest.mark.full
+@pytest.mark.full  # a long chaos run; a fault costs time, never work: test_elastic_train.py (bitwise) in make test
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.skipif(bool(slurm_cluster.available()), reason=str(slurm_cluster.available()))
