@@ -932,12 +932,14 @@ def goals(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         measured = dict(zip(g["n"], g["values"])).get(1024)
         if measured is not None:
             value, how = measured, "measured"
+        elif 1024 in g["missing"]:
+            value, how = None, "not formed here"
         elif len(g["values"]) >= 2:
             positive = [(n, y) for n, y in zip(g["n"], g["values"]) if y > 0]
             la, k = fit([math.log(n) for n, _ in positive], [math.log(y) for _, y in positive])
             value, how = math.exp(la) * 1024 ** k, "from the fit"
         else:
-            value, how = None, "not formed" if 1024 in g["missing"] else "not measured"
+            value, how = None, "not measured"
         out[name] = {"what": what, "goal": goal, "at_1024": value, "how": how,
                      "met": value is not None and value <= goal}
     return out
@@ -1016,6 +1018,10 @@ PLOTS = {
 
 
 def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """One PNG per group of PLOTS: each measure against N (log-log), its a + b·N
+    fit and, where it grows faster than N, the power law, both to EXTRAPOLATE_TO."""
+    import textwrap
+
     from bench.common import pyplot, save_figure
 
     plt = pyplot()
@@ -1024,26 +1030,34 @@ def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     analysis = analyse(results)
     paths = []
     for group, names in PLOTS.items():
-        fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 3.8), squeeze=False)
-        for ax, name in zip(axes[0], names):
+        cols = min(2, len(names))
+        rows_ = math.ceil(len(names) / cols)
+        fig, axes = plt.subplots(rows_, cols, figsize=(5.2 * cols, 3.7 * rows_), squeeze=False)
+        for ax in axes.flat[len(names):]:
+            ax.set_visible(False)
+        for ax, name in zip(axes.flat, names):
             unit, what, goal, _ = MEASURES[name]
             g = analysis[name]
+            ax.set_title("\n".join(textwrap.wrap(what, 48)), fontsize=8)
             if not any(v > 0 for v in g["values"]):
                 ax.text(0.5, 0.5, "no figure: " + ("not formed here" if g["missing"] else "none"),
                         ha="center", va="center", transform=ax.transAxes, fontsize=8)
-                ax.set_title(what if len(what) < 52 else what[:50] + "…", fontsize=8)
                 continue
             ax.plot(g["n"], g["values"], "o-", label="measured")
-            if g["values"]:
-                xs = [g["n"][0], EXTRAPOLATE_TO]
-                ax.plot(xs, [g["a"] + g["b"] * x for x in xs], "--", color="grey", label="fit a + b·N")
-                if len(g["values"]) >= 2 and g["exponent"] > 1.1:
-                    grid = [g["n"][0] * 2 ** (i / 4) for i in range(int(4 * math.log2(EXTRAPOLATE_TO / g["n"][0])) + 1)]
-                    c = g["values"][-1] / g["n"][-1] ** g["exponent"]
+            grid = [g["n"][0] * 2 ** (i / 4) for i in range(int(4 * math.log2(EXTRAPOLATE_TO / g["n"][0])) + 1)]
+            if len(g["values"]) >= 2:
+                line = [(x, g["a"] + g["b"] * x) for x in grid]
+                ax.plot([x for x, y in line if y > 0], [y for x, y in line if y > 0], "--", color="grey",
+                        label="fit a + b·N")
+                if g["exponent"] > 1.1:
+                    c = g["power_at_4096"] / EXTRAPOLATE_TO ** g["exponent"]
                     ax.plot(grid, [c * x ** g["exponent"] for x in grid], ":", color="tab:orange",
-                            label=f"N^{g['exponent']:.2f}")
+                            label=f"fit c·N^{g['exponent']:.2f}")
             if goal is not None:
                 ax.axhline(goal, color="red", linestyle="-.", linewidth=0.8, label=f"goal at 1,024 ({goal:g})")
+            if g["missing"]:
+                ax.text(0.02, 0.02, "not formed here at N = " + ", ".join(map(str, g["missing"])),
+                        transform=ax.transAxes, fontsize=7)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ticks = sorted({*ns, EXTRAPOLATE_TO})
@@ -1051,7 +1065,6 @@ def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             ax.set_xticklabels([str(n) for n in ticks], fontsize=7)
             ax.set_xlabel("nodes (x 8 ranks)")
             ax.set_ylabel(unit)
-            ax.set_title(what if len(what) < 52 else what[:50] + "…", fontsize=8)
             ax.legend(fontsize=6)
             ax.grid(alpha=0.3, which="both")
         path = out_dir / f"{group}.png"
@@ -1076,6 +1089,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="the results folder (default bench/results)")
     p.add_argument("--img", type=Path, help="the plots' folder (default docs/img/scale; short: none)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--from", dest="from_", type=Path,
+                   help="no run: analyse a run's JSON again (tables, goals, plots), rewriting it and its .md")
     p.add_argument("--with", dest="with_", type=Path, action="append", default=[],
                    help="another run's JSON: its N not run here join the tables, fits and plots")
     a = p.parse_args(argv)
@@ -1107,6 +1122,15 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    if a.from_ is not None:
+        payload = json.loads(a.from_.read_text())
+        report(payload["results"], say)
+        payload["analysis"], payload["goals"] = analyse(payload["results"]), goals(payload["results"])
+        if not a.no_plots:
+            plots(payload["results"], a.img or IMG)
+        a.from_.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        a.from_.with_suffix(".md").write_text(markdown(payload["results"]))
+        return 0
     results = []
     began = time.monotonic()
     store = StoreService.launch()
