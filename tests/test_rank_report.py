@@ -45,6 +45,14 @@ def test_each_inconsistency_is_named(rows: list[RankRow], world: int, needle: st
     assert len(problems) == 1 and needle in problems[0], problems
 
 
+def test_a_job_of_1024_nodes_x_8_names_its_one_repeated_and_one_missing_rank() -> None:
+    """8,192 rows (bench/scale_sim.py's largest job): rank 5000 twice, rank 8191 never."""
+    rows = [row(r, r // 8, f"h{r // 8}") for r in range(8191)] + [row(5000, 625, "h625", pid=77)]
+    assert check_rows(rows, 8192) == [
+        "rank(s) [5000] reported by more than one process (pids [6000, 77]): two launches share one rendezvous",
+        "rank(s) [8191] missing from a world of 8192"]
+
+
 def test_forge_hook_changes_only_the_chosen_rank() -> None:
     raw = json.dumps({"on_rank": 1, "rank": 0})
     assert forged(GOOD[1], 4, raw).rank == 0
