@@ -43,6 +43,15 @@ def test_every_rank_printed_it_is_one_line_at_once() -> None:
     assert d.drain() == []
 
 
+def test_a_line_every_rank_of_1024_nodes_x_8_prints_twice_is_two_lines() -> None:
+    """8,192 ranks (bench/scale_sim.py's largest job) each print the same line
+    twice: two lines, each out as its last copy arrives; no rank's second copy
+    joins its first."""
+    d = Dedup(ranks=8192, window_s=1.0)
+    out = [released for _ in range(2) for r in range(8192) for released in d.add(rank(r, 8), WARN, 0.0)]
+    assert lines(out) == [f"[all 8192 ranks] {WARN}"] * 2 and d.drain() == []
+
+
 def test_some_ranks_are_named_once_the_window_is_up_not_before() -> None:
     d = Dedup(ranks=6, window_s=1.0)
     for r in (1, 2, 3, 5):

@@ -66,9 +66,19 @@ class _Group:
     body: str
     first: float
     sources: list[Source] = field(default_factory=list)
+    # Kept beside the list, so that a line every rank of a large job prints
+    # costs the same per copy whatever the number of ranks.
+    keys: set[tuple[int, int | None]] = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)
+
+    def add(self, source: Source) -> None:
+        self.sources.append(source)
+        self.keys.add(source.key)
+        if source.rank is not None:
+            self.ranks.add(source.rank)
 
     def holds(self, source: Source) -> bool:
-        return any(s.key == source.key for s in self.sources)
+        return source.key in self.keys
 
 
 def ranges(numbers: Iterable[int]) -> str:
@@ -112,7 +122,7 @@ class Dedup:
             group = _Group(self._seq, body, now)
             self._held.append(group)
             self._by_body.setdefault(key, []).append(group)
-        group.sources.append(source)
+        group.add(source)
         return self.due(now)
 
     def due(self, now: float) -> list[Released]:
@@ -136,7 +146,7 @@ class Dedup:
 
     def _complete(self, group: _Group) -> bool:
         return (self.ranks is not None and group.sources[0].rank is not None
-                and len({s.rank for s in group.sources}) >= self.ranks)
+                and len(group.ranks) >= self.ranks)
 
     def _release(self, group: _Group) -> Released:
         key = (group.body, group.sources[0].rank is not None)
