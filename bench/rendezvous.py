@@ -55,7 +55,27 @@ class Trial:
     world_size: int
 
 
+class SplitFirstRound(RuntimeError):
+    """The three agents did not meet in one first round (one started too late
+    for it on a starved machine): nothing to time yet."""
+
+
+FIRST_ROUND_TRIES = 3
+
+
 def trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Trial:
+    """One timed trial; started again (at most FIRST_ROUND_TRIES times, each
+    said on stderr) when its first round was not of every node, since what is
+    timed is the round after a loss, which needs every node in the one before."""
+    for attempt in range(1, FIRST_ROUND_TRIES + 1):
+        try:
+            return _trial(variant, loss, conf, expiry_s)
+        except SplitFirstRound as split:
+            print(f"bench.rendezvous: {variant}/{loss} try {attempt}: {split}", file=sys.stderr, flush=True)
+    raise RuntimeError(f"{variant}/{loss}: the first round was not of {NODES} in {FIRST_ROUND_TRIES} tries")
+
+
+def _trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Trial:
     from bench import rdzv_node
 
     from ddpkit import rendezvous
@@ -68,7 +88,7 @@ def trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Tri
     try:
         first = [rdzv_node.joined(a) for a in agents]
         if {j["world_size"] for j in first} != {NODES}:
-            raise RuntimeError(f"the first round was not of {NODES}: {first}")
+            raise SplitFirstRound(f"the first round was not of {NODES}: {first}")
         lost, survivors = agents[-1], agents[:-1]
         lost.send_signal(signal.SIGKILL if loss == "crash" else signal.SIGSTOP)
         start = time.time()
