@@ -619,14 +619,16 @@ def test_runs_status_logs_and_cancel_follow_a_running_launch_ssh_run(cluster: Cl
 
 def test_an_own_programs_metrics_reach_the_run_folder_and_its_report(cluster: Cluster, tmp_path: Path) -> None:
     """The tutorial script (a program of the user's own) on 2 hosts, rank 1's
-    forward slower from its 5th step: the preamble frames the metrics records
+    forward 0.6 s slower from its 5th step, 35 s in all: slow for longer than
+    the straggler judge's 30 steps and 20 s, so it is named (the judge's rule:
+    train/watchdog/straggler.py). The preamble frames the metrics records
     on the nodes' stderr, the launcher keeps them in the run folder's
     metrics.jsonl, with the watchdog's straggler record, and `ddpkit report
     RUN` draws the run: 6 train records, step times, both ranks' rows, rank 1
     flagged a straggler."""
     net, hosts = cluster
     job = write_job(tmp_path, "own-metrics", args=["4", "100", "--batch_size", "8", "--snapshot", "own.pt",
-                                                   "--slow-forward", "1:0.1:5"],
+                                                   "--slow-forward", "1:0.6:5"],
                     script=ROOT / "tests" / "helpers" / "tutorial_ddp.py", extra={"nodes": 2})
     env = {**os.environ, "DDPKIT_RUNS_DIR": str(tmp_path / "runs")}
     addrs = [net["node1"].addr, net["node2"].addr]
