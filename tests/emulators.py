@@ -67,6 +67,7 @@ def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = J
             "SLURM_JOB_ID": str(job_id),
             "SLURM_NODEID": str(index),
             "SLURM_JOB_NUM_NODES": str(n),
+            "SLURM_NNODES": str(n),  # the step's nodes: every node of the job here
             "SLURMD_NODENAME": names[index],
             "MASTER_ADDR": names[0],
             "MASTER_PORT": str(port if port is not None else slurm_port_for_job(job_id)),

@@ -35,6 +35,14 @@ def test_only_an_elastic_job_is_judged(nnodes: str, elastic: bool) -> None:
     assert orphaned.is_elastic(nnodes) is elastic
 
 
+def test_a_step_on_min_nodes_is_elastic_when_its_batch_shell_says_so() -> None:
+    """On Slurm --nnodes tops out at the step's nodes: a run Slurm gave only
+    min_nodes shows 2:2, and the elastic batch shell's mark tells it apart."""
+    marked = {"DDPKIT_SLURM_BATCH_PID": "123"}
+    assert orphaned.is_elastic("2:2", marked) and not orphaned.is_elastic("2:2", {})
+    assert not orphaned.is_elastic("3", marked)
+
+
 @pytest.mark.parametrize(("env", "workers_ran", "nnodes"), [
     ({}, True, "2:3"),  # not under Slurm
     ({"SLURM_JOB_ID": "7"}, False, "2:3"),  # no rendezvous had formed: the store may not be up yet

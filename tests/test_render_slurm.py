@@ -124,9 +124,10 @@ def test_doctor_swaps_only_the_command() -> None:
 # ---- what each task runs: bash with stand-ins ---------------------------------------
 
 SRUN = """#!/bin/bash
-# stand-in srun: drop the step options, run the task once as node $FAKE_NODEID
-while [[ "$1" == --* ]]; do shift; done
-SLURM_NODEID="$FAKE_NODEID" exec "$@"
+# stand-in srun: drop the step options, run the task once as node $FAKE_NODEID of a step on --nodes (the last one)
+nodes=""
+while [[ "$1" == --* ]]; do [[ "$1" == --nodes=* ]] && nodes="${1#--nodes=}"; shift; done
+SLURM_NODEID="$FAKE_NODEID" SLURM_NNODES="$nodes" exec "$@"
 """
 SCONTROL = """#!/bin/bash
 [ "$1 $2" = "show hostnames" ] && printf 'gpu-a\\ngpu-b\\n'
@@ -145,12 +146,14 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def task_argv(text: str, folder: Path, node: int, job_id: int = 4242) -> list[str]:
+def task_argv(text: str, folder: Path, node: int, job_id: int = 4242, allocated: int = 2) -> list[str]:
+    """The argv node `node` runs, in an allocation of `allocated` nodes
+    (the stand-in scontrol names two: gpu-a, gpu-b)."""
     script = folder / f"job-{os.getpid()}.sbatch"
     script.write_text(text)
     out = folder / f"argv-{os.getpid()}"
     env = {"PATH": f"{folder}:/usr/bin:/bin", "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": "gpu-[a-b]",
-           "FAKE_NODEID": str(node), "ARGV_OUT": str(out)}
+           "SLURM_JOB_NUM_NODES": str(allocated), "FAKE_NODEID": str(node), "ARGV_OUT": str(out)}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, check=False)
     assert done.returncode == 0, done.stderr
     return out.read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]

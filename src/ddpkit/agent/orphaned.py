@@ -60,9 +60,12 @@ def slurmd_port() -> int:
     return int(port) if port is not None and port.isdigit() else DEFAULT_SLURMD_PORT
 
 
-def is_elastic(nnodes: str) -> bool:
+def is_elastic(nnodes: str, env: Mapping[str, str] | None = None) -> bool:
+    """A range on the launch line, or a batch shell that says the job is
+    elastic: on Slurm the range's top is the step's node count, so a step
+    on only min_nodes (a run Slurm gave no more, a relaunch) shows M:M."""
     low, _, high = str(nnodes).partition(":")
-    return bool(high) and low != high
+    return bool(high) and (low != high or bool((env or {}).get(envnames.DDPKIT_SLURM_BATCH_PID)))
 
 
 def end_orphaned_job(args: Any, workers_ran: bool, env: Mapping[str, str]) -> bool:
@@ -70,7 +73,7 @@ def end_orphaned_job(args: Any, workers_ran: bool, env: Mapping[str, str]) -> bo
     (see the module's doc); True when it asked Slurm to."""
     job = env.get(envnames.SLURM_JOB_ID)
     endpoint = getattr(args, "rdzv_endpoint", "") or ""
-    if not job or not workers_ran or not is_elastic(getattr(args, "nnodes", "")) or not store_gone(endpoint):
+    if not job or not workers_ran or not is_elastic(getattr(args, "nnodes", ""), env) or not store_gone(endpoint):
         return False
     host = endpoint.rpartition(":")[0]
     if not store_gone(f"{host}:{slurmd_port()}"):

@@ -24,6 +24,14 @@ def nnodes(spec: JobSpec) -> str:
     return f"{spec.elastic.min_nodes}:{spec.nodes}" if spec.elastic else str(spec.nodes)
 
 
+def nnodes_arg(spec: JobSpec, src: Sources) -> Arg:
+    """--nnodes on the node: an elastic job's maximum is the count the node
+    reads where its target allocates between min_nodes and nodes (Sources.max_nodes)."""
+    if spec.elastic is not None and src.max_nodes is not None:
+        return Arg.of(f"--nnodes={spec.elastic.min_nodes}:", src.max_nodes)
+    return Arg.of(f"--nnodes={nnodes(spec)}")
+
+
 def _conf_word(conf: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in conf.items())
 
@@ -79,7 +87,7 @@ def torchrun_argv(spec: JobSpec, src: Sources, agent_flags: Sequence[Arg] = ()) 
         Arg.of("-m"),
         Arg.of(AGENT_MODULE),
         *agent_flags,
-        Arg.of(f"--nnodes={nnodes(spec)}"),
+        nnodes_arg(spec, src),
         Arg.of(f"--nproc-per-node={spec.nproc_per_node}"),
     ]
     argv += rendezvous_args(spec, src)

@@ -56,3 +56,6 @@ class Sources:
     # "1" on the node that hosts the c10d store, "0" elsewhere: only where every
     # agent sees its own host in the endpoint (launch local), so each would try to host it.
     store_host: Part | None = None
+    # An elastic job's most nodes, where the target may give it fewer than the
+    # spec's (Slurm's --nodes=MIN-MAX): a variable the node reads. None: spec.nodes.
+    max_nodes: Part | None = None

@@ -47,6 +47,11 @@ class ElasticRow:
     # agent is then its client and none hosts it, so node 0 may go as any.
     # None: the store is at the master address (an agent or a launcher hosts it).
     store_service: Callable[[JobSpec], str] | None = None
+    # Where the target allocates an elastic job between min_nodes and nodes,
+    # the variable that holds the count its nodes run with: torchrun's
+    # --nnodes maximum, so that a rendezvous closes once they are all in
+    # rather than waiting its last call for nodes the target never gave.
+    max_nodes: FromNode | None = None
 
 
 Origin = FromNode | Fixed
@@ -116,7 +121,7 @@ CONTRACT: dict[Target, ContractRow] = {
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=None, hosts=_numbered(1),
-        elastic=ElasticRow(FromNode(envnames.SLURM_JOB_ID))),
+        elastic=ElasticRow(FromNode(envnames.SLURM_JOB_ID), max_nodes=FromNode(envnames.SLURM_NNODES))),
     Target.SLURM_SRUN: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
@@ -227,7 +232,8 @@ def sources(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> So
 
     rdzv_id = row.elastic.rdzv_id
     src = Sources(part(row.node_rank), part(row.master_addr), part(row.master_port),
-                  None if rdzv_id is None else part(rdzv_id), target)
+                  None if rdzv_id is None else part(rdzv_id), target,
+                  max_nodes=row.elastic.max_nodes if spec.elastic is not None else None)
     service = row.elastic.store_service
     if spec.elastic is None or service is None:
         return src

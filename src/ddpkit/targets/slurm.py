@@ -69,8 +69,7 @@ def gpu_option(spec: JobSpec) -> list[str]:
 def sbatch_directives(spec: JobSpec) -> list[str]:
     """The #SBATCH options, in the order they are written."""
     s = spec.slurm
-    out = [f"--job-name={spec.name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec)}",
-           *gpu_option(spec)]
+    out = [f"--job-name={spec.name}", *node_count(spec), *gpu_option(spec)]
     optional = {"cpus-per-task": cpus_per_task(spec), "mem": mem(spec), "time": s.time,
                 "partition": s.partition, "account": s.account, "qos": s.qos}
     out += [f"--{key}={value}" for key, value in optional.items() if value is not None]
@@ -86,6 +85,17 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     return [*out, *elastic_directives(spec), *s.extra_sbatch]
 
 
+def node_count(spec: JobSpec) -> list[str]:
+    """--nodes=N, or (elastic) --nodes=MIN-MAX: the job starts on what Slurm
+    has, a requeued one on the nodes left when one is down for good. No
+    --ntasks-per-node then: with it Slurm sets the task count from the
+    minimum and gives the job the minimum's nodes even when more are idle
+    (the step's srun options say it)."""
+    if spec.elastic is None:
+        return [f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec)}"]
+    return [f"--nodes={spec.elastic.min_nodes}-{spec.nodes}"]
+
+
 def elastic_directives(spec: JobSpec) -> list[str]:
     """An elastic job keeps its allocation when a node fails (sbatch
     --no-kill): the survivors go on without it."""
@@ -98,12 +108,19 @@ def elastic_srun_options(spec: JobSpec) -> list[str]:
     return ["--no-kill", "--kill-on-bad-exit=0"] if spec.elastic else ["--kill-on-bad-exit=1"]
 
 
+# An elastic job's first step spans the allocation, whatever its size within
+# --nodes=MIN-MAX (one task a node: elastic runs in torchrun mode only). The
+# batch shell expands these, so they are written unquoted.
+ALLOCATION_SIZE = (f'--nodes="${{{envnames.SLURM_JOB_NUM_NODES}}}"', f'--ntasks="${{{envnames.SLURM_JOB_NUM_NODES}}}"')
+
+
 def srun_options(spec: JobSpec) -> list[str]:
     """What srun must be told again: since Slurm 22.05 srun does not inherit
     --cpus-per-task from sbatch, and a step must not take the whole
     allocation's task count by accident."""
     n = tasks_per_node(spec)
-    out = [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes * n}", f"--ntasks-per-node={n}", *gpu_option(spec)]
+    size = list(ALLOCATION_SIZE) if spec.elastic else [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes * n}"]
+    out = [*size, f"--ntasks-per-node={n}", *gpu_option(spec)]
     cpus = cpus_per_task(spec)
     if cpus is not None:
         out.append(f"--cpus-per-task={cpus}")
@@ -186,7 +203,8 @@ class Plan:
     def srun_words(self) -> list[str]:
         # Single-quoted when it holds a comma: shellcheck reads a bare a,b
         # in an array as a mistaken separator.
-        return [single_quoted(o) if "," in o else shell_word(o) for o in self.srun_options]
+        return [o if o in ALLOCATION_SIZE else single_quoted(o) if "," in o else shell_word(o)
+                for o in self.srun_options]
 
 
 def plan(spec: JobSpec) -> Plan:
