@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import envnames, records
+from ..agreed import metrics_to_launcher
 from ..exitcodes import ExitCode, code_of, exit_on
 from .config.options import DefaultsFormatter, add_training_arguments, problems
 from .config.values import TrainConfig
@@ -96,7 +97,8 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
 
     stop = stop or _stop_request()
     report(ctx, env_names=config.rank_report_env,
-           outputs=ReportOutputs(json_path=config.rank_report_json, metrics=config.metrics))
+           outputs=ReportOutputs(json_path=config.rank_report_json, metrics=config.metrics,
+                                 folder=_table_folder(config)))
     CLOCK.mark("rank_report_done")
     fit = fit_global_batch(config, ctx.world_size)
     dog = _watchdog(ctx, fit.config)
@@ -242,6 +244,16 @@ def spawn_causes(folder: Path) -> list[str]:
     machine usually fail with the same line)."""
     found = sorted(folder.glob("rank*"), key=lambda p: int(p.name[4:]))
     return list(dict.fromkeys(p.read_text(encoding="utf-8") for p in found))
+
+
+def _table_folder(config: TrainConfig) -> Path | None:
+    """Where the rank report's full table goes when the printed one is short:
+    the log folder, else the metrics file's (the run folder under a launcher)."""
+    if config.log_dir is not None:
+        return config.log_dir
+    if config.metrics is not None and not metrics_to_launcher(config.metrics):
+        return config.metrics.parent
+    return None
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:

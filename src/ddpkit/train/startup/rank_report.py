@@ -1,8 +1,9 @@
 """The rank report every job starts with (docs/CONTRACT.md, "The rank contract").
 
-Every process builds its row, all rows are gathered to every rank, rank 0
-prints one table, and every rank runs the same checks on the same rows, so
-a bad job stops on all ranks at once instead of hanging in a collective.
+Every process builds its row, the rows are gathered to rank 0, which checks
+them, prints the table (rank_table.py: every row for a small job, a short
+one at scale) and sends its verdict to every rank, so a bad job stops on all
+ranks at once, with the same problems, instead of hanging in a collective.
 
 The rows are also written as machine-readable records (`ReportOutputs`):
 rank 0 writes every process's record to `--rank-report-json PATH` (one JSON
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ... import envnames, netif, records
+from ...agreed import metrics_to_launcher
 from ...exitcodes import ExitCode
 from ...records import RankRow
 from . import process_env
 from .distributed import DistContext
+from .rank_table import print_table, write_atomically
 
 STDOUT = "-"  # --rank-report-json -: the records go to stdout, one JSON line each
 
@@ -112,30 +114,23 @@ def check_rows(rows: list[RankRow], world_size: int) -> list[str]:
     return problems
 
 
-def print_table(rows: list[RankRow], problems: list[str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"rank report: {len(rows)} processes", title_justify="left")
-    columns = ["rank", "local_rank", "node_rank", "host", "pid", "device", "interface", "address",
-               "torch", "cuda", "nccl", "launcher"]
-    for name in columns:
-        table.add_column(name.replace("_", " "), no_wrap=True)
-    for row in sorted(rows, key=lambda r: (r.rank, r.pid)):
-        table.add_row(*("-" if getattr(row, c) is None else str(getattr(row, c)) for c in columns))
-    # Logs are not terminals: do not squeeze the table into 80 columns there.
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    console.print(table)
-    for problem in problems:
-        console.print(f"[bold red]rank report:[/] {problem}", markup=True, soft_wrap=True)
-
-
 @dataclass(frozen=True)
 class ReportOutputs:
     """Where rank 0 writes the machine-readable records (nothing when both are None)."""
 
     json_path: str | None = None  # a file, or STDOUT
     metrics: Path | None = None  # the --metrics JSONL file, appended to
+    folder: Path | None = None  # where the full table goes when the printed one is short (a log or run folder)
+
+    def records_at(self) -> str | None:
+        """Where every process's record goes, in words (None: nowhere)."""
+        places = []
+        if self.json_path is not None:
+            places.append("stdout (--rank-report-json -)" if self.json_path == STDOUT else self.json_path)
+        if self.metrics is not None:
+            where = "the launcher's metrics" if metrics_to_launcher(self.metrics) else str(self.metrics)
+            places.append(f"{where} (kind {RankRow.kind})")
+        return " and ".join(places) or None
 
 
 def record(row: RankRow) -> dict[str, Any]:
@@ -144,23 +139,37 @@ def record(row: RankRow) -> dict[str, Any]:
 
 
 def gather(ctx: DistContext, env_names: Sequence[str] = ()) -> list[RankRow]:
-    """Every process's row, on every rank, in rank order (one collective)."""
+    """Every process's row on rank 0, in rank order (one collective). Only
+    rank 0 reads them: under gloo the other ranks keep their own row alone.
+    Under NCCL every rank gets them all, as an all-gather: NCCL's gather is
+    point to point, and rank 0 would open a connection, with its buffers on
+    the GPU, to each of thousands of ranks for a few hundred bytes each."""
     import torch.distributed as dist
 
     row = own_row(ctx, env_names)
     if not (dist.is_available() and dist.is_initialized()):
         return [row]
-    gathered: list[dict[str, Any] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, asdict(row))
+    world, main = dist.get_world_size(), dist.get_rank() == 0
+    if dist.get_backend() == "gloo":
+        gathered: list[dict[str, Any] | None] = [None] * world if main else []
+        dist.gather_object(asdict(row), gathered if main else None, dst=0)
+        if not main:
+            return [row]
+    else:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, asdict(row))
     return sorted((RankRow(**g) for g in gathered if g is not None), key=lambda r: (r.rank, r.pid))
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Readers never see half a file: write beside it, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def verdict(problems: list[str]) -> list[str]:
+    """Rank 0's problems, on every rank (one collective)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return problems
+    sent: list[Any] = [problems if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(sent, src=0)
+    return list(sent[0])
 
 
 def publish(rows: list[RankRow], problems: list[str], outputs: ReportOutputs, world_size: int) -> None:
@@ -173,7 +182,7 @@ def publish(rows: list[RankRow], problems: list[str], outputs: ReportOutputs, wo
     elif outputs.json_path is not None:
         document = {"kind": RankRow.kind, "world_size": world_size, "problems": problems,
                     "processes": [record(r) for r in rows]}
-        _write_atomically(Path(outputs.json_path), json.dumps(document, indent=1) + "\n")
+        write_atomically(Path(outputs.json_path), json.dumps(document, indent=1) + "\n")
     if outputs.metrics is not None:
         from ..outputs.progress import Metrics
 
@@ -187,13 +196,16 @@ def publish(rows: list[RankRow], problems: list[str], outputs: ReportOutputs, wo
 
 def report(ctx: DistContext, *, quiet: bool = False, env_names: Sequence[str] = (),
            outputs: ReportOutputs | None = None) -> RankReport:
-    """Gather every process's row, print the table on rank 0 (and write the
-    records to `outputs`, problems included), and raise RankReportError on
-    every rank when the rows do not form one job."""
+    """Gather every process's row to rank 0, which checks them and sends the
+    problems to every rank, then prints the table (and writes the records to
+    `outputs`, problems included); raise RankReportError on every rank when
+    the rows do not form one job. The report's rows are gather()'s."""
     rows = gather(ctx, env_names)
-    problems = check_rows(rows, ctx.world_size)
+    # Sent before rank 0 prints and writes, so that no rank waits on rank 0's files.
+    problems = verdict(check_rows(rows, ctx.world_size) if ctx.is_main else [])
     if ctx.is_main and not quiet:
-        print_table(rows, problems)
+        print_table(rows, problems, folder=outputs.folder if outputs else None,
+                    records=outputs.records_at() if outputs else None)
     if ctx.is_main and outputs is not None:
         publish(rows, problems, outputs, ctx.world_size)
     if problems:
