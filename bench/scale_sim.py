@@ -87,11 +87,12 @@ MEASURES: dict[str, tuple[str, str, float | None, str]] = {
     "reformation_s": ("s", "re-formation after a crash, simulated here", 5.0, "flat"),
     "reformation_floor_s": ("s", "re-formation's floor: expiry + a poll + N-1 commits", 5.0, "flat"),
     "commit_ms": ("ms", "one commit to the rendezvous state of N nodes", None, "flat"),
-    "rank_report_train_s": ("s", "rank report, ddpkit train (all_gather_object rows), rank 0", 2.0, "linear"),
+    "rank_report_train_s": ("s", "rank report, ddpkit train (rows gathered to rank 0), rank 0", 2.0, "linear"),
     "rank_report_preamble_s": ("s", "rank report, a program's own (rows through the store), rank 0", 2.0,
                                "linear"),
     "check_rows_s": ("s", "rank report: check_rows over N x 8 rows", None, "linear"),
-    "table_s": ("s", "rank report: rank 0's table of N x 8 rows (rich)", None, "linear"),
+    "table_s": ("s", "rank report: rank 0's table of N x 8 rows (short above 64, the full one to a file)", None,
+                "linear"),
     "monitor_round_s": ("s", "one monitor round over N x 8 heartbeats", 1.0, "linear"),
     "launcher_cores": ("cores", f"launcher CPU per s of output, {LINES_PER_S} lines/s a node", 1.0, "linear"),
     "store_requests_per_s": ("req/s", "store requests a second, steady state, simulated", None, "linear"),
@@ -602,19 +603,22 @@ def rows(world: int, seed_host: str = "sim") -> list[Any]:
 
 
 def _quiet_table(found: list[Any], problems: list[str]) -> None:
-    """rank 0's table (rank_report.print_table), rendered in full as into a log (not a terminal: 160 columns)."""
+    """rank 0's table (rank_table.print_table) as into a log (not a terminal), with a
+    log folder: above 64 rows the short table, and the full one written there."""
     import contextlib
     import io
 
-    from ddpkit.train.startup.rank_report import print_table
+    from ddpkit.train.startup.rank_table import print_table
 
-    with contextlib.redirect_stdout(io.StringIO()):
-        print_table(found, problems)
+    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()):
+        print_table(found, problems, folder=Path(folder), records="ranks.json")
 
 
 def rank_report_train(world: int) -> dict[str, float]:
-    """`ddpkit train`'s report on rank 0: every row pickled (as all_gather_object
-    pickles each rank's object), the W rows unpickled, checked, tabled."""
+    """`ddpkit train`'s report on rank 0: every row pickled (as gather_object
+    pickles each rank's object), the W rows unpickled, checked, tabled. The
+    other ranks wait for rank 0's verdict (gloo), or unpickle every row too
+    (NCCL's all-gather): other_ranks_s."""
     import pickle
 
     from ddpkit.records import RankRow
@@ -634,17 +638,17 @@ def rank_report_train(world: int) -> dict[str, float]:
     assert not problems and len(found) == world, problems
     return {"rank_report_train_s": t_table - t, "unpickle_s": t_rows - t, "check_rows_s": t_check - t_rows,
             "table_s": t_table - t_check, "rows": len(found), "bytes_per_rank": size * world,
-            "other_ranks_s": t_check - t}
+            "other_ranks_s": t_rows - t}
 
 
 def rank_report_preamble(world: int, port: int) -> dict[str, float]:
     """The preamble's report on rank 0: rows set in the store (each rank's one
-    set, here in batches), then preamble.ranks._gather, check_rows, the table."""
+    set, here in batches), then preamble.ranks._gather (multi_gets), check_rows, the table."""
     import datetime
 
     import torch.distributed as dist
 
-    from ddpkit.preamble.ranks import _gather
+    from ddpkit.preamble.ranks import MULTI_GET_KEYS, _gather
 
     store = dist.PrefixStore(f"scale-sim-{world}/", client(port))
     store.set_timeout(datetime.timedelta(seconds=120))
@@ -660,7 +664,66 @@ def rank_report_preamble(world: int, port: int) -> dict[str, float]:
     t_table = time.perf_counter()
     assert not problems and len(found) == world, problems
     return {"rank_report_preamble_s": t_table - t, "gather_s": t_gather - t, "table_s": t_table - t_gather,
-            "rows": len(found), "store_requests": world + 1}
+            "rows": len(found), "store_requests": 1 + math.ceil(world / MULTI_GET_KEYS)}
+
+
+def rank_reports(world: int, port: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Both reports: the fastest of a few tries (CPU-bound code on a shared machine: load only adds), one at
+    8,192 rows."""
+    tries = 3 if world <= 2048 else 1
+    train = min((rank_report_train(world) for _ in range(tries)), key=lambda r: r["rank_report_train_s"])
+    pre = min((rank_report_preamble(world, port) for _ in range(tries)), key=lambda r: r["rank_report_preamble_s"])
+    return train, pre
+
+
+def rank_report_figures(train: dict[str, float], pre: dict[str, float]) -> dict[str, float]:
+    return {"rank_report_train_s": train["rank_report_train_s"], "rank_report_preamble_s": pre["rank_report_preamble_s"],
+            "check_rows_s": train["check_rows_s"], "table_s": train["table_s"]}
+
+
+def rank_report_again(a: argparse.Namespace, say: Callable[[str], None]) -> int:
+    """--only rank-report: the rank reports alone at each N, into earlier runs' JSON (--into). Their
+    figures replace the run's, whose first figures stay under each result's "before"; the tables, the
+    goals and the rank report's plot are made again."""
+    from bench import common
+
+    store = StoreService.launch()
+    importlib.import_module("torch.distributed")
+    measured = {}
+    try:
+        for n in sorted(a.nodes):
+            say(f"N={n}: rank report ({n * RANKS_PER_NODE} ranks)")
+            measured[n] = rank_reports(n * RANKS_PER_NODE, store.port)
+            say(f"N={n}: ddpkit train {measured[n][0]['rank_report_train_s']:.3f} s, "
+                f"a program's own {measured[n][1]['rank_report_preamble_s']:.3f} s")
+    finally:
+        store.stop()
+    for i, path in enumerate(a.into):
+        payload = json.loads(path.read_text())
+        for r in payload["results"]:
+            if r["nodes"] not in measured:
+                continue
+            train, pre = measured[r["nodes"]]
+            before = r.setdefault("before", {})
+            before.setdefault("rank_report_train", r["rank_report_train"])
+            before.setdefault("rank_report_preamble", r["rank_report_preamble"])
+            before.setdefault("figures", {k: r["figures"][k] for k in rank_report_figures(train, pre)})
+            r["rank_report_train"], r["rank_report_preamble"] = train, pre
+            r["figures"].update(rank_report_figures(train, pre))
+        payload["rank_report_again"] = {"command": common.command_line(), "machine": common.machine(),
+                                        "nodes": sorted(n for n in measured
+                                                        if n in {r["nodes"] for r in payload["results"]})}
+        payload["analysis"], payload["goals"] = analyse(payload["results"]), goals(payload["results"])
+        if i == 0:
+            report(payload["results"], say)
+            if not a.no_plots:
+                payload["plots"] = sorted({*payload.get("plots", []), *(
+                    str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+                    for p in plots(payload["results"], a.img or IMG, groups=("rank_report",)))})
+        path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        path.with_suffix(".md").write_text(markdown(payload["results"]))
+        say(f"wrote {path}")
+    return 0
 
 
 # ---- the monitor ---------------------------------------------------------------------------------
@@ -839,10 +902,7 @@ def one_n(n: int, store: StoreService, per_host: int, steady_s: float, launcher_
     say(f"N={n}: commit chain, rank report, monitor ({world} ranks)")
     idle = store.stat()
     chain = commit_chain(n, store)
-    # CPU-bound code on a shared machine: the fastest of a few tries (load only adds), one at 8,192 rows
-    tries = 3 if world <= 2048 else 1
-    train = min((rank_report_train(world) for _ in range(tries)), key=lambda r: r["rank_report_train_s"])
-    pre = min((rank_report_preamble(world, store.port) for _ in range(tries)), key=lambda r: r["rank_report_preamble_s"])
+    train, pre = rank_reports(world, store.port)
     mon = monitor_round(world, store.port)
     keys_stat = store.stat()
     say(f"N={n}: launcher")
@@ -858,8 +918,7 @@ def one_n(n: int, store: StoreService, per_host: int, steady_s: float, launcher_
         "first_rendezvous_s": rdzv["first_rendezvous_s"], "first_rendezvous_floor_s": chain["chain_s"],
         "reformation_s": rdzv["reformation_s"], "reformation_floor_s": reform_floor,
         "commit_ms": chain["commit_s_at_n"] * 1e3,
-        "rank_report_train_s": train["rank_report_train_s"], "rank_report_preamble_s": pre["rank_report_preamble_s"],
-        "check_rows_s": train["check_rows_s"], "table_s": train["table_s"],
+        **rank_report_figures(train, pre),
         "monitor_round_s": mon["monitor_round_s"], "launcher_cores": lau["launcher_cores"],
         "store_requests_per_s": steady.get("store_requests_per_s"), "store_mb_per_s": steady.get("store_mb_per_s"),
         "store_cpu_cores": steady.get("store_cpu_cores"),
@@ -1017,9 +1076,10 @@ PLOTS = {
 }
 
 
-def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+def plots(results: list[dict[str, Any]], out_dir: Path, groups: Sequence[str] = tuple(PLOTS)) -> list[Path]:
     """One PNG per group of PLOTS: each measure against N (log-log), its a + b·N
-    fit and, where it grows faster than N, the power law, both to EXTRAPOLATE_TO."""
+    fit and, where it grows faster than N, the power law, both to EXTRAPOLATE_TO;
+    and the figures a result had before it was measured again (--only), if any."""
     import textwrap
 
     from bench.common import pyplot, save_figure
@@ -1029,7 +1089,8 @@ def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ns = [r["nodes"] for r in results]
     analysis = analyse(results)
     paths = []
-    for group, names in PLOTS.items():
+    for group in groups:
+        names = PLOTS[group]
         cols = min(2, len(names))
         rows_ = math.ceil(len(names) / cols)
         fig, axes = plt.subplots(rows_, cols, figsize=(5.2 * cols, 3.7 * rows_), squeeze=False)
@@ -1044,6 +1105,10 @@ def plots(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                         ha="center", va="center", transform=ax.transAxes, fontsize=8)
                 continue
             ax.plot(g["n"], g["values"], "o-", label="measured")
+            before = [(r["nodes"], r["before"]["figures"][name]) for r in results
+                      if (r.get("before") or {}).get("figures", {}).get(name)]
+            if before:
+                ax.plot([n for n, _ in before], [v for _, v in before], "x:", color="grey", label="before")
             grid = [g["n"][0] * 2 ** (i / 4) for i in range(int(4 * math.log2(EXTRAPOLATE_TO / g["n"][0])) + 1)]
             if len(g["values"]) >= 2:
                 line = [(x, g["a"] + g["b"] * x) for x in grid]
@@ -1093,6 +1158,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="no run: analyse a run's JSON again (tables, goals, plots), rewriting it and its .md")
     p.add_argument("--with", dest="with_", type=Path, action="append", default=[],
                    help="another run's JSON: its N not run here join the tables, fits and plots")
+    p.add_argument("--only", choices=["rank-report"],
+                   help="measure this part alone and put its figures into the runs named by --into")
+    p.add_argument("--into", type=Path, action="append", default=[],
+                   help="with --only: a run's JSON whose results at the N measured take the new figures "
+                        "(its first figures are kept under \"before\"); the first one's tables and plot are made again")
     a = p.parse_args(argv)
     a.nodes = [int(n) for n in a.nodes.split(",")] if a.nodes else list(SHORT if a.short else FULL)
     if any(n < 2 for n in a.nodes):
@@ -1100,6 +1170,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.launcher_s = a.launcher_s or (2.0 if a.short else 5.0)
     a.first_limit_s = a.first_limit_s or (60.0 if a.short else 120.0)
     a.name = a.name or ("scale_sim-short" if a.short else "scale_sim")
+    if a.only and not a.into:
+        p.error("--only: name the runs to update with --into")
     return a
 
 
@@ -1131,6 +1203,8 @@ def main(argv: list[str] | None = None) -> int:
         a.from_.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
         a.from_.with_suffix(".md").write_text(markdown(payload["results"]))
         return 0
+    if a.only == "rank-report":
+        return rank_report_again(a, say)
     results = []
     began = time.monotonic()
     store = StoreService.launch()

@@ -37,3 +37,21 @@ def test_scale_sim_short_forms_reforms_and_reports(tmp_path: Path) -> None:
     assert set(data["goals"]) >= {"first_rendezvous_s", "reformation_s", "rank_report_train_s", "monitor_round_s",
                                   "launcher_cores"}
     assert "| one monitor round over N x 8 heartbeats | s |" in (tmp_path / "s.md").read_text()
+
+
+def test_the_rank_report_alone_goes_into_an_earlier_run_and_keeps_its_first_figures(tmp_path: Path) -> None:
+    run = tmp_path / "run.json"
+    earlier = json.loads((Path(__file__).resolve().parents[1] / "bench/results/scale_sim-small.json").read_text())
+    for r in earlier["results"]:
+        r.pop("before", None)
+    run.write_text(json.dumps(earlier))
+    first = {r["nodes"]: r["figures"] for r in earlier["results"]}
+    run_bench("bench.scale_sim", "--only", "rank-report", "--nodes", "16", "--into", str(run),
+              "--img", str(tmp_path / "img"))
+    data = json.loads(run.read_text())
+    by_n = {r["nodes"]: r for r in data["results"]}
+    assert by_n[16]["rank_report_train"]["rows"] == by_n[16]["rank_report_preamble"]["rows"] == 16 * 8
+    assert by_n[16]["before"]["figures"]["rank_report_train_s"] == first[16]["rank_report_train_s"]
+    assert by_n[32]["figures"] == first[32] and "before" not in by_n[32]  # an N not measured is left alone
+    assert data["rank_report_again"]["nodes"] == [16] and (tmp_path / "img" / "rank_report.png").stat().st_size
+    assert [p.name for p in (tmp_path / "img").iterdir()] == ["rank_report.png"]
