@@ -39,6 +39,7 @@ def test_scale_sim_short_forms_reforms_and_reports(tmp_path: Path) -> None:
     assert "| one monitor round over N x 8 heartbeats | s |" in (tmp_path / "s.md").read_text()
 
 
+@pytest.mark.full  # the rank reports at scale: test_bench_scale_sim.py's short run and test_rank_report_scale.py
 def test_the_rank_report_alone_goes_into_an_earlier_run_and_keeps_its_first_figures(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     earlier = json.loads((Path(__file__).resolve().parents[1] / "bench/results/scale_sim-small.json").read_text())
