@@ -8,6 +8,7 @@ the agent: no checkpoint, and the workers end with it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from tests.helpers.runs import ROOT, TINY, cmdline, metrics, orphans_in, process
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 EXIT_DIR = "DDPKIT_TEST_EXIT_DIR"
+STOPPED = r"ddpkit.agent: node 0: SIGUSR2: its 2 workers stopped \(exit 75\); SIGTERM too, while they stopped"
 
 
 def job(tmp: Path, *, checkpoint_s: int = 20) -> JobSpec:
@@ -85,15 +87,23 @@ def test_rendered_line_forwards_sigusr2_to_the_workers(tmp_path: Path) -> None:
         wait_for_training(tmp_path, agent)
         agent.send_signal(signal.SIGUSR2)  # the agent only, as a scheduler that signals the launcher does
         sent = time.time()
+        # and SIGTERM while its workers checkpoint, as Slurm sends every process of a job it requeues:
+        # the agent goes on waiting for them, where torch's handler raised again and gave up on them
+        time.sleep(0.02)
+        agent.send_signal(signal.SIGTERM)
         code = agent.wait(spec.grace.shutdown_s + 60)
         print(f"PREEMPT-TIMING torchrun SIGUSR2 -> agent exit {time.time() - sent:.1f} s")
     finally:
         left = kill_leftovers(tmp_path)
     log = (tmp_path / "agent.out").read_text()
     assert left == [], f"processes left: {left}\n{log[-4000:]}"
-    # the agent forwarded SIGUSR2 to each worker, then re-raised it as its own failure: exit 1
-    assert log.count("closing signal SIGUSR2") == 2, log[-4000:]
+    # the agent forwarded SIGUSR2 to each worker, then re-raised it as its own failure: exit 1, and one
+    # line that says so, none of torch's traceback or shutdown warnings
     assert code == 1, log[-4000:]
+    said = [line for line in log.splitlines() if line.startswith("ddpkit.agent:")]
+    assert len(said) == 1 and re.fullmatch(STOPPED, said[0]), log[-4000:]
+    for chatter in ("Traceback", "SignalException", "death signal", "closing signal"):
+        assert chatter not in log, log[-4000:]
     assert "forcefully exiting via" not in log  # every worker ended within --shutdown-timeout
     codes = {p.name: int(p.read_text()) for p in (tmp_path / "exit").glob("rank*.code")}
     assert codes == {"rank0.code": ExitCode.PREEMPTED, "rank1.code": ExitCode.PREEMPTED}, log[-4000:]

@@ -22,4 +22,7 @@ The agent also tells its launcher, as records on its stderr (ddpkit.records),
 what torchrun only logs: a failed worker's exit code (`worker_exit`, from
 handler.Watched, forked or not) and where torchrun's own report on it begins
 (`agent_report`, __main__.py), which a launcher keeps off its console.
+A stop signal (pre-emption, cancel, requeue, Ctrl-C) is a normal end: the
+agent waits for its workers through a repeated signal and says how they
+ended in one line, without torch's traceback and shutdown warnings (stopping.py).
 """

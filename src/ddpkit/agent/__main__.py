@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from typing import NoReturn
 
@@ -36,13 +35,6 @@ def share_cores(nproc_per_node: str, env: os._Environ[str] | dict[str, str]) -> 
     (torchrun would set 1 for more than one worker, and leave it unset for one)."""
     if envnames.OMP_NUM_THREADS not in env and str(nproc_per_node).isdigit():
         env[envnames.OMP_NUM_THREADS] = str(threads_per_process(len(os.sched_getaffinity(0)), int(nproc_per_node)))
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 # torch's own rendezvous handlers, which keep their keys in the store under the id they are given: c10d's
@@ -92,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     from .. import records
-    from . import handler, orphaned, sameerror, tailing, worker, zygote
+    from . import handler, orphaned, sameerror, stopping, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
     args = parse_args(argv)
@@ -102,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         rendezvous.register()
     name_control_store(args, os.environ)
     tailing.install()
+    stopping.install()
     share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None
     why = handler.unsupported()
@@ -125,13 +118,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(text)
         sys.exit(1)
     except SignalException as exc:
-        # Stopped by a signal (Ctrl-C, a launcher's or scheduler's stop): torchrun's
-        # traceback for it is the node log's; the console gets one line.
-        text = worker.exception_text(skipping=(__name__,))
-        records.emit(records.AgentReport(lines=text.count("\n")))
-        sys.stderr.write(text)
-        print(f"ddpkit.agent: stopped by {signal_name(exc.sigval)} (its workers were sent it too)",
-              file=sys.stderr, flush=True)
+        # Stopped by a signal (Ctrl-C, a launcher's or scheduler's stop), a normal end: torch's traceback
+        # says only where its loop was when the signal came, so one line says what happened instead.
+        print(stopping.stopped_line(exc.sigval), file=sys.stderr, flush=True)
         sys.exit(1)
     except RendezvousClosedError:
         # Another node's agent closed the job's rendezvous as it ended (it failed for good, or saw the same

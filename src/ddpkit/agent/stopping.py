@@ -1,0 +1,141 @@
+"""A stop signal (Ctrl-C, a launcher's stop, a scheduler's pre-emption or
+requeue) read as one line per node.
+
+torchrun's agent turns a stop signal into SignalException in its main loop,
+logs `Received N death signal, shutting down workers`, sends each worker the
+signal (`Sending process N closing signal ...`) and waits for them. A second
+stop signal while it waits (Slurm sends SIGTERM to every process of a job it
+requeues, moments after the pre-emption signal) raised SignalException again
+from inside that wait: the agent stopped waiting for workers that were still
+writing their checkpoint, and printed both exceptions chained, ~60 lines,
+where people read a job's output (a Slurm output file has no launcher to
+fold them).
+
+`install` changes three things: a stop signal that arrives once the agent
+is stopping is noted, not raised (`on_stop_signal`), so the agent waits for
+its workers as torch's shutdown timeout allows (the workers got the first
+signal; passing them the second would change what they stop for: a trainer
+requeues on the pre-emption signal only); torch's two shutdown warnings are
+not logged; and `stopped_line` says what happened instead, from the
+workers' exit codes.
+A worker that failed by itself is not a stop: it still reaches ChildFailedError
+and its cause line, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+# torch's own log lines on a stop (agent/server/api.py, multiprocessing/api.py): what
+# `stopped_line` says in one line. Matched on the message template, so a torch release that
+# rewords them shows them again rather than hiding something else.
+SHUTDOWN_CHATTER = frozenset({"Received %s death signal, shutting down workers", "Sending process %s closing signal %s"})
+REPEAT_S = 5.0  # a stop signal this soon after the first is the same stop (see on_stop_signal)
+TORCH_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
+
+
+@dataclass
+class Stop:
+    """What the agent's last shutdown on a signal found."""
+
+    first: int | None = None  # the stop signal torch raised SignalException for
+    node: int | None = None  # the node's rank in the last rendezvous; None before one
+    codes: list[int | None] = field(default_factory=list)  # each worker's exit code, None if it still ran
+    later: list[int] = field(default_factory=list)  # stop signals that arrived while it stopped the workers
+    stopping: bool = False  # torchrun's shutdown began: the agent ends
+    at: float = 0.0  # time.monotonic() of the first stop signal
+
+
+LAST = Stop()
+
+
+class QuietShutdown(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in SHUTDOWN_CHATTER
+
+
+def install() -> None:
+    """torch's stop signal handler replaced (`on_stop_signal`), how the shutdown ended noted, its chatter dropped."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import api
+
+    for name in TORCH_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, QuietShutdown) for f in logger.filters):
+            logger.addFilter(QuietShutdown())
+    # torch registers it by its module name as each worker group starts (PContext.start)
+    api._terminate_process_handler = on_stop_signal
+    shutdown = LocalElasticAgent._shutdown
+    if getattr(shutdown, "ddpkit_noted", False):
+        return
+
+    def _shutdown(self: Any, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        LAST.stopping = True
+        shutdown(self, death_sig, timeout)
+        if self._pcontext is not None:
+            LAST.codes = exit_codes(self._pcontext)
+        LAST.node = getattr(getattr(self, "_worker_group", None), "group_rank", None)
+
+    _shutdown.ddpkit_noted = True  # type: ignore[attr-defined]
+    LocalElasticAgent._shutdown = _shutdown  # type: ignore[method-assign]
+
+
+def on_stop_signal(signum: int, _frame: FrameType | None) -> None:
+    """torch's handler (multiprocessing/api.py's `_terminate_process_handler`):
+    SignalException in the agent's loop, which stops the workers and ends the
+    agent. A stop signal after that, while the agent stops its workers or within
+    REPEAT_S of the first (before torch's shutdown began), is noted in LAST
+    instead: raised, it would end the agent's wait for workers still writing
+    their checkpoint. Later than that and with no shutdown begun, something
+    swallowed the first, and it is raised again."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    now = time.monotonic()
+    if LAST.first is not None and (LAST.stopping or now - LAST.at < REPEAT_S):
+        LAST.later.append(signum)
+        return
+    LAST.first, LAST.at = signum, now
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+def exit_codes(pcontext: Any) -> list[int | None]:
+    handlers = getattr(pcontext, "subprocess_handlers", None)
+    if handlers is None:
+        return []
+    return [handler.proc.poll() for _, handler in sorted(handlers.items())]
+
+
+def name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _ended(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {name(-code)}"
+    return f"exit {code}"
+
+
+def stopped_line(sig: int, stop: Stop | None = None) -> str:
+    """The agent's one line for a stop by `sig` (LAST's unless `stop`): the node, and how its workers ended."""
+    stop = LAST if stop is None else stop
+    where = "" if stop.node is None else f" node {stop.node}:"
+    if not stop.codes:
+        said = "no workers were running"
+    else:
+        ends = list(dict.fromkeys(_ended(code) for code in stop.codes))
+        count = len(stop.codes)
+        said = f"{'its worker' if count == 1 else f'its {count} workers'} stopped ({', '.join(ends)})"
+    later = list(dict.fromkeys(name(s) for s in stop.later))
+    also = f"; {' and '.join(later)} too, while they stopped" if later else ""
+    return f"ddpkit.agent:{where} {name(sig)}: {said}{also}"
