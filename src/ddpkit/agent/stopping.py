@@ -86,7 +86,7 @@ def install() -> None:
     LocalElasticAgent._shutdown = _shutdown  # type: ignore[method-assign]
 
 
-def on_stop_signal(signum: int, _frame: FrameType | None) -> None:
+def on_stop_signal(signum: int, frame: FrameType | None) -> None:
     """torch's handler (multiprocessing/api.py's `_terminate_process_handler`):
     SignalException in the agent's loop, which stops the workers and ends the
     agent. A stop signal after that, while the agent stops its workers or within
