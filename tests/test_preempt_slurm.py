@@ -23,6 +23,7 @@ which passed on that path without checking why a checkpoint was written.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -128,6 +129,22 @@ def wait_for_step(run: Run, step: int, timeout: float = 240) -> None:
         time.sleep(0.2)
 
 
+# What the output file must not hold after a normal stop: torch's agent's traceback and shutdown
+# warnings, and c10d's reverse-lookup warning (the cluster's hosts resolve their mapped addresses).
+NOISE = ("Traceback", "SignalException", "death signal", "closing signal", "hostname of the client socket")
+
+
+def assert_one_line_per_node(text: str, signal: str | None) -> None:
+    """The job's output as `tail -f` shows it: none of NOISE, and where the torchrun
+    agent ran (`signal`), one line from each node's agent saying how its worker ended."""
+    for noise in NOISE:
+        assert noise not in text, f"{noise!r} in the output\n{text[-6000:]}"
+    if signal is not None:
+        said = re.findall(rf"^\d+: ddpkit\.agent: node (\d+): {signal}: its worker stopped \(exit 75\)(?:; .*)?$",
+                          text, re.MULTILINE)
+        assert sorted(said) == ["0", "1"], text[-6000:]
+
+
 @pytest.mark.parametrize("mode", one_case_in_ci(["torchrun", "srun"], keep="torchrun"))
 def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
         cluster: SlurmCluster, tmp_path: Path, reference: Run, mode: str) -> None:
@@ -153,8 +170,7 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
     # torchrun's flag changes is the agent: it forwards SIGUSR2 and waits for the workers instead
     # of dying of it, which --kill-on-bad-exit would turn into a SIGKILL of every rank.
     assert "User defined signal 2" not in text, text[-6000:]
-    if mode == "torchrun":
-        assert "closing signal SIGUSR2" in text, text[-6000:]
+    assert_one_line_per_node(text, "SIGUSR2" if mode == "torchrun" else None)
 
     # (b) requeued: a second run of the same job
     assert info.restarts == 1, info
@@ -195,4 +211,5 @@ def test_a_users_scancel_cancels_the_job_it_does_not_requeue_it(cluster: SlurmCl
         text[-6000:]
     assert "requeueing Slurm job" not in text.replace("not requeueing Slurm job", ""), text[-6000:]
     assert run.kinds("resume") == [] and f"job {run.job} run 2 " not in text
+    assert_one_line_per_node(text, "SIGTERM")
     assert processes_in(run.folder) == [], "processes of the job left running"

@@ -147,6 +147,19 @@ class Network:
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, target)
 
+    def name_v4_mapped(self) -> None:
+        """Every host's /etc/hosts also names each IPv4 address in its
+        IPv4-mapped IPv6 form (`::ffff:10.0.0.2`). torch's c10d client connects
+        to an IPv4 address as a mapped one and looks up its name; the hosts
+        file answers only the plain form, so the lookup goes on to DNS, which
+        no namespace reaches (EAI_AGAIN), and c10d warns `The hostname of the
+        client socket cannot be retrieved`. A cluster with a working DNS
+        answers it (a name, or none: no warning either way)."""
+        for host in self.hosts:
+            lines = [line for line in self.hosts_lines(host) if not line.startswith("::ffff:")]
+            mapped = [f"::ffff:{line}" for line in lines if line.split("\t")[0].count(".") == 3]
+            self.set_hosts_lines(host, [*lines, *mapped])
+
     def debian_own_name(self, host: Host) -> None:
         """`host` resolves its own name to 127.0.1.1, as Debian/Ubuntu's
         installer writes /etc/hosts; the others still see its real address."""

@@ -146,6 +146,7 @@ class SlurmCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.net = netns.Network(["slurmctl", *self.node_names], prefix=self.prefix).__enter__()
         try:
+            self.net.name_v4_mapped()  # what a job's output shows: no c10d warning per connection
             self.net.wait_reachable()
             self._start_munge()
             self._write_conf()
