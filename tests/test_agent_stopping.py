@@ -75,7 +75,7 @@ def test_the_shutdown_notes_the_workers_exit_codes_and_the_node_and_logs_no_chat
 def test_one_line_says_the_signal_the_node_and_how_its_workers_ended() -> None:
     line = stopping.stopped_line
     assert line(signal.SIGUSR2, stopping.Stop(node=1, codes=[75, 75], later=[signal.SIGTERM, signal.SIGTERM])) == \
-        "ddpkit.agent: node 1: SIGUSR2: its 2 workers stopped (exit 75); SIGTERM too, while they stopped"
+        "ddpkit.agent: node 1: SIGUSR2: its 2 workers stopped (exit 75); SIGTERM too, while stopping"
     assert line(signal.SIGTERM, stopping.Stop(node=0, codes=[75, -9])) == \
         "ddpkit.agent: node 0: SIGTERM: its 2 workers stopped (exit 75, killed by SIGKILL)"
     assert line(signal.SIGINT, stopping.Stop(node=0, codes=[0])) == "ddpkit.agent: node 0: SIGINT: its worker stopped (exit 0)"

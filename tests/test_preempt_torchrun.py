@@ -27,7 +27,7 @@ from tests.helpers.runs import ROOT, TINY, cmdline, metrics, orphans_in, process
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 EXIT_DIR = "DDPKIT_TEST_EXIT_DIR"
-STOPPED = r"ddpkit.agent: node 0: SIGUSR2: its 2 workers stopped \(exit 75\); SIGTERM too, while they stopped"
+STOPPED = r"ddpkit.agent: node 0: SIGUSR2: its 2 workers stopped \(exit 75\); SIGTERM too, while stopping"
 
 
 def job(tmp: Path, *, checkpoint_s: int = 20) -> JobSpec:

@@ -137,5 +137,5 @@ def stopped_line(sig: int, stop: Stop | None = None) -> str:
         count = len(stop.codes)
         said = f"{'its worker' if count == 1 else f'its {count} workers'} stopped ({', '.join(ends)})"
     later = list(dict.fromkeys(name(s) for s in stop.later))
-    also = f"; {' and '.join(later)} too, while they stopped" if later else ""
+    also = f"; {' and '.join(later)} too, while stopping" if later else ""
     return f"ddpkit.agent:{where} {name(sig)}: {said}{also}"
