@@ -20,8 +20,9 @@ from torch.distributed import HashStore
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
 
-from ddpkit import rendezvous
+from ddpkit import rendezvous, runkey
 from ddpkit.launch.local import free_port
+from ddpkit.rdzv_store import rendezvous_state
 from ddpkit.rdzv_timing import state_poll_s
 
 RUN = "job-1"
@@ -80,6 +81,39 @@ def test_the_first_round_and_other_rounds_keep_the_last_call() -> None:
     assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], round_=0), _known("a", "b"))
     # the record read is the one of the round before, not another
     assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], round_=5), _known("a", "b", round_=3))
+
+
+def _first_round(here: list[str], min_nodes_in_s_ago: float, round_: int = 0) -> dyn._RendezvousContext:
+    """A round torch would close now: min_nodes joined `min_nodes_in_s_ago`, its last call (30 s) is over."""
+    ctx = _ctx("a", here, round_=round_)
+    ctx.state.deadline = datetime.now(timezone.utc) - timedelta(seconds=min_nodes_in_s_ago) + ctx.settings.timeout.last_call
+    return ctx
+
+
+@pytest.mark.parametrize(("here", "since_s", "round_", "op_left_s", "waits"), [
+    (["a", "b"], 40, 0, 600, True),  # the first round, a node still starting: wait, within first_round (120 s)
+    (["a", "b"], 130, 0, 600, False),  # first_round is over: it closes with the nodes that came
+    (["a", "b"], 40, 0, 5, False),  # the join operation's own deadline is near: close rather than time out
+    (["a", "b", "c"], 40, 0, 600, False),  # every node is in (torch completes it at max_nodes anyway)
+    (["a", "b"], 40, 1, 600, False),  # a later round: the last call as torch's (or the rule after a loss)
+])
+def test_the_first_round_waits_for_the_nodes_still_starting(
+        here: list[str], since_s: float, round_: int, op_left_s: float, waits: bool) -> None:
+    ctx = _first_round(here, since_s, round_)
+    first_round = timedelta(seconds=rendezvous.FIRST_ROUND_S)
+    assert rendezvous._first_round_waits(ctx, first_round, time.monotonic() + op_left_s) is waits
+
+
+def test_the_first_rounds_wait_keeps_the_node_alive_instead_of_closing() -> None:
+    """Where torch's join says close, the wrapped join syncs (or sends its keep-alive) and waits on."""
+    executor = rendezvous._Executor(None, _known(), timedelta(seconds=rendezvous.FIRST_ROUND_S))
+    decide = executor._join(lambda ctx, deadline: dyn._Action.MARK_RENDEZVOUS_COMPLETE)
+    ctx = _first_round(["a", "b"], 40)
+    ctx.state.last_heartbeats[ctx.node] = datetime.now(timezone.utc)  # a fresh keep-alive: no new one due
+    assert decide(ctx, time.monotonic() + 600) == dyn._Action.SYNC
+    ctx.state.last_heartbeats[ctx.node] = datetime.now(timezone.utc) - timedelta(seconds=5)
+    assert decide(ctx, time.monotonic() + 600) == dyn._Action.KEEP_ALIVE
+    assert decide(_first_round(["a", "b"], 130), time.monotonic() + 600) == dyn._Action.MARK_RENDEZVOUS_COMPLETE
 
 
 def test_the_entry_point_registers_the_handler() -> None:
@@ -141,6 +175,45 @@ def test_the_round_after_a_killed_node_completes_without_the_last_call() -> None
         logs = [a.communicate(input="", timeout=30)[1] for a in agents[:2]]  # EOF: each leaves and ends
         # and it was the rule that completed the round, on one of the two survivors
         assert any("complete without the last call" in log for log in logs), logs
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.communicate()
+
+
+def _last_call_over(port: int, run_id: str, timeout: float = 60) -> None:
+    """Wait until the first round has min_nodes in and its last call is over (torch's c10d state in the store)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False)
+    give_up = time.monotonic() + timeout
+    while (state := rendezvous_state(store, run_id)) is None or (state.deadline is None and not state.complete):
+        assert time.monotonic() < give_up, "the two early agents never had a round of two"
+        time.sleep(0.1)
+    if state.deadline is not None:  # torch clears it when it closes the round
+        time.sleep(max(0.0, (state.deadline - datetime.now(timezone.utc)).total_seconds()) + 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("first_round_s", [None, 0])
+def test_a_node_later_than_the_last_call_is_in_the_first_round(first_round_s: int | None) -> None:
+    """Two agents are in and the last call (2 s) is over when the third
+    starts. None (the default wait): one first round of all three. 0 (the
+    last call alone, as torch's c10d): the first round closed with two, the
+    control."""
+    port = free_port()
+    conf = {**CONF, "last_call_timeout": 2,
+            **({rendezvous.FIRST_ROUND_KEY: first_round_s} if first_round_s is not None else {})}
+    early = [rdzv_node.start(rendezvous.NAME, port, RUN, (2, 3), i == 0, conf) for i in range(2)]
+    agents = list(early)
+    try:
+        _last_call_over(port, runkey.rdzv_run_id(RUN))
+        agents.append(rdzv_node.start(rendezvous.NAME, port, RUN, (2, 3), False, conf))
+        first = [rdzv_node.joined(a) for a in (agents if first_round_s is None else early)]
+        want = 3 if first_round_s is None else 2
+        assert sorted(j["rank"] for j in first) == list(range(want)) and {j["world_size"] for j in first} == {want}
     finally:
         for agent in agents:
             if agent.poll() is None:

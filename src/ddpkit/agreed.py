@@ -61,6 +61,8 @@ def preamble_parts(env: Mapping[str, str]) -> tuple[str, ...]:
 # name of its `torchrun.handlers` entry point (pyproject.toml): installed with
 # ddpkit, so an elastic job whose nodes run ddpkit train uses it.
 RDZV_HANDLER: Final = "ddpkit"
+# Its --rdzv-conf key for the first round's wait for the nodes still starting (spec elastic.first_round_s).
+RDZV_FIRST_ROUND_KEY: Final = "first_round_timeout"
 
 # The straggler judge's default (spec watchdog.straggler_factor; train/watchdog/straggler.py
 # uses it when the job environment does not say otherwise).

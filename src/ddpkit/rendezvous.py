@@ -1,5 +1,6 @@
-"""`torchrun --rdzv-backend=ddpkit`: torch's c10d rendezvous with one rule
-added, so that the round after a lost node does not wait out the last call.
+"""`torchrun --rdzv-backend=ddpkit`: torch's c10d rendezvous with two rules
+added: the round after a lost node does not wait out the last call, and the
+first round waits for the nodes still starting.
 
 torch's dynamic rendezvous (the handler behind `c10d`) completes a round as
 soon as max_nodes have joined; with fewer, once min_nodes are in it waits the
@@ -16,9 +17,17 @@ store when it leaves a complete round; once everyone named there and on the
 wait list (or the redundancy list, where a node restarted at once queues
 while its dead self still fills the last round) has joined (and min_nodes is
 met), the round is complete at once.
-Anything else (the first round, a node that left and then died before it
-joined again, a round whose members all expired) falls back to torch's own
-last call.
+Anything else (a node that left and then died before it joined again, a
+round whose members all expired) falls back to torch's own last call.
+
+The first round waits for the whole job: once min_nodes are in, torch
+closes it after the last call, and a node still starting then (a slow
+image pull, a busy host: the rule at scale, not the exception) is left on
+the wait list, to be let in by a restart of every worker. Round 0 instead
+stays open until max_nodes have joined or `first_round_timeout` seconds
+(rendezvous config; FIRST_ROUND_S by default) have passed since min_nodes
+were in, and never past the join operation's own deadline; then it closes
+as torch's would, with the nodes that came.
 
 And its polls: a waiting agent reads the shared state every
 rdzv_timing.state_poll_s (0.1 s up to 64 nodes) instead of torch's second,
@@ -39,8 +48,9 @@ why, when a torch release moves them (tests/test_rendezvous.py pins them).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from torch.distributed import Store
@@ -50,14 +60,20 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_
 from torch.distributed.elastic.utils.logging import get_logger
 
 from . import runkey
+from .agreed import RDZV_FIRST_ROUND_KEY as FIRST_ROUND_KEY
 from .agreed import RDZV_HANDLER as NAME
 from .rdzv_timing import state_poll_s
 
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
 # line stands beside torch's own rendezvous lines in the agent's output
 log = get_logger(__name__)
-_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_delay")  # what the rule and the poll use
+# what the rules and the poll use
+_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_delay", "_should_keep_alive")
 _HANDLER_NEEDED = ("_op_executor", "_state_holder")
+FIRST_ROUND_S = 120  # its default: a node whose start is slower than this joins at the next membership change
+# The first round stops waiting this long before the join operation's deadline, where torch's own
+# timeout would take a waiting participant out and fail the rendezvous.
+JOIN_MARGIN_S = 10.0
 
 
 def left_key(run_id: str, round_: int) -> str:
@@ -108,14 +124,25 @@ def _all_known_here(ctx: Any, known: _Known) -> bool:
     return bool(coming) and coming <= here
 
 
+def _first_round_waits(ctx: Any, first_round: timedelta, op_deadline: float) -> bool:
+    """Whether the first round, which torch would now close, stays open for
+    the nodes still starting."""
+    state = ctx.state
+    if state.round != 0 or state.deadline is None or len(state.participants) >= ctx.settings.max_nodes:
+        return False
+    min_nodes_in = state.deadline - ctx.settings.timeout.last_call  # torch set the deadline when min_nodes joined
+    return (datetime.now(timezone.utc) < min_nodes_in + first_round
+            and time.monotonic() < op_deadline - JOIN_MARGIN_S)
+
+
 class _Executor:
-    """The handler's operation executor, with the rule added to its join and
+    """The handler's operation executor, with the rules added to its join and
     exit operations (every other operation passes through unchanged). Not a
     subclass of torch's private base, so that a torch without it still loads
     this module and `create` can fall back."""
 
-    def __init__(self, inner: Any, known: _Known) -> None:
-        self._inner, self._known = inner, known
+    def __init__(self, inner: Any, known: _Known, first_round: timedelta) -> None:
+        self._inner, self._known, self._first_round = inner, known, first_round
 
     def run(self, state_handler: Callable[[Any, float], Any], deadline: float,
             update_deadline: Callable[[timedelta], float] | None = None) -> None:
@@ -128,6 +155,9 @@ class _Executor:
     def _join(self, op: Callable[[Any, float], Any]) -> Callable[[Any, float], Any]:
         def decide(ctx: Any, deadline: float) -> Any:
             action = op(ctx, deadline)
+            if action == dyn._Action.MARK_RENDEZVOUS_COMPLETE and _first_round_waits(ctx, self._first_round,
+                                                                                      deadline):
+                return dyn._Action.KEEP_ALIVE if dyn._should_keep_alive(ctx) else dyn._Action.SYNC
             if action in (dyn._Action.SYNC, dyn._Action.KEEP_ALIVE) and _all_known_here(ctx, self._known):
                 log.info("rendezvous round %d: every node that left round %d has joined; complete without "
                          "the last call", ctx.state.round, ctx.state.round - 1)
@@ -198,7 +228,9 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
         log.warning("ddpkit rendezvous: %s; using plain c10d (a loss waits the last call)", why)
         return handler
     # the handler calls only run() on it
-    handler._op_executor = _Executor(handler._op_executor, _Known(store, params.run_id))  # type: ignore[assignment]
+    first_round = timedelta(seconds=params.get_as_int(FIRST_ROUND_KEY, FIRST_ROUND_S) or 0)
+    handler._op_executor = _Executor(handler._op_executor, _Known(store, params.run_id),  # type: ignore[assignment]
+                                     first_round)
     _poll_faster(handler, state_poll_s(params.max_nodes))
     return handler
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .. import envnames
-from ..agreed import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_HANDLER
+from ..agreed import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_FIRST_ROUND_KEY, RDZV_HANDLER
 from ..rdzv_timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive, torchrun_defaults
 from ..spec import JobSpec
 from .parts import FromNode, Part, Sources, Target
@@ -271,9 +271,12 @@ def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
         timing = torchrun_defaults(row.last_call_floor_s, row.close_floor_s, last_call_s)
     else:
         timing = derive(spec.watchdog.loss_s, spec.nodes, row.last_call_floor_s, row.close_floor_s, last_call_s)
-    return {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": timing.last_call_timeout,
+    conf = {"join_timeout": spec.rendezvous.timeout_s, "last_call_timeout": timing.last_call_timeout,
             "close_timeout": timing.close_timeout, "keep_alive_interval": timing.keep_alive_interval,
             "keep_alive_max_attempt": timing.keep_alive_max_attempt}
+    if spec.elastic is not None and spec.elastic.rendezvous == "ddpkit" and spec.elastic.first_round_s is not None:
+        conf[RDZV_FIRST_ROUND_KEY] = spec.elastic.first_round_s  # absent: the handler's default
+    return conf
 
 
 def controller_env(spec: JobSpec, target: Target, index: int) -> dict[str, str]:

@@ -124,8 +124,15 @@ class Elastic(Strict):
     last_call_s: int | None = Field(
         default=None, ge=1, le=3600,
         description="seconds a rendezvous that already has min_nodes waits for more nodes before it closes "
-                    "(default: half of watchdog.loss_s, at least 3, or 90 on PyTorchJob); the first rendezvous "
-                    "pays it, a re-formation after a loss only where ddpkit's rendezvous cannot tell who will come")
+                    "(default: half of watchdog.loss_s, at least 3, or 90 on PyTorchJob); a first rendezvous "
+                    "without every node waits the longer of it and first_round_s, a re-formation after a loss "
+                    "only where ddpkit's rendezvous cannot tell who will come")
+    first_round_s: int | None = Field(
+        default=None, ge=0, le=86400,
+        description="ddpkit's rendezvous: seconds the first rendezvous, once min_nodes are in, waits for the "
+                    "job's other nodes still starting, so that a slow start costs no restart (default 120; "
+                    "never past rendezvous.timeout_s; 0: the last call alone, as torch's c10d); a node later "
+                    "than that joins at the next membership change")
     rendezvous: Literal["ddpkit", "torchrun"] = Field(
         default="ddpkit",
         description="ddpkit: torch's c10d rendezvous with ddpkit's rule (the round after a loss starts once every "
