@@ -249,7 +249,7 @@ def kill_after_first_checkpoint(volume_dir: Path, victim: int) -> Callable[[list
     return kill
 
 
-@pytest.mark.full  # a killed job resumed from its checkpoint: test_train_resume.py; the JobSet's pods: test_render_k8s.py
+@pytest.mark.full  # a killed job resumed from its checkpoint: test_elastic_train.py; the JobSet's pods: test_render_k8s.py
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900)

@@ -570,6 +570,7 @@ def run_cmd(net: netns.Network, env: dict[str, str], *argv: str) -> subprocess.C
     return net["login"].run([DDPKIT, *argv], env=env, timeout=180)
 
 
+@pytest.mark.full  # runs, status, logs, cancel of a live run: test_runs.py; hosts stopped: test_failing_node_stops_every_host
 def test_runs_status_logs_and_cancel_follow_a_running_launch_ssh_run(cluster: Cluster, tmp_path: Path) -> None:
     """docs/guides/runs.md on a live `launch ssh` run of 2 nodes x 2 ranks: listed
     running, its status, rank 3's last 5 lines (node 1's log holds them),

@@ -142,7 +142,7 @@ def trained(runs: Path) -> bool:
     return any('"kind": "train"' in f.read_text() for f in runs.glob("*/metrics.jsonl"))
 
 
-@pytest.mark.full  # a frozen rank on these hosts: test_watchdog_infra.py; a program's report: test_launch_ssh.py
+@pytest.mark.full  # a frozen rank: test_watchdog_local.py; a program's report: test_launch_ssh.py
 @pytest.mark.parametrize("program", sorted(AS_THEY_ARE))
 def test_a_frozen_rank_of_each_program_on_three_hosts_is_named_the_job_stopped_and_the_run_reported(
         cluster: Cluster, tmp_path: Path, program: str) -> None:

@@ -121,7 +121,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return final_model(tmp / "ckpt")
 
 
-@pytest.mark.full  # the agreed step: the tests above; a stop resumed bitwise: test_train_resume.py
+@pytest.mark.full  # the agreed step: the tests above; a stop resumed bitwise: test_preempt_slurm.py
 @pytest.mark.parametrize("sig, rank", one_case_in_ci([(signal.SIGTERM, 1), (signal.SIGUSR2, 0)], keep=(signal.SIGTERM, 1)),
                          ids=["SIGTERM-rank1", "SIGUSR2-rank0"])
 def test_signal_to_one_rank_stops_both_at_one_step_then_resumes_exactly(

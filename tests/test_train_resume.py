@@ -39,6 +39,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return final_model(tmp / "ckpt-ref")
 
 
+@pytest.mark.full  # a killed job resumes bit for bit: test_elastic_train.py's crash and test_preempt_slurm.py
 def test_sigkill_at_random_step_then_resume_is_bitwise_identical(tmp_path: Path, reference: dict) -> None:
     kill_at = random.Random().randint(4, TOTAL - 4)  # step 3 is the first checkpoint
     job = torchrun(tmp_path, 2, 1, job_args(tmp_path, "k"), tag="killed")

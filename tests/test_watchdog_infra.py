@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.tiers import one_case_in_ci
 from tests.infra import netns, sshd
 from tests.infra.shared import SlurmPool, SshPool
 from tests.infra.slurm_cluster import SlurmCluster
@@ -90,8 +89,9 @@ def slurm(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
         yield c
 
 
+@pytest.mark.full  # a frozen rank stops the job: test_watchdog_local.py; a failed Slurm job's state: test_slurm_real.py
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("mode", one_case_in_ci(["torchrun", "srun"], keep="torchrun"))
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
 def test_sigstop_under_real_slurm(slurm: SlurmCluster, tmp_path: Path, mode: str) -> None:
     mark = tmp_path / "stopped-at"
     spec = {"name": "wd-slurm", "nodes": 2, "nproc_per_node": 2, "device": "cpu", "backend": "gloo",
