@@ -482,12 +482,18 @@ def argv_holding(marker: bytes) -> list[str]:
     """Every process on the machine (all namespaces share its pid space)
     whose argv, as `ps` shows it, holds `marker`."""
     found = []
-    for proc in Path("/proc").iterdir():
+    for pid in filter(str.isdigit, os.listdir("/proc")):  # os calls, not Path: a pass is ~1 ms, 20 passes a second
         try:
-            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes():
-                found.append(proc.name)
+            fd = os.open(f"/proc/{pid}/cmdline", os.O_RDONLY)
         except OSError:
             continue
+        try:
+            if marker in os.read(fd, 1 << 20):
+                found.append(pid)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     return found
 
 
