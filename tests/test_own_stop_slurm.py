@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from tests.helpers.runs import processes_in
+from tests.helpers.stop_output import assert_one_line_per_node
 from tests.infra import slurm_cluster
 from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster
@@ -78,6 +79,7 @@ def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str) -> t
     assert processes_in(script.parent) == [], "processes of the job left running"
     found = re.search(AGREED, text)
     assert found, text[-6000:]
+    assert_one_line_per_node(text, "SIGUSR2")
     return int(found.group(1)), text
 
 

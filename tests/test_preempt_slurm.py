@@ -23,7 +23,6 @@ which passed on that path without checking why a checkpoint was written.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ import torch
 import yaml
 
 from tests.helpers.runs import assert_bitwise_equal, final_model, metrics, processes_in
+from tests.helpers.stop_output import assert_one_line_per_node
 from tests.helpers.tiers import one_case_in_ci
 from tests.infra import slurm_cluster
 from tests.infra.shared import SlurmPool
@@ -127,22 +127,6 @@ def wait_for_step(run: Run, step: int, timeout: float = 240) -> None:
         assert not info.finished, f"{info}\n{run.output()[-6000:]}"
         assert time.monotonic() < deadline, f"no step {step} within {timeout} s\n{run.output()[-6000:]}"
         time.sleep(0.2)
-
-
-# What the output file must not hold after a normal stop: torch's agent's traceback and shutdown
-# warnings, and c10d's reverse-lookup warning (the cluster's hosts resolve their mapped addresses).
-NOISE = ("Traceback", "SignalException", "death signal", "closing signal", "hostname of the client socket")
-
-
-def assert_one_line_per_node(text: str, signal: str | None) -> None:
-    """The job's output as `tail -f` shows it: none of NOISE, and where the torchrun
-    agent ran (`signal`), one line from each node's agent saying how its worker ended."""
-    for noise in NOISE:
-        assert noise not in text, f"{noise!r} in the output\n{text[-6000:]}"
-    if signal is not None:
-        said = re.findall(rf"^\d+: ddpkit\.agent: node (\d+): {signal}: its worker stopped \(exit 75\)(?:; .*)?$",
-                          text, re.MULTILINE)
-        assert sorted(said) == ["0", "1"], text[-6000:]
 
 
 @pytest.mark.parametrize("mode", one_case_in_ci(["torchrun", "srun"], keep="torchrun"))
