@@ -33,8 +33,9 @@ NO_EXIT_STATUS = -1  # a node that ended without an exit status (a dropped conne
 
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
 # torch's lines that say nothing a person can act on, kept off the console (the node logs
-# keep them): c10d's store warns for every client whose address has no reverse DNS entry,
-# which is most cluster networks, twice per node per rendezvous.
+# keep them): c10d's client looks up the name of the IPv4-mapped form of the address it
+# connected to, which /etc/hosts does not answer, and warns when DNS cannot be reached
+# (hosts named by /etc/hosts alone), once per process that connects.
 NOISE = ("The hostname of the client socket cannot be retrieved.",)
 TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
 SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
