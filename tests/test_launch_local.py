@@ -18,7 +18,6 @@ from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import AGENT_LOG, build_nodes, local_spec
 from ddpkit.launch.supervise import proctree
 from tests.helpers.runs import TINY
-from tests.helpers.tiers import one_case_in_ci
 from tests.test_startup import ROOT, report_lines
 
 REPORT_ONLY = str(ROOT / "tests" / "helpers" / "report_only.py")
@@ -147,7 +146,8 @@ def _sigint_ignored_on_entry() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", one_case_in_ci([signal.SIGINT, signal.SIGTERM], keep=signal.SIGINT), ids=["ctrl-c", "sigterm"])
+@pytest.mark.full  # launch local's Ctrl-C: test_stop_summary.py; nothing of a stopped run left: test_runs.py's cancel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_stops_all_nodes(tmp_path: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(launch_argv("--nodes", "2", "--nproc-per-node", "1", "--grace", "5",
                                         "--set", f"command.script={FAIL_ON_NODE}"),
