@@ -82,6 +82,24 @@ def test_setup_and_done_are_not_judged(phase: Phase) -> None:
     assert run(judge, [(0, [beat(0, 0, 0, phase=phase)]), (100, [beat(0, 1, 0, phase=phase)])]) == [None, None]
 
 
+def test_a_rank_still_in_start_up_while_the_others_wait_in_their_first_step_is_named() -> None:
+    """Rank 1's checkpoint read never returns: its heartbeat goes on (the watchdog's thread), its phase
+    stays setup; rank 0 waits in its first step's all-reduce. After first_step_s (5 x 10 s) of nobody's
+    progress, rank 1 is named, not rank 0 that waits for it."""
+    cold = {"step": 0, "step_s": 0.0, "warm": False}
+    judge = Judge(2, S)
+    verdicts = [judge.observe([beat(0, t, 1, **cold), beat(1, t, 0, phase=Phase.SETUP, **cold)], float(t))
+                for t in range(52)]
+    assert verdicts[:51] == [None] * 51 and verdicts[51] is not None
+    assert [s.beat.rank for s in verdicts[51].suspects] == [1] and verdicts[51].waiting == (0,)
+    # the control: rank 1's start-up ends at t=30 and both train on; no verdict
+    judge = Judge(2, S)
+    late = [judge.observe([beat(0, t, 1 if t < 30 else t, **cold),
+                           beat(1, t, 0 if t < 30 else t, phase=Phase.SETUP if t < 30 else Phase.FORWARD, **cold)],
+                          float(t)) for t in range(60)]
+    assert late == [None] * 60
+
+
 def test_a_checkpoint_write_gets_the_longer_limit() -> None:
     judge = Judge(1, S)
     rounds = [(0.0, [beat(0, 0, 0, phase=Phase.CHECKPOINT)]), (30.0, [beat(0, 1, 0, phase=Phase.CHECKPOINT)])]

@@ -121,6 +121,37 @@ def test_sigstop_of_one_worker_stops_the_job_and_names_the_rank(tmp_path: Path) 
         assert "Thread 0x" in (tmp_path / "logs" / f"stall-rank{rank}.txt").read_text()
 
 
+def test_a_rank_stuck_before_its_first_step_is_named_with_its_stack(tmp_path: Path) -> None:
+    """Rank 3's model build reads a named pipe nobody writes (a hung filesystem) while ranks 0-2
+    wait in their first step's all-reduce. Before, the verdict named the waiting ranks; without the
+    watchdog the job would wait out the collective timeout (--dist-timeout, 1800 s by default)."""
+    fifo = tmp_path / "hung-checkpoint"
+    os.mkfifo(fifo)
+    job = Launch(tmp_path, "tests.helpers.stall_models:stuck_in_start_up", "--synthetic-size", "64", "--epochs", "1",
+                 STALL_TEST_RANK="3", STALL_TEST_FIFO=str(fifo))
+    try:
+        job.wait_for(r"ddpkit watchdog: on")
+        job.remember_pids()
+        t0 = time.monotonic()
+        code = job.finish(timeout=STALL_S * 5 + 240)  # the bound is asserted below; this only ends a broken run
+        took = time.monotonic() - t0
+        job.remember_pids()
+        left = [pid for pid in sorted(job.pids) if not _gone(pid)]
+    finally:
+        job.cleanup()
+    text = job.text
+    assert code == ExitCode.STALLED, text
+    assert left == [], text
+    assert took < 300, f"{took:.0f}s from the watchdog's start to the end of the job\n{text}"  # vs 1800 s
+    assert "the hang watchdog found stalled rank(s): rank 3 (node 1" in text, text
+    assert re.search(r"STALL rank 3 node 1 host \S+ pid \d+: step 0, phase setup, at \S+stall_models\.py:\d+ "
+                     r"in read_from_a_hung_filesystem", text), text
+    [record] = job.stall_records()
+    assert [s["rank"] for s in record["stalled"]] == [3] and record["waiting"] == [0, 1, 2], record
+    lines = text.rstrip("\n").splitlines()
+    assert "stalled" in lines[-1] and "rank 3" in " ".join(lines[-3:]), lines[-3:]
+
+
 def test_python_loop_in_forward_is_shown_in_the_stack_dump(tmp_path: Path) -> None:
     job = Launch(tmp_path, "tests.helpers.stall_models:stuck_forward", "--synthetic-size", "200000",
                  "--epochs", "1", STALL_TEST_RANK="1", STALL_TEST_CALL="6")

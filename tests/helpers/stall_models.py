@@ -9,6 +9,10 @@ step chosen by environment variables (read at construction; set by the test):
 - `slow_first_step`: every rank's first forward sleeps STALL_TEST_SLEEP_S
   (a long first step: compilation, autotuning), and every evaluation batch
   STALL_TEST_EVAL_SLEEP_S (a long evaluation); neither may count as a stall.
+- `stuck_in_start_up`: on rank STALL_TEST_RANK, building the model opens the
+  named pipe STALL_TEST_FIFO for reading, which no one ever writes: a read
+  on a hung filesystem, before the rank's first step (the stack dump must
+  show `read_from_a_hung_filesystem`).
 - `paced`: every rank's every training forward sleeps STALL_TEST_STEP_S: a
   job that trains at a known, even pace, where a test needs it still
   training seconds later (no rank slower than another).
@@ -80,3 +84,15 @@ def slow_first_step(num_classes: int = 10) -> nn.Module:
 
 def paced(num_classes: int = 10) -> nn.Module:
     return _Paced(num_classes)
+
+
+def read_from_a_hung_filesystem(path: str) -> bytes:
+    """Blocks in open() until a writer opens the pipe: none ever does."""
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def stuck_in_start_up(num_classes: int = 10) -> nn.Module:
+    if int(os.environ.get("RANK", "0")) == int(os.environ["STALL_TEST_RANK"]):
+        read_from_a_hung_filesystem(os.environ["STALL_TEST_FIFO"])
+    return _Linear(num_classes)

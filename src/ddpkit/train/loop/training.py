@@ -135,7 +135,11 @@ class Trainer:
         if config.cudnn_benchmark:
             torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
         model = build_model(config.model, config.num_classes, config.image_size)
-        self.par: Parallel = parallelise(model, config, self.device, ctx.local_rank, self.world, self.distributed)
+        # DDP's wrap broadcasts rank 0's parameters: here a rank waits for every other rank's start-up,
+        # so the hang watchdog judges it and names a rank still in setup (a hung read, a lock).
+        with stall_model.in_phase(stall_model.Phase.SYNC):
+            self.par: Parallel = parallelise(model, config, self.device, ctx.local_rank, self.world,
+                                             self.distributed)
         clock.mark("model_built")
         self._build_data()
         clock.mark("data_built")

@@ -165,7 +165,7 @@ class Watchdog:
         """The slowest of the last steps' times, measured here between publishes.
         An evaluation or a checkpoint restarts the measurement (it is not a step)."""
         step, phase = PULSE.step, PULSE.phase
-        if phase in (Phase.EVAL, Phase.CHECKPOINT, Phase.SETUP):
+        if phase in (Phase.EVAL, Phase.CHECKPOINT, Phase.SETUP, Phase.SYNC):
             self._last_step = None
         elif self._last_step is None or step < self._last_step[0]:
             self._last_step = (step, now)

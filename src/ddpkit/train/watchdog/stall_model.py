@@ -27,8 +27,11 @@ class Phase(str, Enum):
     """Where a rank is, in the order a step goes through them: among ranks at
     the same step, the one furthest behind is the one the others wait for."""
 
-    SETUP = "setup"  # before the first step: start-up has its own timeouts, the watchdog does not judge it
+    SETUP = "setup"  # before the first step: not judged alone; named when the others wait in their first step
     DONE = "done"  # training ended; the rank is leaving (not judged either)
+    # Start-up's collectives (DDP's broadcast of the parameters): a rank here waits for every other
+    # rank's start-up, so it is judged (with first_step_s) and a rank still in setup is named.
+    SYNC = "sync"
     DATA = "data"
     FORWARD = "forward"
     BACKWARD = "backward"  # DDP's all-reduce runs here: a healthy rank waits here for a stalled one
@@ -236,12 +239,18 @@ class Judge:
 
     def _verdict(self, now: float, idle: float, limit: float) -> Verdict:
         """Frozen ranks when there are any (their own heartbeat stopped);
-        otherwise the ranks furthest behind (lowest step, then earliest phase:
-        a rank in forward is what ranks in backward's all-reduce wait for)."""
+        otherwise ranks still in start-up (a checkpoint read, a model build,
+        a lock that never returns) while the others wait in the first step
+        for them; otherwise the ranks furthest behind (lowest step, then
+        earliest phase: a rank in forward is what ranks in backward's
+        all-reduce wait for)."""
         states = sorted(self.seen.values(), key=lambda s: s.beat.rank)
         frozen = [s for s in states if self._frozen_s(s, now) is not None]
+        starting = [s for s in states if s.beat.phase is Phase.SETUP]
         if frozen:
             named = frozen
+        elif starting:
+            named = starting
         else:
             judged = [s for s in states if s.beat.phase not in UNJUDGED]
             behind = min((s.beat.step, s.beat.phase.order) for s in judged)
