@@ -43,6 +43,7 @@ class Launch:
         self.lines: list[str] = []
         self._seen = threading.Condition()
         self.pids: set[int] = set()
+        self.left: list[int] | None = None  # what of the job still ran when the launcher exited (finish)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -68,8 +69,11 @@ class Launch:
         return pid
 
     def finish(self, timeout: float) -> int:
+        """The launcher's exit code; `left` is taken before the clean-up kills what it left."""
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
+            self.left = [pid for pid in sorted(self.pids) if not _gone(pid)]
+            return code
         finally:
             self.cleanup()
 
@@ -104,13 +108,12 @@ def test_sigstop_of_one_worker_stops_the_job_and_names_the_rank(tmp_path: Path) 
         t0 = time.monotonic()
         code = job.finish(timeout=STALL_S + 150)  # the bound is asserted below; this only ends a broken run
         took = time.monotonic() - t0
-        left = [pid for pid in sorted(job.pids) if not _gone(pid)]
     finally:
         job.cleanup()
     text = job.text
     assert code == ExitCode.STALLED, text
     assert took < STALL_S + 60, f"{took:.0f}s from SIGSTOP to the end of the job\n{text}"
-    assert left == [], text
+    assert job.left == [], text
     assert "the hang watchdog found stalled rank(s): rank 3 (node 1" in text
     assert re.search(r"node1\s*│\s*\S+\s*│\s*stalled", text), text
     assert re.search(rf"STALL rank 3 node 1 host \S+ pid {frozen}: step \d+, phase \w+, frozen", text), text
@@ -135,13 +138,11 @@ def test_a_rank_stuck_before_its_first_step_is_named_with_its_stack(tmp_path: Pa
         t0 = time.monotonic()
         code = job.finish(timeout=STALL_S * 5 + 240)  # the bound is asserted below; this only ends a broken run
         took = time.monotonic() - t0
-        job.remember_pids()
-        left = [pid for pid in sorted(job.pids) if not _gone(pid)]
     finally:
         job.cleanup()
     text = job.text
     assert code == ExitCode.STALLED, text
-    assert left == [], text
+    assert job.left == [], text
     assert took < 300, f"{took:.0f}s from the watchdog's start to the end of the job\n{text}"  # vs 1800 s
     assert "the hang watchdog found stalled rank(s): rank 3 (node 1" in text, text
     assert re.search(r"STALL rank 3 node 1 host \S+ pid \d+: step 0, phase setup, at \S+stall_models\.py:\d+ "
@@ -159,12 +160,11 @@ def test_python_loop_in_forward_is_shown_in_the_stack_dump(tmp_path: Path) -> No
         job.wait_for(r"\[node0 rank0\].*step 3\b")
         job.remember_pids()
         code = job.finish(timeout=STALL_S + 150)
-        left = [pid for pid in sorted(job.pids) if not _gone(pid)]
     finally:
         job.cleanup()
     text = job.text
     assert code == ExitCode.STALLED, text
-    assert left == [], text
+    assert job.left == [], text
     assert re.search(r"STALL rank 1 node 0 host \S+ pid \d+: step 5, phase forward, at \S+stall_models\.py:\d+ "
                      r"in spin_in_forward", text), text
     assert re.search(r"node0\s*│\s*\S+\s*│\s*stalled", text), text
