@@ -27,6 +27,9 @@ group. ddpkit's own programs (`-m ddpkit.*`) do all of this themselves.
   job, rank 0 says at the first optimizer step whether the program loaded a
   checkpoint before it or starts over (resumed.py).
 
+With any part on, a rich progress bar (Lightning's default) prints a line
+every 10 s where its output is no terminal, as a tqdm bar does (bars.py).
+
 It is installed by the agent's zygote in every forked worker and by
 `python -m ddpkit.run PROGRAM ARGS` wherever nothing forks the workers.
 DDPKIT_PREAMBLE=off leaves it all out; a comma list names parts to leave out.
@@ -60,4 +63,8 @@ def install(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> tuple[s
     parts = preamble_parts(env)
     for part in parts:
         steps[part](env)
+    if parts:
+        from . import bars
+
+        bars.install()
     return parts
