@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ddpkit import processes, watchdog
-from ddpkit.preamble import interface, metrics, progress, stragglers
+from ddpkit.preamble import interface, progress, stragglers
 from ddpkit.train.watchdog.straggler import WorkWindow
 from ddpkit.train.watchdog.worktime import WARM_STEPS
 from tests.helpers.straggler_models import Sleepy
@@ -82,12 +82,6 @@ def test_a_compiled_model_steps_as_the_module_does(counter: progress.StepCounter
     for _ in range(3):
         _step(compiled, optimizer)
     assert counter.steps == 3
-
-
-def test_the_batch_is_the_first_tensors_first_dimension() -> None:
-    assert metrics.batch_rows((torch.zeros(8, 3),), {}) == 8
-    assert metrics.batch_rows((), {"input_ids": torch.zeros(5, 16), "labels": torch.zeros(5)}) == 5
-    assert metrics.batch_rows((torch.tensor(1.0), [1, 2]), {}) == 0  # a scalar and a list: no batch
 
 
 def test_a_loop_inside_one_function_is_no_sign_of_life_but_calls_are() -> None:

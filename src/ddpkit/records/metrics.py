@@ -15,10 +15,11 @@ class Train(Record):
     kind: ClassVar[str] = "train"
     step: int
     loss: float | None
-    images_per_s: float
+    images_per_s: float  # the throughput of all ranks, in `unit` a second
     epoch: int | None = optional()  # the trainer's; a program of the user's own has none
     lr: float | None = optional()
     loss_is: str | None = optional()  # what the loss is, where it is not the trainer's own
+    unit: str | None = optional()  # what the throughput counts where not images: "samples" or "tokens"
 
 
 @dataclass(frozen=True)

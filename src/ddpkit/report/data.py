@@ -22,6 +22,8 @@ from .. import records
 from ..agreed import METRICS_FLAG, flag_value
 from ..runs import RunEvent, StoredRun
 
+IMAGES = "images"  # the unit of a `train` record that names none: ddpkit train's
+
 
 class NoMetrics(LookupError):
     """The run has no metrics records to plot; the message is one line."""
@@ -42,7 +44,7 @@ class Mark:
 class ReportData:
     title: str
     started: float  # epoch seconds: the time axis's zero
-    train: list[dict[str, Any]] = field(default_factory=list)  # time (s since start), step, loss, images_per_s
+    train: list[dict[str, Any]] = field(default_factory=list)  # time (s since start), step, loss, per_s, unit
     step_times: list[dict[str, Any]] = field(default_factory=list)  # time, step, step_s (one per rank)
     ranks: list[dict[str, Any]] = field(default_factory=list)  # the rank_report rows, newest report
     marks: list[Mark] = field(default_factory=list)
@@ -56,6 +58,10 @@ class ReportData:
         """The time axis's right end: the last thing that happened."""
         times = [p["time"] for p in self.train + self.step_times] + [m.time for m in self.marks]
         return max(times, default=1.0)
+
+    def units(self) -> list[str]:
+        """The throughput's units, in the order the records carry them."""
+        return list(dict.fromkeys(p["unit"] for p in self.train))
 
     def rank_marks(self, kind: str) -> list[Mark]:
         return [m for m in self.marks if m.kind == kind]
@@ -111,7 +117,8 @@ def load(run: StoredRun, metrics: Path | None = None) -> ReportData:
 
 def _add_record(data: ReportData, r: records.Record, t: float) -> None:
     if isinstance(r, records.Train):
-        data.train.append({"time": t, "step": r.step, "loss": r.loss, "images_per_s": r.images_per_s})
+        data.train.append({"time": t, "step": r.step, "loss": r.loss, "per_s": r.images_per_s,
+                           "unit": r.unit or IMAGES})
     elif isinstance(r, records.StepTimes):
         data.step_times.append({"time": t, "step": r.step, "step_s": list(r.step_s)})
     elif isinstance(r, records.RankRow):

@@ -52,13 +52,10 @@ def curves(data: ReportData) -> bytes:
     """Loss and throughput over time, with the run-changing events as dashed lines."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, layout="constrained")
     loss = [p for p in data.train if p["loss"] is not None]
-    ips = [p for p in data.train if p["images_per_s"] is not None]
     top.plot([p["time"] for p in loss], [p["loss"] for p in loss], color=LOSS, marker=".", linewidth=1.5)
     top.set_ylabel("training loss")
     top.set_title("loss and throughput over time")
-    bottom.plot([p["time"] for p in ips], [p["images_per_s"] for p in ips], color=THROUGHPUT, marker=".",
-                linewidth=1.5)
-    bottom.set_ylabel("images / s (all ranks)")
+    _throughput(bottom, data)
     bottom.set_xlabel("seconds since the run started")
     for ax in (top, bottom):
         ax.set_xlim(*_training_span(data))
@@ -67,6 +64,19 @@ def curves(data: ReportData) -> bytes:
         if not data.train:
             ax.text(0.5, 0.5, "no train records", ha="center", va="center", transform=ax.transAxes)
     return _png(fig)
+
+
+def _throughput(ax: Axes, data: ReportData) -> None:
+    """Throughput in the unit its records carry; a curve per unit where a run
+    changed what it counts (a resumed job of another version), never mixed."""
+    units = data.units()
+    for unit in units:
+        points = [p for p in data.train if p["unit"] == unit and p["per_s"] is not None]
+        ax.plot([p["time"] for p in points], [p["per_s"] for p in points], color=THROUGHPUT, marker=".",
+                linewidth=1.5, label=f"{unit} / s", linestyle="-" if unit == units[0] else ":")
+    ax.set_ylabel(f"{' or '.join(units) or 'samples'} / s (all ranks)")
+    if len(units) > 1:
+        ax.legend(loc="best")
 
 
 def _training_span(data: ReportData) -> tuple[float, float]:
