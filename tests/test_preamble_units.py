@@ -6,10 +6,14 @@ model), and what counts as a sign of life between steps."""
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +22,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ddpkit import processes, watchdog
-from ddpkit.preamble import interface, progress, stragglers
+from ddpkit.preamble import interface, progress, startup, stragglers
 from ddpkit.train.watchdog.straggler import WorkWindow
 from ddpkit.train.watchdog.worktime import WARM_STEPS
 from tests.helpers.straggler_models import Sleepy
@@ -274,3 +278,88 @@ def test_a_watchdog_whose_store_does_not_answer_is_off_for_that_rank_and_the_pro
     assert watchdog._start() is None
     assert capsys.readouterr().err == ("ddpkit watchdog: rank 1: off, its store did not answer "
                                        "(the store timed out)\n")
+
+
+# ---- start-up: is the main thread waiting in a collective, or still starting -------------------
+
+FAKE_TORCH = {  # files of a stand-in torch folder: where each function's frames sit decides
+    "distributed/c10d.py": "def barrier(held):\n    held.acquire()\n",
+    "distributed/elastic/errors.py": "def record(main, held):\n    main(held)\n",
+    "nn/parallel/ddp.py": "def forward(model, held):\n    model(held)\n",
+    "serialization.py": "def load(held):\n    held.acquire()\n",
+}
+BLOCKED_IN = {"barrier", "load", "own_model"}  # a thread that acquires a held lock sits in one of these
+
+
+def _fake_torch(root: Path) -> dict[str, types.ModuleType]:
+    modules = {}
+    for name, text in FAKE_TORCH.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(f"fake_torch_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        modules[name] = module
+    return modules
+
+
+def _frame_while(run: Callable[[Any], object]) -> types.FrameType:
+    """The innermost frame of a thread that runs `run` and blocks inside it (on a held lock)."""
+    held = threading.Lock()
+    held.acquire()
+    thread = threading.Thread(target=run, args=(held,))
+    thread.start()
+    try:
+        for _ in range(500):
+            frame = sys._current_frames().get(thread.ident or -1)
+            if frame is not None and frame.f_code.co_name in BLOCKED_IN:
+                return frame
+            time.sleep(0.01)
+        raise AssertionError("the thread never blocked")
+    finally:
+        held.release()
+        thread.join()
+
+
+def test_a_rank_waits_in_a_collective_only_in_torchs_collective_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sync: a barrier, even under torchrun's `record` around the program's main. Setup
+    (the rank is still starting): torch.load, and the program's own model code that DDP's
+    forward calls."""
+    torch_dir = tmp_path / "torch"
+    fake = _fake_torch(torch_dir)
+    monkeypatch.setattr(startup, "torch_folder", lambda: str(torch_dir))
+    barrier, load = fake["distributed/c10d.py"].barrier, fake["serialization.py"].load
+    record, forward = fake["distributed/elastic/errors.py"].record, fake["nn/parallel/ddp.py"].forward
+
+    def own_model(held: Any) -> None:
+        held.acquire()
+
+    def main(call: Callable[[Any], object]) -> Callable[[Any], object]:
+        return lambda held: record(lambda held: call(held), held)  # the program's main under `record`
+
+    assert startup.waits_in_a_collective(_frame_while(barrier))
+    assert startup.waits_in_a_collective(_frame_while(main(barrier)))
+    assert not startup.waits_in_a_collective(_frame_while(load))
+    assert not startup.waits_in_a_collective(_frame_while(main(load)))
+    assert not startup.waits_in_a_collective(_frame_while(lambda held: forward(own_model, held)))
+    assert not startup.waits_in_a_collective(None)
+
+
+def test_start_up_follows_the_main_thread_until_the_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpkit.train.watchdog import stall_model
+
+    monkeypatch.setattr(stall_model, "PULSE", stall_model.Pulse())
+    monkeypatch.setattr(startup, "waits_in_a_collective", lambda frame: frame == "in a barrier")
+    startup.follow("in a barrier")  # type: ignore[arg-type]
+    assert stall_model.PULSE.phase is stall_model.Phase.SYNC and stall_model.PULSE.beats == 1
+    startup.follow("in a barrier")  # type: ignore[arg-type]
+    assert stall_model.PULSE.beats == 1  # no change, no sign of life
+    startup.follow(None)
+    assert stall_model.PULSE.phase is stall_model.Phase.SETUP
+    stall_model.progress(1)  # the first step ends start-up
+    assert stall_model.PULSE.phase is stall_model.Phase.TRAIN
+    startup.follow("in a barrier")  # type: ignore[arg-type]
+    assert stall_model.PULSE.phase is stall_model.Phase.TRAIN

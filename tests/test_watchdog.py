@@ -100,6 +100,18 @@ def test_a_rank_still_in_start_up_while_the_others_wait_in_their_first_step_is_n
     assert late == [None] * 60
 
 
+def test_a_rank_in_start_up_that_moves_keeps_the_ranks_that_wait_for_it_from_a_stall() -> None:
+    """The control of the test above: rank 1's checkpoint read is slow, but it
+    moves (signs of life: its beats grow) for 80 s, longer than first_step_s; no verdict.
+    When it stops moving, the verdict comes first_step_s after its last sign of life."""
+    cold = {"step": 0, "step_s": 0.0, "warm": False}
+    judge = Judge(2, S)
+    verdicts = [judge.observe([beat(0, t, 1, phase=Phase.SYNC, **cold),
+                               beat(1, t, min(t, 80), phase=Phase.SETUP, **cold)], float(t)) for t in range(132)]
+    assert verdicts[:131] == [None] * 131
+    assert verdicts[131] is not None and [s.beat.rank for s in verdicts[131].suspects] == [1]
+
+
 def test_a_checkpoint_write_gets_the_longer_limit() -> None:
     judge = Judge(1, S)
     rounds = [(0.0, [beat(0, 0, 0, phase=Phase.CHECKPOINT)]), (30.0, [beat(0, 1, 0, phase=Phase.CHECKPOINT)])]
@@ -185,12 +197,33 @@ def test_the_stall_record_carries_each_named_ranks_frame_and_the_ranks_without_s
 
 def test_report_lines_name_the_rank_and_where_the_dumps_are(tmp_path: Path) -> None:
     record = _record(_suspect(3, frozen_s=9.0), frozen=(3,), waiting=tuple(range(3)) + tuple(range(4, 9)))
-    report = stall_report.stall_record(record, {}, 9, stall_report.dump_place(tmp_path, nccl=True))
+    acks = {r: stall_report.Ack("torch/x.py:1 in wait", True, f"{tmp_path}/logs/node{r // 2}/stall-rank{r}.txt")
+            for r in range(9) if r != 3}
+    report = stall_report.stall_record(record, acks, 9, stall_report.dump_place(acks, nccl=True))
     lines = stall_report.report_lines(report, [s["rank"] for s in record["suspects"]])
     assert lines[0].startswith("ddpkit watchdog: the job stalled: no progress for 12s (limit 10s); stalled rank(s): 3")
     assert lines[1].startswith("ddpkit watchdog: STALL rank 3 node 1 host h1 pid 103: step 5, phase forward, frozen")
     assert lines[2] == "ddpkit watchdog: 8 rank(s) waited for them: 0-2, 4-8"
-    assert f"{tmp_path}/stall-rank<R>.txt" in lines[3] and "nccl-trace-rank<R>.pkl" in lines[3]
+    assert lines[3] == (f"ddpkit watchdog: stacks of every rank: {tmp_path}/logs/node<N>/stall-rank<R>.txt; "
+                        f"NCCL flight recorder: {tmp_path}/logs/node<N>/nccl-trace-rank<R>.pkl")
+    assert len(lines) == 4
+
+
+def test_the_place_of_the_stacks_says_which_ranks_had_no_file() -> None:
+    acks = {0: stall_report.Ack("a.py:1 in f", False, "/run/logs/node0/stall-rank0.txt"),
+            1: stall_report.Ack("a.py:1 in f", False, None)}
+    assert stall_report.dump_place(acks, nccl=False) == "/run/logs/node<N>/stall-rank<R>.txt; rank(s) 1: on their stderr"
+    assert stall_report.dump_place({1: acks[1]}, nccl=False).startswith("each rank's stderr")
+
+
+def test_the_stacks_go_to_the_nodes_log_folder_that_torchrun_was_given(tmp_path: Path) -> None:
+    error = "attempt_0/1/error.json"
+    assert stacks.stack_folder(None, {envnames.TORCHELASTIC_ERROR_FILE: f"{tmp_path}/logs/node1/job_x1/{error}"}) \
+        == tmp_path / "logs" / "node1"
+    assert stacks.stack_folder(tmp_path, {envnames.TORCHELASTIC_ERROR_FILE: f"/x/node1/job_x1/{error}"}) == tmp_path
+    # torchrun without --log-dir keeps its logs in a temporary folder of its own: nobody would look there
+    assert stacks.stack_folder(None, {envnames.TORCHELASTIC_ERROR_FILE: f"/tmp/torchelastic_ab/job_x1/{error}"}) is None
+    assert stacks.stack_folder(None, {}) is None
 
 
 def _spin_until(spinning: threading.Event, got: list) -> None:

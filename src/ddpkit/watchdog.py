@@ -62,10 +62,23 @@ def watching() -> bool:
     return _state.get("dog") is not None
 
 
+def watch_start_up() -> None:
+    """Start this rank's watchdog before its first step (the program's process
+    group exists), in start-up (ddpkit/preamble/startup.py); silent until the
+    first step says it is on. Not where the script reports its own steps or
+    ddpkit train's watchdog runs in the process."""
+    if "dog" not in _state and "script" not in _state and not _foreign():
+        _state["dog"] = _start()
+
+
 def _report(step: int) -> None:
     _wd.progress(step)
     if "dog" not in _state:
         _state["dog"] = _start()
+    dog = _state["dog"]
+    if dog is not None and "said" not in _state:
+        _state["said"] = None
+        _say_on(dog)
 
 
 @contextmanager
@@ -104,10 +117,14 @@ def _start() -> stall.Watchdog | None:
     try:
         dog = stall.start(ident, env[envnames.MASTER_ADDR], int(env.get(envnames.MASTER_PORT, "29500")),
                           stall.Outputs(metrics=metrics_file(env)), settings)
-    except Exception as exc:  # called from the program's optimizer step: never end the program for it
+    except Exception as exc:  # called from the program's own calls: never end the program for it
         print(f"ddpkit watchdog: rank {rank}: off, its store did not answer ({exc})", file=sys.stderr, flush=True)
         return None
-    if rank == 0 and dog is not None:
-        print(f"ddpkit watchdog: on for this script: a rank without progress for {settings.stall_s:g}s "
-              "stops the job", file=sys.stderr, flush=True)
     return dog
+
+
+def _say_on(dog: stall.Watchdog) -> None:
+    if dog.ident.rank == 0:
+        print(f"ddpkit watchdog: on for this script: a rank without progress for {dog.settings.stall_s:g}s "
+              f"stops the job (a rank still starting while the others wait: "
+              f"{dog.settings.first_step_limit:g}s)", file=sys.stderr, flush=True)

@@ -6,8 +6,11 @@
   two); a step of any other optimizer is a sign of life. Gradient
   accumulation steps the optimizer once per step, and a step GradScaler
   skips is not counted (the main thread's calls keep the rank alive). The
-  first counted step starts the watchdog, so a program that never trains is
-  never judged.
+  watchdog starts once the program's process group exists, in start-up
+  (startup.py: a rank still starting while the others wait for it is named
+  after first_step_s); the first counted step says it is on. A program
+  whose ranks never wait for one another in start-up and never step an
+  optimizer is never judged.
 - `torch.save` runs in the checkpoint phase (the longer first-step limit).
 - Between steps (an evaluation, a long checkpoint of another library), a
   daemon thread looks at the main thread once a second: when the functions
@@ -31,7 +34,7 @@ from typing import Any
 
 from .. import processes, watchdog
 from ..train.watchdog import stall_model as _wd
-from . import metrics
+from . import metrics, startup
 
 SAMPLE_S = 1.0
 # A thread blocked in a collective gives up the CPU once and stays blocked; one that
@@ -56,6 +59,14 @@ class StepCounter:
         self.steps += 1
         watchdog.auto_progress(self.steps)
         metrics.RECORDER.on_step(self.steps)
+        self._sample()
+
+    def watch_start_up(self) -> None:
+        """The program's process group exists: watch its start-up from now on."""
+        watchdog.watch_start_up()
+        self._sample()
+
+    def _sample(self) -> None:
         if self.sampler is None and watchdog.watching():  # no watchdog (one process, stall_s 0): no one to tell
             self.sampler = LivenessSampler(threading.main_thread())
             self.sampler.start()
@@ -73,7 +84,11 @@ class LivenessSampler(threading.Thread):
     def run(self) -> None:
         last: tuple[tuple[CodeType, ...], int] | None = None
         while not self._stop.wait(self.every_s):
-            stack = stack_of(sys._current_frames().get(self.watched.ident or -1))
+            frame = sys._current_frames().get(self.watched.ident or -1)
+            if _wd.PULSE.phase in _wd.START_UP:
+                startup.follow(frame)
+            stack = stack_of(frame)
+            del frame  # a frame kept alive keeps its locals alive
             switches = processes.voluntary_switches(os.getpid())  # the main thread's: the watched one
             if last is not None and (stack != last[0] or switches - last[1] >= SWITCHES_ALIVE):
                 _wd.mark(_wd.PULSE.phase)
@@ -99,6 +114,7 @@ def install(env: Mapping[str, str]) -> None:
 
     counter = StepCounter()
     register_optimizer_step_post_hook(counter.after_step)
+    startup.install(counter.watch_start_up)
     save = torch.save
 
     def checkpointing_save(*args: Any, **kwargs: Any) -> Any:

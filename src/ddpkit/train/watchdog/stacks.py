@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import traceback
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from ... import envnames
@@ -29,7 +29,7 @@ def main_frame() -> tuple[str, bool]:
         return "unknown (no main thread)", False
     stack = traceback.extract_stack(frame)
     inner = stack[-1]
-    torch_dir = _torch_dir()
+    torch_dir = torch_folder()
     in_torch = inner.filename.startswith(torch_dir)
     text = f"{inner.filename}:{inner.lineno} in {inner.name}"
     if in_torch:
@@ -39,10 +39,30 @@ def main_frame() -> tuple[str, bool]:
     return text, in_torch
 
 
-def _torch_dir() -> str:
+def torch_folder() -> str:
+    """Where torch's Python files are (a file under it is torch's code)."""
     mod = sys.modules.get("torch")
     # Without torch imported no frame can be in it: a prefix no path has.
     return str(Path(mod.__file__).parent) if mod is not None and mod.__file__ else "\0"
+
+
+def stack_folder(log_dir: Path | None, env: Mapping[str, str] = os.environ) -> Path | None:
+    """Where a stall's stack files go: the log directory the program was
+    given, else the folder of this node's logs that the launcher gave
+    torchrun (launch local: the run folder's logs/node<N>, beside the ranks'
+    stdout and stderr); None where there is none (torchrun's own temporary
+    folder is one nobody would look in)."""
+    if log_dir is not None:
+        return log_dir
+    error_file = env.get(envnames.TORCHELASTIC_ERROR_FILE)
+    if not error_file:
+        return None
+    # torchrun's layout: <its --log-dir>/<run>_<random>/attempt_<K>/<local rank>/error.json
+    parents = Path(error_file).parents
+    if len(parents) < 5 or not parents[1].name.startswith("attempt_"):
+        return None
+    folder = parents[3]
+    return None if folder.name.startswith("torchelastic_") else folder
 
 
 def pyspy_path() -> str | None:

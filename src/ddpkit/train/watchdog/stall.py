@@ -5,7 +5,7 @@ Everything goes through the rendezvous store with a client of our own (never
 a collective: those are what is stuck). On a stall, the monitor that saw it
 first writes the `stall` key; every rank's thread sees it, writes its stacks
 (faulthandler, `py-spy dump --native` when installed, the NCCL flight
-recorder's buffer with NCCL) to stderr and its log directory, acknowledges
+recorder's buffer with NCCL) to a file in its log folder (stderr where it has none), acknowledges
 with the frame its main thread is in, and waits for `released`; the
 declaring monitor collects the acknowledgements, prints the report (lines
 for people, and the `stall` record a launcher reads: stall_report.py),
@@ -34,7 +34,7 @@ from ...agreed import LOSS_S
 from ...exitcodes import ExitCode
 from . import node_loss as loss_judge
 from .control_store import open_store
-from .stacks import dump_nccl, main_frame, pyspy, write_stacks
+from .stacks import dump_nccl, main_frame, pyspy, stack_folder, write_stacks
 from .stall_model import PULSE, Beat, Judge, Phase, Settings, Verdict, monitors
 from .stall_report import Ack, dump_place, report_lines, stall_record, verdict_record
 from .straggler import Stragglers
@@ -323,21 +323,30 @@ class Watchdog:
         return False
 
     def _dump(self) -> Ack:
+        """This rank's stacks into its file (the console keeps the verdict and
+        where the files are); on stderr only where there is no folder for them."""
         r = self.ident.rank
+        frame, in_torch = main_frame()
+        text = pyspy(self.ident.pid)
+        folder = stack_folder(self.outputs.log_dir)
+        if folder is not None:
+            path = folder / f"stall-rank{r}.txt"
+            try:
+                write_stacks(path, f"rank {r} ({self.ident.host}, pid {self.ident.pid}) at step {PULSE.step}, "
+                                   f"phase {PULSE.phase.value}\n", text)
+            except OSError as exc:
+                print(f"ddpkit watchdog: rank {r}: cannot write {path} ({exc}); its stacks follow",
+                      file=sys.stderr, flush=True)
+            else:
+                if self.outputs.nccl:
+                    dump_nccl(folder / f"nccl-trace-rank{r}.pkl")
+                return Ack(frame, in_torch, str(path))
         print(f"ddpkit watchdog: rank {r} ({self.ident.host}, pid {self.ident.pid}): the job stalled; "
               f"stacks of all threads follow", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
-        frame, in_torch = main_frame()
-        text = pyspy(self.ident.pid)
         if text:
             print(text, file=sys.stderr, flush=True)
-        path = None
-        if self.outputs.log_dir is not None:
-            path = self.outputs.log_dir / f"stall-rank{r}.txt"
-            write_stacks(path, f"rank {r} at step {PULSE.step}, phase {PULSE.phase.value}\n", text)
-            if self.outputs.nccl:
-                dump_nccl(self.outputs.log_dir / f"nccl-trace-rank{r}.pkl")
-        return Ack(frame, in_torch, str(path) if path else None)
+        return Ack(frame, in_torch, None)
 
     def _report(self, record: dict[str, Any]) -> None:
         expected = [r for r in range(self.ident.world) if r not in record["frozen"]]
@@ -348,7 +357,7 @@ class Watchdog:
                 if r not in acks and self.store.check([_ack(r)]):
                     acks[r] = Ack(**json.loads(self.store.get(_ack(r))))
             time.sleep(0.2)
-        report = stall_record(record, acks, self.ident.world, dump_place(self.outputs.log_dir, self.outputs.nccl))
+        report = stall_record(record, acks, self.ident.world, dump_place(acks, self.outputs.nccl))
         for line in report_lines(report, [s["rank"] for s in record["suspects"]]):
             print(line, file=sys.stderr, flush=True)
         records.emit(report)

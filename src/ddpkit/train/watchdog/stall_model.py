@@ -47,6 +47,7 @@ class Phase(str, Enum):
 
 _ORDER = {p: i for i, p in enumerate(Phase)}
 UNJUDGED = frozenset({Phase.SETUP, Phase.DONE})
+START_UP = frozenset({Phase.SETUP, Phase.SYNC})  # before the first step
 FACTOR = 5  # the limit is never below FACTOR x the slowest observed step time
 FIRST_STEP_FACTOR = 5  # default first_step_s = FIRST_STEP_FACTOR x stall_s (compilation, autotuning, caches)
 # A heartbeat unchanged this long (or stall_s / 2, when that is shorter,
@@ -72,11 +73,12 @@ PULSE = Pulse()
 
 def progress(step: int, phase: Phase | None = None) -> None:
     """Step `step` finished (the hot path: a few attribute writes). Without a
-    phase, the rank keeps its current one, or TRAIN after SETUP."""
+    phase, the rank keeps its current one, or TRAIN after start-up (SETUP,
+    SYNC: a first step ends it)."""
     PULSE.step = step
     if phase is not None:
         PULSE.phase = phase
-    elif PULSE.phase is Phase.SETUP:
+    elif PULSE.phase in START_UP:
         PULSE.phase = Phase.TRAIN
     PULSE.beats += 1
 
@@ -203,7 +205,10 @@ class Judge:
         if not judged:
             return None
         limit = self._limit(judged)
-        idle = now - max(s.progress_at for s in judged)
+        # A rank in start-up is not judged, but its signs of life count: one that
+        # reads a checkpoint slowly is moving, and the ranks waiting for it are no stall.
+        moving = [s for s in self.seen.values() if s.beat.phase is not Phase.DONE]
+        idle = now - max(s.progress_at for s in moving)
         return self._verdict(now, idle, limit) if idle > limit else None
 
     def _update(self, beat: Beat, now: float) -> None:

@@ -7,9 +7,10 @@ plain JSON object (`verdict_record`): it is the ranks' own exchange."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ... import records
@@ -83,11 +84,29 @@ def report_lines(report: records.Stall, suspects: Sequence[int]) -> list[str]:
     return lines
 
 
-def dump_place(log_dir: Path | None, nccl: bool) -> str:
-    if log_dir is None:
-        return "each rank's stderr (give --log-dir to keep them in files)"
-    place = f"each rank's stderr and {log_dir}/stall-rank<R>.txt"
-    return place + (f"; NCCL flight recorder: {log_dir}/nccl-trace-rank<R>.pkl" if nccl else "")
+def dump_place(acks: Mapping[int, Ack], nccl: bool) -> str:
+    """Where the ranks' stacks are, in one line: their files as one pattern
+    (`.../logs/node<N>/stall-rank<R>.txt`), and the ranks that had no folder
+    for them (their stacks went to their stderr)."""
+    files = sorted({_pattern(a.dump) for a in acks.values() if a.dump})
+    on_stderr = sorted(r for r, a in acks.items() if not a.dump)
+    if not files:
+        return "each rank's stderr (no log folder to keep them in)"
+    place = ", ".join(files)
+    if nccl:
+        place += "; NCCL flight recorder: " + ", ".join(f.replace("stall-rank<R>.txt", "nccl-trace-rank<R>.pkl")
+                                                        for f in files)
+    if on_stderr:
+        place += f"; rank(s) {ranges(on_stderr)}: on their stderr"
+    return place
+
+
+def _pattern(path: str) -> str:
+    """A rank's stack file as the pattern every rank's follows."""
+    name = re.sub(r"^stall-rank\d+\.txt$", "stall-rank<R>.txt", os.path.basename(path))
+    folder = os.path.dirname(path)
+    node = re.sub(r"^node\d+$", "node<N>", os.path.basename(folder))  # launch local's folder per node
+    return os.path.join(os.path.dirname(folder), node, name)
 
 
 def ranges(ranks: list[int]) -> str:
