@@ -10,7 +10,8 @@ With `resume`, a ModelCheckpoint writes `last.ckpt` every 5 steps and the progra
 resumes from it (an elastic job's restart), with no call into ddpkit. NODES
 `env` takes the node count from torchrun's variables, as an elastic script must:
 Lightning refuses a world size other than num_nodes x devices. The test knob
-STEP_SLEEP_S (environment) makes each step that much longer.
+STEP_SLEEP_S (environment) makes each step that much longer. Without a mode it
+keeps Lightning's default progress bar (rich's); with one, no bar.
 """
 
 import os
@@ -47,9 +48,10 @@ def main():
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.rand(256, 20, generator=generator), torch.rand(256, 1, generator=generator))
     if not mode:
+        # Lightning's default progress bar: RichProgressBar, rich being installed
         trainer = L.Trainer(accelerator="cpu", devices=1, num_nodes=nodes, strategy="ddp", max_epochs=epochs,
-                            default_root_dir=root, enable_progress_bar=False, logger=False,
-                            enable_checkpointing=False, enable_model_summary=False)
+                            default_root_dir=root, logger=False, enable_checkpointing=False,
+                            enable_model_summary=False)
         trainer.fit(Regressor(), DataLoader(data, batch_size=16))
         return
     from lightning.pytorch.callbacks import ModelCheckpoint

@@ -58,6 +58,7 @@ class Recorder:
         self.loss: Any = None  # the detached tensor of the last backward(); read at log steps only
         self.counted = {TOKENS: 0, SAMPLES: 0}  # batch sizes given to DDP since the last record, by unit
         self.unit: str | None = None  # the unit of the records: tokens once a batch named them
+        self._began = False  # a training forward seen: the clocks below start there
         self._last = time.monotonic()
         self._window_s = 0.0
         self._steps = 0
@@ -73,6 +74,9 @@ class Recorder:
             self.loss = tensor.detach()
 
     def on_batch(self, count: int, unit: str) -> None:
+        if not self._began:  # the first training forward: start-up before it is no step's time
+            self._began = True
+            self._last = self._logged_at = time.monotonic()
         self.counted[unit] += count
         if unit == TOKENS or self.unit is None and count:
             self.unit = unit
