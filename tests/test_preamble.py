@@ -140,6 +140,17 @@ def freeze_rank_1_and_expect_the_stall(job: Job) -> None:
     assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step \d+, phase train", text), text
     assert took < STALL_S + 150, f"{took:.1f} s from SIGSTOP to the launcher's end"
     assert job.left == [], "a process of the job outlived it"
+    stacks_are_in_files_and_the_console_says_where(text)
+
+
+def stacks_are_in_files_and_the_console_says_where(text: str) -> None:
+    """The console as the user reads it: no stack (faulthandler's lines), one line naming the
+    files in the run folder; rank 0, which waited, wrote its own."""
+    folder = run_folder(text)
+    [where] = [line for line in text.splitlines() if "stacks of every rank" in line]
+    assert where.endswith(f"stacks of every rank: {folder}/logs/node<N>/stall-rank<R>.txt"), where
+    assert "Thread 0x" not in text and not re.search(r'File "[^"]+", line \d+ in ', text), "stacks on the console"
+    assert "Thread 0x" in (folder / "logs" / "node0" / "stall-rank0.txt").read_text()
 
 
 def test_a_frozen_rank_of_the_tutorial_script_is_named_and_the_job_stopped(tmp_path: Path) -> None:
