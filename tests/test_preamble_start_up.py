@@ -77,3 +77,28 @@ def test_a_rank_slow_in_its_checkpoint_read_but_moving_is_not_stopped(tmp_path: 
     assert code == 0, text
     assert text.count("Resuming training from snapshot") == 2, text
     assert "ddpkit watchdog: on for this script" in text and "STALL" not in text, text
+
+
+@pytest.mark.full  # test_preamble_start_up.py::test_a_rank_stuck_in_its_checkpoint_read_is_named_and_the_job_stopped
+def test_a_rank_whose_first_batch_never_comes_is_named_in_its_data_loader(tmp_path: Path) -> None:
+    """Rank 1's data loader reads its first batch from a named pipe nobody writes; rank 0 took
+    its batch and waits in its first backward's all-reduce."""
+    hung = tmp_path / "hung-shard"
+    os.mkfifo(hung)
+    job = launch(tmp_path, "--stuck-batch", f"1:{hung}")
+    try:
+        code = job.finish(FIRST_STEP_S + 200)
+    finally:
+        if job.proc.poll() is None:
+            job.finish(10)
+    time.sleep(0.1)
+    text = job.text
+    assert code == ExitCode.STALLED, text
+    assert job.left == [], "a process of the job outlived it"
+    assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step 0, phase setup, at \S+tutorial_start_up\.py:\d+ "
+                     r"in fetch_from_a_hung_filesystem", text), text
+    stuck = (run_folder(text) / "logs" / "node1" / "stall-rank1.txt").read_text()
+    assert re.search(r'File "\S+/torch/utils/data/dataloader\.py", line \d+ in __next__\n\s+File "\S+tutorial_ddp\.py", '
+                     r"line \d+ in _run_epoch", stuck), stuck
+    waiting = (run_folder(text) / "logs" / "node0" / "stall-rank0.txt").read_text()
+    assert "in backward" in waiting and "in _run_batch" in waiting, waiting
