@@ -123,6 +123,46 @@ def test_a_rank_steadily_3x_slower_is_named_within_the_stated_time() -> None:
     assert change.work.step - slow_from >= 6 + straggler.SUSTAIN_STEPS - 1, change.work
 
 
+def busy(seed: int) -> Callable[[int, int], float]:
+    """A merely busy machine: every step of every rank 0.05 s times up to 3
+    (another tenant's threads), seeded."""
+    import random
+
+    jitter = random.Random(seed)
+    table: dict[tuple[int, int], float] = {}
+    return lambda r, s: table.setdefault((r, s), 0.05 * jitter.uniform(1.0, 3.0))
+
+
+def test_the_trials_hiccup_on_two_ranks_names_nobody_and_a_real_straggler_is_named_in_time() -> None:
+    """The newcomer's 2 x 1 job: on a busy machine rank 0 ran 28x the median
+    from step 47 for 22 steps (31 s), named at step 53 and taken back 20 steps
+    later. Now nobody is named, whatever the machine's noise: the burst's last
+    steps in the window and the noise no longer carry it past the rule (with
+    the sustain alone, 2 of 40 seeds named rank 0 at the burst's end). The
+    controls on the same busy machine: rank 1 three times slower for good from
+    step 30 is named within the detection time hangs.md states (6 steps, then
+    the longer of SUSTAIN_STEPS steps and SUSTAIN_S, then a check), and a rank
+    that swings between 10x and 3x every 15 steps, slow all along, is named."""
+    for seed in range(40):
+        noise = busy(seed)
+        hiccup = lambda r, s, n=noise: 28 * 0.05 if r == 0 and 47 <= s < 69 else n(r, s)  # noqa: E731
+        assert lockstep(hiccup, 300, ranks=2) == [], seed
+    for seed in range(5):
+        noise = busy(seed)
+        steady = lambda r, s, n=noise: 3 * 0.15 if r == 1 and s >= 30 else n(r, s)  # noqa: E731
+        [(when, change)] = lockstep(steady, 300, ranks=2)
+        assert change.slow and change.work.rank == 1, (seed, change)
+        slowest = 0.45  # the job's step from step 30 on: rank 1's
+        began = sum(max(noise(r, s) for r in range(2)) for s in range(1, 30))
+        bound = 6 * slowest + max(straggler.SUSTAIN_STEPS * slowest, straggler.SUSTAIN_S) + 1.0 + slowest
+        assert straggler.SUSTAIN_S <= when - began <= bound, (seed, when - began, bound)
+
+        noise = busy(seed)
+        swings = lambda r, s, n=noise: 0.05 * (10 if s // 15 % 2 else 3) if r == 1 and s >= 30 else n(r, s)  # noqa: E731
+        named = [c.work.rank for _, c in lockstep(swings, 300, ranks=2) if c.slow]
+        assert named and set(named) == {1}, seed
+
+
 def test_the_window_takes_the_lower_median_of_its_last_steps() -> None:
     window = WorkWindow(10)
     assert window.median() == (0, 0.0)

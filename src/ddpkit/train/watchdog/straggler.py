@@ -10,8 +10,9 @@ median with its heartbeat (`work/<rank>` in the store) and rank 0's thread
 applies `StragglerJudge`: a rank whose median is more than `factor` x the
 job's median (the lower middle of every rank's, so two ranks work too) and
 at least `MIN_GAP_S` above it is slow; a rank that stayed slow at every check
-for `SUSTAIN_STEPS` of its steps and `SUSTAIN_S` seconds is a straggler (a busy
-machine's hiccup is not one). The report is one line
+for `SUSTAIN_STEPS` of its steps and `SUSTAIN_S` seconds, and for WINDOW_STEPS
+steps after a burst of its slowness ended, is a straggler (a busy machine's
+hiccup is not one). The report is one line
 for people (`STRAGGLER_LINE`), the `straggler` record (on stderr, where the
 launcher reads it for its summary, and in the metrics file).
 
@@ -158,10 +159,15 @@ class StragglerJudge:
     is not slow starts that over. So a few slow steps never turn the median (6
     of 10 do), and a burst of slow steps (another tenant, a page-cache flush,
     a compile: a busy machine's hiccup) that ends within 20 s or 30 steps of
-    turning it names nobody, however slow. The cost, in detection time: a rank
-    that turns steadily slow is named 6 of its steps, then the longer of
-    `sustain_steps` steps and `sustain_s` seconds, then up to a check (1 s)
-    later. A named rank is named again only after it caught up (below half
+    turning it names nobody, however slow. Nor does what a burst leaves
+    behind: when its median fell to half the episode's highest ratio or less
+    and under twice the factor, it must stay slow for WINDOW_STEPS more steps
+    before it is named (the burst's last steps linger in the window, and a
+    busy machine's noise keeps a rank just above the limit for a few checks).
+    The cost, in detection time: a rank that turns steadily slow is named 6
+    of its steps, then the longer of `sustain_steps` steps and `sustain_s`
+    seconds, then up to a check (1 s) later; one whose slowness halved to a
+    marginal level up to WINDOW_STEPS steps later than that. A named rank is named again only after it caught up (below half
     the margin, so one that hovers at the limit is not reported every
     second)."""
 
@@ -170,7 +176,8 @@ class StragglerJudge:
     sustain_s: float = SUSTAIN_S
     sustain_steps: int = SUSTAIN_STEPS
     clock: Callable[[], float] = time.monotonic
-    since: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (time, its step): slow since
+    # rank -> (time, its step) slow since, its highest ratio since, the step it can be named at the earliest
+    since: dict[int, tuple[float, int, float, int]] = field(default_factory=dict)
 
     def observe(self, works: Sequence[Work | None]) -> list[Change]:
         ready = [w for w in works if w is not None and w.steps >= MIN_STEPS]
@@ -185,7 +192,7 @@ class StragglerJudge:
                 if w.own_s <= self.factor * median or w.own_s - median < MIN_GAP_S:
                     self.since.pop(w.rank, None)  # not slow at this check: a verdict starts over
                     continue
-                at, step = self.since.setdefault(w.rank, (now, w.step))
+                at, step = self._slow_since(w, w.own_s / median if median > 0 else float("inf"), now)
                 if now - at >= self.sustain_s and w.step - step >= self.sustain_steps:
                     del self.since[w.rank]
                     self.slow.add(w.rank)
@@ -194,6 +201,21 @@ class StragglerJudge:
                 self.slow.discard(w.rank)
                 changes.append(Change(w, median, self.factor, slow=False))
         return changes
+
+    def _slow_since(self, work: Work, ratio: float, now: float) -> tuple[float, int]:
+        """When and at which of its steps this rank's slow episode can be
+        named at the earliest. A burst that ended (its median fell to half
+        the episode's highest ratio or less, and under twice the factor: what
+        is left is marginal) is no evidence of what follows: its steps linger
+        in the window, and on a busy machine the noise keeps a rank just
+        above the limit for a few more checks. So after such a fall the rank
+        must stay slow for WINDOW_STEPS more steps, the burst out of its
+        window, before it is named."""
+        at, step, peak, settled = self.since.get(work.rank, (now, work.step, ratio, work.step))
+        if ratio <= peak / 2 and ratio < 2 * self.factor:
+            peak, settled = ratio, work.step + WINDOW_STEPS
+        self.since[work.rank] = (at, step, max(peak, ratio), settled)
+        return (at, step) if work.step >= settled else (now, work.step)
 
 
 def _key(rank: int) -> str:
