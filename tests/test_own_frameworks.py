@@ -10,6 +10,7 @@ while it trains; a SIGSTOPped rank is named and the job stopped with exit 13."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,33 @@ def bar_while_training(lines: list[str]) -> None:
 def test_a_frozen_rank_of_a_framework_trainer_is_named_and_the_job_stopped(tmp_path: Path, program: str) -> None:
     script, args = PROGRAMS[program]
     freeze_rank_1_and_expect_the_stall(Job(tmp_path, script, *args(tmp_path, 10_000)))
+
+
+class TimedJob(Job):
+    """A Job whose lines keep the time they reached the console."""
+
+    def _read(self) -> None:
+        self.arrived: list[tuple[float, str]] = []
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.arrived.append((time.monotonic(), line))
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+        with self._seen:
+            self._seen.notify_all()
+
+
+@pytest.mark.full  # test_own_frameworks.py::test_a_framework_trainer_gets_the_rank_table_and_the_watchdog
+def test_lightnings_rich_bar_is_a_line_every_ten_seconds_while_it_trains(tmp_path: Path) -> None:
+    """3 epochs of 8 steps of 1 s: rank 0's bar as a line at once, then one
+    every 10 s (2 while it trains, at least), then rich's final state."""
+    script, args = PROGRAMS["lightning"]
+    job = TimedJob(tmp_path, script, *args(tmp_path, 3), launch=("--set", "env.STEP_SLEEP_S=1"))
+    assert job.finish(300) == 0, job.text
+    time.sleep(0.1)
+    bars = [(at, line) for at, line in job.arrived if line.startswith("[node0 rank0] Epoch ")]
+    during = bars[:-1]  # the last: rich's own final state
+    assert len(during) >= 2 and "24/24" not in bars[-1][1] and "8/8" in bars[-1][1], bars
+    gaps = [later[0] - earlier[0] for earlier, later in zip(during, during[1:], strict=False)]
+    assert all(9.0 <= gap <= 13.0 for gap in gaps[:-1]), gaps  # the last may be the end's: shorter
