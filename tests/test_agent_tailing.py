@@ -15,6 +15,7 @@ from ddpkit.records.tracebacks import Tracebacks, exception_line
 
 TRACE = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    loss.backward()",
          "RuntimeError: Connection reset by peer"]
+AT = "train.py:9 in <module>"  # where TRACE raised its exception (the record says it)
 
 
 def test_a_bar_redrawn_with_carriage_returns_is_copied_when_it_starts_every_interval_and_when_it_ends() -> None:
@@ -48,7 +49,7 @@ def test_a_whole_traceback_goes_out_behind_its_record_and_a_broken_one_as_it_cam
     assert tracebacks.feed(["before", *TRACE[:2]], 0.0) == [(None, ["before"])]
     assert tracebacks.idle(0.5) == []  # no exception yet: held
     out = tracebacks.feed(TRACE[2:], 1.0) + tracebacks.idle(1.0)
-    assert out == [(records.Traceback(lines=4, line="RuntimeError: Connection reset by peer  (its traceback: the "
+    assert out == [(records.Traceback(lines=4, at=AT, line="RuntimeError: Connection reset by peer  (its traceback: the "
                                       "node's log)"), TRACE)]
     assert tracebacks.feed(TRACE[:2], 10.0) == [] and tracebacks.idle(11.0) == []
     assert tracebacks.idle(12.5) == [(None, TRACE[:2])]  # never whole: out as it came, no record
@@ -59,7 +60,7 @@ def test_lines_that_come_one_by_one_give_the_traceback_out_at_its_exception() ->
     tracebacks = Tracebacks(at_exception=True)
     hooked = [f" {line}" for line in TRACE]
     out = [item for line in [*hooked, " after"] for item in tracebacks.feed([line], 0.0)]
-    assert out == [(records.Traceback(lines=4, line="RuntimeError: Connection reset by peer  (its traceback: the "
+    assert out == [(records.Traceback(lines=4, at=AT, line="RuntimeError: Connection reset by peer  (its traceback: the "
                                       "node's log)"), hooked), (None, [" after"])]
 
 
@@ -77,7 +78,7 @@ def test_torchs_cpp_frames_after_the_exception_are_part_of_the_traceback() -> No
     tracebacks = Tracebacks()
     cpp = [*TRACE, "", "At:", "  default_hooks.py(31): <lambda>", "next line"]
     [(record, lines)] = tracebacks.feed(cpp, 0.0) + tracebacks.idle(0.1)
-    assert record == records.Traceback(lines=7, line=f"{TRACE[-1]}  (its traceback: the node's log)")
+    assert record == records.Traceback(lines=7, at=AT, line=f"{TRACE[-1]}  (its traceback: the node's log)")
     assert lines == cpp  # the line after it is shown: the record counts 7
 
 
@@ -88,7 +89,7 @@ def test_torchs_tail_thread_copies_a_real_file_as_the_worker_wrote_it(tmp_path: 
     finished, dst = threading.Event(), io.StringIO()
     finished.set()  # the worker ended: the tail copies what is there and stops
     tail_logfile("[rank3]:", str(log), dst, finished, 0.01)
-    record = records.frame(records.Traceback(lines=4, line=f"{TRACE[-1]}  (its traceback: the node's log)"))
+    record = records.frame(records.Traceback(lines=4, at=AT, line=f"{TRACE[-1]}  (its traceback: the node's log)"))
     assert dst.getvalue().splitlines() == [
         "[rank3]:100%|", "[rank3]:[W1127 c10d] warned", f"[rank3]:{record}", *(f"[rank3]:{line}" for line in TRACE),
         "[rank3]:caf\ufffd"]

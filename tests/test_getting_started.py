@@ -87,7 +87,6 @@ def test_the_pages_fault_names_node_1_and_the_exception_once(tmp_path: Path) -> 
     assert len(re.findall(r"\[node1 rank3\] ValueError: rank 3 stops here", console)) == 1, output[-4000:]
     assert "ValueError: rank 3 stops here" in rows["node1"]["first failure"], rows
     assert "Traceback (most recent call last)" not in output, output[-4000:]
-    closing = output.rstrip().splitlines()[-2:]
+    closing = output.rstrip().splitlines()[-1]  # one closing line
     assert re.fullmatch(r"launch local: node 1 \(\S+\) failed first: exit status 1; every other node was stopped",
-                        closing[0]), closing
-    assert closing[1] == "launch local: node1 exited with code 1; stopped the other nodes", closing
+                        closing), output[-2000:]

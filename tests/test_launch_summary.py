@@ -83,8 +83,8 @@ def check_summary(text: str, code: int, marker: str, failed_host: str) -> None:
     # torchrun's line is long: the table may wrap it anywhere.
     assert "failed (exitcode: 3)" in " ".join(" ".join(cell[1:]).split()), cell
     flat = " ".join(text.split())
-    assert f"node 1 ({failed_host}) failed first: exit status {code}; every other node was stopped" in flat
-    assert f"node1 exited with code {code}; stopped the other nodes" in flat
+    closing = f"node 1 ({failed_host}) failed first: exit status {code}; every other node was stopped"
+    assert closing in flat and flat.count("failed first:") == 1 and "exited with code" not in flat, flat[-2000:]
 
 
 def check_recorded(runs_dir: Path, printed: str, code: int, marker: str, target: str) -> None:

@@ -106,4 +106,4 @@ def test_forged_duplicate_fails_a_launch_local_job() -> None:
     assert res.returncode != 0, res.stdout
     assert "rank report: rank(s) [0] reported by more than one process" in res.stdout
     assert "REPORT-OK" not in res.stdout
-    assert "stopped the other nodes" in res.stdout or "exited with code" in res.stdout
+    assert "every other node was stopped" in " ".join(res.stdout.split()), res.stdout[-3000:]

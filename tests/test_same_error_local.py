@@ -67,7 +67,7 @@ def test_the_same_error_after_a_restart_stops_the_job_as_a_bug(tmp_path: Path, p
     closing = (f"failed first: the same error twice, rank 1, {where}: a bug in the program, not a fault of the "
                "machine; every other node was stopped")
     assert re.search(r"launch local: node 1 \(\S+\) " + re.escape(closing), flat), flat[-3000:]
-    assert "node1 exited with code 76; stopped the other nodes" in flat, flat[-3000:]
+    assert flat.count("failed first:") == 1 and "exited with code" not in flat, flat[-3000:]  # said once
     assert "Traceback (most recent call last)" not in out, out[-5000:]  # one line a cause, tracebacks in the logs
 
 

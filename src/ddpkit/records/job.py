@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Record
+from .base import Record, optional
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,10 @@ class Traceback(Record):
     kind: ClassVar[str] = "traceback"
     lines: int
     line: str
+    at: str | None = optional()  # where it was raised: the innermost frame of the program's own code
+    # Its collective lost a peer (gloo's, NCCL's or the store's connection closed): most
+    # often the knock-on of another rank's failure, not a failure of its own.
+    knock_on: bool | None = optional()
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,18 @@ A traceback starts at `Traceback (most recent call last):` at some indent
 the first line back at its own indent after its last frame: the exception,
 with torch's C++ continuation (`At:` and its frames). Chained tracebacks
 (`During handling of the above exception ...`) are one.
+
+The record also says where the exception was raised (the innermost frame of
+the program's own code, not a library's) and whether it is a collective's
+lost peer (gloo's `Connection closed by peer`, NCCL's `remote process
+exited`): on a rank whose peer failed first, that is a knock-on, not a
+failure of its own, and a launcher says so instead of showing a second
+exception.
 """
 
 from __future__ import annotations
+
+import re
 
 from .base import Record
 from .job import Traceback
@@ -70,7 +79,52 @@ def record_of(lines: list[str], at: int) -> Record:
     """The record for a traceback whose exception is lines[at]."""
     exception = lines[at].strip()
     shown = exception if len(exception) <= SHOWN_CHARS else exception[:SHOWN_CHARS] + "..."
-    return Traceback(lines=block_end(lines, at) + 1, line=shown + WHERE)
+    return Traceback(lines=block_end(lines, at) + 1, line=shown + WHERE, at=raised_at(lines[:at]),
+                     knock_on=is_knock_on(exception) or None)
+
+
+# A frame line: `  File "/job/train.py", line 42, in training_step`.
+FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+# Where a frame is a library's or Python's own, not the program's.
+LIBRARY = ("site-packages/", "dist-packages/", "<frozen ", "/lib/python3.")
+
+
+def raised_at(lines: list[str]) -> str | None:
+    """Where the last exception of a traceback (its lines before the exception
+    line) was raised, as `file:line in function`: the innermost frame of the
+    program's own code, else the innermost frame; None without frames."""
+    last = max((i for i, line in enumerate(lines) if line.lstrip().startswith(CHAINED)), default=-1)
+    frames = [m for line in lines[last + 1:] if (m := FRAME_LINE.match(line))]
+    if not frames:
+        return None
+    own = [m for m in frames if not any(part in m["file"] for part in LIBRARY)]
+    frame = (own or frames)[-1]
+    return f"{frame['file']}:{frame['line']} in {frame['func']}"
+
+
+# A collective's lost peer: a backend's words (gloo's, NCCL's, c10d's store) with a peer gone.
+BACKENDS = ("gloo", "nccl", "distbackenderror", "distnetworkerror", "c10d", "processgroup", "tcpstore")
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "closed by remote peer", "broken pipe",
+             "remote process exited", "remote worker crashing", "communicator was aborted", "ncclremoteerror",
+             "failed to recv, got 0 bytes")
+
+
+def is_knock_on(exception: str) -> bool:
+    """Whether an exception line says a collective lost its peer: on a rank
+    whose peer failed, the knock-on of that failure."""
+    text = exception.lower()
+    return any(b in text for b in BACKENDS) and any(p in text for p in PEER_GONE)
+
+
+def knock_on_text(record: Traceback) -> str:
+    """A knock-on exception, short: its type and the sentence that names the
+    lost peer (gloo adds advice and an emoji), without the record's WHERE."""
+    exception = record.line.removesuffix(WHERE)
+    kind, _, message = exception.partition(": ")
+    lowered = message.lower()
+    at = min((i for p in PEER_GONE if (i := lowered.find(p)) >= 0), default=0)
+    end = message.find(". ", at)
+    return f"{kind}: {(message if end < 0 else message[:end]).rstrip('.')}"
 
 
 class Tracebacks:

@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from ... import records
-from ...records.tracebacks import WHERE, Tracebacks
+from ...records.tracebacks import Tracebacks
 from .dedup import Dedup, Released, Source
+from .exceptions import Exceptions, RankException
 from .recovery import Recovery
 
 if TYPE_CHECKING:
@@ -92,7 +93,8 @@ class LinePrinter:
         self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (its agent's record)
         self.failed_at: dict[int, float] = {}  # by node index: when its first worker failed, on that node's clock
         self.same_errors: dict[int, records.SameError] = {}  # by node index: its agent saw the same error twice
-        self.exceptions: dict[int, str] = {}  # by node index: its first traceback's exception line, with its prefix
+        self.worker_ranks: dict[int, int | None] = {}  # by node index: the rank of its first failed worker
+        self.exceptions = Exceptions()  # every worker's exception, from its traceback record
         self.stopped: records.Stop | None = None  # the job's last stop record: it checkpointed on a stop signal, or not
         self.causes: dict[str, int] = {}  # each worker's cause line (its `cause` record), once, with its first node
         self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
@@ -135,10 +137,10 @@ class LinePrinter:
             # A rank's own lines that no agent copied (launch ssh, docker): its traceback, one line.
             tracebacks = self._tracebacks.setdefault((node.index, rank), Tracebacks(at_exception=True))
             for record, lines in tracebacks.feed([body], self.clock()):
-                if isinstance(record, records.Traceback):
-                    self._note_exception(node.index, prefix, record)
-                for shown in [record.line] if isinstance(record, records.Traceback) else lines:
-                    self._show(node.index, rank, prefix, shown)
+                shown = ([self._note_exception(node.index, rank, prefix, record)]
+                         if isinstance(record, records.Traceback) else lines)
+                for text in shown:
+                    self._show(node.index, rank, prefix, text)
 
     def _show(self, index: int, rank: int | None, prefix: str, body: str) -> None:
         """One line to the console (through dedup) and the node's tail; under the lock."""
@@ -174,9 +176,12 @@ class LinePrinter:
         came); later lines print at once."""
         with self._lock:
             for (index, rank), tracebacks in self._tracebacks.items():
+                prefix = f"[{self._labels.get(index, f'node{index}')} rank{rank}] "
                 for record, lines in tracebacks.close():
-                    for shown in [record.line] if isinstance(record, records.Traceback) else lines:
-                        self._show(index, rank, f"[{self._labels.get(index, f'node{index}')} rank{rank}] ", shown)
+                    shown = ([self._note_exception(index, rank, prefix, record)]
+                             if isinstance(record, records.Traceback) else lines)
+                    for text in shown:
+                        self._show(index, rank, prefix, text)
             self._tracebacks.clear()
             if self.dedup is not None:
                 for out in self.dedup.drain():
@@ -206,7 +211,7 @@ class LinePrinter:
         elif isinstance(record, records.Reformed):
             self.recovery.trained_again(record, self.clock())
         elif isinstance(record, records.WorkerExit) and index not in self.worker_codes:
-            self.worker_codes[index] = record.exitcode
+            self.worker_codes[index], self.worker_ranks[index] = record.exitcode, record.rank
             if stamped.time is not None:
                 self.failed_at[index] = stamped.time
             self._add_to_tail(index, prefix + record.line)
@@ -219,23 +224,26 @@ class LinePrinter:
             self._held_back[(index, None)] = record.lines
         elif isinstance(record, records.Traceback):
             self._held_back[(index, rank)] = record.lines
-            self._note_exception(index, prefix, record)
-            return record.line
+            return self._note_exception(index, rank, prefix, record)
         elif isinstance(record, records.Cause):
             self.causes.setdefault(record.line, index)  # shown once, at the end (Supervisor.summary)
             self._hidden[(index, record.line)] = self._hidden.get((index, record.line), 0) + 1
         return True
 
-    def _note_exception(self, index: int, prefix: str, record: records.Traceback) -> None:
-        """A worker's traceback before its node's agent reported a failed worker:
-        the summary's cell for the node (a peer's knock-on error after it is not)."""
-        if index not in self.worker_codes:
-            self.exceptions.setdefault(index, prefix + record.line.removesuffix(WHERE))
+    def _note_exception(self, index: int, rank: int | None, prefix: str, record: records.Traceback) -> str:
+        """A worker's exception, for the summary's cell (launch/supervise/exceptions.py);
+        the line the console shows for it (a knock-on says so)."""
+        return self.exceptions.note(index, rank, prefix, record, late=index in self.worker_codes)
 
-    def exception(self, index: int) -> str | None:
-        """The exception line (type: message) of node `index`'s first worker traceback, if any."""
+    def exception(self, index: int) -> RankException | None:
+        """The exception that failed node `index` (not a knock-on where it raised one of its own), if any."""
         with self._lock:
-            return self.exceptions.get(index)
+            return self.exceptions.of_node(index, self.worker_ranks.get(index))
+
+    def exception_nodes(self) -> tuple[set[int], set[int]]:
+        """The nodes with an exception of their own, and those whose every exception was a knock-on."""
+        with self._lock:
+            return self.exceptions.own(), self.exceptions.knocked_on()
 
     def _add_to_tail(self, index: int, line: str) -> None:
         self.tails.setdefault(index, deque(maxlen=TAIL_LINES)).append(line)
@@ -260,7 +268,8 @@ class LinePrinter:
             self.worker_codes.pop(index, None)
             self.failed_at.pop(index, None)
             self.same_errors.pop(index, None)
-            self.exceptions.pop(index, None)
+            self.worker_ranks.pop(index, None)
+            self.exceptions.forget(index)
             self._cut.pop(index, None)
             for key in [key for key in self._held_back if key[0] == index]:
                 del self._held_back[key]

@@ -32,6 +32,7 @@ class Outcome:
     worker_codes: dict[int, int] = field(default_factory=dict)  # node index -> its failed worker's code
     lost: list[LostRank] = field(default_factory=list)  # ranks the job's watchdog found silent (launch/supervise/recovery.py)
     stopped_at: Stop | None = None  # the job's stop record: where it checkpointed on the stop signal, if it did
+    knocked_on: set[int] = field(default_factory=set)  # nodes whose workers only lost their peer (blame_own_error)
 
     def track(self, node: NodeHandle) -> NodeTrack:
         return next(t for t in self.nodes if t.index == node.index)
@@ -67,6 +68,17 @@ class Outcome:
         failed = [t for t in self.nodes if t.index in failed_at and t.node.exit_code() != 0]
         if failed:
             self.first_failure = min(failed, key=lambda t: failed_at[t.index]).node
+
+    def blame_own_error(self, own: set[int], knocked_on: set[int]) -> None:
+        """A first failure whose workers only lost their peer in a collective
+        (a knock-on: gloo's `Connection closed by peer`) did not fail first:
+        the node whose worker raised an error of its own did, whichever exit
+        or clock came first (`own`, `knocked_on`: node indexes)."""
+        self.knocked_on = knocked_on
+        first = self.first_failure
+        if first is None or first.index not in knocked_on:
+            return
+        self.first_failure = next((t.node for t in self.nodes if t.index in own), first)
 
     def blame_lost(self) -> None:
         """A static job stopped for a lost node: that node failed first,

@@ -61,6 +61,8 @@ def node_status(node: NodeHandle, outcome: Outcome) -> Status:
         return Status.STOPPED  # its ranks left because the watchdog stopped the job, not by a fault of theirs
     if node is outcome.first_failure:
         return Status.LOST if any(x.node == node.index for x in outcome.lost) else Status.FAILED_FIRST
+    if outcome.first_failure is not None and node.index in outcome.knocked_on:
+        return Status.STOPPED  # its workers only lost their peer to the first failure: no failure of its own
     if track.state in STATE_STATUS:
         return STATE_STATUS[track.state]
     if outcome.node_code(node) != 0:
@@ -106,13 +108,12 @@ def closing_line(outcome: Outcome, text: RunText, reason: Callable[[NodeHandle],
     if failed is None:
         return (f"{text.title}: every node finished" + _rejoined_text(outcome) + _excluded_text(outcome, reason)
                 + recovery)
-    # Both halves are read by scripts and tests: keep their wording. The run's exit code
-    # is said apart where it is not the node's (a lost node's 137 ends the run with 14).
+    # One line, read by scripts and tests: keep its wording. The node's exit code is the
+    # table's; the run's is said where it is not the node's (a lost node's 137 ends the run with 14).
     node = code_text(outcome.node_code(failed))
     run = "" if node == str(outcome.code) else f" (the run's exit code: {outcome.code})"
     return (f"{text.title}: node {failed.index} ({failed.host}) failed first: {reason(failed)}; "
-            f"every other node was stopped\n"
-            f"{text.title}: node{failed.index} exited with code {node}{run}; stopped the other nodes")
+            f"every other node was stopped{run}")
 
 
 def _rejoined_text(outcome: Outcome) -> str:

@@ -132,6 +132,7 @@ class Supervisor:
         outcome.lost = sorted((x for x in self.printer.recovery.lost.values() if not self._own_exit(x.node)),
                               key=lambda x: x.rank)
         outcome.blame_earliest(self.printer.worker_failed_at())
+        outcome.blame_own_error(*self.printer.exception_nodes())
         outcome.blame_lost()
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
         self._note_end(outcome)
@@ -337,7 +338,8 @@ class Supervisor:
             return ""
         exception = self.printer.exception(node.index)
         if exception is not None:  # its cause, not the warnings printed before it
-            return "\n".join([self.reason(node, outcome), exception, f"its traceback: {self._log_of(node)}"])
+            at = [f"at {exception.at}"] if exception.at else []
+            return "\n".join([self.reason(node, outcome), exception.line, *at, f"its traceback: {self._log_of(node)}"])
         return "\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]])
 
     def _log_of(self, node: NodeHandle) -> str:
