@@ -18,6 +18,7 @@ import io
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,8 +68,17 @@ def _skewed(line: str, skew_s: float) -> str:
     return records.FRAME + json.dumps(obj)
 
 
-def summarised(tmp_path: Path, drive: Callable[[Supervisor, list[ScriptedNode]], None]) -> tuple[str, RunSummary]:
-    """Two scripted nodes driven by `drive`; the console's text and the recorded summary."""
+@dataclass(frozen=True)
+class Ended:
+    """What a run left: the console's text, the recorded summary, the events (kind, node)."""
+
+    text: str
+    summary: RunSummary
+    events: list[tuple[str, int | None]]
+
+
+def summarised(tmp_path: Path, drive: Callable[[Supervisor, list[ScriptedNode]], None]) -> Ended:
+    """Two scripted nodes driven by `drive`: what the run left."""
     folder = RunFolder.create(name="crash", target="local", nodes=2, nproc_per_node=1, spec_yaml="", root=tmp_path)
     folder.set_logs([NodeLog(node=n, host=f"h{n}", path=f"/logs/node{n}/agent.log") for n in (0, 1)])
     nodes = [ScriptedNode(0), ScriptedNode(1)]
@@ -86,7 +96,7 @@ def summarised(tmp_path: Path, drive: Callable[[Supervisor, list[ScriptedNode]],
     sup.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     summary = folder.record().summary
     assert summary is not None
-    return out.getvalue(), summary
+    return Ended(out.getvalue(), summary, [(e.kind, e.node) for e in folder.events()])
 
 
 def replay(sup: Supervisor, node: ScriptedNode, lines: list[str], code: int | None = 1) -> None:
@@ -116,8 +126,9 @@ def test_a_crash_reads_as_its_exception_and_the_peer_s_gloo_error_as_its_knock_o
         replay(sup, nodes[1], copied(1, tmp_path))
         replay(sup, nodes[0], copied(0, tmp_path), code=None)  # it fails as the launcher stops it
 
-    text, summary = summarised(tmp_path, drive)
-    check_the_crash(text, summary)
+    ended = summarised(tmp_path, drive)
+    text = ended.text
+    check_the_crash(text, ended.summary)
     assert GLOO not in text, text  # its peer had failed already: the line says whose failure it is
     assert ("[node0 rank0] a knock-on of rank 1's failure: its collective lost a peer (RuntimeError)  "
             "(its traceback: the node's log)") in text.splitlines(), text
@@ -130,7 +141,8 @@ def test_the_failed_worker_s_traceback_after_its_agent_s_report_still_fills_the_
         replay(sup, nodes[1], copied(1, tmp_path, exit_first=True))
         replay(sup, nodes[0], copied(0, tmp_path), code=None)
 
-    check_the_crash(*summarised(tmp_path, drive))
+    ended = summarised(tmp_path, drive)
+    check_the_crash(ended.text, ended.summary)
 
 
 def test_a_knock_on_whose_exit_and_clock_come_first_is_not_the_first_failure(tmp_path: Path) -> None:
@@ -144,8 +156,11 @@ def test_a_knock_on_whose_exit_and_clock_come_first_is_not_the_first_failure(tmp
         nodes[0].finish(1)
         nodes[1].finish(1)
 
-    text, summary = summarised(tmp_path, drive)
-    check_the_crash(text, summary)
+    ended = summarised(tmp_path, drive)
+    text = ended.text
+    check_the_crash(text, ended.summary)
+    # node 0's exit stopped the run (its event says so); the run's events then say who failed first
+    assert [e for e in ended.events if e[0].startswith("failed")] == [("failed", 0), ("failed first", 1)]
     assert (f"[node0 rank0] RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] "
             f"{GLOO}: its collective lost a peer, most often the knock-on of another rank's failure  (its "
             "traceback: the node's log)") in text.splitlines(), text
@@ -157,7 +172,7 @@ def test_a_lost_peer_with_no_other_failure_is_the_first_failure(tmp_path: Path) 
     def drive(sup: Supervisor, nodes: list[ScriptedNode]) -> None:
         replay(sup, nodes[0], copied(0, tmp_path))
 
-    _, summary = summarised(tmp_path, drive)
+    summary = summarised(tmp_path, drive).summary
     rows = {row.node: row for row in summary.rows}
     assert (rows[0].status, rows[1].status) == ("failed first", "stopped"), summary.rows
     cell = rows[0].first_failure.splitlines()

@@ -131,11 +131,12 @@ class Supervisor:
         outcome.stopped_at = self.printer.stop_record()
         outcome.lost = sorted((x for x in self.printer.recovery.lost.values() if not self._own_exit(x.node)),
                               key=lambda x: x.rank)
+        read_first = outcome.first_failure
         outcome.blame_earliest(self.printer.worker_failed_at())
         outcome.blame_own_error(*self.printer.exception_nodes())
         outcome.blame_lost()
         outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
-        self._note_end(outcome)
+        self._note_end(outcome, read_first)
         return outcome
 
     def _in(self, *states: NodeState) -> list[NodeTrack]:
@@ -147,7 +148,13 @@ class Supervisor:
         track = self.tracks.get(index)
         return track is not None and track.own_exit
 
-    def _note_end(self, outcome: Outcome) -> None:
+    def _note_end(self, outcome: Outcome, read_first: NodeHandle | None) -> None:
+        """The run's end in its events; `read_first`: the node whose exit the loop read first."""
+        first = outcome.first_failure
+        if first is not None and read_first is not None and first.index != read_first.index:
+            # The events said that node's exit stopped the run; the summary blames this one: say why.
+            self.note("failed first", f"{self.reason(first, outcome)}: its worker failed before node "
+                                      f"{read_first.index}'s, whose exit reached the launcher first", first.index)
         if outcome.interrupted:
             self.note("interrupted", f"Ctrl-C or SIGTERM: every node stopped with {self.interrupt_grace_s:g} s grace")
         for s in outcome.stalled:
