@@ -8,6 +8,7 @@ The frameworks' real runs under `launch local`: tests/test_own_frameworks.py."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +104,21 @@ def test_a_rank_that_never_publishes_its_last_window_costs_the_exit_a_bounded_wa
     recorder.finish(wait_s=0.3)
     assert 0.3 <= time.monotonic() - began < 2.0
     assert steps_of(path, records.StepTimes) == [] and steps_of(path, records.Train) == [10, 20]
+
+
+def test_after_an_uncaught_exception_rank_0_waits_for_no_window(
+        tmp_path: Path, stores: tuple[dist.Store, dist.Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that ended in an exception (the interpreter keeps it as
+    sys.last_value before the exit handlers run): the other ranks may be gone."""
+    mine, _ = stores
+    recorder = rank_0(tmp_path / "metrics.jsonl", mine)
+    for step in range(1, 16):
+        recorder.on_step(step)
+    monkeypatch.setattr(sys, "last_value", RuntimeError("the program's"), raising=False)
+    began = time.monotonic()
+    recorder.finish(wait_s=5)
+    assert time.monotonic() - began < 1.0
+    assert steps_of(tmp_path / "metrics.jsonl", records.Train) == [10, 15]  # its own records are still written
 
 
 def load(tmp_path: Path, *train: records.Train) -> report_data.ReportData:

@@ -29,6 +29,7 @@ The rank table's rows go in as `rank_report` records (ranks.py).
 from __future__ import annotations
 
 import atexit
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -155,7 +156,9 @@ class Recorder:
                     self._writer().put(self._train(self._step, self._last, world))
                     self._pending.append(self._step)
             if rank == 0 and store is not None:
-                self._drain(store, world, time.monotonic() + wait_s)
+                # An exception ended the program: the other ranks may be gone, so none is waited for.
+                crashed = getattr(sys, "last_value", None) is not None
+                self._drain(store, world, time.monotonic() + (0.0 if crashed else wait_s))
         except Exception:  # the program has ended: a store gone with it costs the window, not the exit
             return
 
