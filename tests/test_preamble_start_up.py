@@ -52,7 +52,7 @@ def test_a_rank_stuck_in_its_checkpoint_read_is_named_and_the_job_stopped(tmp_pa
     text = job.text
     assert code == ExitCode.STALLED, text
     assert job.left == [], "a process of the job outlived it"
-    assert took < FIRST_STEP_S + 60, f"{took:.0f}s from the launch to its end (vs {COLLECTIVE_TIMEOUT_S}s)\n{text}"
+    assert took < 150, f"{took:.0f}s from the launch to its end (vs {COLLECTIVE_TIMEOUT_S}s)\n{text}"
     assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step 0, phase setup, at \S+/torch/serialization\.py:\d+ "
                      r"in \w+ \(called from \S+tutorial_ddp\.py:\d+ in _load_snapshot\)", text), text
     assert "the hang watchdog found stalled rank(s): rank 1 (node 1" in text.splitlines()[-1], text

@@ -12,7 +12,9 @@ group. ddpkit's own programs (`-m ddpkit.*`) do all of this themselves.
 - `progress`: an optimizer step is a training step for the hang watchdog
   (torch's global optimizer-step hook), a `torch.save` is a checkpoint
   phase, and calls made by the program's main thread are signs of life
-  between steps (an evaluation, a slow first step); progress.py;
+  between steps (an evaluation, a slow first step); progress.py. Its
+  start-up is watched from `init_process_group`'s return: a rank still
+  starting while another waits for it is named (startup.py);
 - `metrics`: step times, samples per second and the loss as `ddpkit
   train`'s metrics records, where the launcher names a file for them
   (DDPKIT_METRICS), for `ddpkit report`; metrics.py;
