@@ -363,3 +363,34 @@ def test_start_up_follows_the_main_thread_until_the_first_step(monkeypatch: pyte
     assert stall_model.PULSE.phase is stall_model.Phase.TRAIN
     startup.follow("in a barrier")  # type: ignore[arg-type]
     assert stall_model.PULSE.phase is stall_model.Phase.TRAIN
+
+
+def test_ddpkit_trains_watchdog_takes_over_from_the_one_the_programs_start_up_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program of the user's own that runs ddpkit train's Trainer: the preamble's watchdog,
+    started at init_process_group's return, stops publishing once the trainer's starts, and
+    the preamble neither samples the main thread nor reports steps any more."""
+    from ddpkit.train.watchdog import stall
+    from ddpkit.train.watchdog.stall_model import PULSE, Settings
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(server.port), "DDPKIT_WATCHDOG_STALL_S": "60"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(watchdog, "_state", {})
+    monkeypatch.setattr(stall, "_RUNNING", [])
+    watchdog.watch_start_up()
+    programs = stall.running()
+    assert programs is not None and watchdog.watching()
+    trainers = stall.start(stall.Identity(1, 2, 1, 1, "here", 1), "127.0.0.1", server.port, stall.Outputs(),
+                           Settings(stall_s=60.0))
+    try:
+        assert trainers is not None and stall.running() is trainers
+        assert programs._stop.is_set() and not trainers._stop.is_set() and not watchdog.watching()
+        step = PULSE.step
+        watchdog.auto_progress(step + 1)
+        assert PULSE.step == step  # the trainer's loop reports its steps
+    finally:
+        for dog in (programs, trainers):
+            if dog is not None:
+                dog.retire()

@@ -58,8 +58,9 @@ def _foreign() -> bool:
 
 
 def watching() -> bool:
-    """Whether this rank's watchdog runs (it started with the first reported step)."""
-    return _state.get("dog") is not None
+    """Whether this rank's watchdog, started here, runs (from the program's
+    start-up or its first reported step), and no other took its place."""
+    return _state.get("dog") is not None and not _foreign()
 
 
 def watch_start_up() -> None:

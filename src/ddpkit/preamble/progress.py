@@ -84,6 +84,8 @@ class LivenessSampler(threading.Thread):
     def run(self) -> None:
         last: tuple[tuple[CodeType, ...], int] | None = None
         while not self._stop.wait(self.every_s):
+            if not watchdog.watching():  # ddpkit train's watchdog took over: its loop reports for itself
+                return
             frame = sys._current_frames().get(self.watched.ident or -1)
             if _wd.PULSE.phase in _wd.START_UP:
                 startup.follow(frame)

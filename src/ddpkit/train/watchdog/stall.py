@@ -116,6 +116,11 @@ class Watchdog:
         self.publish()  # at once: the monitors see every rank from its start
         self._thread.start()
 
+    def retire(self) -> None:
+        """Stop without a word: another watchdog of this process publishes this
+        rank's heartbeat from now on."""
+        self._stop.set()
+
     def stop(self) -> None:
         """Training ended: say so (a finished rank is not a stalled one) and stop."""
         PULSE.phase = Phase.DONE
@@ -383,6 +388,10 @@ def start(ident: Identity, master_addr: str | None, master_port: int | None, out
     if ident.rank == 0 and master_addr and runkey.key_from() is None:  # a network store, open to any client
         print(runkey.UNKEYED_NOTE, file=sys.stderr, flush=True)
     dog = Watchdog(open_store(master_addr, master_port, ident.rank), ident, settings, outputs, loss_s=loss_s)
+    # One publisher per rank: ddpkit train's watchdog, started inside a program of the user's
+    # own, takes over from the one the program's start-up started (two would judge twice).
+    for earlier in _RUNNING:
+        earlier.retire()
     dog.start()
     _RUNNING.append(dog)
     return dog
