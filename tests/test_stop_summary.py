@@ -89,6 +89,8 @@ def test_a_stopped_run_says_whether_it_checkpointed(tmp_path: Path, printed: lis
     assert summary.closing == f"launch local: interrupted; stopped all nodes; {said}"
     assert text.count(f"stopped, {said}") == 2 and summary.closing in text, text
     assert "@@ddpkit-record" not in text, text
+    interrupted = next(e for e in folder.events() if e.kind == "interrupted")  # `ddpkit status` lists the events
+    assert interrupted.detail.endswith(f"s grace; {said}"), interrupted
 
 
 def test_the_status_cell_keeps_the_stopped_style() -> None:

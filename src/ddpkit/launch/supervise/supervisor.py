@@ -39,7 +39,7 @@ from .nodeoutput import NO_EXIT_STATUS, SUMMARY_LINES, LinePrinter, NodeHandle
 from .nodestate import NodeState, NodeTrack
 from .outcome import Outcome, node_code
 from .stragglers import straggler_cell
-from .summary import RunText, closing_line, code_text, status_text, summary_table
+from .summary import RunText, checkpoint_text, closing_line, code_text, status_text, summary_table
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -156,7 +156,8 @@ class Supervisor:
             self.note("failed first", f"{self.reason(first, outcome)}: its worker failed before node "
                                       f"{read_first.index}'s, whose exit reached the launcher first", first.index)
         if outcome.interrupted:
-            self.note("interrupted", f"Ctrl-C or SIGTERM: every node stopped with {self.interrupt_grace_s:g} s grace")
+            self.note("interrupted", f"Ctrl-C or SIGTERM: every node stopped with {self.interrupt_grace_s:g} s grace; "
+                                     f"{checkpoint_text(outcome.stopped_at)}")
         for s in outcome.stalled:
             self.note("stall", s.line, s.node)
         for straggler in outcome.stragglers:
