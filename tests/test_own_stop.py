@@ -23,6 +23,7 @@ import torch
 from ddpkit import processes
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise import proctree
+from ddpkit.runs import resolve
 from tests.helpers.rank_table import pid_of
 from tests.test_preamble import TUTORIAL, Job
 from tests.test_startup import ROOT
@@ -38,6 +39,22 @@ def stop_the_launcher(job: Job, ready: str) -> tuple[int, str]:
     code = job.finish(120)
     assert job.left == [], job.left
     return code, job.text
+
+
+def check_what_is_read_last(text: str, said: str) -> None:
+    """The summary's rows, its closing line (the console's last), run.json and
+    `ddpkit status` of the run all say `said` (whether the stop checkpointed)."""
+    assert text.rstrip().splitlines()[-1].endswith(f"interrupted; stopped all nodes; {said}"), text[-2000:]
+    assert text.count(f"stopped, {said}") == 2, text[-2000:]  # each node's row
+    found = re.search(r"\(ddpkit status (\w+)\)", text)
+    assert found, text[:2000]
+    record = resolve(found.group(1)).folder.record()
+    assert record.summary is not None and record.summary.closing.endswith(f"; {said}"), record
+    assert [row.status for row in record.summary.rows] == [f"stopped, {said}"] * 2, record.summary.rows
+    status = subprocess.run([sys.executable, "-m", "ddpkit.cli", "status", found.group(1)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert status.stdout.count(f"stopped, {said}") == 2, status.stdout
+    assert status.stdout.rstrip().splitlines()[-1] == record.summary.closing, status.stdout
 
 
 def agreed_step(text: str) -> int:
@@ -59,7 +76,7 @@ def test_on_stop_runs_on_every_rank_at_the_same_step_and_the_workers_exit_75(tmp
     assert snapshot["STEP"] == step  # written by the handler at the agreed step (the tutorial's own has no STEP)
     assert code == ExitCode.INTERRUPTED, text[-2000:]
     # The preamble's stop record: the summary says the handlers saved at that step.
-    assert text.rstrip().endswith(f"interrupted; stopped all nodes; checkpoint at step {step}"), text[-2000:]
+    check_what_is_read_last(text, f"checkpoint at step {step}")
 
 
 def test_without_a_handler_the_program_stops_at_once_and_says_no_checkpoint_was_written(tmp_path: Path) -> None:
@@ -71,7 +88,7 @@ def test_without_a_handler_the_program_stops_at_once_and_says_no_checkpoint_was_
     # The tutorial's own snapshot of epoch 0 is there; no handler wrote a step's.
     assert "STEP" not in torch.load(tmp_path / "snap.pt", map_location="cpu")
     assert code == ExitCode.INTERRUPTED, text[-2000:]
-    assert text.rstrip().endswith("interrupted; stopped all nodes; no checkpoint"), text[-2000:]
+    check_what_is_read_last(text, "no checkpoint")
 
 
 @pytest.mark.full  # a Trainer's agreed stop and resume: the Lightning test below; Hugging Face's callback: test_own_frameworks.py
