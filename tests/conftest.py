@@ -126,15 +126,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Modules longest first, so that `--dist loadfile` (a module runs on one
     xdist worker, in order: its module-scoped clusters are built once) starts the long
     modules at once and ends on short ones, instead of starting a 5-minute
-    module when the others are done. Then `gpu` tests are skipped where
-    there is no GPU."""
+    module when the others are done; the modules that need the Docker image
+    come after a few minutes' worth of others, while it is set up in the
+    background (tests/infra/docker_daemon.py). Then `gpu` tests are skipped
+    where there is no GPU."""
     known = timings.load_test_seconds()
     by_module: dict[str, list[pytest.Item]] = defaultdict(list)
     for item in items:
         by_module[_module(item.nodeid)].append(item)
     ordered = sorted(by_module.values(), key=lambda module_items: -_expected_cost(module_items, known))
+    if any(_needs_docker(module_items) for module_items in ordered) and not config.option.collectonly:
+        docker_daemon.set_up_in_background(os.environ[docker_daemon.RUN_VAR])
+        ordered = _docker_modules_later(ordered, known, _workers(config))
     items[:] = [item for module_items in ordered for item in module_items]
     _skip_gpu_tests_without_a_gpu(items)
+
+
+def _needs_docker(module_items: list[pytest.Item]) -> bool:
+    return any("docker_daemon" in getattr(item, "fixturenames", ()) for item in module_items)
+
+
+def _workers(config: pytest.Config) -> int:
+    workerinput = getattr(config, "workerinput", None)
+    return int(workerinput["workercount"]) if workerinput else 1
+
+
+def _docker_modules_later(ordered: list[list[pytest.Item]], known: dict[str, float],
+                          workers: int) -> list[list[pytest.Item]]:
+    """The modules that need the Docker image handed out once the others
+    ahead of them are expected to keep every worker busy for the image's
+    cold set-up (docker_daemon.COLD_SET_UP_S), which runs meanwhile in the
+    background; each list stays longest first."""
+    docker = [module_items for module_items in ordered if _needs_docker(module_items)]
+    result: list[list[pytest.Item]] = []
+    ahead = 0.0
+    for module_items in ordered:
+        if _needs_docker(module_items):
+            continue
+        if docker and ahead / workers >= docker_daemon.COLD_SET_UP_S:
+            result += docker
+            docker = []
+        result.append(module_items)
+        ahead += _expected_cost(module_items, known)
+    return result + docker
 
 
 def _skip_gpu_tests_without_a_gpu(items: list[pytest.Item]) -> None:

@@ -13,9 +13,15 @@ file lock, and records the run it did it for (RUN_VAR, set once by the
 controller); the others find the record and use both. The controller stops
 the daemon when every worker is done (stop_if_started_by, from conftest).
 
-The build is paid before the first test that needs it starts its clock
-(conftest's pytest_runtest_protocol calls prepare() outside pytest-timeout's
-limit): the cold build took 2.5 minutes on the idle 2-core machine and 6 to 10
+The set-up starts as soon as a worker has collected a test that needs it
+(set_up_in_background, from conftest's collection hook: a process of its
+own, under the same lock), and conftest hands out the modules that need it
+after the first few minutes' worth of others: the cold set-up overlaps the
+tests instead of holding up every worker that reaches a Docker test (on the
+2-core CI machine all three did, each waiting out the whole set-up).
+Whatever is left of it is paid before the first test that needs it starts
+its clock (conftest's pytest_runtest_protocol calls prepare() outside
+pytest-timeout's limit): the cold build took 2.5 minutes on the idle 2-core machine and 6 to 10
 in whole-suite runs, which a test's own limit is not meant to hold. Its steps carry their own limits
 (WHEELHOUSE_LIMIT_S, BUILD_LIMIT_S), and so does the wait for another worker's
 build (LOCK_LIMIT_S): a stuck build fails, it never hangs the run.
@@ -28,6 +34,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +53,11 @@ BUILD_LIMIT_S = 1800  # docker/build.sh cpu, stand-in base included: 2.5 to 10 m
 BUILD_LOG = STATE / "build.log"  # the image build's output, for when it fails
 FAILED = STATE / "failed.json"  # {"run": ..., "why": ...}: this run's set-up failed; not tried again
 LOCK_LIMIT_S = WHEELHOUSE_LIMIT_S + BUILD_LIMIT_S + 300  # another worker's set-up, start to end
+BACKGROUND = STATE / "background.json"  # {"run", "pid"}: the set-up process set_up_in_background started
+BACKGROUND_LOG = STATE / "background.log"  # that process's own output (the build's is BUILD_LOG)
+# The cold set-up on the idle 2-core machine: what conftest lets the other
+# modules run first, per worker, before it hands out one that needs Docker.
+COLD_SET_UP_S = 330.0
 
 
 @dataclass
@@ -179,6 +191,56 @@ def _set_up_for(run: str) -> Docker:
         return daemon
 
 
+def set_up_in_background(run: str) -> None:
+    """Start `run`'s set-up in a process of its own, once per run (the first
+    caller wins; later ones return at once), unless Docker cannot be used
+    here. It takes the set-up lock, so a test that needs the image before it
+    is done waits for it in prepare() as it would for another worker."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    if _background_of(run) is not None or _why_not() is not None:
+        return
+    with FileLock(str(STATE / "background.lock"), timeout=60):
+        if _background_of(run) is not None:
+            return
+        with BACKGROUND_LOG.open("w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "tests.infra.docker_daemon", run], cwd=REPO,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        BACKGROUND.write_text(json.dumps({"run": run, "pid": proc.pid}))
+
+
+def _background_of(run: str) -> int | None:
+    """The pid of `run`'s background set-up process, if one was started."""
+    try:
+        record = json.loads(BACKGROUND.read_text())
+    except (OSError, ValueError):
+        return None
+    return int(record["pid"]) if record.get("run") == run else None
+
+
+def _end_background(run: str) -> None:
+    """A set-up still running at the end of the run (it was interrupted, or
+    no selected test came to need it yet): ended with its build, and the
+    daemon it started, by the daemon's pidfile."""
+    pid = _background_of(run)
+    BACKGROUND.unlink(missing_ok=True)
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return  # done: the record, if any, says what it left running
+    os.killpg(pid, signal.SIGKILL)
+    pidfile = STATE / "dockerd.pid"
+    try:
+        daemon = int(pidfile.read_text().strip())
+        is_dockerd = Path(f"/proc/{daemon}/comm").read_text().strip() == "dockerd"
+    except (OSError, ValueError):
+        return
+    if is_dockerd and not RECORD.exists():
+        stop_daemon(Docker("", daemon))
+
+
 def setup_seconds(run: str) -> float | None:
     """How long `run`'s set-up took, when it did one (for the run's time table:
     it ran outside every test)."""
@@ -210,6 +272,7 @@ def stop_if_started_by(run: str) -> None:
     """Stop the daemon `run` started, once nothing of that run uses it
     (conftest calls this in the main pytest process at the very end, after
     every xdist worker has finished)."""
+    _end_background(run)
     if not RECORD.exists():
         return
     record = json.loads(RECORD.read_text())
@@ -228,3 +291,13 @@ def docker_daemon() -> Iterator[Docker]:
     if reason:
         pytest.skip(reason)
     yield _set_up_for(os.environ[RUN_VAR])
+
+
+if __name__ == "__main__":
+    # set_up_in_background's process: a failure is recorded in FAILED, which
+    # every test that needs the image then reports.
+    try:
+        _set_up_for(sys.argv[1])
+    except Exception as err:
+        print(f"docker set-up: {type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(1)
