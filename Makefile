@@ -14,10 +14,14 @@ RENDER_FLAGS = -f $(JOB) --nodes $(NODES) $(if $(GPUS),--gpus-per-node $(GPUS))
 
 .PHONY: lint wheelhouse docker-daemon image image-cpu compose-test install render-slurm render-k8s render-ssh render-compose render-all golden test test-full test-times test-fast demo bench bench-launch clean docs docs-serve
 
+# --no-compile: pip would byte-compile all ~14,500 modules of the venv (about
+# 55 CPU-s of the install, on one core, before anything else can start);
+# Python compiles the ones a run imports (about 4,000 for torch, _dynamo,
+# transformers and lightning together) on their first import.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test]' -c constraints.txt
+	$(PY) -m pip install --no-compile -e '.[test]' -c constraints.txt
 	touch $@
 
 install: $(VENV)/.installed
