@@ -120,6 +120,7 @@ def test_a_lightning_trainer_saves_last_ckpt_at_the_agreed_step(tmp_path: Path) 
     checkpoint = torch.load(root / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == step
     assert code == ExitCode.INTERRUPTED, text[-2000:]
+    check_what_is_read_last(text, f"checkpoint at step {step}")  # the step last.ckpt holds
 
 
 PROGRAM = textwrap.dedent("""

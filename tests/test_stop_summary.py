@@ -151,3 +151,29 @@ def _checkpoint_step(text: str) -> int:
     """The step rank 0 checkpointed at, from its summary's `checkpoint .../ckpt-<step>.pt` line."""
     line = next(ln for ln in text.splitlines() if ln.startswith("[node0 rank0]   checkpoint "))
     return int(line.rsplit("ckpt-", 1)[1].removesuffix(".pt"))
+
+
+def test_a_resumed_trainer_s_stop_record_names_its_global_step(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A Hugging Face Trainer resumed from checkpoint-40 stops after 10 more
+    optimizer steps of this process: it saves checkpoint-50, and the record the
+    launcher reads (`stopped, checkpoint at step N`) says 50, not 10."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from ddpkit.frameworks.hf import StopCallback
+    from ddpkit.preamble import stop
+
+    for name in ("SLURM_JOB_ID", "DDPKIT_METRICS", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    # A state of its own, already installed: no signal handler or optimizer hook is left in this process.
+    monkeypatch.setattr(stop, "STATE", stop.StopState(installed=True))
+    callback = StopCallback()
+    stop.STATE.agreed, stop.STATE.steps = int(signal.SIGTERM), 10  # 10: its optimizer steps since it resumed
+    with pytest.raises(SystemExit) as ended:
+        callback.on_train_end(TrainingArguments(output_dir="unused", report_to=[]), TrainerState(global_step=50),
+                              TrainerControl())
+    assert ended.value.code == ExitCode.PREEMPTED
+    (framed,) = [ln for ln in capsys.readouterr().err.splitlines() if records.is_frame(ln)]
+    stamped = records.unframe(framed)
+    assert stamped is not None and isinstance(stamped.record, records.Stop), framed
+    assert (stamped.record.step, stamped.record.checkpoint) == (50, "saved by the program's Trainer")

@@ -36,4 +36,4 @@ class StopCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         if stop.agreed():
-            stop.finish()
+            stop.finish(state.global_step)  # its checkpoint-<global_step>, counted on across resumes

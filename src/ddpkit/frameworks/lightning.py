@@ -56,4 +56,4 @@ class StopCallback(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if stop.agreed():
-            stop.finish()
+            stop.finish(trainer.global_step)  # the step last.ckpt holds, counted on across resumes

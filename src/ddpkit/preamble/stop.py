@@ -169,16 +169,18 @@ def _announce() -> None:
     _say(f"{name}: every rank stops after optimizer step {STATE.steps}; {how}")
 
 
-def finish() -> NoReturn:
+def finish(step: int | None = None) -> NoReturn:
     """End the process as pre-empted: rank 0 first sends the `stop` record and
-    asks Slurm to requeue the job where the signal asks for it."""
+    asks Slurm to requeue the job where the signal asks for it. `step`: the
+    step the framework saved at (its global step, which a resumed start goes
+    on counting), else the optimizer steps of this process."""
     if rank() == 0:
-        record_stop()
+        record_stop(step=step)
         requeue_if_slurm(STATE.agreed, _say)
     raise SystemExit(EXIT_PREEMPTED)
 
 
-def record_stop(env: Mapping[str, str] = os.environ) -> None:
+def record_stop(env: Mapping[str, str] = os.environ, step: int | None = None) -> None:
     """The `stop` record, as ddpkit train's: its step is the agreed one, and its
     checkpoint what saved there (the program's stop handlers, or its Trainer).
     Framed on stderr for the launcher (its summary: `stopped, checkpoint at step
@@ -191,7 +193,8 @@ def record_stop(env: Mapping[str, str] = os.environ) -> None:
 
     saved_by = "saved by the program's Trainer" if STATE.framework else "saved by the program's stop handlers"
     name = signal.Signals(STATE.agreed).name if STATE.agreed else None
-    record = records.Stop(name, STATE.steps, saved_by, int(env.get(envnames.SLURM_RESTART_COUNT, "0") or 0))
+    restarts = int(env.get(envnames.SLURM_RESTART_COUNT, "0") or 0)
+    record = records.Stop(name, STATE.steps if step is None else step, saved_by, restarts)
     now = time.time()
     records.emit(record, time=now)
     path = env.get(envnames.DDPKIT_METRICS)
