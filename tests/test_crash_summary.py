@@ -58,6 +58,17 @@ def copied(node: int, tmp_path: Path, exit_first: bool = False, skew_s: float = 
     return [*out.getvalue().splitlines(), *agent]
 
 
+def hooked(node: int) -> list[str]:
+    """Node `node`'s output where no agent copied the worker's lines (launch
+    ssh, docker): its traceback's lines as torch's hook tags each (`[rank1]: `),
+    with no record; the agent's lines as they came."""
+    header = f"[rank{node}]:"
+    lines = (DATA / f"node{node}.log").read_text().splitlines()
+    start = lines.index(f"{header}Traceback (most recent call last):")
+    end = max(i for i, line in enumerate(lines) if line.startswith(header))
+    return [f"{header} {line.removeprefix(header)}" if start <= i <= end else line for i, line in enumerate(lines)]
+
+
 def _skewed(line: str, skew_s: float) -> str:
     if not skew_s or not line.startswith(records.FRAME):
         return line
@@ -132,6 +143,17 @@ def test_a_crash_reads_as_its_exception_and_the_peer_s_gloo_error_as_its_knock_o
     assert GLOO not in text, text  # its peer had failed already: the line says whose failure it is
     assert ("[node0 rank0] a knock-on of rank 1's failure: its collective lost a peer (RuntimeError)  "
             "(its traceback: the node's log)") in text.splitlines(), text
+
+
+def test_the_same_crash_where_no_agent_copied_the_workers_lines_reads_the_same(tmp_path: Path) -> None:
+    def drive(sup: Supervisor, nodes: list[ScriptedNode]) -> None:
+        replay(sup, nodes[1], hooked(1))
+        replay(sup, nodes[0], hooked(0), code=None)
+
+    ended = summarised(tmp_path, drive)
+    check_the_crash(ended.text, ended.summary)
+    assert ("[node0 rank0] a knock-on of rank 1's failure: its collective lost a peer (RuntimeError)  "
+            "(its traceback: the node's log)") in ended.text.splitlines(), ended.text
 
 
 def test_the_failed_worker_s_traceback_after_its_agent_s_report_still_fills_the_cell(tmp_path: Path) -> None:
