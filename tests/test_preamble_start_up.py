@@ -77,6 +77,8 @@ def test_a_rank_slow_in_its_checkpoint_read_but_moving_is_not_stopped(tmp_path: 
     assert code == 0, text
     assert text.count("Resuming training from snapshot") == 2, text
     assert "ddpkit watchdog: on for this script" in text and "STALL" not in text, text
+    assert re.search(r"\[node0 rank0\] ddpkit watchdog: rank 1 \(node 1, \S+\) is still starting up 1\ds after the "
+                     r"others began to wait for it; it moves, so it is slow, not stuck", text), text
 
 
 @pytest.mark.full  # test_preamble_start_up.py::test_a_rank_stuck_in_its_checkpoint_read_is_named_and_the_job_stopped

@@ -112,6 +112,21 @@ def test_a_rank_in_start_up_that_moves_keeps_the_ranks_that_wait_for_it_from_a_s
     assert verdicts[131] is not None and [s.beat.rank for s in verdicts[131].suspects] == [1]
 
 
+def test_a_rank_in_start_up_that_moves_is_named_slow_once_when_the_others_waited_past_the_limit() -> None:
+    cold = {"step": 0, "step_s": 0.0, "warm": False}
+    judge = Judge(3, S)  # first_step_s: 50 s
+    named = []
+    for t in range(80):
+        judge.observe([beat(0, t, 1, phase=Phase.SYNC, **cold), beat(1, t, t, phase=Phase.SETUP, **cold),
+                       beat(2, t, 1, phase=Phase.SYNC, **cold)], float(t))
+        waited, slow = judge.slow_starters(float(t))
+        named += [(t, waited, b.rank) for b in slow]
+    assert named == [(51, 51.0, 1)]
+    line = stall_report.slow_start_line(beat(1, 0, 0, node=1), 51.0)
+    assert line == ("ddpkit watchdog: rank 1 (node 1, host1) is still starting up 51s after the others began to "
+                    "wait for it; it moves, so it is slow, not stuck: the job goes on")
+
+
 def test_a_checkpoint_write_gets_the_longer_limit() -> None:
     judge = Judge(1, S)
     rounds = [(0.0, [beat(0, 0, 0, phase=Phase.CHECKPOINT)]), (30.0, [beat(0, 1, 0, phase=Phase.CHECKPOINT)])]

@@ -14,6 +14,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from ... import envnames
+from .stall_report import Ack
 
 PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
 
@@ -44,6 +45,31 @@ def torch_folder() -> str:
     mod = sys.modules.get("torch")
     # Without torch imported no frame can be in it: a prefix no path has.
     return str(Path(mod.__file__).parent) if mod is not None and mod.__file__ else "\0"
+
+
+def dump_stacks(rank: int, header: str, log_dir: Path | None, nccl: bool) -> Ack:
+    """This rank's stacks into its file (the console keeps the verdict and
+    where the files are); on stderr only where there is no folder for them
+    (`stack_folder`) or the file cannot be written."""
+    frame, in_torch = main_frame()
+    text = pyspy(os.getpid())
+    folder = stack_folder(log_dir)
+    if folder is not None:
+        path = folder / f"stall-rank{rank}.txt"
+        try:
+            write_stacks(path, header + "\n", text)
+        except OSError as exc:
+            print(f"ddpkit watchdog: rank {rank}: cannot write {path} ({exc}); its stacks follow",
+                  file=sys.stderr, flush=True)
+        else:
+            if nccl:
+                dump_nccl(folder / f"nccl-trace-rank{rank}.pkl")
+            return Ack(frame, in_torch, str(path))
+    print(f"ddpkit watchdog: {header}: the job stalled; stacks of all threads follow", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(sys.stderr, all_threads=True)
+    if text:
+        print(text, file=sys.stderr, flush=True)
+    return Ack(frame, in_torch, None)
 
 
 def stack_folder(log_dir: Path | None, env: Mapping[str, str] = os.environ) -> Path | None:

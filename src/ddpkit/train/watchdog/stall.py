@@ -17,7 +17,6 @@ pod) see a failed worker and stop the rest. The stacks themselves: stacks.py.
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import json
 import os
 import sys
@@ -34,9 +33,9 @@ from ...agreed import LOSS_S
 from ...exitcodes import ExitCode
 from . import node_loss as loss_judge
 from .control_store import open_store
-from .stacks import dump_nccl, main_frame, pyspy, stack_folder, write_stacks
+from .stacks import dump_stacks
 from .stall_model import PULSE, Beat, Judge, Phase, Settings, Verdict, monitors
-from .stall_report import Ack, dump_place, report_lines, stall_record, verdict_record
+from .stall_report import Ack, dump_place, report_lines, slow_start_line, stall_record, verdict_record
 from .straggler import Stragglers
 
 if TYPE_CHECKING:
@@ -148,6 +147,7 @@ class Watchdog:
                 self.store.compare_set(STALL_KEY, "", json.dumps(verdict_record(verdict, self.ident.rank)))
             else:
                 self._judge_loss(now)
+                self._name_slow_starters(now)
         if self._seq % self.check_every == 0:
             self.stragglers.check()
         if self.store.check([STALL_KEY]):  # the one verdict key: a stall, or a lost node
@@ -191,6 +191,12 @@ class Watchdog:
             beats = [Beat.decode(r, self.store.get(k)) if self.store.check([k]) else None
                      for r, k in enumerate(self._keys)]
         return self.judge.observe(beats, now)
+
+    def _name_slow_starters(self, now: float) -> None:
+        assert self.judge is not None
+        waited, slow = self.judge.slow_starters(now)
+        for beat in slow if self.ident.rank == 0 else ():  # rank 0 says it; the backup monitor only judges
+            print(slow_start_line(beat, waited), file=sys.stderr, flush=True)
 
     # ---- on a lost node (train/watchdog/node_loss.py) --------------------------------------------
     def _judge_loss(self, now: float) -> None:
@@ -328,30 +334,9 @@ class Watchdog:
         return False
 
     def _dump(self) -> Ack:
-        """This rank's stacks into its file (the console keeps the verdict and
-        where the files are); on stderr only where there is no folder for them."""
-        r = self.ident.rank
-        frame, in_torch = main_frame()
-        text = pyspy(self.ident.pid)
-        folder = stack_folder(self.outputs.log_dir)
-        if folder is not None:
-            path = folder / f"stall-rank{r}.txt"
-            try:
-                write_stacks(path, f"rank {r} ({self.ident.host}, pid {self.ident.pid}) at step {PULSE.step}, "
-                                   f"phase {PULSE.phase.value}\n", text)
-            except OSError as exc:
-                print(f"ddpkit watchdog: rank {r}: cannot write {path} ({exc}); its stacks follow",
-                      file=sys.stderr, flush=True)
-            else:
-                if self.outputs.nccl:
-                    dump_nccl(folder / f"nccl-trace-rank{r}.pkl")
-                return Ack(frame, in_torch, str(path))
-        print(f"ddpkit watchdog: rank {r} ({self.ident.host}, pid {self.ident.pid}): the job stalled; "
-              f"stacks of all threads follow", file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(sys.stderr, all_threads=True)
-        if text:
-            print(text, file=sys.stderr, flush=True)
-        return Ack(frame, in_torch, None)
+        who = f"rank {self.ident.rank} ({self.ident.host}, pid {self.ident.pid})"
+        return dump_stacks(self.ident.rank, f"{who} at step {PULSE.step}, phase {PULSE.phase.value}",
+                           self.outputs.log_dir, self.outputs.nccl)
 
     def _report(self, record: dict[str, Any]) -> None:
         expected = [r for r in range(self.ident.world) if r not in record["frozen"]]

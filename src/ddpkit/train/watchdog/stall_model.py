@@ -192,6 +192,7 @@ class Judge:
     world: int
     settings: Settings
     seen: dict[int, _Seen] = field(default_factory=dict)
+    said_slow: set[int] = field(default_factory=set)  # ranks already named slow to start
 
     def observe(self, beats: Sequence[Beat | None], now: float) -> Verdict | None:
         """One check. `beats[r]` is None while rank r has not published yet."""
@@ -221,6 +222,21 @@ class Judge:
         if beat.beats != old.beat.beats:
             old.progress_at = now
         old.beat = beat
+
+    def slow_starters(self, now: float) -> tuple[float, list[Beat]]:
+        """Ranks still in start-up, and moving, while the ranks ready for their
+        first step have waited longer than the limit: slow, not stuck (a stuck
+        one ends in a verdict). Each is named once; with how long the others
+        have waited."""
+        waiting = [s for s in self.seen.values() if s.beat.phase is Phase.SYNC]
+        if not waiting:
+            return 0.0, []
+        waited = now - max(s.progress_at for s in waiting)
+        if waited <= self._limit(waiting):
+            return waited, []
+        slow = [s.beat for s in self.seen.values() if s.beat.phase is Phase.SETUP and s.beat.rank not in self.said_slow]
+        self.said_slow.update(b.rank for b in slow)
+        return waited, sorted(slow, key=lambda b: b.rank)
 
     def limit_s(self) -> float:
         """stall_s, but never below FACTOR x the slowest step any rank reported."""

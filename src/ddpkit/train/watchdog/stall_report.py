@@ -15,7 +15,7 @@ from typing import Any
 
 from ... import records
 from ...exitcodes import ExitCode
-from .stall_model import Suspect, Verdict
+from .stall_model import Beat, Suspect, Verdict
 
 # The report's per-rank line, for people; launchers read the `stall` record instead.
 STALL_LINE = "ddpkit watchdog: STALL rank {rank} node {node} host {host} pid {pid}: step {step}, phase {phase}, {where}"
@@ -82,6 +82,12 @@ def report_lines(report: records.Stall, suspects: Sequence[int]) -> list[str]:
         lines.append(f"ddpkit watchdog: {len(waiting)} rank(s) waited for them: {ranges(waiting)}")
     lines.append(f"ddpkit watchdog: stacks of every rank: {report.dumps}")
     return lines
+
+
+def slow_start_line(beat: Beat, waited: float) -> str:
+    """A rank slow to start, but moving: said once, the job goes on."""
+    return (f"ddpkit watchdog: rank {beat.rank} (node {beat.node}, {beat.host}) is still starting up {waited:.0f}s "
+            "after the others began to wait for it; it moves, so it is slow, not stuck: the job goes on")
 
 
 def dump_place(acks: Mapping[int, Ack], nccl: bool) -> str:
