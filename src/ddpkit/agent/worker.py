@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import envnames, preamble, processes
 from . import sameerror
@@ -62,7 +62,7 @@ def become(request: WorkerRequest, zygote: int, blocked: tuple[signal.Signals, .
     except BaseException as exc:  # the program's own error: said as an interpreter would, exit 1
         sameerror.record(exc)
         print_exception()
-    _finish(code)
+    finish(code)
 
 
 def _signals_as_after_exec(env: dict[str, str]) -> None:
@@ -189,7 +189,7 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def _finish(code: int) -> None:
+def finish(code: int) -> NoReturn:
     """An interpreter's exit: wait for non-daemon threads, run atexit, flush."""
     main = threading.main_thread()
     for thread in threading.enumerate():

@@ -186,7 +186,7 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
     os.setsid()
     signal.pthread_sigmask(signal.SIG_BLOCK, SPARED)
     processes.die_with(parent)
-    _import(preload)
+    preload_modules(preload)
     refusal = cuda_refusal()
     worker.show_argv(["ddpkit.agent:", "zygote", "of", "agent", str(parent)])
     gc.collect()
@@ -207,7 +207,7 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
                 _reap(conn, cast(int, ready), children)
 
 
-def _import(preload: tuple[str, ...]) -> None:
+def preload_modules(preload: tuple[str, ...]) -> None:
     """Import `preload`, asking NVML rather than the CUDA runtime whether a GPU
     is there should a module ask torch.cuda.is_available() while it is
     imported: the runtime's answer would leave the zygote's forks unable to

@@ -40,6 +40,7 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..wording import plural
+from .forkedagents import AgentServer, ForkedAgent
 from .prelude import Prelude, make_console, prelude
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .supervise import proctree
@@ -50,6 +51,7 @@ from .supervise.supervisor import Supervisor
 
 FREE_PORT_TRIES = 200  # each a random pick among 22762 ports
 AGENT_LOG = "agent.log"  # under --log-dir's node<I>/: everything the node's torchrun agent printed
+FORK_SERVER_LOG = "forkserver.log"  # under --log-dir: the agents' fork server's own errors, if any
 
 
 @dataclass
@@ -61,7 +63,8 @@ class Node:
     env: dict[str, str]
     host: str = ""
     log: Path | None = None  # the agent's own output, all of it (torchrun's traceback the console leaves out)
-    proc: subprocess.Popen[bytes] | None = None
+    server: AgentServer | None = None  # the run's agents' fork server, None: the agent starts with Popen
+    proc: subprocess.Popen[bytes] | ForkedAgent | None = None
     pump: threading.Thread | None = None
 
     @property
@@ -69,8 +72,10 @@ class Node:
         return f"node{self.index}"
 
     def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        forked = None if self.server is None else self.server.spawn(self.argv, self.env)
+        self.proc = forked or subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               start_new_session=True)
         self.pump = threading.Thread(target=self._pump, args=(printer,), daemon=True)
         self.pump.start()
         threading.Thread(target=self._wait, args=(exited,), daemon=True).start()
@@ -231,6 +236,18 @@ def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None, metric
     return nodes
 
 
+def fork_server(nodes: list[Node], log_root: Path) -> AgentServer | None:
+    """Start the agents' fork server for `nodes` and hand it to each (None
+    where it cannot start: each agent then starts with Popen). It is started
+    with what every node's environment shares, and the longest node line."""
+    shared = {key: value for key, value in nodes[0].env.items() if all(n.env.get(key) == value for n in nodes)}
+    longest = max((node.argv for node in nodes), key=lambda argv: len("\0".join(argv)))
+    server = AgentServer.start(longest, shared, log_root / FORK_SERVER_LOG)
+    for node in nodes:
+        node.server = server
+    return server
+
+
 @dataclass
 class Restart:
     """launch local's Reviver: a failed node's agent, stopped with what it
@@ -241,7 +258,8 @@ class Restart:
     def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
         assert isinstance(node, Node)
         node.stop(self.grace)
-        return None if cancelled.is_set() else Node(node.index, node.argv, node.env, node.host, log=node.log)
+        return None if cancelled.is_set() else Node(node.index, node.argv, node.env, node.host, log=node.log,
+                                                    server=node.server)
 
 
 def stop(nodes: list[Node], grace: float) -> None:
@@ -277,6 +295,9 @@ def launch(ready: Prelude, spec: JobSpec, log_root: Path, grace: float, run: Run
         if spec.elastic is not None:
             assert spec.master_port is not None  # local_spec draws one
             stack.enter_context(hosted_store("127.0.0.1", spec.master_port))
+        server = fork_server(nodes, log_root)
+        if server is not None:
+            stack.callback(server.close)
         outcome = supervisor.run()
     supervisor.summary(outcome, RunText("launch local", "interrupted; stopped all nodes"))
     return outcome.code
