@@ -23,6 +23,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ddpkit import processes, watchdog
 from ddpkit.preamble import interface, progress, startup, stragglers
+from ddpkit.train.watchdog import liveness
 from ddpkit.train.watchdog.straggler import WorkWindow
 from ddpkit.train.watchdog.worktime import WARM_STEPS
 from tests.helpers.straggler_models import Sleepy
@@ -98,7 +99,7 @@ def test_a_loop_inside_one_function_is_no_sign_of_life_but_calls_are() -> None:
     def sample(thread: threading.Thread) -> None:
         time.sleep(0.2)
         for _ in range(3):
-            seen.append(progress.stack_of(sys._current_frames()[thread.ident or -1]))
+            seen.append(liveness.stack_of(sys._current_frames()[thread.ident or -1]))
             time.sleep(0.1)
 
     spinner = threading.Thread(target=spin, args=(time.monotonic() + 1.0,))
@@ -114,7 +115,7 @@ def test_a_sleeping_thread_gives_up_the_cpu_again_and_again() -> None:
     before = processes.voluntary_switches(os.getpid())
     for _ in range(5):
         time.sleep(0.01)
-    assert processes.voluntary_switches(os.getpid()) - before >= progress.SWITCHES_ALIVE
+    assert processes.voluntary_switches(os.getpid()) - before >= liveness.SWITCHES_ALIVE
 
 
 # ---- the stragglers part: each rank's own work in a one-rank gloo DDP ----------------------------

@@ -153,6 +153,25 @@ def test_a_rank_stuck_before_its_first_step_is_named_with_its_stack(tmp_path: Pa
     assert "stalled" in lines[-1] and "rank 3" in " ".join(lines[-3:]), lines[-3:]
 
 
+@pytest.mark.full  # test_watchdog_local.py::test_long_first_step_and_long_evaluation_are_no_stall
+def test_a_rank_slow_in_its_start_up_but_moving_is_named_slow_not_stopped(tmp_path: Path) -> None:
+    """The control of the test above: rank 3's model build reads slowly (short sleeps) for longer
+    than first_step_s while ranks 0-2 wait for it; the job goes on and trains to the end."""
+    first_step_s = 5 * STALL_S
+    job = Launch(tmp_path, "tests.helpers.stall_models:slow_in_start_up", "--synthetic-size", "64", "--epochs", "1",
+                 STALL_TEST_RANK="3", STALL_TEST_SLEEP_S=str(first_step_s + 15))
+    try:
+        code = job.finish(timeout=first_step_s + 240)
+    finally:
+        job.cleanup()
+    text = job.text
+    assert code == 0, text
+    assert "the job stalled" not in text and "ddpkit watchdog: STALL" not in text, text
+    assert re.search(r"ddpkit watchdog: rank 3 \(node 1, \S+\) is still starting up \d+s after the others began to "
+                     r"wait for it; it moves, so it is slow, not stuck", text), text
+    assert job.stall_records() == []
+
+
 def test_python_loop_in_forward_is_shown_in_the_stack_dump(tmp_path: Path) -> None:
     job = Launch(tmp_path, "tests.helpers.stall_models:stuck_forward", "--synthetic-size", "200000",
                  "--epochs", "1", STALL_TEST_RANK="1", STALL_TEST_CALL="6")

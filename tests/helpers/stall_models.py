@@ -13,6 +13,9 @@ step chosen by environment variables (read at construction; set by the test):
   named pipe STALL_TEST_FIFO for reading, which no one ever writes: a read
   on a hung filesystem, before the rank's first step (the stack dump must
   show `read_from_a_hung_filesystem`).
+- `slow_in_start_up`: on rank STALL_TEST_RANK, building the model takes
+  STALL_TEST_SLEEP_S of short sleeps: a read from a slow filesystem that
+  moves (slow, not stuck).
 - `paced`: every rank's every training forward sleeps STALL_TEST_STEP_S: a
   job that trains at a known, even pace, where a test needs it still
   training seconds later (no rank slower than another).
@@ -95,4 +98,17 @@ def read_from_a_hung_filesystem(path: str) -> bytes:
 def stuck_in_start_up(num_classes: int = 10) -> nn.Module:
     if int(os.environ.get("RANK", "0")) == int(os.environ["STALL_TEST_RANK"]):
         read_from_a_hung_filesystem(os.environ["STALL_TEST_FIFO"])
+    return _Linear(num_classes)
+
+
+def read_slowly(seconds: float) -> None:
+    """A little at a time until `seconds` passed: the thread keeps giving up the CPU."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def slow_in_start_up(num_classes: int = 10) -> nn.Module:
+    if int(os.environ.get("RANK", "0")) == int(os.environ["STALL_TEST_RANK"]):
+        read_slowly(float(os.environ["STALL_TEST_SLEEP_S"]))
     return _Linear(num_classes)

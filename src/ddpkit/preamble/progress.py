@@ -12,34 +12,24 @@
   whose ranks never wait for one another in start-up and never step an
   optimizer is never judged.
 - `torch.save` runs in the checkpoint phase (the longer first-step limit).
-- Between steps (an evaluation, a long checkpoint of another library), a
-  daemon thread looks at the main thread once a second: when the functions
-  on its call stack changed, or it gave up the CPU again and again (it
-  waits on I/O, sleeps, or waits for its intra-op threads: the voluntary
-  context switches Linux counts per thread), the rank is alive. A rank
-  blocked in a collective, spinning in a loop that calls nothing, or
-  frozen, shows neither: that is what a stall looks like, and it stays one.
+- Between steps (an evaluation, a long checkpoint of another library) and
+  in start-up, the main thread's calls and waits are signs of life
+  (train/watchdog/liveness.py).
 - At exit the rank says it is done (a finished rank is not a stalled one).
 """
 
 from __future__ import annotations
 
 import atexit
-import os
-import sys
 import threading
 from collections.abc import Mapping
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
-from .. import processes, watchdog
+from .. import watchdog
 from ..train.watchdog import stall_model as _wd
+from ..train.watchdog.liveness import LivenessSampler
 from . import metrics, startup
-
-SAMPLE_S = 1.0
-# A thread blocked in a collective gives up the CPU once and stays blocked; one that
-# sleeps, reads or waits for its intra-op threads between samples does it again and again.
-SWITCHES_ALIVE = 3
 
 
 class StepCounter:
@@ -68,46 +58,18 @@ class StepCounter:
 
     def _sample(self) -> None:
         if self.sampler is None and watchdog.watching():  # no watchdog (one process, stall_s 0): no one to tell
-            self.sampler = LivenessSampler(threading.main_thread())
+            self.sampler = LivenessSampler(threading.main_thread(), look=look)
             self.sampler.start()
 
 
-class LivenessSampler(threading.Thread):
-    """Counts a sign of life whenever the main thread's stack of functions
-    changed or it kept giving up the CPU."""
-
-    def __init__(self, watched: threading.Thread, every_s: float = SAMPLE_S) -> None:
-        super().__init__(name="ddpkit-liveness", daemon=True)
-        self.watched, self.every_s = watched, every_s
-        self._stop = threading.Event()
-
-    def run(self) -> None:
-        last: tuple[tuple[CodeType, ...], int] | None = None
-        while not self._stop.wait(self.every_s):
-            if not watchdog.watching():  # ddpkit train's watchdog took over: its loop reports for itself
-                return
-            frame = sys._current_frames().get(self.watched.ident or -1)
-            if _wd.PULSE.phase in _wd.START_UP:
-                startup.follow(frame)
-            stack = stack_of(frame)
-            del frame  # a frame kept alive keeps its locals alive
-            switches = processes.voluntary_switches(os.getpid())  # the main thread's: the watched one
-            if last is not None and (stack != last[0] or switches - last[1] >= SWITCHES_ALIVE):
-                _wd.mark(_wd.PULSE.phase)
-            last = (stack, switches)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def stack_of(frame: FrameType | None) -> tuple[CodeType, ...]:
-    """The functions on a thread's stack, innermost first (not where in each
-    they are: a loop inside one function is no progress)."""
-    codes: list[CodeType] = []
-    while frame is not None:
-        codes.append(frame.f_code)
-        frame = frame.f_back
-    return tuple(codes)
+def look(frame: FrameType | None) -> bool:
+    """Before each sample: follow start-up's phase; stop once ddpkit train's
+    watchdog took over (its loop reports for itself)."""
+    if not watchdog.watching():
+        return False
+    if _wd.PULSE.phase in _wd.START_UP:
+        startup.follow(frame)
+    return True
 
 
 def install(env: Mapping[str, str]) -> None:

@@ -49,6 +49,7 @@ from ..startup.launchinfo import AgentRestarts
 from ..stop.faults import check_data
 from ..stop.signals import StopAgreement, StopRequest, requeue_if_slurm
 from ..watchdog import stall_model
+from ..watchdog.liveness import watch_start_up
 from .evaluate import Evaluator
 from .steps import Stepper
 
@@ -130,6 +131,9 @@ class Trainer:
         self.distributed = bool(ctx.distributed)
         self.device: torch.device = ctx.device
         self.log = rank_logger(self.rank, config.log_dir)
+        # Until the first step, a rank that moves (a slow checkpoint read, a long model build) is
+        # slow, not stuck: its signs of life keep the ranks that wait for it from a stall verdict.
+        watch_start_up()
         check_checkpoint_dir(config, ctx, self.distributed)  # before anything slow
         seed_all(config.seed)  # identical initial weights on every rank
         if config.cudnn_benchmark:
