@@ -101,7 +101,7 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "config": set(),
     },
     "launch": {
-        "local": {"supervise", "runargs", "secrets", "prelude"},
+        "local": {"supervise", "runargs", "secrets", "prelude", "forkedagents"},
         "docker": {"supervise", "runargs", "secrets", "prelude"},
         "ssh": {"supervise", "runargs", "secrets", "prelude"},
         "slurm": {"secrets", "prelude"},
@@ -110,6 +110,7 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "prelude": {"secrets"},  # the checks and pieces every launcher starts with
         "runargs": set(),
         "secrets": set(),
+        "forkedagents": set(),  # launch local's end of the agents' fork server (agent/forkserver.py)
     },
 }
 
