@@ -21,9 +21,9 @@ from ddpkit.agent import stopping
 
 
 @pytest.fixture
-def last(monkeypatch: pytest.MonkeyPatch) -> stopping.Stop:
+def last(monkeypatch: pytest.MonkeyPatch) -> stopping.SignalShutdown:
     """A fresh LAST, and torch's handler, shutdown and loggers put back after the test."""
-    fresh = stopping.Stop()
+    fresh = stopping.SignalShutdown()
     monkeypatch.setattr(stopping, "LAST", fresh)
     monkeypatch.setattr(api, "_terminate_process_handler", api._terminate_process_handler)
     monkeypatch.setattr(LocalElasticAgent, "_shutdown", LocalElasticAgent._shutdown)
@@ -32,7 +32,7 @@ def last(monkeypatch: pytest.MonkeyPatch) -> stopping.Stop:
     return fresh
 
 
-def test_the_first_stop_signal_raises_and_a_repeat_during_the_stop_is_noted(last: stopping.Stop) -> None:
+def test_the_first_stop_signal_raises_and_a_repeat_during_the_stop_is_noted(last: stopping.SignalShutdown) -> None:
     with pytest.raises(SignalException) as raised:
         stopping.on_stop_signal(signal.SIGUSR2, None)
     assert raised.value.sigval == signal.SIGUSR2
@@ -43,7 +43,7 @@ def test_the_first_stop_signal_raises_and_a_repeat_during_the_stop_is_noted(last
     assert last.first == signal.SIGUSR2 and last.later == [signal.SIGTERM, signal.SIGTERM]
 
 
-def test_a_repeat_long_after_a_swallowed_stop_raises_again(last: stopping.Stop) -> None:
+def test_a_repeat_long_after_a_swallowed_stop_raises_again(last: stopping.SignalShutdown) -> None:
     with pytest.raises(SignalException):
         stopping.on_stop_signal(signal.SIGINT, None)
     last.at = time.monotonic() - 2 * stopping.REPEAT_S  # no shutdown began: something caught the first
@@ -52,7 +52,7 @@ def test_a_repeat_long_after_a_swallowed_stop_raises_again(last: stopping.Stop) 
 
 
 def test_the_shutdown_notes_the_workers_exit_codes_and_the_node_and_logs_no_chatter(
-        last: stopping.Stop, caplog: pytest.LogCaptureFixture) -> None:
+        last: stopping.SignalShutdown, caplog: pytest.LogCaptureFixture) -> None:
     stopping.install()
     assert api._terminate_process_handler is stopping.on_stop_signal  # what torch registers as workers start
     closed: list[Any] = []
@@ -74,9 +74,10 @@ def test_the_shutdown_notes_the_workers_exit_codes_and_the_node_and_logs_no_chat
 
 def test_one_line_says_the_signal_the_node_and_how_its_workers_ended() -> None:
     line = stopping.stopped_line
-    assert line(signal.SIGUSR2, stopping.Stop(node=1, codes=[75, 75], later=[signal.SIGTERM, signal.SIGTERM])) == \
+    assert line(signal.SIGUSR2, stopping.SignalShutdown(node=1, codes=[75, 75], later=[signal.SIGTERM, signal.SIGTERM])) == \
         "ddpkit.agent: node 1: SIGUSR2: its 2 workers stopped (exit 75); SIGTERM too, while stopping"
-    assert line(signal.SIGTERM, stopping.Stop(node=0, codes=[75, -9])) == \
+    assert line(signal.SIGTERM, stopping.SignalShutdown(node=0, codes=[75, -9])) == \
         "ddpkit.agent: node 0: SIGTERM: its 2 workers stopped (exit 75, killed by SIGKILL)"
-    assert line(signal.SIGINT, stopping.Stop(node=0, codes=[0])) == "ddpkit.agent: node 0: SIGINT: its worker stopped (exit 0)"
-    assert line(signal.SIGTERM, stopping.Stop()) == "ddpkit.agent: SIGTERM: no workers were running"
+    assert line(signal.SIGINT, stopping.SignalShutdown(node=0, codes=[0])) == \
+        "ddpkit.agent: node 0: SIGINT: its worker stopped (exit 0)"
+    assert line(signal.SIGTERM, stopping.SignalShutdown()) == "ddpkit.agent: SIGTERM: no workers were running"

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from ddpkit.launch.secrets import stdin_payload, with_run_key
 from ddpkit.launch.ssh.connect import Endpoint
 from ddpkit.launch.ssh.hostfile import HostEntry, load_hosts, parse_hostfile
-from ddpkit.launch.ssh.launcher import Plan, place_store
+from ddpkit.launch.ssh.launcher import SshPlan, place_store
 from ddpkit.launch.ssh.preflight import (
     GO,
     GO_LAUNCHER_STORE,
@@ -234,13 +234,13 @@ def test_a_host_name_that_does_not_resolve_says_so_not_sshd(tmp_path: Path) -> N
 
 # ---- where an elastic job's rendezvous store lives ---------------------------
 
-def _elastic_plan() -> Plan:
+def _elastic_plan() -> SshPlan:
     job = spec(nodes=2, elastic={"min_nodes": 1}, command={"module": "ddpkit.train"})
     endpoints = [Endpoint(f"h{i}", f"h{i}", 22, "u") for i in range(2)]
-    return Plan(job, endpoints, "h0", 29500, remote.new_rdzv_id(job))
+    return SshPlan(job, endpoints, "h0", 29500, remote.new_rdzv_id(job))
 
 
-def _store_section(plan: Plan, probe: StoreProbe) -> str:
+def _store_section(plan: SshPlan, probe: StoreProbe) -> str:
     """The store check of the preflight's script, run here as a node runs it."""
     script = probe_script(plan.spec, probe)
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30).stdout

@@ -45,7 +45,7 @@ def _gone(pid: int, timeout: float = 10) -> bool:
 
 def test_local_stop_kills_workers_in_their_own_session(tmp_path: Path) -> None:
     agent, worker = _start_agent(tmp_path)
-    node = local.Node(index=0, argv=[], env={}, proc=agent)  # type: ignore[arg-type]
+    node = local.LocalNode(index=0, argv=[], env={}, proc=agent)  # type: ignore[arg-type]
     local.stop([node], grace=1.0)
     assert agent.poll() is not None
     assert _gone(worker), "the worker outlived the launcher's teardown"

@@ -41,7 +41,7 @@ TORCH_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distribute
 
 
 @dataclass
-class Stop:
+class SignalShutdown:
     """What the agent's last shutdown on a signal found."""
 
     first: int | None = None  # the stop signal torch raised SignalException for
@@ -52,7 +52,7 @@ class Stop:
     at: float = 0.0  # time.monotonic() of the first stop signal
 
 
-LAST = Stop()
+LAST = SignalShutdown()
 
 
 class QuietShutdown(logging.Filter):
@@ -126,7 +126,7 @@ def _ended(code: int | None) -> str:
     return f"exit {code}"
 
 
-def stopped_line(sig: int, stop: Stop | None = None) -> str:
+def stopped_line(sig: int, stop: SignalShutdown | None = None) -> str:
     """The agent's one line for a stop by `sig` (LAST's unless `stop`): the node, and how its workers ended."""
     stop = LAST if stop is None else stop
     where = "" if stop.node is None else f" node {stop.node}:"

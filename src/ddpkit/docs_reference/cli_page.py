@@ -10,7 +10,7 @@ from .markdown import cell, code, generated_note, table
 
 
 @dataclass(frozen=True)
-class Command:
+class CliCommand:
     """One command a user types: its words after `ddpkit` and its parser."""
 
     words: tuple[str, ...]
@@ -27,13 +27,13 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
     return found
 
 
-def commands(parser: argparse.ArgumentParser | None = None, words: tuple[str, ...] = ()) -> list[Command]:
+def commands(parser: argparse.ArgumentParser | None = None, words: tuple[str, ...] = ()) -> list[CliCommand]:
     """Every leaf command under `parser` (`ddpkit launch local`, not `ddpkit launch`)."""
     parser = parser or build_parser()
     found = []
     for name, sub, help_text in _subcommands(parser):
         inner = commands(sub, (*words, name))
-        found += inner or [Command((*words, name), sub, help_text)]
+        found += inner or [CliCommand((*words, name), sub, help_text)]
     return found
 
 
@@ -52,7 +52,7 @@ def _flag_row(action: argparse.Action) -> tuple[str, ...]:
     return name, cell(help_text % vars(action) if "%(" in help_text else help_text), shown, choices, required
 
 
-def _section(command: Command) -> str:
+def _section(command: CliCommand) -> str:
     title = "ddpkit " + " ".join(command.words)
     rows = [_flag_row(a) for a in command.parser._actions
             if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS]

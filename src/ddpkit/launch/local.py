@@ -55,7 +55,7 @@ FORK_SERVER_LOG = "forkserver.log"  # under --log-dir: the agents' fork server's
 
 
 @dataclass
-class Node:
+class LocalNode:
     """One torchrun agent acting as one node (a NodeHandle, see supervisor)."""
 
     index: int
@@ -202,7 +202,7 @@ def node_plan(spec: JobSpec, node: int, log_root: Path) -> LaunchPlan:
     return resolve(spec, Target.LOCAL, store_host=store_host, agent_flags=tee_flags(log_root / f"node{node}"))
 
 
-def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None, metrics: Path | None = None) -> list[Node]:
+def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None, metrics: Path | None = None) -> list[LocalNode]:
     """Every node's agent. `metrics`: the file a program of the user's own has
     its metrics records written to by the preamble (ddpkit train is told by
     its --metrics flag)."""
@@ -231,12 +231,12 @@ def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None, metric
         # DDPKIT_HOSTNAME: N nodes share one machine, so each names itself
         # for the rank report's one-host-one-node check.
         env = {**base, **plan.node_vars[i], envnames.DDPKIT_HOSTNAME: f"{host}-node{i}"}
-        nodes.append(Node(i, [a.resolve(env) for a in plan.argv], env, f"{host}-node{i}",
+        nodes.append(LocalNode(i, [a.resolve(env) for a in plan.argv], env, f"{host}-node{i}",
                           log=log_root / f"node{i}" / AGENT_LOG))
     return nodes
 
 
-def fork_server(nodes: list[Node], log_root: Path) -> AgentServer | None:
+def fork_server(nodes: list[LocalNode], log_root: Path) -> AgentServer | None:
     """Start the agents' fork server for `nodes` and hand it to each (None
     where it cannot start: each agent then starts with Popen). It is started
     with what every node's environment shares, and the longest node line."""
@@ -256,13 +256,13 @@ class Restart:
     grace: float
 
     def revive(self, node: NodeHandle, cancelled: threading.Event) -> NodeHandle | None:
-        assert isinstance(node, Node)
+        assert isinstance(node, LocalNode)
         node.stop(self.grace)
-        return None if cancelled.is_set() else Node(node.index, node.argv, node.env, node.host, log=node.log,
+        return None if cancelled.is_set() else LocalNode(node.index, node.argv, node.env, node.host, log=node.log,
                                                     server=node.server)
 
 
-def stop(nodes: list[Node], grace: float) -> None:
+def stop(nodes: list[LocalNode], grace: float) -> None:
     """Stop these agents and their workers, outside a supervised run."""
     for node in nodes:
         node.stop(grace)

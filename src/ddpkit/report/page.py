@@ -22,7 +22,7 @@ TEMPLATE = "report/page.html.j2"
 
 
 @dataclass(frozen=True)
-class RankRow:
+class ReportRankRow:
     """One rank in the page's table: where it ran (the rank report) and its
     step times; `-` where nothing was recorded. The flag columns are the
     seconds since start at which a judge named the rank ('' when none did)."""
@@ -51,7 +51,7 @@ def _flagged(marks: list[Mark], rank: int) -> str:
     return ", ".join(f"{m.time:.1f}s" for m in marks if rank in m.ranks)
 
 
-def rank_rows(data: ReportData) -> list[RankRow]:
+def rank_rows(data: ReportData) -> list[ReportRankRow]:
     """One row per rank of the run's world."""
     by_rank: dict[int, dict[str, Any]] = {int(r["rank"]): r for r in data.ranks if "rank" in r}
     stalls, stragglers = data.rank_marks("stall"), data.rank_marks("straggler")
@@ -60,7 +60,7 @@ def rank_rows(data: ReportData) -> list[RankRow]:
         row = by_rank.get(rank, {})
         times = [w["step_s"][rank] * 1000 for w in data.step_times if rank < len(w["step_s"])]
         node_rank, host, pid, device = (str(row.get(k, "-")) for k in ("node_rank", "host", "pid", "device"))
-        rows.append(RankRow(rank, node_rank, host, pid, device,
+        rows.append(ReportRankRow(rank, node_rank, host, pid, device,
                             mean_ms=f"{mean(times):.1f}" if times else "-",
                             slowest_ms=f"{max(times):.1f}" if times else "-",
                             straggler_at=_flagged(stragglers, rank), stalled_at=_flagged(stalls, rank)))

@@ -170,7 +170,7 @@ def exports(launch: LaunchPlan) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class Plan:
+class SlurmPlan:
     spec: JobSpec
     directives: list[str]
     exports: dict[str, str]
@@ -207,9 +207,9 @@ class Plan:
                 for o in self.srun_options]
 
 
-def plan(spec: JobSpec) -> Plan:
+def plan(spec: JobSpec) -> SlurmPlan:
     launch = resolve(spec, target_for(spec))
-    return Plan(spec, sbatch_directives(spec), exports(launch), srun_options(spec),
+    return SlurmPlan(spec, sbatch_directives(spec), exports(launch), srun_options(spec),
                 container_prefix(spec), task_argv(launch))
 
 

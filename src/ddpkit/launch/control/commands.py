@@ -21,7 +21,7 @@ from ...wording import plural
 from ..supervise.summary import summary_table
 from .backends import Backends, Now, RunBackend
 from .backends.slurm import queue_for
-from .common import ACTIVE, Command, one_line
+from .common import ACTIVE, ControlCommand, one_line
 from .logs import LogRequest
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def _cancel(args: argparse.Namespace) -> int:
     return backend.cancel(run, backend.describe(run))
 
 
-RUNS = Command(_add_runs, one_line("runs", _runs))
-STATUS = Command(_add_run_arg, one_line("status", _status))
-LOGS = Command(_add_logs, one_line("logs", _logs))
-CANCEL = Command(_add_run_arg, one_line("cancel", _cancel))
+RUNS = ControlCommand(_add_runs, one_line("runs", _runs))
+STATUS = ControlCommand(_add_run_arg, one_line("status", _status))
+LOGS = ControlCommand(_add_logs, one_line("logs", _logs))
+CANCEL = ControlCommand(_add_run_arg, one_line("cancel", _cancel))

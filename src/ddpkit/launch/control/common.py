@@ -17,7 +17,7 @@ ACTIVE = (RunState.RUNNING, RunState.PENDING)
 
 
 @dataclass(frozen=True)
-class Command:
+class ControlCommand:
     """One `ddpkit` command of this package (cli.COMMANDS names it `module:NAME`)."""
 
     add_arguments: Callable[[argparse.ArgumentParser], None]

@@ -49,7 +49,7 @@ class LogRequest:
 
 
 @dataclass
-class Source:
+class LogSource:
     """One log file and how its lines are picked and prefixed."""
 
     tail: Tail
@@ -81,7 +81,7 @@ def _launch_pick(log: NodeLog, rank: int | None) -> Pick:
     return pick
 
 
-def launch_sources(rec: RunRecord, request: LogRequest, launcher: str) -> tuple[list[Source], str | None]:
+def launch_sources(rec: RunRecord, request: LogRequest, launcher: str) -> tuple[list[LogSource], str | None]:
     """A launch run's node logs to read, and a note when they cannot pick one rank's lines."""
     if not rec.logs:
         raise RunCommandError(f"run {rec.id} ({rec.target}) recorded no node logs", ExitCode.FAILED)
@@ -90,10 +90,10 @@ def launch_sources(rec: RunRecord, request: LogRequest, launcher: str) -> tuple[
     note = None
     if request.rank is not None and not all(log.rank_tagged for log in logs):
         note = f"{launcher}'s node logs do not tag ranks; showing node {want}, which holds rank {request.rank}"
-    return [Source(Tail(Path(log.path)), _launch_pick(log, request.rank)) for log in logs], note
+    return [LogSource(Tail(Path(log.path)), _launch_pick(log, request.rank)) for log in logs], note
 
 
-def slurm_source(rec: RunRecord, request: LogRequest) -> tuple[Source, str | None]:
+def slurm_source(rec: RunRecord, request: LogRequest) -> tuple[LogSource, str | None]:
     """A Slurm job's output file: `T: text` from srun --label, task T on
     node T // tasks_per_node (block distribution); the batch shell's own
     lines have no label. Torchrun mode does not tag ranks: a rank's node."""
@@ -118,10 +118,10 @@ def slurm_source(rec: RunRecord, request: LogRequest) -> tuple[Source, str | Non
     if rank is not None and not job.rank_per_task:
         note = (f"torchrun mode: the job's output does not tag ranks; showing node {rank // rec.nproc_per_node}, "
                 f"which holds rank {rank}")
-    return Source(Tail(Path(job.output)), pick), note
+    return LogSource(Tail(Path(job.output)), pick), note
 
 
-def print_files(found: list[Source], note: str | None, request: LogRequest, active: Callable[[], bool]) -> int:
+def print_files(found: list[LogSource], note: str | None, request: LogRequest, active: Callable[[], bool]) -> int:
     """The files' lines (the last `tail` of each), then with --follow what
     they gain until `active()` says the run has ended."""
     if note:

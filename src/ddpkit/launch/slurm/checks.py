@@ -61,7 +61,7 @@ def gpu_count(gres: str) -> int:
 
 
 @dataclass(frozen=True)
-class Node:
+class SlurmNode:
     name: str
     cpus: int
     memory_mb: int
@@ -69,7 +69,7 @@ class Node:
     partitions: frozenset[str]
 
     @classmethod
-    def parse(cls, line: str) -> Node:
+    def parse(cls, line: str) -> SlurmNode:
         f = fields(line)
         return cls(f.get("NodeName", "?"), int(f.get("CPUTot", "0") or 0), int(f.get("RealMemory", "0") or 0),
                    gpu_count(f.get("Gres", "(null)")), frozenset(f.get("Partitions", "").split(",")) - {""})
@@ -95,7 +95,7 @@ class Partition:
 @dataclass(frozen=True)
 class Cluster:
     partitions: list[Partition]
-    nodes: list[Node]
+    nodes: list[SlurmNode]
 
     def partition(self, name: str | None) -> Partition | None:
         for p in self.partitions:
@@ -103,7 +103,7 @@ class Cluster:
                 return p
         return None
 
-    def nodes_of(self, partition: Partition) -> list[Node]:
+    def nodes_of(self, partition: Partition) -> list[SlurmNode]:
         return [n for n in self.nodes if partition.name in n.partitions]
 
 
@@ -165,7 +165,7 @@ def read_cluster(run: Runner = _scontrol) -> Cluster:
         return (line for line in text.splitlines() if "=" in line)
 
     return Cluster([Partition.parse(x) for x in records(run(["show", "partition", "-o"]))],
-                   [Node.parse(x) for x in records(run(["show", "node", "-o"]))])
+                   [SlurmNode.parse(x) for x in records(run(["show", "node", "-o"]))])
 
 
 def _cpus_per_node(spec: JobSpec) -> int:
@@ -197,7 +197,7 @@ def problems(spec: JobSpec, cluster: Cluster) -> list[str]:
     return found
 
 
-def _gpu_problems(spec: JobSpec, nodes: list[Node], where: str) -> list[str]:
+def _gpu_problems(spec: JobSpec, nodes: list[SlurmNode], where: str) -> list[str]:
     want = spec.gpus_per_node
     if not want or not nodes:
         return []
@@ -211,7 +211,7 @@ def _gpu_problems(spec: JobSpec, nodes: list[Node], where: str) -> list[str]:
     return []
 
 
-def _size_problems(spec: JobSpec, nodes: list[Node], where: str) -> list[str]:
+def _size_problems(spec: JobSpec, nodes: list[SlurmNode], where: str) -> list[str]:
     if not nodes:
         return []
     found = []

@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class Plan:
+class SshPlan:
     """Everything decided before any connection: hosts, addresses, commands."""
 
     spec: JobSpec
@@ -136,15 +136,15 @@ def settings_from(args: argparse.Namespace, spec: JobSpec) -> SshSettings:
     )
 
 
-def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) -> Plan:
+def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) -> SshPlan:
     entries = load_hosts(spec, args.hostfile)
     endpoints = [endpoint_for(e, settings) for e in entries]
     port = master_port(spec, Target.SSH)
     assert port is not None  # SSH always has a fixed port
-    return Plan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, new_rdzv_id(spec))
+    return SshPlan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, new_rdzv_id(spec))
 
 
-def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
+def print_dry_run(plan: SshPlan, out: TextIO, *, full: bool = False) -> None:
     """Each host's launch line (the job's environment once, above them);
     `full`: the exact command sent, with its process-group and clean-up shell."""
     spec = plan.spec
@@ -168,7 +168,7 @@ def print_dry_run(plan: Plan, out: TextIO, *, full: bool = False) -> None:
         out.write("# --dry-run --full: the exact command sent to each host\n")
 
 
-def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) -> SshNode:
+def node_run(plan: SshPlan, f: HostFacts, settings: SshSettings, attempt: int = 0) -> SshNode:
     """The node's run on the session its passed preflight left waiting at GO."""
     assert f.client is not None and f.channel is not None and f.stream is not None  # preflight passed
     return SshNode(f.node, f.endpoint, plan.command(f.node), f.client, f.channel, f.stream,
@@ -176,7 +176,7 @@ def node_run(plan: Plan, f: HostFacts, settings: SshSettings, attempt: int = 0) 
                    verdict=plan.verdict)
 
 
-def node_runs(plan: Plan, facts: list[HostFacts], settings: SshSettings) -> list[SshNode]:
+def node_runs(plan: SshPlan, facts: list[HostFacts], settings: SshSettings) -> list[SshNode]:
     return [node_run(plan, f, settings) for f in facts]
 
 
@@ -187,7 +187,7 @@ class Revive:
     again until the host passes it. The new session waits at GO, as every
     node did at the start; the supervisor sends it."""
 
-    plan: Plan
+    plan: SshPlan
     settings: SshSettings
     runs: list[SshNode] = field(default_factory=list)  # every run it made: the launcher closes them
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -223,7 +223,7 @@ class Revive:
         return run
 
 
-def place_store(plan: Plan, answerer: Answerer | None, facts: list[HostFacts],
+def place_store(plan: SshPlan, answerer: Answerer | None, facts: list[HostFacts],
                 stack: contextlib.ExitStack) -> str | None:
     """Host the elastic job's store here when every node reached the
     answerer (plan.store_at set); else why node 0's agent hosts it."""
@@ -240,7 +240,7 @@ def place_store(plan: Plan, answerer: Answerer | None, facts: list[HostFacts],
     return None
 
 
-def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True,
+def launch(ready: Prelude, plan: SshPlan, settings: SshSettings, dedup: bool = True,
            folder: RunFolder | None = None) -> int:
     with contextlib.ExitStack() as stack:  # the elastic job's store, when hosted here, outlives every node
         answerer, why = open_answerer(plan.endpoints[0], plan.master_port) if plan.spec.elastic is not None else (None, "")
@@ -249,7 +249,7 @@ def launch(ready: Prelude, plan: Plan, settings: SshSettings, dedup: bool = True
         return _launch(ready, plan, settings, answerer, why, stack, dedup, folder)
 
 
-def _launch(ready: Prelude, plan: Plan, settings: SshSettings, answerer: Answerer | None, why: str,
+def _launch(ready: Prelude, plan: SshPlan, settings: SshSettings, answerer: Answerer | None, why: str,
             stack: contextlib.ExitStack, dedup: bool, folder: RunFolder | None) -> int:
     t0 = time.monotonic()
     starts = [plan.start(rank, answerer.host if answerer else None) for rank in range(len(plan.endpoints))]

@@ -57,7 +57,7 @@ class StoreProbe:
 
 
 @dataclass(frozen=True)
-class Problem:
+class HostProblem:
     node: int
     host: str
     check: str
@@ -73,10 +73,10 @@ class HostFacts:
     channel: paramiko.Channel | None = None
     stream: paramiko.ChannelFile | None = None
     sections: dict[str, str] = field(default_factory=dict)
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[HostProblem] = field(default_factory=list)
 
     def problem(self, check: str, detail: str) -> None:
-        self.problems.append(Problem(self.node, str(self.endpoint), check, detail))
+        self.problems.append(HostProblem(self.node, str(self.endpoint), check, detail))
 
 
 def probe_script(spec: JobSpec, store: StoreProbe | None = None) -> str:
@@ -229,7 +229,7 @@ def _is_version(text: str) -> bool:
     return bool(text) and text[0].isdigit() and "\n" not in text and " " not in text
 
 
-def judge_all(all_facts: list[HostFacts], spec: JobSpec, master_port: int | None) -> list[Problem]:
+def judge_all(all_facts: list[HostFacts], spec: JobSpec, master_port: int | None) -> list[HostProblem]:
     for facts in all_facts:
         judge_host(facts, spec, master_port)
     versions = {f.sections["torch"] for f in all_facts if _is_version(f.sections.get("torch", ""))}
@@ -237,14 +237,14 @@ def judge_all(all_facts: list[HostFacts], spec: JobSpec, master_port: int | None
     if len(versions) > 1:
         for facts in all_facts:
             if facts.sections.get("torch") in versions:
-                problems.append(Problem(facts.node, str(facts.endpoint), "torch version",
+                problems.append(HostProblem(facts.node, str(facts.endpoint), "torch version",
                                         f"torch {facts.sections['torch']} (hosts differ: "
                                         f"{', '.join(sorted(versions))}); install one version everywhere"))
     names: dict[str, int] = {}
     for facts in all_facts:
         name = facts.sections.get("hostname")
         if name and name in names:
-            problems.append(Problem(facts.node, str(facts.endpoint), "duplicate host",
+            problems.append(HostProblem(facts.node, str(facts.endpoint), "duplicate host",
                                     f"same machine as node {names[name]} ({name}); list each host once"))
         elif name:
             names[name] = facts.node
@@ -265,7 +265,7 @@ def store_unreached(all_facts: list[HostFacts], store: StoreProbe) -> str | None
 
 
 def preflight(endpoints: list[Endpoint], spec: JobSpec, settings: SshSettings, master_port: int,
-              starts: list[Start], store: StoreProbe | None = None) -> tuple[list[HostFacts], list[Problem]]:
+              starts: list[Start], store: StoreProbe | None = None) -> tuple[list[HostFacts], list[HostProblem]]:
     """Connect to and check every host at once; `starts[i]` is node i's
     command, run on the verdict. `store`: where each node tries this
     launcher (an elastic job's store); when every node reaches it, node 0's
@@ -291,7 +291,7 @@ def close_all(facts: list[HostFacts]) -> None:
             close(f.client)
 
 
-def problem_table(problems: list[Problem]) -> object:
+def problem_table(problems: list[HostProblem]) -> object:
     from rich.table import Table
     from rich.text import Text  # plain text: '[host]:port' is not rich markup
 

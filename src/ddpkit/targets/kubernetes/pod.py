@@ -37,7 +37,7 @@ class Port:
 
 
 @dataclass(frozen=True)
-class Resources:
+class PodResources:
     requests: dict[str, str] = field(default_factory=dict)
     limits: dict[str, str] = field(default_factory=dict)
 
@@ -95,7 +95,7 @@ class Container:
     pull_policy: str
     command: list[Arg]
     env: dict[str, str]
-    resources: Resources
+    resources: PodResources
     port: Port | None
     mounts: list[dict[str, Any]]
     security_context: dict[str, Any]
@@ -136,7 +136,7 @@ def pod_cpu(spec: JobSpec) -> str | None:
     return str(per_process * spec.nproc_per_node)
 
 
-def resources(spec: JobSpec) -> Resources:
+def resources(spec: JobSpec) -> PodResources:
     """Requests equal limits (Guaranteed QoS: a training pod should not be
     the first one evicted); GPUs are limits only, as the device plugin wants."""
     fixed = {k: v for k, v in (("cpu", pod_cpu(spec)), ("memory", spec.resources.memory_per_node)) if v is not None}
@@ -145,7 +145,7 @@ def resources(spec: JobSpec) -> Resources:
         limits[GPU_RESOURCE] = str(spec.gpus_per_node)
     if spec.k8s.rdma is not None:
         limits[spec.k8s.rdma.resource] = str(spec.k8s.rdma.count)
-    return Resources(requests=fixed, limits=limits)
+    return PodResources(requests=fixed, limits=limits)
 
 
 def volume_manifest(v: K8sVolume) -> dict[str, Any]:

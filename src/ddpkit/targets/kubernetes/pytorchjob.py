@@ -37,7 +37,7 @@ STORE_REQUESTS = (("cpu", "100m"), ("memory", "512Mi"))  # a TCPStore server and
 
 
 @dataclass(frozen=True)
-class ElasticPolicy:
+class PyTorchJobElasticPolicy:
     """The job's elasticPolicy: the same rendezvous (backend, id, timeouts) and
     node range as the torchrun line, so the PET_* variables the operator
     derives from it agree with the flags. Replicas count pods: the Master
@@ -83,7 +83,7 @@ class PyTorchJob:
     clean_pod_policy: str
     restart_policy: str
     roles: list[tuple[str, int]]  # (replica type, replicas), Worker only with more than one node
-    elastic: ElasticPolicy | None
+    elastic: PyTorchJobElasticPolicy | None
     store: RdzvStore | None
 
 
@@ -94,13 +94,13 @@ def restart_policy(spec: JobSpec) -> str:
     return "OnFailure" if spec.k8s.backoff_limit > 0 or spec.elastic else "Never"
 
 
-def elastic_policy(spec: JobSpec) -> ElasticPolicy | None:
+def elastic_policy(spec: JobSpec) -> PyTorchJobElasticPolicy | None:
     """The store's Service is the rendezvous host, and every agent its client (is_host=0), as on the launch line."""
     e = spec.elastic
     launch = resolve(spec, INFO.target)
     if e is None or launch.rdzv_conf is None:
         return None
-    return ElasticPolicy(
+    return PyTorchJobElasticPolicy(
         min_replicas=e.min_nodes, max_replicas=spec.nodes, max_restarts=e.max_restarts,
         rdzv_backend=elastic_rdzv_backend(spec), rdzv_host=pytorchjob_store_service(spec), rdzv_port=launch.port,
         rdzv_id=spec.name, rdzv_conf=launch.rdzv_conf | {"is_host": 0},

@@ -41,7 +41,7 @@ from ..data.loaders import (
 )
 from ..model.build import build_model
 from ..model.strategy import Parallel, make_optimizer, parallelise
-from ..outputs.progress import Metrics, Progress, RunStatus, Summary, rank_logger
+from ..outputs.progress import Metrics, Progress, RunStatus, TrainingSummary, rank_logger
 from ..outputs.rank_steps import RankStepTimes
 from ..startup.clock import CLOCK, StartupClock
 from ..startup.distributed import DistContext
@@ -53,7 +53,7 @@ from ..watchdog.liveness import watch_start_up
 from .evaluate import Evaluator
 from .steps import Stepper
 
-__all__ = ["DataTooSmall", "Plan", "Position", "RunStatus", "Trainer", "exit_code", "make_plan", "seed_all",
+__all__ = ["DataTooSmall", "Position", "RunStatus", "Trainer", "TrainingPlan", "exit_code", "make_plan", "seed_all",
            "warmup_cosine"]
 
 
@@ -62,7 +62,7 @@ class DataTooSmall(ValueError):
 
 
 @dataclass
-class Plan:
+class TrainingPlan:
     steps_per_epoch: int
     total_steps: int
     global_batch: int
@@ -91,7 +91,7 @@ def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
-def make_plan(config: TrainConfig, samples_per_rank: int, world_size: int) -> Plan:
+def make_plan(config: TrainConfig, samples_per_rank: int, world_size: int) -> TrainingPlan:
     micro = samples_per_rank // config.batch_size
     steps_per_epoch = micro // config.grad_accum
     if steps_per_epoch == 0:
@@ -102,7 +102,7 @@ def make_plan(config: TrainConfig, samples_per_rank: int, world_size: int) -> Pl
     if config.max_steps:
         total = min(total, config.max_steps)
     global_batch = config.batch_size * config.grad_accum * world_size
-    return Plan(steps_per_epoch, total, global_batch, config.lr * global_batch / config.base_batch,
+    return TrainingPlan(steps_per_epoch, total, global_batch, config.lr * global_batch / config.base_batch,
                 round(config.warmup_epochs * steps_per_epoch))
 
 
@@ -240,7 +240,7 @@ class Trainer:
         return self.evaluator(self.pos.step, self.pos.epoch)
 
     # ---- the loop -------------------------------------------------------------------
-    def run(self) -> Summary:
+    def run(self) -> TrainingSummary:
         c, plan = self.config, self.plan
         self.clock.mark("setup_done")
         self.stop.install()
@@ -277,9 +277,9 @@ class Trainer:
         if run.saved_at != self.pos.step:
             self.save()
 
-    def _summary(self, status: RunStatus, run: _Run, seconds: float) -> Summary:
+    def _summary(self, status: RunStatus, run: _Run, seconds: float) -> TrainingSummary:
         last_eval, last_ckpt, plan = self.evaluator.last, self.checkpointer.last, self.plan
-        return Summary(records.Summary(
+        return TrainingSummary(records.Summary(
             status.value, self.pos.step, self.pos.epoch, seconds, run.images_per_s(self.pos.step, plan.global_batch),
             last_eval.accuracy if last_eval else None, last_eval.loss if last_eval else None,
             str(last_ckpt) if last_ckpt else None, self.world, plan.global_batch))

@@ -132,7 +132,7 @@ class RunStatus(str, Enum):
 
 
 @dataclass(frozen=True)
-class Summary:
+class TrainingSummary:
     """How the run ended: the metrics file's `summary` record, and the lines rank 0 prints."""
 
     record: records.Summary
