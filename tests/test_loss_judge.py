@@ -22,7 +22,7 @@ from ddpkit import records
 from ddpkit.exitcodes import WORKER_CODES, ExitCode
 from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
 from ddpkit.launch.supervise.outcome import Outcome
-from ddpkit.launch.supervise.summary import Status, node_status
+from ddpkit.launch.supervise.summary import SummaryStatus, node_status
 from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.train.watchdog import node_loss as loss_judge
 from ddpkit.train.watchdog import stall
@@ -225,7 +225,7 @@ def test_a_static_job_stopped_for_a_lost_node_names_it_and_exits_14() -> None:
                       first_failure=nodes[0], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[arg-type]
     outcome.blame_lost()  # a survivor's exit 14 reached the loop first: the lost node is still blamed
     assert outcome.first_failure is nodes[2] and outcome.code == ExitCode.NODE_LOST
-    assert node_status(nodes[2], outcome) is Status.LOST  # type: ignore[arg-type]
+    assert node_status(nodes[2], outcome) is SummaryStatus.LOST  # type: ignore[arg-type]
     closing = sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
     assert "node 2 (h2) failed first: no heartbeat for 11s, noticed by the job's heartbeats" in closing
     # the run's code (14) named apart from the table's (137)
@@ -320,7 +320,7 @@ def test_a_killed_node_reported_silent_afterwards_failed_with_its_exit_status() 
     assert 2 in sup.printer.recovery.silent_since  # the lost record was read, after the exit
     assert outcome.code == ExitCode.OK and outcome.lost == []
     assert "every node finished but node 2 (h2: exit status 137): excluded after it failed" in _closing(sup, outcome)
-    assert node_status(sup.nodes[2], outcome) is Status.EXCLUDED
+    assert node_status(sup.nodes[2], outcome) is SummaryStatus.EXCLUDED
 
 
 def test_a_frozen_node_stopped_for_its_silence_failed_by_the_heartbeats() -> None:

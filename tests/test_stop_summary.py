@@ -94,11 +94,11 @@ def test_a_stopped_run_says_whether_it_checkpointed(tmp_path: Path, printed: lis
 
 
 def test_the_status_cell_keeps_the_stopped_style() -> None:
-    from ddpkit.launch.supervise.summary import STATUS_STYLE, Status, status_style
+    from ddpkit.launch.supervise.summary import STATUS_STYLE, SummaryStatus, status_style
 
-    assert status_style("stopped, checkpoint at step 3") == STATUS_STYLE[Status.STOPPED]
-    assert status_style("failed, excluded") == STATUS_STYLE[Status.EXCLUDED]
-    assert status_style("ok") == STATUS_STYLE[Status.OK]
+    assert status_style("stopped, checkpoint at step 3") == STATUS_STYLE[SummaryStatus.STOPPED]
+    assert status_style("failed, excluded") == STATUS_STYLE[SummaryStatus.EXCLUDED]
+    assert status_style("ok") == STATUS_STYLE[SummaryStatus.OK]
 
 
 TINY = ["--model=tiny", "--data=synthetic", "--image-size=16", "--synthetic-size=32", "--batch-size=8",

@@ -21,7 +21,7 @@ from ddpkit.launch.supervise.events import ElasticPolicy
 from ddpkit.launch.supervise.nodeoutput import LinePrinter, NodeHandle
 from ddpkit.launch.supervise.nodestate import NodeState
 from ddpkit.launch.supervise.outcome import Outcome
-from ddpkit.launch.supervise.summary import RunText, Status, node_status
+from ddpkit.launch.supervise.summary import RunText, SummaryStatus, node_status
 from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.runs import RunFolder, RunState
 
@@ -133,7 +133,7 @@ def test_a_node_whose_host_answers_again_rejoins_and_the_summary_says_so() -> No
     [back] = made
     assert outcome.code == 0 and outcome.excluded == []
     assert sup.nodes[2] is back
-    assert [node_status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
+    assert [node_status(n, outcome) for n in sup.nodes] == [SummaryStatus.OK, SummaryStatus.OK, SummaryStatus.REJOINED]
     assert closing(sup, outcome) == ("launch ssh: every node finished; node 2 (h2) rejoined after it failed "
                                      "(exit status 137)")
     assert str(sup._failure_cell(back, outcome)) == "rejoined after: exit status 137"
@@ -175,7 +175,7 @@ def test_a_node_that_keeps_failing_is_excluded_at_its_last_allowed_failure() -> 
     [back] = made
     assert hosts.asked.empty(), "a node at max_node_failures was revived again"
     assert outcome.code == 0 and outcome.excluded == [back]
-    assert node_status(back, outcome) == Status.EXCLUDED
+    assert node_status(back, outcome) == SummaryStatus.EXCLUDED
     assert "node 2 (h2: exit status 1): excluded after it failed; the job went on with 2 of 3 nodes" \
         in closing(sup, outcome)
 
@@ -202,7 +202,7 @@ def test_a_host_that_never_answers_is_excluded_when_the_others_finish() -> None:
 
     sup, outcome = run(nodes, hosts, drive)
     assert outcome.code == 0 and outcome.excluded == [nodes[2]]
-    assert node_status(nodes[2], outcome) == Status.EXCLUDED and nodes[2].stopped
+    assert node_status(nodes[2], outcome) == SummaryStatus.EXCLUDED and nodes[2].stopped
     deadline = threading.Event()
     for _ in range(100):  # the reviver's thread saw the run end and gave up
         if hosts.cancelled == [2]:
@@ -220,7 +220,7 @@ def test_a_failure_that_leaves_fewer_than_min_nodes_ends_the_run() -> None:
     sup, outcome = run(nodes, hosts, drive, max_node_failures=1)
     assert hosts.asked.empty()
     assert outcome.first_failure is nodes[1] and outcome.code == 1
-    assert nodes[0].stopped and node_status(nodes[0], outcome) == Status.STOPPED
+    assert nodes[0].stopped and node_status(nodes[0], outcome) == SummaryStatus.STOPPED
     # each node's one state at the end: none is left running
     assert [t.state for t in outcome.nodes] == [NodeState.STOPPED, NodeState.FAILED, NodeState.EXCLUDED]
 
@@ -241,7 +241,7 @@ def test_two_nodes_lost_at_once_both_come_back_and_the_run_goes_on() -> None:
 
     sup, outcome = run(nodes, hosts, drive)
     assert outcome.code == 0 and outcome.first_failure is None and outcome.excluded == []
-    assert [node_status(n, outcome) for n in sup.nodes] == [Status.OK, Status.REJOINED, Status.REJOINED]
+    assert [node_status(n, outcome) for n in sup.nodes] == [SummaryStatus.OK, SummaryStatus.REJOINED, SummaryStatus.REJOINED]
 
 
 def test_a_run_whose_every_node_failed_ends_though_all_could_come_back() -> None:
@@ -267,7 +267,7 @@ def test_a_rejoined_node_that_fails_first_is_summarised_by_its_failure() -> None
     sup, outcome = run(nodes, hosts, drive, max_node_failures=2)
     [back] = made
     assert outcome.first_failure is back and outcome.code == 1
-    assert node_status(back, outcome) == Status.FAILED_FIRST
+    assert node_status(back, outcome) == SummaryStatus.FAILED_FIRST
     assert str(sup._failure_cell(back, outcome)).startswith("exit status 1")
 
 

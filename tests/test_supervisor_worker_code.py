@@ -127,7 +127,7 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
     rejoins and finishes: the summary names 12, and the old code does not
     make the new run of the node a failure."""
     from ddpkit.launch.supervise.events import ElasticPolicy
-    from ddpkit.launch.supervise.summary import Status, node_status
+    from ddpkit.launch.supervise.summary import SummaryStatus, node_status
     from tests.test_supervisor_rejoin import Hosts
 
     nodes, hosts = [ScriptedNode(i) for i in range(3)], Hosts()
@@ -149,7 +149,7 @@ def test_a_rejoined_node_is_named_by_its_workers_code_and_starts_afresh() -> Non
     outcome = sup.run()
     thread.join(WAIT_S)
     assert outcome.code == 0
-    assert [node_status(n, outcome) for n in sup.nodes] == [Status.OK, Status.OK, Status.REJOINED]
+    assert [node_status(n, outcome) for n in sup.nodes] == [SummaryStatus.OK, SummaryStatus.OK, SummaryStatus.REJOINED]
     assert outcome.rejoined == {2: ["exit status 12"]}
 
 

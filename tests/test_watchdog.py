@@ -17,7 +17,7 @@ from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
 from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
 from ddpkit.launch.supervise.outcome import Outcome
-from ddpkit.launch.supervise.summary import Status, node_status
+from ddpkit.launch.supervise.summary import SummaryStatus, node_status
 from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.spec import JobSpec
 from ddpkit.train.watchdog import stacks, stall, stall_report
@@ -326,7 +326,7 @@ def test_the_supervisor_reads_the_report_status_stalled_and_exit_13() -> None:
     outcome = Outcome(nodes=[NodeTrack(n, NodeState.FAILED) for n in nodes],  # type: ignore[arg-type]
                       first_failure=nodes[0], stalled=sup.printer.stalled_ranks())  # type: ignore[arg-type]
     assert outcome.code == ExitCode.STALLED
-    assert [node_status(n, outcome) for n in nodes] == [Status.STOPPED, Status.STALLED]  # type: ignore[arg-type]
+    assert [node_status(n, outcome) for n in nodes] == [SummaryStatus.STOPPED, SummaryStatus.STALLED]  # type: ignore[arg-type]
     assert "stalled rank(s): rank 3 (node 1, h1)" in sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
     assert isinstance(sup.printer, LinePrinter)
 

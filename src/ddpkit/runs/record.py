@@ -38,7 +38,7 @@ class NodeRow(_Model):
 
     node: int
     exit_code: str  # "0", "130", "lost", "-" (never started)
-    status: str  # summary.Status's words: "ok", "failed first", "stopped", ...
+    status: str  # summary.SummaryStatus's words: "ok", "failed first", "stopped", ...
     host: str
     first_failure: str = ""
     straggler: str = ""  # the ranks of this node the watchdog named stragglers (launch/supervise/stragglers.py)

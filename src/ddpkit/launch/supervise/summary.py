@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .outcome import Outcome
 
 
-class Status(Enum):
+class SummaryStatus(Enum):
     OK = "ok"
     FAILED_FIRST = "failed first"
     FAILED = "failed"
@@ -35,13 +35,14 @@ class Status(Enum):
     LOST = "lost"  # its ranks sent no heartbeat for watchdog.loss_s: a static job stopped for it
 
 
-STATUS_STYLE = {Status.LOST: "bold red", Status.OK: "green", Status.FAILED_FIRST: "bold red", Status.FAILED: "red",
-                Status.STOPPED: "yellow", Status.NOT_STARTED: "yellow", Status.EXCLUDED: "yellow",
-                Status.STALLED: "bold red", Status.REJOINED: "green"}
+_S = SummaryStatus
+STATUS_STYLE = {_S.LOST: "bold red", _S.OK: "green", _S.FAILED_FIRST: "bold red", _S.FAILED: "red",
+                _S.STOPPED: "yellow", _S.NOT_STARTED: "yellow", _S.EXCLUDED: "yellow",
+                _S.STALLED: "bold red", _S.REJOINED: "green"}
 
 # The node states that name the status themselves (once a stall or the first failure has not).
-STATE_STATUS = {NodeState.EXCLUDED: Status.EXCLUDED, NodeState.NOT_STARTED: Status.NOT_STARTED,
-                NodeState.STOPPED: Status.STOPPED}
+STATE_STATUS = {NodeState.EXCLUDED: SummaryStatus.EXCLUDED, NodeState.NOT_STARTED: SummaryStatus.NOT_STARTED,
+                NodeState.STOPPED: SummaryStatus.STOPPED}
 
 
 @dataclass(frozen=True)
@@ -52,22 +53,22 @@ class RunText:
     interrupted: str  # after Ctrl-C, e.g. "interrupted; stopped all nodes"
 
 
-def node_status(node: NodeHandle, outcome: Outcome) -> Status:
+def node_status(node: NodeHandle, outcome: Outcome) -> SummaryStatus:
     """The status column of `node` (by its index) at the run's end."""
     track = outcome.track(node)
     if any(s.node == node.index for s in outcome.stalled):
-        return Status.STALLED
+        return SummaryStatus.STALLED
     if outcome.stalled and track.state is not NodeState.NOT_STARTED:
-        return Status.STOPPED  # its ranks left because the watchdog stopped the job, not by a fault of theirs
+        return SummaryStatus.STOPPED  # its ranks left because the watchdog stopped the job, not by a fault of theirs
     if node is outcome.first_failure:
-        return Status.LOST if any(x.node == node.index for x in outcome.lost) else Status.FAILED_FIRST
+        return SummaryStatus.LOST if any(x.node == node.index for x in outcome.lost) else SummaryStatus.FAILED_FIRST
     if outcome.first_failure is not None and node.index in outcome.knocked_on:
-        return Status.STOPPED  # its workers only lost their peer to the first failure: no failure of its own
+        return SummaryStatus.STOPPED  # its workers only lost their peer to the first failure: no failure of its own
     if track.state in STATE_STATUS:
         return STATE_STATUS[track.state]
     if outcome.node_code(node) != 0:
-        return Status.FAILED
-    return Status.REJOINED if track.rejoined_after else Status.OK
+        return SummaryStatus.FAILED
+    return SummaryStatus.REJOINED if track.rejoined_after else SummaryStatus.OK
 
 
 def status_text(node: NodeHandle, outcome: Outcome) -> str:
@@ -75,7 +76,7 @@ def status_text(node: NodeHandle, outcome: Outcome) -> str:
     says whether the job checkpointed on that stop (`stopped, checkpoint at
     step N`, `stopped, no checkpoint`)."""
     status = node_status(node, outcome)
-    if status is Status.STOPPED and outcome.interrupted:
+    if status is SummaryStatus.STOPPED and outcome.interrupted:
         return f"{status.value}, {checkpoint_text(outcome.stopped_at)}"
     return status.value
 
@@ -88,8 +89,8 @@ def checkpoint_text(stop: Stop | None) -> str:
 
 def status_style(status: str) -> str:
     """The style of a status cell as recorded (`stopped, ...` is styled as `stopped`)."""
-    exact = next((s for s in Status if s.value == status), None)
-    found = exact or next((s for s in Status if status.startswith(f"{s.value}, ")), None)
+    exact = next((s for s in SummaryStatus if s.value == status), None)
+    found = exact or next((s for s in SummaryStatus if status.startswith(f"{s.value}, ")), None)
     return "" if found is None else STATUS_STYLE[found]
 
 
