@@ -175,14 +175,14 @@ def test_the_summary_repeats_the_progress_lines_throughput_and_counts_in_words()
     """The summary's img/s is the last progress line's (training only), not
     diluted by the final evaluation and checkpoint its time includes."""
     from ddpkit import records
-    from ddpkit.train.loop.training import _Run
-    from ddpkit.train.outputs.progress import RunStatus, TrainingSummary
+    from ddpkit.train.loop.training import _Counters
+    from ddpkit.train.outputs.progress import TrainingStatus, TrainingSummary
 
-    run = _Run(t0=100.0, start_step=2)
+    run = _Counters(t0=100.0, start_step=2)
     run.trained_at = 104.0  # 8 steps x 16 images in 4 s of training
     assert run.images_per_s(10, 16) == 32.0
     summary = TrainingSummary(records.Summary("finished", 10, 1, 60.0, run.images_per_s(10, 16), None, None, None, 2, 16))
-    assert summary.status is RunStatus.FINISHED
+    assert summary.status is TrainingStatus.FINISHED
     lines = summary.lines()
     assert lines[0] == "ddpkit train finished: 10 steps, 1 epoch, world size 2, global batch 16"
     assert lines[1] == "  time 60.0s, 32 img/s while training"

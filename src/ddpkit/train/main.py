@@ -91,7 +91,7 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     """Everything after start-up, on one rank. Returns the exit code."""
     from .loop.elastic import fit_global_batch
     from .loop.training import Trainer, exit_code
-    from .outputs.progress import RunStatus
+    from .outputs.progress import TrainingStatus
     from .startup.rank_report import ReportOutputs, report
     from .stop import slurm_batch
 
@@ -122,7 +122,7 @@ def train(ctx: DistContext, config: TrainConfig, stop: StopRequest | None = None
     del trainer
     gc.collect()
     _finish_together()
-    if summary.status is RunStatus.FINISHED and ctx.local_rank == 0:
+    if summary.status is TrainingStatus.FINISHED and ctx.local_rank == 0:
         slurm_batch.tell_training_finished()  # every rank is past the last step: a task still running is left behind
     return exit_code(summary.status)
 

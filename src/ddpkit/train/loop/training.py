@@ -41,7 +41,7 @@ from ..data.loaders import (
 )
 from ..model.build import build_model
 from ..model.strategy import Parallel, make_optimizer, parallelise
-from ..outputs.progress import Metrics, Progress, RunStatus, TrainingSummary, rank_logger
+from ..outputs.progress import Metrics, Progress, TrainingStatus, TrainingSummary, rank_logger
 from ..outputs.rank_steps import RankStepTimes
 from ..startup.clock import CLOCK, StartupClock
 from ..startup.distributed import DistContext
@@ -53,7 +53,7 @@ from ..watchdog.liveness import watch_start_up
 from .evaluate import Evaluator
 from .steps import Stepper
 
-__all__ = ["DataTooSmall", "Position", "RunStatus", "Trainer", "TrainingPlan", "exit_code", "make_plan", "seed_all",
+__all__ = ["DataTooSmall", "Position", "Trainer", "TrainingPlan", "TrainingStatus", "exit_code", "make_plan", "seed_all",
            "warmup_cosine"]
 
 
@@ -76,8 +76,8 @@ def _restartable(config: TrainConfig) -> bool:
     return AgentRestarts.from_env() is not None and config.checkpoint_dir is not None and not config.zero
 
 
-def exit_code(status: RunStatus) -> int:
-    return ExitCode.PREEMPTED if status is RunStatus.PREEMPTED else ExitCode.OK
+def exit_code(status: TrainingStatus) -> int:
+    return ExitCode.PREEMPTED if status is TrainingStatus.PREEMPTED else ExitCode.OK
 
 
 def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
@@ -107,8 +107,8 @@ def make_plan(config: TrainConfig, samples_per_rank: int, world_size: int) -> Tr
 
 
 @dataclass
-class _Run:
-    """One run's counters, for the throughput figures and the save-once rule."""
+class _Counters:
+    """One `Trainer.run`'s counters from its start or resume, for the throughput figures and the save-once rule."""
 
     t0: float
     start_step: int
@@ -247,11 +247,11 @@ class Trainer:
         progress = Progress(c.progress, self.rank == 0, plan.total_steps, self.pos.step, c.log_every)
         self.log.info("plan: %d steps (%d per epoch), global batch %d, lr %.4g, warm-up %d steps",
                       plan.total_steps, plan.steps_per_epoch, plan.global_batch, plan.lr, plan.warmup_steps)
-        run, status = _Run(time.monotonic(), self.pos.step), RunStatus.FINISHED
+        run, status = _Counters(time.monotonic(), self.pos.step), TrainingStatus.FINISHED
         self.step_times = RankStepTimes(self.metrics, self.device, self.world, self.distributed, c.log_every,
                                         plan.total_steps, enabled=c.metrics is not None or c.tensorboard is not None)
         try:
-            while self.pos.step < plan.total_steps and status is RunStatus.FINISHED:
+            while self.pos.step < plan.total_steps and status is TrainingStatus.FINISHED:
                 status = self._epoch(progress, run)
         except Exception as exc:
             # most often a collective whose peer died: the restart resumes from this
@@ -263,21 +263,21 @@ class Trainer:
         # for its part of the all-reduce would last the whole timeout.
         self.agreement.finish()
         seconds = time.monotonic() - run.t0
-        if status is RunStatus.FINISHED:
+        if status is TrainingStatus.FINISHED:
             self._finish(run)
         summary = self._summary(status, run, seconds)
         self.metrics.put(summary.record)
         self.metrics.close()
         return summary
 
-    def _finish(self, run: _Run) -> None:
+    def _finish(self, run: _Counters) -> None:
         """The end of a finished run: the last evaluation and checkpoint, unless the last epoch just made them."""
         if self.config.eval and (self.evaluator.last is None or self.pos.epoch_step != 0):
             self.evaluate()
         if run.saved_at != self.pos.step:
             self.save()
 
-    def _summary(self, status: RunStatus, run: _Run, seconds: float) -> TrainingSummary:
+    def _summary(self, status: TrainingStatus, run: _Counters, seconds: float) -> TrainingSummary:
         last_eval, last_ckpt, plan = self.evaluator.last, self.checkpointer.last, self.plan
         return TrainingSummary(records.Summary(
             status.value, self.pos.step, self.pos.epoch, seconds, run.images_per_s(self.pos.step, plan.global_batch),
@@ -289,12 +289,12 @@ class Trainer:
         steps = self._steps_left_in_epoch()
         return iter(self.loader), steps
 
-    def _epoch(self, progress: Progress, run: _Run) -> RunStatus:
+    def _epoch(self, progress: Progress, run: _Counters) -> TrainingStatus:
         c, plan, pos = self.config, self.plan, self.pos
         batches, steps = self._start_epoch()
         for _ in range(steps):
             if pos.step >= plan.total_steps:
-                return RunStatus.FINISHED  # --max-steps mid-epoch
+                return TrainingStatus.FINISHED  # --max-steps mid-epoch
             self.step_times.begin()
             self.last_step.begin()
             loss = self.stepper.compute(batches)
@@ -315,9 +315,9 @@ class Trainer:
                 self.save()
                 run.saved_at = pos.step
         self._end_epoch(run)
-        return RunStatus.FINISHED
+        return TrainingStatus.FINISHED
 
-    def _end_epoch(self, run: _Run) -> None:
+    def _end_epoch(self, run: _Counters) -> None:
         self.pos.epoch += 1
         self.pos.epoch_step = 0
         self.pos.samples = 0
@@ -327,7 +327,7 @@ class Trainer:
             self.save()
             run.saved_at = self.pos.step
 
-    def _show(self, progress: Progress, run: _Run, loss: torch.Tensor) -> None:
+    def _show(self, progress: Progress, run: _Counters, loss: torch.Tensor) -> None:
         pos, plan = self.pos, self.plan
         run.trained_at = time.monotonic()
         ips = run.images_per_s(pos.step, plan.global_batch)
@@ -347,7 +347,7 @@ class Trainer:
             self.metrics.write("startup", **self.clock.record())
             self.log.info("%s", self.clock.line())
 
-    def _preempt(self) -> RunStatus:
+    def _preempt(self) -> TrainingStatus:
         self.log.warning("stop signal received: checkpointing at step %d and exiting with %d",
                          self.pos.step, ExitCode.PREEMPTED)
         path = self.save()
@@ -357,4 +357,4 @@ class Trainer:
             records.emit(stopped)  # for the launcher's summary: stopped, checkpoint at step N (or none)
         if self.rank == 0:
             requeue_if_slurm(self.agreement.signum, lambda line: self.log.warning("%s", line))
-        return RunStatus.PREEMPTED
+        return TrainingStatus.PREEMPTED

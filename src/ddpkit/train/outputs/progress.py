@@ -118,13 +118,13 @@ class Progress:
             self.bar.stop()
 
 
-class RunStatus(str, Enum):
-    """How a run ended (the summary's and the metrics file's `status`)."""
+class TrainingStatus(str, Enum):
+    """How `ddpkit train` ended (the summary's and the metrics file's `status`)."""
 
     FINISHED = "finished"
     PREEMPTED = "preempted"  # a stop signal: checkpointed, exit ExitCode.PREEMPTED
 
-    def __str__(self) -> str:  # "ddpkit train finished: ..." (str, Enum on 3.10 would print RunStatus.FINISHED)
+    def __str__(self) -> str:  # "ddpkit train finished: ..." (str, Enum on 3.10 would print TrainingStatus.FINISHED)
         return self.value
 
     def __format__(self, spec: str) -> str:
@@ -133,13 +133,13 @@ class RunStatus(str, Enum):
 
 @dataclass(frozen=True)
 class TrainingSummary:
-    """How the run ended: the metrics file's `summary` record, and the lines rank 0 prints."""
+    """How `ddpkit train` ended: the metrics file's `summary` record, and the lines rank 0 prints."""
 
     record: records.Summary
 
     @property
-    def status(self) -> RunStatus:
-        return RunStatus(self.record.status)
+    def status(self) -> TrainingStatus:
+        return TrainingStatus(self.record.status)
 
     def lines(self) -> list[str]:
         r = self.record
