@@ -19,11 +19,14 @@ import paramiko
 REQUEST = "keepalive@openssh.com"
 
 
-class Heartbeat(threading.Thread):
+class KeepAlive(threading.Thread):
+    """One connection's keep-alive requests; `unanswered` once none came back
+    within interval x count (and the transport was closed for it)."""
+
     def __init__(self, transport: paramiko.Transport, interval_s: float, count: int, name: str):
         super().__init__(name=f"alive {name}", daemon=True)
         self.transport, self.interval_s, self.count = transport, interval_s, count
-        self.lost = False
+        self.unanswered = False
         self._stop_event = threading.Event()
 
     @property
@@ -35,7 +38,7 @@ class Heartbeat(threading.Thread):
             if not self.transport.is_active():
                 return
             if not self._answered(self.deadline_s) and not self._stop_event.is_set():
-                self.lost = True
+                self.unanswered = True
                 self.transport.close()
                 return
 

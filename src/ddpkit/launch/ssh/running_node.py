@@ -19,7 +19,7 @@ import paramiko
 from ...targets.sshnode import NodeCommand, parse_pgid
 from ..supervise.nodeoutput import NO_EXIT_STATUS, LinePrinter
 from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
-from .keepalive import Heartbeat
+from .keepalive import KeepAlive
 from .preflight import GO
 from .preflight import verdict as verdict_line
 
@@ -48,7 +48,7 @@ class SshNode:
     _printer: LinePrinter | None = None
     _went: bool = False  # the verdict was sent: there is something to stop
     _thread: threading.Thread | None = None
-    _heartbeat: Heartbeat | None = None
+    _keepalive: KeepAlive | None = None
 
     @property
     def index(self) -> int:
@@ -77,9 +77,9 @@ class SshNode:
         self._thread.start()
         transport = self.client.get_transport()
         if transport is not None:
-            self._heartbeat = Heartbeat(transport, self.settings.alive_interval_s, self.settings.alive_count,
+            self._keepalive = KeepAlive(transport, self.settings.alive_interval_s, self.settings.alive_count,
                                         self.label)
-            self._heartbeat.start()
+            self._keepalive.start()
 
     def _pump(self, exited: Callable[[], None]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +103,8 @@ class SshNode:
 
     @property
     def drop_reason(self) -> str:
-        if self._heartbeat is not None and self._heartbeat.lost:
-            return (f"host stopped answering (no reply to a keepalive for {self._heartbeat.deadline_s:g} s; "
+        if self._keepalive is not None and self._keepalive.unanswered:
+            return (f"host stopped answering (no reply to a keepalive for {self._keepalive.deadline_s:g} s; "
                     "down or cut off?)")
         return "connection closed without an exit status"
 
@@ -158,8 +158,8 @@ class SshNode:
             self._thread.join(timeout)
 
     def close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        if self._keepalive is not None:
+            self._keepalive.stop()
         self.channel.close()
         close(self.client)
 
