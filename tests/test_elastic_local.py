@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -63,13 +64,17 @@ def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held
 
 
 def node_agent(launcher: int, node: int) -> list[int]:
-    """Node `node`'s torchrun agent under the launcher, and its workers."""
+    """Node `node`'s torchrun agent under the launcher, and its workers. By
+    its line (its output's folder, logs/node<N>), not by DDPKIT_NODE_RANK in
+    /proc/PID/environ: an agent forked from launch local's fork server shows
+    the server's environment there, what every node shares."""
     for pid in proctree.descendants(launcher):
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+            line = psutil.Process(pid).cmdline()
+        except psutil.Error:
             continue
-        if f"DDPKIT_NODE_RANK={node}".encode() in environ:
+        if "ddpkit.agent" in line and any(arg.startswith("--log-dir=") and arg.endswith(f"/node{node}")
+                                          for arg in line):
             found = agents_and_workers([pid])
             if found:
                 return found
