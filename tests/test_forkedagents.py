@@ -49,10 +49,12 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(program: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentServer]:
     env = {**os.environ, envnames.DDPKIT_RUN_ID: "forked-agents-test", envnames.PYTHONUNBUFFERED: "1"}
-    started = AgentServer.start(agent_line(program, "sleep"), env, tmp_path_factory.mktemp("log") / "server.log")
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    started = AgentServer.start(agent_line(program, "sleep"), env, log)
     assert started is not None
     yield started
     started.close()
+    assert not log.exists(), "a server with nothing to say leaves no log"
 
 
 def forked(server: AgentServer, program: Path, mode: str) -> ForkedAgent:
@@ -128,6 +130,7 @@ def test_an_interpreter_without_ddpkit_falls_back_to_popen(program: Path, tmp_pa
         assert "No module named" in (tmp_path / "server.log").read_text()
     finally:
         server.close()
+    assert (tmp_path / "server.log").exists()  # its error is kept
 
 
 def test_no_server_where_forking_is_off(program: Path) -> None:

@@ -61,8 +61,9 @@ class ForkedAgent:
 class AgentServer:
     """The launcher's end: asks for agents, hears of their exits."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, log: Path | None = None) -> None:
         self.proc = proc
+        self.log = log
         self._conn = conn
         self._send = threading.Lock()
         self._news = threading.Condition()
@@ -94,7 +95,7 @@ class AgentServer:
             return None
         finally:
             theirs.close()
-        return cls(proc, Connection(ours.detach()))
+        return cls(proc, Connection(ours.detach()), log)
 
     def spawn(self, argv: list[str], env: dict[str, str]) -> ForkedAgent | None:
         """The agent `argv` forked with `env`, its stdout and stderr on a new
@@ -140,6 +141,8 @@ class AgentServer:
             self.proc.kill()
         self.proc.wait()
         self._conn.close()
+        if self.log is not None and self.log.exists() and self.log.stat().st_size == 0:
+            self.log.unlink()  # it had nothing to say
 
     def _answer(self) -> tuple[str, object] | None:
         deadline = time.monotonic() + SPAWN_REPLY_S
