@@ -1,8 +1,10 @@
 """Rules that keep the code's shape, checked on the source (nothing is imported):
 
 - no module under src/ddpkit passes MAX_LINES lines (split it by concern);
-- every class name in docs/ARCHITECTURE.md's glossary is defined exactly once
-  under src/ddpkit (one name, one meaning);
+- one name, one meaning (docs/ARCHITECTURE.md's glossary): no two classes
+  under src/ddpkit share a name (but those in SHARED_CLASS_NAMES, with why),
+  every class name in the glossary's table is defined exactly once, and a
+  name the glossary's words table retired is not defined again;
 - nothing under launch/ or runs/ reads the job's output with a regular
   expression: the job talks to its launcher in records (records.decode,
   records.unframe), never in text a launcher parses. Every regular expression
@@ -36,11 +38,29 @@ def test_no_module_passes_the_line_limit() -> None:
 
 
 # ---- the glossary ------------------------------------------------------------------------------
-def glossary() -> list[str]:
-    """The names in the first column of the glossary's table."""
+def glossary_part(title: str) -> str:
+    """One `### title` part of the glossary's section."""
     text = ARCHITECTURE.read_text(encoding="utf-8")
     section = text.split("\n## Glossary\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE)
+    return section.split(f"\n### {title}\n", 1)[1].split("\n### ", 1)[0]
+
+
+def glossary() -> list[str]:
+    """The names in the first column of the glossary's class-name table."""
+    return re.findall(r"^\| `(\w+)` \|", glossary_part("Class names"), flags=re.MULTILINE)
+
+
+def retired() -> dict[str, str]:
+    """Each class name a words row's last column retired, written `Name` (what
+    follows it in "(now ...)" is its replacement), and the row's word. A
+    name retired from one meaning but kept for another is written there
+    without backticks."""
+    found = {}
+    for row in re.findall(r"^\| \*\*.+\|$", glossary_part("Words"), flags=re.MULTILINE):
+        cells = [c.strip() for c in row[1:-1].split("|")]  # no cell holds a pipe
+        assert len(cells) == 4, f"a words row without its four cells: {row[:80]}"
+        found.update({name: cells[0] for name in re.findall(r"`(\w+)`", re.sub(r"\(now [^)]*\)", "", cells[3]))})
+    return found
 
 
 def definitions(names: set[str]) -> dict[str, list[str]]:
@@ -72,6 +92,45 @@ def test_the_glossary_is_read() -> None:
     names = glossary()
     assert len(names) >= 20 and {"JobSpec", "NodeLost", "Supervisor"} <= set(names), names
     assert len(names) == len(set(names)), "a name twice in the glossary"
+
+
+# A class name two modules define, each for the same meaning, and why neither takes a qualifier.
+SHARED_CLASS_NAMES = {
+    # A program imports the one for its framework (ddpkit.frameworks.hf or .lightning, never both):
+    # the public name says what it is in either, as each framework's own callbacks are named.
+    "StopCallback": {"frameworks.hf", "frameworks.lightning"},
+}
+CLASS = re.compile(r"^[ \t]*class (\w+)\b", flags=re.MULTILINE)
+
+
+def class_names() -> dict[str, list[str]]:
+    """Every class statement under src/ddpkit, by name (read as text: parsing
+    every module takes seconds on a busy machine, and a `class` line is a
+    class statement in this code; a docstring that begins a line with one
+    shows up as a class of that name, to be reworded)."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for name, path in modules().items():
+        for match in CLASS.finditer(path.read_text(encoding="utf-8")):
+            found[match.group(1)].append(name)
+    return found
+
+
+def test_no_two_classes_share_a_name() -> None:
+    found = class_names()
+    assert len(found) > 200 and "Supervisor" in found, len(found)
+    shared = {name: where for name, where in found.items()
+              if len(where) > 1 and set(where) != SHARED_CLASS_NAMES.get(name)}
+    assert not shared, ("classes that share a name (one name, one meaning: give each a qualifier that says which, "
+                        f"docs/ARCHITECTURE.md#glossary): {shared}")
+    gone = {name for name in SHARED_CLASS_NAMES if set(found.get(name, [])) != SHARED_CLASS_NAMES[name]}
+    assert not gone, f"listed in SHARED_CLASS_NAMES but no longer shared as listed: {gone}"
+
+
+def test_retired_names_stay_retired() -> None:
+    names = retired()
+    assert {"Plan", "Heartbeat", "RunStatus"} <= set(names), names
+    back = {name: (word, class_names()[name]) for name, word in names.items() if name in class_names()}
+    assert not back, f"a class name the glossary retired is defined again (its word, where): {back}"
 
 
 def test_each_glossary_name_is_defined_exactly_once() -> None:
