@@ -130,6 +130,8 @@ class RunEvent(_Model):
     """One line of events.jsonl."""
 
     time: float
-    kind: str  # start, exit, failed, restart, excluded, stall, straggler, preempted, stop, cancel
+    # start or rendered (the first), files, submitted, preflight; the supervisor's notes: failed first, failed,
+    # lost, excluded, restart, interrupted, stall, straggler, preempted, stop; cancel (ddpkit cancel); exit (the last).
+    kind: str
     detail: str = ""
     node: int | None = None
