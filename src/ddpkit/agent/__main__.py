@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     elif why is not None and forks(os.environ):
         print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
     try:
-        record(torchrun.run)(args)
+        try:
+            record(torchrun.run)(args)
+        finally:
+            stopping.ending()
     except sameerror.SameErrorTwice:
         same_error_twice()
     except ChildFailedError:

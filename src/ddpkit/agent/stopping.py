@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -50,6 +51,9 @@ class SignalShutdown:
     later: list[int] = field(default_factory=list)  # stop signals that arrived while it stopped the workers
     stopping: bool = False  # torchrun's shutdown began: the agent ends
     at: float = 0.0  # time.monotonic() of the first stop signal
+    ending: bool = False  # torchrun's run is over (its workers ended on their own): the agent exits
+    in_shutdown: bool = False  # torch's shutdown of the workers runs now (a restart's, or the run's last)
+    deferred: int | None = None  # a first stop signal that came during it: raised when the workers would start again
 
 
 LAST = SignalShutdown()
@@ -71,19 +75,86 @@ def install() -> None:
             logger.addFilter(QuietShutdown())
     # torch registers it by its module name as each worker group starts (PContext.start)
     api._terminate_process_handler = on_stop_signal
-    shutdown = LocalElasticAgent._shutdown
-    if getattr(shutdown, "ddpkit_noted", False):
-        return
+    if not getattr(LocalElasticAgent._shutdown, "ddpkit_noted", False):
+        LocalElasticAgent._shutdown = _noting(LocalElasticAgent._shutdown)  # type: ignore[method-assign]
+    if not getattr(LocalElasticAgent._invoke_run, "ddpkit_noted", False):
+        LocalElasticAgent._invoke_run = _ending_after(LocalElasticAgent._invoke_run)  # type: ignore[method-assign]
+    if not getattr(api.PContext.close, "ddpkit_noted", False):
+        api.PContext.close = _marking_shutdown(api.PContext.close)  # type: ignore[method-assign]
+    if not getattr(LocalElasticAgent._initialize_workers, "ddpkit_noted", False):
+        LocalElasticAgent._initialize_workers = _deferred_first(  # type: ignore[method-assign]
+            LocalElasticAgent._initialize_workers)
+
+
+def _noting(shutdown: Callable[..., None]) -> Callable[..., None]:
+    """torch's shutdown, noting that it began and how the workers ended."""
 
     def _shutdown(self: Any, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        LAST.stopping = True
-        shutdown(self, death_sig, timeout)
+        outer, LAST.stopping, LAST.in_shutdown = LAST.in_shutdown, True, True
+        try:
+            shutdown(self, death_sig, timeout)
+        finally:
+            LAST.in_shutdown = outer
         if self._pcontext is not None:
             LAST.codes = exit_codes(self._pcontext)
         LAST.node = getattr(getattr(self, "_worker_group", None), "group_rank", None)
 
     _shutdown.ddpkit_noted = True  # type: ignore[attr-defined]
-    LocalElasticAgent._shutdown = _shutdown  # type: ignore[method-assign]
+    return _shutdown
+
+
+def _marking_shutdown(close: Callable[..., None]) -> Callable[..., None]:
+    """torch's stop of a worker group's processes and their log tailers: when
+    a worker failed, torch's poll runs it at once, before the agent's own
+    shutdown, so it marks `in_shutdown` too."""
+
+    def _close(self: Any, *args: Any, **kwargs: Any) -> None:
+        outer, LAST.in_shutdown = LAST.in_shutdown, True
+        try:
+            close(self, *args, **kwargs)
+        finally:
+            LAST.in_shutdown = outer
+
+    _close.ddpkit_noted = True  # type: ignore[attr-defined]
+    return _close
+
+
+def _ending_after(invoke_run: Callable[..., Any]) -> Callable[..., Any]:
+    """The run's loop; once it is over without a stop signal (the workers
+    ended, or failed with no restart left), torch's last shutdown follows and
+    the agent exits: a stop signal from then on is noted (`ending`)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def _invoke_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = invoke_run(self, *args, **kwargs)
+        except SignalException:
+            raise
+        except BaseException:
+            ending()
+            raise
+        ending()
+        return result
+
+    _invoke_run.ddpkit_noted = True  # type: ignore[attr-defined]
+    return _invoke_run
+
+
+def _deferred_first(initialize: Callable[..., None]) -> Callable[..., None]:
+    """torch's start of the workers, which raises first a stop signal that
+    came while the workers of a failed round were being stopped (a restart):
+    the agent then stops as if it had come a moment later."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def _initialize_workers(self: Any, *args: Any, **kwargs: Any) -> None:
+        if LAST.deferred is not None:
+            sig, LAST.deferred = LAST.deferred, None
+            LAST.first, LAST.at = sig, time.monotonic()
+            raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=signal.Signals(sig))
+        initialize(self, *args, **kwargs)
+
+    _initialize_workers.ddpkit_noted = True  # type: ignore[attr-defined]
+    return _initialize_workers
 
 
 def on_stop_signal(signum: int, frame: FrameType | None) -> None:
@@ -93,15 +164,30 @@ def on_stop_signal(signum: int, frame: FrameType | None) -> None:
     REPEAT_S of the first (before torch's shutdown began), is noted in LAST
     instead: raised, it would end the agent's wait for workers still writing
     their checkpoint. Later than that and with no shutdown begun, something
-    swallowed the first, and it is raised again."""
+    swallowed the first, and it is raised again. Once torchrun's run is over
+    (`ending`), every stop signal is noted; a first one during torch's own
+    stop of the workers is noted and raised when they would start again
+    (`_deferred_first`): the run's last stop ends the agent anyway."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     now = time.monotonic()
-    if LAST.first is not None and (LAST.stopping or now - LAST.at < REPEAT_S):
+    if LAST.ending or (LAST.first is not None and (LAST.stopping or now - LAST.at < REPEAT_S)):
         LAST.later.append(signum)
+        return
+    if LAST.in_shutdown:  # torch's own stop of the workers runs: raised, it would cut short its waits
+        LAST.deferred = signum if LAST.deferred is None else LAST.deferred
         return
     LAST.first, LAST.at = signum, now
     raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+def ending() -> None:
+    """torchrun's run is over: a stop signal from now on (a launcher stopping
+    every node as this one ends on its own) is noted, not raised; raised, it
+    would print torch's traceback from wherever the agent's exit was (torch's
+    last shutdown waiting for its log tailers, an atexit hook) instead of the
+    agent's own end."""
+    LAST.ending = True
 
 
 def exit_codes(pcontext: Any) -> list[int | None]:
