@@ -221,6 +221,9 @@ class _QuietDog:
     def start(self) -> None:
         pass
 
+    def retire(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize(("rank", "addr", "key", "said"), [
     (0, "10.0.0.1", None, True),         # rank 0 of a job on a network store, without a key
@@ -236,6 +239,7 @@ def test_the_watchdog_says_when_a_job_runs_without_a_key(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(stall, "open_store", lambda *args: None)
     monkeypatch.setattr(stall, "Watchdog", _QuietDog)
+    monkeypatch.setattr(stall, "_RUNNING", [])  # the watchdogs this process started: none but this test's
     if key is None:
         monkeypatch.delenv(runkey.ENV, raising=False)
     else:
