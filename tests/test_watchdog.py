@@ -365,3 +365,16 @@ def test_a_frozen_ranks_stale_first_step_does_not_stretch_the_limit() -> None:
     for t in range(12):
         verdict = judge.observe([beat(0, t, 3), beat(1, 0, 0, step=0, step_s=0.0, warm=False)], float(t))
     assert verdict is not None and [s.beat.rank for s in verdict.suspects] == [1] and verdict.limit_s == 10.0
+
+
+def test_a_second_watchdog_of_the_same_round_gets_the_rounds_token_and_a_new_round_a_new_one() -> None:
+    """An elastic job's records go under a token of the round, which rank 0
+    draws. A program's start-up watchdog and then ddpkit train's (taking over
+    in the same process) both ask for it: one token per round, or rank 0's
+    and rank 1's records (the last-step writer's claim among them) never meet."""
+    from ddpkit.train.watchdog.control_store import _round_token
+
+    rounds = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(2)]
+    first = [_round_token(rounds[0], 0), _round_token(rounds[0], 0), _round_token(rounds[0], 1)]
+    assert len(set(first)) == 1 and len(first[0]) == 16
+    assert _round_token(rounds[1], 0) != first[0]  # the control: a new round's store, a new token

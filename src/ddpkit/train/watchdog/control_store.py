@@ -51,6 +51,10 @@ def open_store(master_addr: str | None, master_port: int | None, rank: int = 0, 
 
 
 def _round_token(group_store: dist.Store, rank: int) -> str:
+    """The round's token: rank 0 draws it once per round (the round's group
+    store is new); a second watchdog of the same round (ddpkit train's, taking
+    over from the one a program's start-up started) gets the same one, or the
+    ranks' records would go under different tokens and never meet."""
     if rank == 0:
-        group_store.set(ROUND_KEY, secrets.token_hex(8))
+        return bytes(group_store.compare_set(ROUND_KEY, "", secrets.token_hex(8))).decode()
     return bytes(group_store.get(ROUND_KEY)).decode()  # the others wait for rank 0's (the store's timeout)
