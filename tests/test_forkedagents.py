@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ import os, sys, time
 print("worker", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "says", sys.argv[1], flush=True)
 if sys.argv[1] == "fail":
     sys.exit(3)
-if sys.argv[1] == "sleep":
+if sys.argv[1].startswith("sleep"):
     time.sleep(120)
 """
 
@@ -137,3 +138,37 @@ def test_no_server_where_forking_is_off(program: Path) -> None:
     env = {**os.environ, envnames.DDPKIT_AGENT_FORK: "0"}
     assert AgentServer.start(agent_line(program, "ok"), env, None) is None
     assert AgentServer.start([sys.executable, str(program), "ok"], dict(os.environ), None) is None
+
+
+def shown_mode(pid: int, timeout: float = 60) -> str:
+    """The last word of the line process `pid` shows once it shows an agent's
+    (a fresh fork shows the server's line until it writes its own)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        line = [arg for arg in psutil.Process(pid).cmdline() if arg]
+        if line[-1].startswith("sleep") or time.monotonic() > deadline:
+            return line[-1]
+        time.sleep(0.05)
+
+
+def test_agents_asked_for_at_once_each_get_their_own_pid(server: AgentServer, program: Path) -> None:
+    """Two nodes revived at once ask from two threads: each handle is its own agent."""
+    modes = [f"sleep-{i}" for i in range(4)]
+    agents: dict[str, ForkedAgent | None] = {}
+    threads = [threading.Thread(target=lambda m=mode: agents.__setitem__(m, server.spawn(agent_line(program, m),
+                                                                                         dict(os.environ))))
+               for mode in modes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    try:
+        for mode in modes:
+            agent = agents[mode]
+            assert agent is not None
+            assert shown_mode(agent.pid) == mode
+    finally:
+        for agent in agents.values():
+            if agent is not None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait(timeout=60)

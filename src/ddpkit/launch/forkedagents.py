@@ -105,10 +105,12 @@ class AgentServer:
             return None
         read_end, write_end = os.pipe()
         try:
+            # One request at a time, answer included: the server answers in order, and two nodes
+            # revived at once (their own threads) must not take each other's pid.
             with self._send:
                 send_handle(self._conn, write_end, self.proc.pid)
                 self._conn.send((argv, env, os.getcwd()))
-            answer = self._answer()
+                answer = self._answer()
         except OSError:
             answer = None
         finally:
