@@ -70,7 +70,7 @@ def serve(conn: Connection) -> None:
                     return  # the launcher ended
                 _fork_agent(conn, output, (argv, env, cwd), children)
             else:
-                _reap(conn, cast(int, ready), children)
+                zygote.reap(conn, cast(int, ready), children)
 
 
 def _fork_agent(conn: Connection, output: int, request: tuple[list[str], dict[str, str], str],
@@ -111,16 +111,6 @@ def become_agent(output: int, argv: list[str], env: dict[str, str], cwd: str) ->
     except BaseException:  # what an interpreter prints for an error outside the agent's own handling
         worker.print_exception()
     worker.finish(code)
-
-
-def _reap(conn: Connection, pidfd: int, children: dict[int, int]) -> None:
-    pid = children.pop(pidfd)
-    os.close(pidfd)
-    _, status = os.waitpid(pid, 0)
-    try:
-        conn.send(("exit", pid, os.waitstatus_to_exitcode(status)))
-    except OSError:
-        pass  # the launcher is gone; nobody to tell
 
 
 if __name__ == "__main__":

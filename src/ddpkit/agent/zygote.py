@@ -204,7 +204,7 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
                 else:
                     _fork_worker(conn, request, children)
             else:
-                _reap(conn, cast(int, ready), children)
+                reap(conn, cast(int, ready), children)
 
 
 def preload_modules(preload: tuple[str, ...]) -> None:
@@ -264,11 +264,12 @@ def _fork_worker(conn: Connection, request: WorkerRequest, children: dict[int, i
     conn.send(("pid", pid))
 
 
-def _reap(conn: Connection, pidfd: int, children: dict[int, int]) -> None:
+def reap(conn: Connection, pidfd: int, children: dict[int, int]) -> None:
+    """Wait for the child whose pidfd is ready and tell the other end its exit code."""
     pid = children.pop(pidfd)
     os.close(pidfd)
     _, status = os.waitpid(pid, 0)
     try:
         conn.send(("exit", pid, os.waitstatus_to_exitcode(status)))
     except OSError:
-        pass  # the agent is gone; nobody to tell
+        pass  # the other end is gone; nobody to tell
