@@ -98,16 +98,27 @@ lint: install
 # tests/test_seconds.json; xdist's own reorder by test count is off). Starts
 # with this machine's speed; ends with the slowest tests, the time per module
 # and the run's wall and CPU time in units of that speed.
+# `make lint` runs beside the tests, not before them: mypy's minute of CPU on
+# one core would hold the other core idle before the first test. Its output
+# comes after pytest's, and either failing fails the target.
+LINT_LOG = $(VENV)/lint.log
+define beside_lint
+@$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
+$(1); tests=$$?; \
+wait $$lint; linted=$$?; cat $(LINT_LOG); \
+if [ $$linted -ne 0 ]; then echo "make: lint failed (its output above); run make lint to see it alone" >&2; fi; \
+[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
+endef
 TEST_WORKERS ?= 3
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-test: install lint
-	$(PY) -m pytest $(XDIST) -m "not full" --durations=30 $(PYTEST_ARGS)
+test: install
+	$(call beside_lint,$(PY) -m pytest $(XDIST) -m "not full" --durations=30 $(PYTEST_ARGS))
 
 # Everything: CI's tier and the full matrix (every framework x target x
 # fault, the chaos runs, the benches' longer smokes). Run it when changing
 # those parts. Its JUnit XML is what `make test-times` reads.
-test-full: install lint
-	$(PY) -m pytest $(XDIST) --durations=30 --junitxml=.pytest_cache/junit-full.xml $(PYTEST_ARGS)
+test-full: install
+	$(call beside_lint,$(PY) -m pytest $(XDIST) --durations=30 --junitxml=.pytest_cache/junit-full.xml $(PYTEST_ARGS))
 
 # Refresh tests/test_seconds.json (what conftest orders modules by) from
 # the last `make test-full` run.
