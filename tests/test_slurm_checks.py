@@ -57,8 +57,8 @@ def test_memory_and_gres_forms() -> None:
     assert gpu_count("gpu:a100:2,gpu:v100:1") == 3
 
 
-def test_scontrols_two_shapes_are_read_by_the_one_parser() -> None:
-    # `-o` records (the launcher's checks and queue, the agent's job output file) and `show config`'s lines
+def test_scontrols_three_shapes_are_read_by_the_one_parser() -> None:
+    # `-o` records (the launcher's checks and queue, the agent's job output file), `show config`'s lines
     record = scontrol.fields("JobId=7 JobName=j JobState=RUNNING Reason=None StdOut=/home/u/j-7.out Gres=")
     assert record == {"JobId": "7", "JobName": "j", "JobState": "RUNNING", "Reason": "None",
                       "StdOut": "/home/u/j-7.out", "Gres": ""}
@@ -66,6 +66,9 @@ def test_scontrols_two_shapes_are_read_by_the_one_parser() -> None:
     assert scontrol.config_value(config, "SlurmdPort") == "6818"
     assert scontrol.config_value(config, "AccountingStorageType") == ""
     assert scontrol.config_value(config, "SlurmctldPort") is None
+    # `show hostnames`: one host a line, in Slurm's order (the launcher's queue and the trainer's launch info)
+    assert scontrol.hostnames("gpu07\ngpu08\ncpu1\n") == ["gpu07", "gpu08", "cpu1"]
+    assert scontrol.hostnames("") == []
 
 
 def test_a_job_that_fits_passes() -> None:

@@ -267,3 +267,15 @@ def test_manual_file_init_two_processes(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
     rows = {**report_lines(results[0].stdout), **report_lines(results[1].stdout)}
     assert sorted(rows) == [0, 1] and {r["launcher"] for r in rows.values()} == {"manual"}
+
+
+def test_ddpkit_run_refuses_a_bad_srun_task_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # an srun task whose launch environment cannot give the torchrun variables: one line, exit 2
+    from ddpkit.run import prepare
+
+    env = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
+    with pytest.raises(SystemExit) as ended:
+        prepare(["train.py"], env)
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddpkit.run: ") and "export MASTER_ADDR" in err and err.count("\n") == 1, err

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from . import envnames, preamble, workdir
-from .exitcodes import ExitCode
+from .exitcodes import ExitCode, exit_on
 from .train.startup import launchinfo
 
 USAGE = "usage: python -m ddpkit.run PROGRAM [ARGS] | -m MODULE [ARGS]"
@@ -47,8 +47,7 @@ def prepare(argv: list[str], env: MutableMapping[str, str]) -> None:
     try:
         env.update(torchrun_env(env))
     except launchinfo.StartupError as err:
-        print(f"ddpkit.run: {err}", file=sys.stderr, flush=True)
-        sys.exit(ExitCode.BAD_INPUT)
+        sys.exit(exit_on("ddpkit.run", err, ExitCode.BAD_INPUT))
 
 
 def main(argv: list[str] | None = None) -> None:

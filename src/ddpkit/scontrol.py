@@ -2,9 +2,10 @@
 cluster's limits before sbatch, the jobs a command shows) and by the agent
 on a node (a job whose batch host is gone) alike.
 
-Two shapes: `scontrol show job|node|partition -o` prints one record a line
+Three shapes: `scontrol show job|node|partition -o` prints one record a line
 of `Key=Value` words (fields); `scontrol show config` prints one setting a
-line, `Key = Value` (config_value). The callers run scontrol; this module
+line, `Key = Value` (config_value); `scontrol show hostnames` one host a
+line (hostnames). The callers run scontrol; this module
 runs nothing. A leaf: it imports nothing of the package, so the launcher
 and the job's side may both use it.
 """
@@ -29,3 +30,8 @@ def config_value(text: str, name: str) -> str | None:
         if key.strip() == name:
             return value.strip()
     return None
+
+
+def hostnames(text: str) -> list[str]:
+    """The hosts `scontrol show hostnames LIST` printed, in its order."""
+    return text.split()

@@ -52,7 +52,7 @@ def hostnames(nodelist: str) -> list[str]:
     if not nodelist or nodelist == "(null)":
         return []
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
-    return out.stdout.split()
+    return scontrol.hostnames(out.stdout)
 
 
 def _slurm(*words: str) -> str:

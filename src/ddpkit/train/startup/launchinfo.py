@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ... import envnames as E
+from ... import scontrol
 from ...agreed import DEFAULT_PORT, slurm_port_for_job
 from ..config.values import Options
 
@@ -89,7 +90,7 @@ def expand_hostlist(nodelist: str) -> list[str]:
     if shutil.which("scontrol"):
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
                              capture_output=True, text=True).stdout
-        return out.split()
+        return scontrol.hostnames(out)
     return parse_hostlist(nodelist)
 
 
