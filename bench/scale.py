@@ -1,0 +1,570 @@
+"""The same elastic job on N real hosts: `ddpkit launch ssh` on N network-
+namespace hosts with sshd (tests/infra, root), one process a host, once with
+`ddpkit train` (the tiny model) and once with a program of the user's own (a
+tutorial-style DDP loop, whose gradients are all-reduced every step, watched
+through ddpkit's preamble). The simulated control plane to 1,024 nodes is
+bench/scale_sim.py; this is its real counterpart, as far as one machine goes.
+
+The job: `elastic: {min_nodes: N-1}` (it re-forms after one loss), gloo,
+CPU, the launcher on a host of its own ("login"). Per N and program:
+
+  first step        the command to rank 0's first completed step
+                    (ddpkit train: its `startup` record's first_step_done;
+                    the own program: its first step's stamp)
+  to workers        the command to rank 0's worker process start (ssh, the
+                    agent's imports, the elastic rendezvous of N agents, the
+                    fork): ddpkit train's `startup` record's process_start
+  process group     ddpkit train: the record's rendezvous phase (the
+                    process group of N)
+  rank report       ddpkit train: the record's rank report phase. The own
+                    program's report runs inside its init_process_group (the
+                    preamble wraps it), so there the two are one figure: the
+                    first rank's call to the last rank's return
+  recovery          one host's agent and workers SIGKILLed a few steps in: the
+                    loss to the survivors' first step (ddpkit train: its
+                    first `train` record after the `resume` record written
+                    after the loss; the own program: the first step stamped
+                    by a world of N-1)
+  launcher CPU      the launcher's CPU seconds (os.wait4's rusage: it and
+                    every child it reaped), and up to the first step (psutil)
+  launcher memory   the launcher process tree's peak RSS (psutil, sampled)
+  console lines/s   the launcher's stdout + stderr lines over its wall time
+  host memory       each host's processes' PSS (sshd, agent, zygote,
+                    worker) at the first step: what bounds N on this machine
+
+Before each N the machine's available memory is checked against the host
+memory measured so far (times N, with a margin); an N that does not fit,
+or that the time budget (--budget-s) says cannot finish, is skipped and the
+reason written down.
+
+    .venv/bin/python -m bench.scale                 # N = 4, 8, 16, 32 -> bench/results/scale.json
+    .venv/bin/python -m bench.scale --short         # N = 2 (the CI test)
+    .venv/bin/python -m bench.scale --nodes 4 --programs train --no-crash
+
+Writes bench/results/<name>.json and docs/img/scale/real_*.png (--no-plots: none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
+from bench.recovery import tail, take_away, wait_until  # noqa: E402
+from bench.scale_sim import growth  # noqa: E402
+from tests.infra import netns, sshd  # noqa: E402
+
+DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
+IMG = ROOT / "docs" / "img" / "scale"
+SIZES = (4, 8, 16, 32)
+SHORT = (2,)
+PROGRAMS = {"train": "ddpkit train", "own": "own program"}
+CHECKPOINT_EVERY = 5
+STEPS_BEFORE_CRASH = 8  # steps rank 0 completes before the host is lost: a checkpoint exists by then
+STEPS_AFTER = 5  # steps the survivors train after the recovery before the run is ended
+STEP_SLEEP_S = 0.05  # the own program's pause a step: its steps come at a pace the console can show
+MEMORY_MARGIN = 1.5  # an N runs when N x a host's measured memory x this fits in what is available
+START_LIMIT_S = 900.0  # a first step slower than this is a broken start, not a slow one
+
+# The program of the user's own: the tutorials' DDP loop (env:// rendezvous, gloo, a small MLP: DDP
+# all-reduces its gradients every step). Each rank appends one line a step ("time step world host") to a
+# file of its own, and stamps the time just before init_process_group (which ddpkit's preamble wraps).
+OWN_PROGRAM = """\
+import os, socket, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+stamps = os.environ["STAMPS"]
+before_init = time.time()
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+host = socket.gethostname()
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+with open(os.path.join(stamps, f"init.{host}.{os.getpid()}"), "w") as out:
+    out.write(f"{before_init:.6f} {time.time():.6f} {world}\\n")
+with open(os.path.join(stamps, f"steps.{host}.{os.getpid()}"), "a", buffering=1) as out:
+    for step in range(1, int(os.environ["STEPS"]) + 1):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        out.write(f"{time.time():.6f} {step} {world} {rank}\\n")
+        time.sleep(float(os.environ["STEP_SLEEP_S"]))
+dist.destroy_process_group()
+"""
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+class Watch:
+    """The launcher's process tree, sampled: peak RSS, and CPU seconds at a moment asked for."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak_rss = pid, 0
+        self.cpu_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            top = psutil.Process(self.pid)
+            return [top, *top.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def cpu(self) -> float:
+        total = 0.0
+        for p in self.tree():
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass
+        return total
+
+    def note_cpu(self, name: str) -> None:
+        self.cpu_at[name] = self.cpu()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            rss = 0
+            for p in self.tree():
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak_rss = max(self.peak_rss, rss)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def host_memory_mb(hosts: Sequence[netns.Host]) -> list[float]:
+    """Each host's processes' proportional set size (forked workers share their zygote's pages), MB."""
+    out = []
+    for host in hosts:
+        total = 0
+        for pid in host.pids():
+            try:
+                p = psutil.Process(pid)
+                total += getattr(p.memory_full_info(), "pss", p.memory_info().rss)
+            except psutil.Error:
+                pass
+        out.append(total / 2**20)
+    return out
+
+
+def agents_and_workers(host: netns.Host) -> list[int]:
+    from tests.helpers.elastic_gate import agents_and_workers as found
+
+    return found(host.pids())
+
+
+class Run:
+    """One `launch ssh` of one program on the first n hosts, in its own folder."""
+
+    def __init__(self, net: netns.Network, ssh: sshd.SshHosts, work: Path, program: str, n: int,
+                 crash: bool) -> None:
+        self.net, self.ssh, self.work, self.program, self.n, self.crash = net, ssh, work, program, n, crash
+        self.hosts = net.hosts[1:n + 1]
+        self.metrics = work / "metrics.jsonl"  # ddpkit train's --metrics (rank 0)
+        self.stamps = work / "stamps"
+        self.stamps.mkdir()
+        self.runs = work / "runs"
+
+    def spec(self) -> dict[str, Any]:
+        n = self.n
+        env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+        if self.program == "train":
+            # no --max-steps when a host is lost: the run is ended once the survivors trained
+            steps = 100000 if self.crash else STEPS_BEFORE_CRASH + STEPS_AFTER
+            command: dict[str, Any] = {
+                "python": sys.executable, "module": "ddpkit.train",
+                "args": ["--model", "tiny", "--image-size", "16", "--workers", "0", "--progress", "plain",
+                         "--data", "synthetic", "--synthetic-size", "100000", "--batch-size", "4", "--no-eval",
+                         "--device", "cpu", "--backend", "gloo", "--max-steps", str(steps),
+                         "--checkpoint-dir", str(self.work / "ckpt"), "--checkpoint-every",
+                         str(CHECKPOINT_EVERY), "--resume", "auto", "--metrics", str(self.metrics),
+                         "--log-every", "1", "--dist-timeout", "300"]}
+        else:
+            script = self.work / "own_allreduce.py"
+            script.write_text(OWN_PROGRAM)
+            command = {"python": sys.executable, "script": str(script), "args": []}
+            env |= {"STAMPS": str(self.stamps), "STEP_SLEEP_S": str(STEP_SLEEP_S),
+                    "STEPS": str(100000 if self.crash else STEPS_BEFORE_CRASH + STEPS_AFTER)}
+        return {
+            "name": f"scale-{self.program}-{n}", "nodes": n, "nproc_per_node": 1, "device": "cpu",
+            "backend": "gloo", "command": command, "env": env,
+            "rendezvous": {"timeout_s": 900},
+            "elastic": {"min_nodes": max(1, n - 1), "max_restarts": 3, "max_node_failures": 1},
+            "ssh": {"workdir": str(self.work), "log_dir": str(self.work / "logs"), "grace_s": 3,
+                    "connect_timeout_s": 10, "alive_interval_s": 1, "alive_count": 3},
+        }
+
+    def argv(self) -> list[str]:
+        job = self.work / "job.yaml"
+        job.write_text(yaml.safe_dump(self.spec()))
+        hostfile = self.work / "hostfile"
+        hostfile.write_text("".join(f"{h.addr}\n" for h in self.hosts))
+        return [DDPKIT, "launch", "ssh", "-f", str(job), "--hostfile", str(hostfile), *self.ssh.launcher_flags()]
+
+    # -- what the job wrote --
+    def metric_records(self) -> list[dict[str, Any]]:
+        if self.program == "train":
+            path = self.metrics
+        else:  # the preamble's records, kept by the launcher in the run folder
+            found = list(self.runs.glob("*/metrics.jsonl")) if self.runs.exists() else []
+            if not found:
+                return []
+            path = found[0]
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip()]
+
+    def own_steps(self) -> list[tuple[float, int, int, int, str]]:
+        """Every rank's steps: (time, step, world, rank, host)."""
+        out = []
+        for path in self.stamps.glob("steps.*"):
+            host = path.name.split(".")[1]
+            for line in path.read_text().split("\n")[:-1]:
+                t, step, world, rank = line.split()
+                out.append((float(t), int(step), int(world), int(rank), host))
+        return sorted(out)
+
+    def first_step(self) -> float | None:
+        """Wall clock of rank 0's first step in the full world, once every host trained."""
+        if self.program == "train":
+            start = [r for r in self.metric_records() if r.get("kind") == "startup"]
+            return start[0]["stamps"]["first_step_done"] if start else None
+        steps = [s for s in self.own_steps() if s[2] == self.n]
+        if {s[4] for s in steps} != {h.name for h in self.hosts}:
+            return None
+        return min(s[0] for s in steps if s[3] == 0)
+
+    def trained_steps(self) -> int:
+        if self.program == "train":
+            return sum(1 for r in self.metric_records() if r.get("kind") == "train")
+        return sum(1 for s in self.own_steps() if s[3] == 0)
+
+    def survivors_first_step(self, lost_at: float) -> float | None:
+        if self.program == "train":
+            recs = self.metric_records()
+            for i, r in enumerate(recs):
+                if r.get("kind") == "resume" and r["time"] > lost_at:
+                    return next((s["time"] for s in recs[i + 1:] if s.get("kind") == "train"), None)
+            return None
+        after = [s[0] for s in self.own_steps() if s[2] == self.n - 1 and s[0] > lost_at]
+        return min(after) if after else None
+
+    def phases(self, t0: float) -> dict[str, float]:
+        """The start-up figures from what the job wrote (see the module's docstring)."""
+        recs = self.metric_records()
+        if self.program == "train":
+            [rec] = [r for r in recs if r.get("kind") == "startup"][:1]
+            stamps = rec["stamps"]
+            return {"to_workers_s": stamps["process_start"] - t0,
+                    "process_group_s": rec["phases"]["rendezvous"],
+                    "rank_report_s": rec["phases"]["rank report"],
+                    "imports_s": rec["phases"]["imports"]}
+        inits = []
+        for path in self.stamps.glob("init.*"):
+            before, after, world = path.read_text().split()
+            if int(world) == self.n:
+                inits.append((float(before), float(after)))
+        rows = [r for r in recs if r.get("kind") == "rank_report"]
+        first_before = min(b for b, _ in inits)
+        out = {"to_workers_s": first_before - t0,  # the program's first line, not its process start
+               "process_group_and_report_s": max(a for _, a in inits) - first_before}
+        if rows:  # rank 0 writes the rows once every rank's is in and checked
+            out["rank_report_written_s"] = rows[0]["time"] - first_before
+        return out
+
+    def rank_hosts(self) -> list[str]:
+        """The hosts of the first world's ranks (the rank report's rows)."""
+        rows = [r for r in self.metric_records() if r.get("kind") == "rank_report"][:self.n]
+        return sorted(r["host"] for r in rows)
+
+
+def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash: bool,
+            say: Callable[[str], None], keep: Path | None = None) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"ddpkit-bench-scale-{program}{n}-"))
+    os.chmod(work, 0o755)
+    run = Run(net, ssh, work, program, n, crash)
+    out_path = work / "launcher.out"
+    env = {**os.environ, "DDPKIT_RUNS_DIR": str(run.runs), "DDPKIT_SSH_OPTS": f"-F {ssh.ssh_config}"}
+    argv = run.argv()
+    result: dict[str, Any] = {"program": PROGRAMS[program], "nodes": n}
+    t0 = time.time()
+    with out_path.open("w") as out:
+        proc = net["login"].popen(argv, cwd=str(work), env=env, stdout=out, stderr=subprocess.STDOUT)
+    watch = Watch(proc.pid)
+    try:
+        first = wait_until(lambda: proc.poll() is not None or run.first_step(), START_LIMIT_S,
+                           f"no first step on {n} hosts within {START_LIMIT_S:.0f} s")
+        if first is True:
+            raise RuntimeError(f"the launcher exited {proc.returncode} before the first step\n{tail(out_path)}")
+        watch.note_cpu("first_step")
+        result["host_memory_mb"] = host_memory_mb(run.hosts)
+        result["first_step_s"] = first - t0
+        result |= run.phases(t0)
+        result["rank_hosts"] = run.rank_hosts()
+        if crash:
+            wait_until(lambda: proc.poll() is not None or run.trained_steps() >= STEPS_BEFORE_CRASH, 300,
+                       f"rank 0 never reached step {STEPS_BEFORE_CRASH}")
+            lost = run.hosts[-1]
+            take_away(agents_and_workers(lost), "crash")
+            lost_at = time.time()
+            back = wait_until(lambda: proc.poll() is not None or run.survivors_first_step(lost_at), 600,
+                              "the survivors never trained again")
+            if back is True:
+                raise RuntimeError(f"the launcher exited {proc.returncode} before the survivors trained\n"
+                                   f"{tail(out_path)}")
+            result["recovery_s"] = back - lost_at
+            done = run.trained_steps()
+            wait_until(lambda: proc.poll() is not None or run.trained_steps() >= done + STEPS_AFTER, 300,
+                       "the survivors stopped training")
+            proc.send_signal(signal.SIGINT)  # Ctrl-C: the launcher stops every node and exits
+        pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        ended = time.time()
+    except BaseException:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        say(tail(out_path, 60))
+        raise
+    finally:
+        watch.stop()
+    lines = out_path.read_text(errors="replace").splitlines()
+    result |= {
+        "exit_code": proc.returncode, "wall_s": ended - t0,
+        "launcher_cpu_s": usage.ru_utime + usage.ru_stime,
+        "launcher_cpu_to_first_step_s": watch.cpu_at.get("first_step"),
+        "launcher_peak_rss_mb": watch.peak_rss / 2**20,
+        "console_lines": len(lines), "console_lines_per_s": len(lines) / (ended - t0),
+        "trained_steps": run.trained_steps(),
+        "restarted_before_first_step": [ln for ln in lines if "stops now" in ln][:5],
+        "left_out": [ln for ln in lines if "excluded" in ln or "left out" in ln][:5],
+    }
+    if keep is not None:  # the launcher's console and the nodes' logs, to read what happened at this N
+        shutil.copytree(work, keep / f"{program}-{n}", ignore=shutil.ignore_patterns("ckpt"), dirs_exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+# ---- the figures ------------------------------------------------------------------------------
+
+# name -> (unit, what it is)
+MEASURES = {
+    "first_step_s": ("s", "command to rank 0's first step"),
+    "to_workers_s": ("s", "command to rank 0's worker (ssh, agents' imports, elastic rendezvous, fork)"),
+    "process_group_s": ("s", "ddpkit train: the process group of N (its startup record)"),
+    "rank_report_s": ("s", "ddpkit train: the rank report (its startup record)"),
+    "process_group_and_report_s": ("s", "own program: init_process_group with the preamble's rank report"),
+    "recovery_s": ("s", "a host SIGKILLed to the survivors' first step"),
+    "launcher_cpu_s": ("CPU s", "the launcher's CPU over the run"),
+    "launcher_cpu_to_first_step_s": ("CPU s", "the launcher's CPU to the first step"),
+    "launcher_peak_rss_mb": ("MB", "the launcher's peak RSS"),
+    "console_lines_per_s": ("lines/s", "lines a second on the launcher's console"),
+    "host_memory_mb_mean": ("MB", "one host's processes' PSS at the first step"),
+}
+PLOTS = {
+    "real_start": ("first_step_s", "to_workers_s", "process_group_s", "rank_report_s",
+                   "process_group_and_report_s", "recovery_s"),
+    "real_launcher": ("launcher_cpu_s", "launcher_cpu_to_first_step_s", "launcher_peak_rss_mb",
+                      "console_lines_per_s", "host_memory_mb_mean"),
+}
+
+
+def figures(result: dict[str, Any]) -> dict[str, float]:
+    out = {k: result[k] for k in MEASURES if isinstance(result.get(k), (int, float))}
+    if result.get("host_memory_mb"):
+        out["host_memory_mb_mean"] = sum(result["host_memory_mb"]) / len(result["host_memory_mb"])
+    return out
+
+
+def analyse(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """program -> measure -> growth (bench.scale_sim.growth: ratios, exponent, a + b·N)."""
+    out: dict[str, dict[str, Any]] = {}
+    for program in PROGRAMS.values():
+        mine = sorted((r for r in results if r["program"] == program and "figures" in r), key=lambda r: r["nodes"])
+        if not mine:
+            continue
+        ns = [r["nodes"] for r in mine]
+        out[program] = {name: growth(ns, [r["figures"].get(name) for r in mine]) for name in MEASURES
+                        if any(name in r["figures"] for r in mine)}
+    return out
+
+
+def markdown(results: list[dict[str, Any]], analysis: dict[str, dict[str, Any]]) -> str:
+    ns = sorted({r["nodes"] for r in results if "figures" in r})
+    head = "| program | measure | unit | " + " | ".join(f"N={n}" for n in ns) + " | fit a + b·N | ~N^k |"
+    lines = [head, "|" + "---|" * (len(ns) + 5)]
+    for program, measures in analysis.items():
+        for name, g in measures.items():
+            by_n = dict(zip(g["n"], g["values"]))
+            cells = [f"{by_n[n]:.3g}" if n in by_n else "-" for n in ns]
+            fit = f"{g['a']:.3g} + {g['b']:.3g}·N" if len(g["values"]) >= 2 else "-"
+            k = f"{g['exponent']:.2f}" if len(g["values"]) >= 2 else "-"
+            lines.append(f"| {program} | {MEASURES[name][1]} | {MEASURES[name][0]} | " + " | ".join(cells)
+                         + f" | {fit} | {k} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(analysis: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
+    """One PNG per group of PLOTS: each measure against N, a line per program, with its a + b·N fit."""
+    import textwrap
+
+    plt = common.pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for group, names in PLOTS.items():
+        names = tuple(n for n in names if any(n in m for m in analysis.values()))
+        if not names:
+            continue
+        cols = min(3, len(names))
+        rows = -(-len(names) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.5 * rows), squeeze=False)
+        for ax in axes.flat[len(names):]:
+            ax.set_visible(False)
+        for ax, name in zip(axes.flat, names):
+            unit, what = MEASURES[name]
+            ax.set_title("\n".join(textwrap.wrap(what, 44)), fontsize=8)
+            for program, measures in analysis.items():
+                g = measures.get(name)
+                if not g or not g["values"]:
+                    continue
+                line = ax.plot(g["n"], g["values"], "o-", label=program)[0]
+                if len(g["values"]) >= 2:
+                    ax.plot(g["n"], [g["a"] + g["b"] * n for n in g["n"]], "--", color=line.get_color(),
+                            alpha=0.5, label=f"{program}: {g['a']:.2g} + {g['b']:.2g}·N")
+            ax.set_xlabel("hosts (1 process each)")
+            ax.set_ylabel(unit)
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=6)
+            ax.grid(alpha=0.3)
+        path = out_dir / f"{group}.png"
+        common.save_figure(fig, path)
+        paths.append(path)
+    return paths
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=lambda t: tuple(int(x) for x in t.split(",")), default=None)
+    p.add_argument("--short", action="store_true", help=f"N = {', '.join(map(str, SHORT))} (the CI test)")
+    p.add_argument("--programs", type=lambda t: tuple(t.split(",")), default=tuple(PROGRAMS),
+                   help="train, own")
+    p.add_argument("--no-crash", action="store_true", help="no host lost: the job ends by itself")
+    p.add_argument("--budget-s", type=float, default=3600, help="stop before an N that would pass this")
+    p.add_argument("--out", type=Path, default=common.RESULTS)
+    p.add_argument("--name", default="scale")
+    p.add_argument("--img", type=Path, default=IMG)
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--keep", type=Path, default=None, help="copy each run's folder (console, logs) here")
+    a = p.parse_args(argv)
+    a.nodes = a.nodes or (SHORT if a.short else SIZES)
+    if unknown := set(a.programs) - set(PROGRAMS):
+        p.error(f"unknown program {', '.join(sorted(unknown))}: choose from {', '.join(PROGRAMS)}")
+    return a
+
+
+def why_not(n: int, done: list[dict[str, Any]], started: float, budget_s: float) -> str | None:
+    """Why N cannot run here now: memory (N hosts of the largest measured so far, with a margin, against
+    what is available) or time (the last N's wall time, scaled by N, past the budget)."""
+    measured = [r for r in done if r.get("host_memory_mb")]
+    if measured:
+        per_host = max(max(r["host_memory_mb"]) for r in measured)
+        need = n * per_host * MEMORY_MARGIN
+        have = psutil.virtual_memory().available / 2**20
+        if need > have:
+            return (f"memory: {n} hosts x {per_host:.0f} MB (the largest host measured) x {MEMORY_MARGIN} = "
+                    f"{need:,.0f} MB > {have:,.0f} MB available")
+    timed = [r for r in done if r.get("wall_s")]
+    if timed:
+        last = max(timed, key=lambda r: r["nodes"])
+        guess = sum(r["wall_s"] for r in timed if r["nodes"] == last["nodes"]) * n / last["nodes"]
+        left = budget_s - (time.time() - started)
+        if guess > left:
+            return f"time: {n} hosts would take about {guess:.0f} s (scaled from N={last['nodes']}), {left:.0f} s left"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    reason = netns.available() or sshd.available()
+    if reason:
+        print(f"bench/scale.py: {reason}", file=sys.stderr)
+        return 2
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    folder = Path(tempfile.mkdtemp(prefix="ddpkit-bench-scale-hosts-"))
+    os.chmod(folder, 0o755)
+    results: list[dict[str, Any]] = []
+    stopped: dict[int, str] = {}
+    started = time.time()
+    names = ["login", *(f"h{i:02d}" for i in range(1, max(a.nodes) + 1))]
+    try:
+        with netns.Network(names, prefix=f"dks{os.getpid() % 10000}", subnet="10.213.79") as net:
+            net.wait_reachable(timeout=60)
+            with sshd.SshHosts(net.hosts[1:], net.hosts[0], folder) as ssh:
+                for n in a.nodes:
+                    if why := why_not(n, results, started, a.budget_s):
+                        stopped[n] = why
+                        say(f"N={n}: not run: {why}")
+                        break
+                    for program in a.programs:
+                        say(f"N={n} {PROGRAMS[program]} ...")
+                        result = run_one(net, ssh, program, n, not a.no_crash, say, a.keep)
+                        result["figures"] = figures(result)
+                        results.append(result)
+                        say(f"N={n} {PROGRAMS[program]}: " + ", ".join(f"{k} {v:.3g}"
+                                                                     for k, v in result["figures"].items()))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    analysis = analyse(results)
+    table = markdown(results, analysis)
+    print(table)
+    a.out.mkdir(parents=True, exist_ok=True)
+    pngs = [] if a.no_plots else plots(analysis, a.img)
+    path = common.write_result(a.name, {
+        "command": common.command_line(), "machine": common.machine(), "nodes": list(a.nodes),
+        "programs": [PROGRAMS[p] for p in a.programs], "crash": not a.no_crash, "results": results,
+        "stopped": {str(k): v for k, v in stopped.items()}, "analysis": analysis,
+        "plots": [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in pngs]}, a.out)
+    (a.out / f"{a.name}.md").write_text(table)
+    say(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
