@@ -285,3 +285,76 @@ def test_ddpkit_logs_and_submit_follow_keep_records_off_the_screen() -> None:
     frame = records.frame(records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3))
     assert node_prefix(f"1: {frame}", ["n1", "n2"], 1) is None
     assert node_prefix("1: people read this", ["n1", "n2"], 1) == "[n2] people read this"
+
+
+def test_where_records_have_a_folder_each_node_keeps_them_in_its_file_and_the_stream_gets_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The channel the job's environment names (the rendered Slurm job's folder): every
+    record goes to this node's file there, with its time; stderr, which people read, gets
+    none; the folder's reader merges the nodes' files by time."""
+    from ddpkit import envnames
+
+    assert records.CHANNEL_VAR == envnames.DDPKIT_RECORDS
+    folder = tmp_path / "job-7.records"
+    monkeypatch.setenv(records.CHANNEL_VAR, str(folder))
+    monkeypatch.setenv("SLURMD_NODENAME", "node2")
+    before = time.time()
+    records.emit(records.Stop("SIGUSR2", 10, "/c/ckpt-10.pt", 0))
+    records.emit(records.WorkerExit(1, 0, 9, 12), time=5.0)
+    assert capsys.readouterr().err == ""
+    assert sorted(p.name for p in folder.iterdir()) == ["node2.jsonl"]
+    records.append(records.node_file(folder, "node1"), records.Straggler("slow", 3, 1, "h1", 41, 0.3, 0.01, 30.0,
+                                                                          1.33, 10), 7.0)
+    read = records.read_folder(folder)
+    assert [s.record.kind for s in read] == ["worker_exit", "straggler", "stop"]  # by time, across nodes
+    assert read[0].time == 5.0 and read[2].time is not None and read[2].time >= round(before, 3) - 0.001
+    assert records.read_folder(tmp_path / "no-such") == []
+
+
+def test_a_records_folder_that_cannot_be_written_leaves_the_record_framed_on_the_stream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv(records.CHANNEL_VAR, str(tmp_path / "a-file" / "records"))
+    records.emit(records.WorkerExit(1, 0, 9, 12))
+    (line,) = capsys.readouterr().err.splitlines()
+    assert records.unframe(line) is not None and records.unframe(line).record == records.WorkerExit(1, 0, 9, 12)  # type: ignore[union-attr]
+
+
+def test_the_agents_copier_keeps_a_tracebacks_record_in_the_folder_and_its_lines_in_the_stream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from ddpkit.agent.tailing import tail_logfile
+
+    trace = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "    boom()",
+             "RuntimeError: boom"]
+    log = tmp_path / "stderr.log"
+    log.write_text("step 1\n" + "".join(f"{line}\n" for line in trace))
+    monkeypatch.setenv(records.CHANNEL_VAR, str(tmp_path / "records"))
+    finished, dst = threading.Event(), io.StringIO()
+    finished.set()
+    tail_logfile("[rank3]:", str(log), dst, finished, 0.01)
+    assert dst.getvalue().splitlines() == [f"[rank3]:{line}" for line in ["step 1", *trace]]
+    (kept,) = records.read_folder(tmp_path / "records")
+    assert isinstance(kept.record, records.Traceback) and kept.record.line.startswith("RuntimeError: boom")
+
+
+def test_the_rendered_slurm_job_names_the_records_folder_its_readers_look_in(tmp_path: Path) -> None:
+    """The script's DDPKIT_RECORDS, as bash expands it in a job, is `records.slurm_folder`
+    (what `ddpkit status` and `ddpkit report` read); one the job's environment sets is kept."""
+    import subprocess
+
+    from ddpkit.specfile import build_spec
+    from ddpkit.targets import render
+
+    spec = build_spec({"name": "tiny-job", "nodes": 2, "command": {"script": "train.py"}})
+    [script] = render(spec, "slurm").write(tmp_path)
+    (line,) = [x for x in script.read_text().splitlines() if x.startswith(f"export {records.CHANNEL_VAR}=")]
+    env = {"SLURM_SUBMIT_DIR": str(tmp_path / "sub"), "SLURM_JOB_ID": "77", "PATH": "/usr/bin:/bin"}
+    said = subprocess.run(["bash", "-c", f'{line}; printf %s "${records.CHANNEL_VAR}"'], env=env,
+                          capture_output=True, text=True, check=True).stdout
+    assert Path(said) == records.slurm_folder(tmp_path / "sub", script.stem, 77) == tmp_path / "sub/tiny-job-77.records"
+    kept = subprocess.run(["bash", "-c", f'{line}; printf %s "${records.CHANNEL_VAR}"'],
+                          env={**env, records.CHANNEL_VAR: "/shared/mine"}, capture_output=True, text=True,
+                          check=True).stdout
+    assert kept == "/shared/mine"

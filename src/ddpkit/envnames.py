@@ -110,6 +110,10 @@ DDPKIT_WORKDIR: Final = "DDPKIT_WORKDIR"  # command.workdir: made and entered on
 # Where the preamble's rank 0 appends a program's metrics records (launch local: the run folder's metrics.jsonl;
 # launch ssh and docker: agreed.METRICS_TO_LAUNCHER, framed on stderr for the launcher).
 DDPKIT_METRICS: Final = "DDPKIT_METRICS"
+# Where every record a job sends back (ddpkit.records) goes: a folder, one JSON Lines file per node in it
+# (the rendered Slurm, compose and Kubernetes jobs set it, where people read the raw output); unset: framed on
+# stderr, for the ddpkit launcher that reads the stream (launch local, ssh, docker, launch.sh).
+DDPKIT_RECORDS: Final = "DDPKIT_RECORDS"
 DDPKIT_RENDEZVOUS_WINDOW: Final = "DDPKIT_RENDEZVOUS_WINDOW"  # seconds the pre-join checks wait for peers
 
 # The hang watchdog (spec `watchdog:`; docs/guides/hangs.md): seconds without progress, 0 = off.

@@ -120,7 +120,8 @@ def tail_logfile(header: str, file: str, dst: TextIO, finished: Event, interval_
 
     def copy(out: list[tuple[Record | None, list[str]]]) -> None:
         for record, text in out:
-            for line in ([records.frame(record)] if record else []) + text:
+            framed = records.send(record) if record else None  # ahead of its traceback, where a launcher reads both
+            for line in ([framed] if framed else []) + text:
                 if log_line_filter is None or log_line_filter(line + "\n"):
                     dst.write(f"{header}{line}\n")
 

@@ -3,16 +3,33 @@ ended, and its metrics. One writer (`encode`) and one reader (`decode`).
 
 A record is a frozen dataclass with a `kind` and a `version`; on the wire it
 is one JSON object, `{"kind": ..., "v": ..., "time": ..., <fields>}` (time:
-when it was written, when known). The same text travels two ways:
+when it was written, when known). The same text travels on one of two
+channels, chosen by who reads it (`send`, `emit`):
 
-- appended to a JSON Lines file (the `--metrics` file), one record a line;
-- framed on a job's stderr (`frame`): `FRAME` + the JSON, printed beside the
-  line a person reads. A launcher reading the job's output recognises the
-  frame with `str.startswith` (after torchrun's rank prefix), decodes it
-  and keeps it off the console; a log read by hand (Slurm's output files,
-  `kubectl logs`) shows the human line and the record. The frame is plain
-  printable ASCII: a control character (the ASCII record separator, say)
-  would be a line break to Python's str.splitlines and to tools like it.
+- framed on a job's stderr (`frame`: `FRAME` + the JSON) where a ddpkit
+  launcher reads that stream (`launch local`, `launch ssh`, `launch docker`,
+  the rendered `launch.sh`): it recognises the frame with `str.startswith`
+  (after torchrun's rank prefix), decodes it, acts on it at once (a stall,
+  a lost node, a worker's own exit code) and keeps it off the console. The
+  frame is plain printable ASCII: a control character (the ASCII record
+  separator, say) would be a line break to Python's str.splitlines and to
+  tools like it.
+- appended to a JSON Lines file, one record a line, always with its time,
+  where people read the raw stream and no launcher folds it: the job's
+  environment names a folder (`DDPKIT_RECORDS`, `CHANNEL_VAR`), and each
+  node writes `<folder>/<host>.jsonl` (`node_file`). The rendered Slurm job
+  sets it to a folder beside its output file on the shared file system
+  (`slurm_folder`), where `ddpkit status`, `ddpkit logs` and `ddpkit report`
+  read it back (`read_folder`); the compose and Kubernetes jobs to a folder
+  of each container's. A file per node, not one for the job: O_APPEND keeps
+  lines whole between the processes of one host, but not between hosts on
+  NFS. Not the rendezvous store: a record must outlive the store (a lost
+  node 0, a job that ended), and a file is what a person or `report` can
+  read after the job. Not a descriptor of its own either: torchrun hands a
+  worker stdout and stderr only, and a Slurm task's other descriptors reach
+  no one.
+
+The `--metrics` file is the same JSON Lines, one record a line.
 
 A record written before versions were (no "v") is version 1. An unknown
 kind, a newer version or a missing field is a RecordError naming it.
@@ -21,7 +38,10 @@ kind, a newer version or a missing field is a RecordError naming it.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
+import time as clock
 import types
 import typing
 from dataclasses import asdict, dataclass, fields, is_dataclass
@@ -37,7 +57,8 @@ __all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_F
            "AgentReport", "Cause", "Checkpoint", "Eval",
            "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "SameError", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
-           "decode", "emit", "encode", "frame", "from_fields", "is_bare_tag", "is_frame", "rank_tagged", "read_file",
+           "CHANNEL_VAR", "channel", "decode", "emit", "encode", "frame", "from_fields", "is_bare_tag", "is_frame",
+           "node_file", "rank_tagged", "read_file", "read_folder", "send", "slurm_folder",
            "stamped_frame_pattern", "tag_starts", "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
@@ -133,10 +154,54 @@ def unframe(body: str) -> Stamped | None:
     return decode(body[len(FRAME):]) if body.startswith(FRAME) else None
 
 
+# ---- the channel -----------------------------------------------------------------------------
+
+CHANNEL_VAR = "DDPKIT_RECORDS"  # envnames.DDPKIT_RECORDS (this package imports nothing of ddpkit's)
+SLURM_FOLDER = "{name}-{job}.records"  # beside the job's output file, `%x-%j.out` by default
+
+
+def channel(env: dict[str, str] | None = None) -> Path | None:
+    """The folder this process's records go to; None: framed on stderr."""
+    value = (os.environ if env is None else env).get(CHANNEL_VAR, "")
+    return Path(value) if value else None
+
+
+def node_file(folder: Path, host: str | None = None) -> Path:
+    """This node's records file in the channel's folder: named after the node
+    as Slurm knows it (its slurmd's name: several may share a host name), else the host."""
+    return folder / f"{host or os.environ.get('SLURMD_NODENAME') or socket.gethostname()}.jsonl"
+
+
+def slurm_folder(submit_dir: Path, name: str, job_id: int) -> Path:
+    """The records folder of Slurm job `job_id` of job spec `name` submitted from
+    `submit_dir` (the rendered script sets the same: `${SLURM_SUBMIT_DIR}/NAME-${SLURM_JOB_ID}.records`)."""
+    return submit_dir / SLURM_FOLDER.format(name=name, job=job_id)
+
+
+def send(record: Record, time: float | None = None) -> str | None:
+    """Keep the record on this process's channel: appended to its node's file
+    (None is returned), or its frame returned for the caller to write into the
+    stream beside its lines (where the order of the two matters to the launcher).
+    A folder that cannot be written falls back to the frame: a record in the
+    output is better than none."""
+    folder = channel()
+    if folder is not None:
+        try:
+            append(node_file(folder), record, clock.time() if time is None else time)
+            return None
+        except OSError:
+            pass
+    return frame(record, time)
+
+
 def emit(record: Record, stream: IO[str] | None = None, time: float | None = None) -> None:
-    """Print the framed record on `stream` (stderr), in one write; `time`: when it happened."""
+    """Send the record on its channel (`send`): its node's file, or framed on
+    `stream` (stderr) in one write; `time`: when it happened."""
+    framed = send(record, time)
+    if framed is None:
+        return
     out = sys.stderr if stream is None else stream
-    out.write(frame(record, time) + "\n")
+    out.write(framed + "\n")
     out.flush()
 
 
@@ -202,3 +267,10 @@ def read_file(path: Path) -> list[Stamped]:
         except RecordError:
             continue
     return out
+
+
+def read_folder(folder: Path) -> list[Stamped]:
+    """Every record of a channel's folder (each node's file, `read_file`),
+    ordered by the time each was written (a file's own order where times tie)."""
+    found = [s for path in sorted(folder.glob("*.jsonl")) for s in read_file(path)] if folder.is_dir() else []
+    return sorted(found, key=lambda s: -1.0 if s.time is None else s.time)

@@ -7,8 +7,9 @@ a line cut short, or a record this reader does not know, is left out).
 The metrics file is, first found: the one given (`ddpkit report --metrics`),
 `metrics.jsonl` in the run folder (where `launch local` has ddpkit train
 write them, and a program of the user's own has them under launch local,
-ssh and docker), or the `--metrics` path in the job's command as the run
-recorded it (spec.yaml)."""
+ssh and docker), the `--metrics` path in the job's command as the run
+recorded it (spec.yaml), or a Slurm job's records folder (one file per
+node: ddpkit.records' channel)."""
 
 from __future__ import annotations
 
@@ -77,8 +78,12 @@ def metrics_file(run: StoredRun, given: Path | None = None) -> Path:
     named = _metrics_arg(run.folder.spec_file)
     if named is not None:
         candidates.append(named)
+    job = run.record.slurm
+    if job is not None:
+        script = Path(job.script)
+        candidates.append(records.slurm_folder(script.parent, script.stem, job.job_id))
     for path in candidates:
-        if path.is_file() and path.stat().st_size > 0:
+        if path.is_file() and path.stat().st_size > 0 or path.is_dir() and any(path.glob("*.jsonl")):
             return path
     looked = " or ".join(str(p) for p in candidates)
     raise NoMetrics(f"run {run.record.id} has no metrics records (looked in {looked}); run the job with "
@@ -98,7 +103,7 @@ def _metrics_arg(spec_file: Path) -> Path | None:
 
 def load(run: StoredRun, metrics: Path | None = None) -> ReportData:
     path = metrics_file(run, metrics)
-    stamped = records.read_file(path)
+    stamped = records.read_folder(path) if path.is_dir() else records.read_file(path)
     if not any(isinstance(s.record, (records.Train, records.StepTimes)) for s in stamped):
         raise NoMetrics(f"run {run.record.id}: {path} has no `train` or `step_times` records to plot "
                         f"({len(stamped)} other records); did the job train a step?")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from .... import records
 from ....exitcodes import ExitCode
 from ....runs import RunState, SlurmJob, StoredRun
 from ...slurm.jobs import Listed, SlurmQueue, hostnames, queue_state, run_state
@@ -64,7 +66,7 @@ class Slurm:
 
     def status_lines(self, run: StoredRun) -> list[str]:
         job = run.record.slurm
-        return ([] if job is None else [f"output    {job.output}"]) + log_lines(run.record)
+        return ([] if job is None else [f"output    {job.output}", *record_lines(job)]) + log_lines(run.record)
 
     def logs(self, run: StoredRun, request: LogRequest) -> int:
         job = run.record.slurm
@@ -80,6 +82,29 @@ class Slurm:
         if now.state not in ACTIVE:
             return already_ended(rec.id, now.state, now.exit_code)
         return _cancel(StoredRun(run.folder, rec), rec.slurm, now)
+
+
+def records_folder(job: SlurmJob) -> Path:
+    """Where the job's nodes keep their records (the rendered script's DDPKIT_RECORDS)."""
+    script = Path(job.script)
+    return records.slurm_folder(script.parent, script.stem, job.job_id)
+
+
+def record_lines(job: SlurmJob) -> list[str]:
+    """What the job's records say: where they are, and each stop (its signal,
+    step and checkpoint, per run of a requeued job)."""
+    folder = records_folder(job)
+    found = records.read_folder(folder)
+    if not found:
+        return [f"records   {folder} (none)"]
+    kinds = sorted({s.record.kind for s in found})
+    out = [f"records   {folder} ({len(found)}: {', '.join(kinds)})"]
+    stops = {(s.record.slurm_restart_count, s.record.step, s.record.signal, s.record.checkpoint)
+             for s in found if isinstance(s.record, records.Stop)}
+    for restarts, step, signal, checkpoint in sorted(stops, key=lambda t: (t[0], t[1])):
+        saved = f"checkpoint at step {step}" if checkpoint else "no checkpoint"
+        out.append(f"stopped   run {restarts + 1}: {signal or 'a stop'} at step {step}, {saved}")
+    return out
 
 
 def queue_for(runs: list[StoredRun], *, ended_too: bool = True, shows_nodes: bool = False) -> SlurmQueue:
