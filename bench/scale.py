@@ -73,7 +73,7 @@ from tests.infra import netns, sshd  # noqa: E402
 
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 IMG = ROOT / "docs" / "img" / "scale"
-SIZES = (4, 8, 16, 32)
+SIZES = (4, 8, 12, 16, 32)  # 12: where a first start on namespace hosts once left nodes out
 SHORT = (2,)
 PROGRAMS = {"train": "ddpkit train", "own": "own program"}
 CHECKPOINT_EVERY = 5
@@ -301,8 +301,13 @@ class Run:
         return out
 
     def rank_hosts(self) -> list[str]:
-        """The hosts of the first world's ranks (the rank report's rows)."""
-        rows = [r for r in self.metric_records() if r.get("kind") == "rank_report"][:self.n]
+        """The hosts of the ranks of the world that took the first step (the rank report's rows before it)."""
+        rows = []
+        for r in self.metric_records():
+            if r.get("kind") in ("startup", "train"):
+                break
+            if r.get("kind") == "rank_report":
+                rows = [*rows, r] if r["rank"] else [r]  # a round that formed again starts at rank 0
         return sorted(r["host"] for r in rows)
 
 
@@ -325,10 +330,16 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
         if first is True:
             raise RuntimeError(f"the launcher exited {proc.returncode} before the first step\n{tail(out_path)}")
         watch.note_cpu("first_step")
+        # what the console said up to the first step: a worker stopped, a node restarted or left out
+        start_lines = out_path.read_text(errors="replace").splitlines()
+        result["console_lines_to_first_step"] = len(start_lines)
+        result["stopped_at_start"] = [ln for ln in start_lines if any(
+            word in ln for word in ("stops now", "restart", "excluded", "left out"))][:20]
         result["host_memory_mb"] = host_memory_mb(run.hosts)
         result["first_step_s"] = first - t0
         result |= run.phases(t0)
         result["rank_hosts"] = run.rank_hosts()
+        result["first_world"] = len(result["rank_hosts"])
         if crash:
             wait_until(lambda: proc.poll() is not None or run.trained_steps() >= STEPS_BEFORE_CRASH, 300,
                        f"rank 0 never reached step {STEPS_BEFORE_CRASH}")
@@ -368,8 +379,6 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
         "launcher_peak_rss_mb": watch.peak_rss / 2**20,
         "console_lines": len(lines), "console_lines_per_s": len(lines) / (ended - t0),
         "trained_steps": run.trained_steps(),
-        "restarted_before_first_step": [ln for ln in lines if "stops now" in ln][:5],
-        "left_out": [ln for ln in lines if "excluded" in ln or "left out" in ln][:5],
     }
     if keep is not None:  # the launcher's console and the nodes' logs, to read what happened at this N
         shutil.copytree(work, keep / f"{program}-{n}", ignore=shutil.ignore_patterns("ckpt"), dirs_exist_ok=True)
@@ -526,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    # SIGTERM ends the bench as Ctrl-C does: the running launcher is stopped, the hosts torn down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     folder = Path(tempfile.mkdtemp(prefix="ddpkit-bench-scale-hosts-"))
     os.chmod(folder, 0o755)
