@@ -101,7 +101,7 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "config": set(),
     },
     "launch": {
-        "local": {"supervise", "runargs", "secrets", "prelude", "forkedagents"},
+        "local": {"supervise", "runargs", "secrets", "prelude", "forkedagents", "detach"},
         "docker": {"supervise", "runargs", "secrets", "prelude"},
         "ssh": {"supervise", "runargs", "secrets", "prelude"},
         "slurm": {"secrets", "prelude"},
@@ -111,6 +111,7 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "runargs": set(),
         "secrets": set(),
         "forkedagents": set(),  # launch local's end of the agents' fork server (agent/forkserver.py)
+        "detach": set(),  # --detach: a launcher's supervision in a session of its own, reached by the run folder
     },
 }
 

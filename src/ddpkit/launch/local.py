@@ -13,6 +13,9 @@ An elastic job (spec.elastic) runs its agents with c10d rendezvous on
 min_nodes remain, and started again at once (this machine is always there)
 to join at the next rendezvous, until it failed elastic.max_node_failures
 times (docs/guides/elastic.md).
+
+With --detach the command returns once the run folder is made, and the
+same launcher supervises the run in a session of its own (detach.py).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..wording import plural
+from .detach import absolute, add_detach_arguments, detach, supervised_run, supervisor_argv
 from .forkedagents import AgentServer, ForkedAgent
 from .prelude import Prelude, make_console, prelude
 from .runargs import add_train_args, with_metrics_into, with_train_args
@@ -143,6 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
                              "(preemption.checkpoint_s)")
     add_dedup_argument(parser)
+    add_detach_arguments(parser)
     add_train_args(parser)
 
 
@@ -271,7 +276,12 @@ def stop(nodes: list[LocalNode], grace: float) -> None:
 def run(args: argparse.Namespace) -> int:
     # The secrets are read to refuse an unset one: the agents inherit them with the rest of this environment.
     ready = prelude(local_spec(args), "launch local", Target.LOCAL)
-    run = ready.run_folder("local")
+    run = supervised_run(args) or ready.run_folder("local")
+    if args.detach:
+        options = ["--grace", f"{args.grace!r}", *([] if args.dedup else ["--no-dedup"])]
+        if args.log_dir is not None:
+            options += ["--log-dir", absolute(args.log_dir) or ""]
+        return detach(ready.who, run, supervisor_argv(["launch", "local"], run, options))
     # On this machine the run folder is where rank 0 runs: its metrics go there for `ddpkit report`.
     spec = with_metrics_into(ready.spec, run.metrics_file)
     return launch(ready, spec, args.log_dir or run.logs_dir, args.grace, run, dedup=args.dedup)

@@ -6,6 +6,7 @@
         spec.yaml       the job as it ran (defaults, --set and flags applied)
         rendered/       the files the target rendered (Slurm: the sbatch script)
         logs/           the nodes' logs, unless the launcher was given --log-dir
+        console.log     a detached run's console: what its supervisor printed (the summary, the closing line)
         metrics.jsonl   the job's metrics records: launch local's ddpkit train (unless the job names its own
                         file), a program of the user's own under launch local, ssh and docker
 
@@ -38,6 +39,7 @@ SPEC = "spec.yaml"
 RENDERED = "rendered"
 LOGS = "logs"
 METRICS = "metrics.jsonl"
+CONSOLE = "console.log"
 
 
 def runs_root() -> Path:
@@ -96,6 +98,16 @@ class RunFolder:
     @property
     def spec_file(self) -> Path:
         return self.path / SPEC
+
+    @property
+    def console_file(self) -> Path:
+        return self.path / CONSOLE
+
+    def hand_over(self, pid: int) -> RunRecord:
+        """The run's launcher is now process `pid` on this host (a detached
+        run's supervisor): `status` and `cancel` reach it, not the command
+        that made the folder."""
+        return self.update(launcher=Launcher(pid=pid, host=socket.gethostname(), start_ticks=start_ticks(pid)))
 
     def record(self) -> RunRecord:
         return RunRecord.model_validate_json((self.path / RUN_JSON).read_text())
