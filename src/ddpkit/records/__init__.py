@@ -57,8 +57,8 @@ __all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_F
            "AgentReport", "Cause", "Checkpoint", "Eval",
            "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "SameError", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
-           "CHANNEL_VAR", "channel", "decode", "emit", "encode", "frame", "from_fields", "is_bare_tag", "is_frame",
-           "node_file", "rank_tagged", "read_file", "read_folder", "send", "slurm_folder",
+           "CHANNEL_VAR", "CONTAINER_FOLDER", "channel", "decode", "emit", "encode", "frame", "from_fields",
+           "is_bare_tag", "is_frame", "node_file", "rank_tagged", "read_file", "read_folder", "send", "slurm_folder",
            "stamped_frame_pattern", "tag_starts", "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "
@@ -158,6 +158,10 @@ def unframe(body: str) -> Stamped | None:
 
 CHANNEL_VAR = "DDPKIT_RECORDS"  # envnames.DDPKIT_RECORDS (this package imports nothing of ddpkit's)
 SLURM_FOLDER = "{name}-{job}.records"  # beside the job's output file, `%x-%j.out` by default
+# The rendered compose and Kubernetes jobs' folder, in each container (no volume is shared
+# between a job's pods or containers): `docker compose cp node0:/tmp/ddpkit-records .`,
+# `kubectl cp POD:/tmp/ddpkit-records .` while the container is there.
+CONTAINER_FOLDER = "/tmp/ddpkit-records"
 
 
 def channel(env: dict[str, str] | None = None) -> Path | None:

@@ -53,10 +53,12 @@ def cpu_test(spec: JobSpec) -> bool:
 
 
 def compose_env(spec: JobSpec, plan: LaunchPlan) -> dict[str, str]:
-    """The job env of every service; a cuda job's CPU test runs gloo."""
+    """The job env of every service (its records in the container:
+    mounts.records_in_container); a cuda job's CPU test runs gloo."""
+    env = mounts.records_in_container(plan.env)
     if spec.device == "cuda" and spec.compose.cpu_test:
-        return plan.env | {envnames.DDPKIT_BACKEND: "gloo"}
-    return plan.env
+        return env | {envnames.DDPKIT_BACKEND: "gloo"}
+    return env
 
 
 def notes(spec: JobSpec) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
+from .. import envnames, records
 from ..agreed import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
 from ..contract import Target
 from ..spec import JobSpec
@@ -119,3 +120,12 @@ def container_warnings(spec: JobSpec, where: str) -> list[str]:
     kept = [m.target for m in parts(spec) if not m.read_only]
     view = ContainerView(where, seen=targets, kept=kept, fix=mount_fix)
     return [*([warning] if warning else []), *program_warnings(spec, view)]
+
+
+def records_in_container(env: dict[str, str]) -> dict[str, str]:
+    """The job env of a rendered container (compose, Kubernetes) with its records
+    sent to a folder in the container (ddpkit.records' channel), not into the
+    output `docker compose logs` and `kubectl logs` show, which no ddpkit launcher
+    reads (`launch docker`, which does, runs without it); a folder the job's env
+    names wins."""
+    return env if envnames.DDPKIT_RECORDS in env else env | {envnames.DDPKIT_RECORDS: records.CONTAINER_FOLDER}
