@@ -23,7 +23,6 @@ which passed on that path without checking why a checkpoint was written.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import pytest
 import torch
 import yaml
 
+from ddpkit import records
 from tests.helpers.runs import assert_bitwise_equal, final_model, metrics, processes_in
 from tests.helpers.stop_output import assert_one_line_per_node
 from tests.helpers.tiers import one_case_in_ci
@@ -93,7 +93,8 @@ class Run:
 
 
 def submit(cluster: SlurmCluster, folder: Path, name: str, mode: str) -> Run:
-    """Render the job with the real CLI, as a user would, and sbatch it."""
+    """Submit the job with the real CLI, as a user would (`ddpkit submit slurm`: a run folder
+    under the module's runs folder, the script and the output file in `folder`)."""
     folder.mkdir(parents=True)
     args = ["--model=tiny", "--image-size=8", "--workers=0", "--progress=plain",
             "--data=synthetic", "--synthetic-size=1600", "--batch-size=4", f"--epochs={EPOCHS}", "--no-eval",
@@ -105,11 +106,34 @@ def submit(cluster: SlurmCluster, folder: Path, name: str, mode: str) -> Run:
             "env": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
             "slurm": {"mode": mode}, "preemption": {"checkpoint_s": 20}}
     (folder / "job.yaml").write_text(yaml.safe_dump(spec))
-    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "-f", str(folder / "job.yaml"),
-                          "-o", str(folder)], capture_output=True, text=True, check=False, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    script = folder / f"{name}.sbatch"
-    return Run(cluster, script, cluster.sbatch(script))
+    out = cluster.run([sys.executable, "-m", "ddpkit.cli", "submit", "slurm", "-f", str(folder / "job.yaml"),
+                       "--dir", str(folder)], cwd=ROOT, timeout=120, env=runs_env(cluster))
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = int(out.stdout.split("submitted Slurm job ")[1].split(":")[0])
+    return Run(cluster, folder / f"{name}.sbatch", job)
+
+
+def runs_env(cluster: SlurmCluster) -> dict[str, str]:
+    """One runs folder per cluster (module): `ddpkit status JOB` finds the job's run there."""
+    return {"DDPKIT_RUNS_DIR": str(cluster.workdir / "runs")}
+
+
+def assert_read_as_people_read_it(run: Run, text: str) -> None:
+    """The job's output file, as `tail -f` shows it, holds no record: each node
+    wrote its records to its own file in the job's records folder instead, where
+    `ddpkit status` reads the stop back (signal, step, checkpoint)."""
+    assert records.FRAME not in text, text[-6000:]
+    folder = records.slurm_folder(run.folder, run.script.stem, run.job)
+    kept = records.read_folder(folder)
+    stops = [s.record for s in kept if isinstance(s.record, records.Stop)]
+    assert stops and all(s.time is not None for s in kept), sorted(p.name for p in folder.glob("*"))
+    status = run.cluster.run([sys.executable, "-m", "ddpkit.cli", "status", str(run.job)], cwd=ROOT,
+                             env=runs_env(run.cluster))
+    assert status.returncode == 0, status.stdout + status.stderr
+    for stop in stops:
+        saved = f"checkpoint at step {stop.step}" if stop.checkpoint else "no checkpoint"
+        line = f"stopped   run {stop.slurm_restart_count + 1}: {stop.signal} at step {stop.step}, {saved}"
+        assert line in status.stdout, status.stdout
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +179,7 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
     # of dying of it, which --kill-on-bad-exit would turn into a SIGKILL of every rank.
     assert "User defined signal 2" not in text, text[-6000:]
     assert_one_line_per_node(text, "SIGUSR2" if mode == "torchrun" else None)
+    assert_read_as_people_read_it(run, text)
 
     # (b) requeued: a second run of the same job
     assert info.restarts == 1, info
@@ -173,6 +198,9 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
     # (d) the same parameters as the job nobody interrupted
     reference.finish()
     assert reference.kinds("stop") == [] and reference.kinds("resume") == []
+    normal = reference.output()  # a run nobody stopped, as people read it: ddpkit's lines, no record, no chatter
+    assert records.FRAME not in normal and "ddpkit train finished: 800 steps" in normal, normal[-6000:]
+    assert_one_line_per_node(normal, None)
     assert [r["steps"] for r in reference.kinds("summary")] == [TOTAL]
     assert_bitwise_equal(reference.model(), run.model())
 
@@ -196,4 +224,5 @@ def test_a_users_scancel_cancels_the_job_it_does_not_requeue_it(cluster: SlurmCl
     assert "requeueing Slurm job" not in text.replace("not requeueing Slurm job", ""), text[-6000:]
     assert run.kinds("resume") == [] and f"job {run.job} run 2 " not in text
     assert_one_line_per_node(text, "SIGTERM")
+    assert_read_as_people_read_it(run, text)
     assert processes_in(run.folder) == [], "processes of the job left running"
