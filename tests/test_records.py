@@ -341,7 +341,7 @@ def test_the_agents_copier_keeps_a_tracebacks_record_in_the_folder_and_its_lines
 
 def test_the_rendered_slurm_job_names_the_records_folder_its_readers_look_in(tmp_path: Path) -> None:
     """The script's DDPKIT_RECORDS, as bash expands it in a job, is `records.slurm_folder`
-    (what `ddpkit status` and `ddpkit report` read); one the job's environment sets is kept."""
+    (what `ddpkit status` and `ddpkit report` read), whatever the shell that ran sbatch exported."""
     import subprocess
 
     from ddpkit.specfile import build_spec
@@ -354,7 +354,7 @@ def test_the_rendered_slurm_job_names_the_records_folder_its_readers_look_in(tmp
     said = subprocess.run(["bash", "-c", f'{line}; printf %s "${records.CHANNEL_VAR}"'], env=env,
                           capture_output=True, text=True, check=True).stdout
     assert Path(said) == records.slurm_folder(tmp_path / "sub", script.stem, 77) == tmp_path / "sub/tiny-job-77.records"
-    kept = subprocess.run(["bash", "-c", f'{line}; printf %s "${records.CHANNEL_VAR}"'],
-                          env={**env, records.CHANNEL_VAR: "/shared/mine"}, capture_output=True, text=True,
-                          check=True).stdout
-    assert kept == "/shared/mine"
+    exported = subprocess.run(["bash", "-c", f'{line}; printf %s "${records.CHANNEL_VAR}"'],
+                              env={**env, records.CHANNEL_VAR: "/elsewhere"}, capture_output=True, text=True,
+                              check=True).stdout
+    assert exported == said

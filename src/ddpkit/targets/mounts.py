@@ -126,6 +126,5 @@ def records_in_container(env: dict[str, str]) -> dict[str, str]:
     """The job env of a rendered container (compose, Kubernetes) with its records
     sent to a folder in the container (ddpkit.records' channel), not into the
     output `docker compose logs` and `kubectl logs` show, which no ddpkit launcher
-    reads (`launch docker`, which does, runs without it); a folder the job's env
-    names wins."""
-    return env if envnames.DDPKIT_RECORDS in env else env | {envnames.DDPKIT_RECORDS: records.CONTAINER_FOLDER}
+    reads (`launch docker`, which does, runs without it)."""
+    return env | {envnames.DDPKIT_RECORDS: records.CONTAINER_FOLDER}
