@@ -4,7 +4,8 @@
 - one name, one meaning (docs/ARCHITECTURE.md's glossary): no two classes
   under src/ddpkit share a name (but those in SHARED_CLASS_NAMES, with why),
   every class name in the glossary's table is defined exactly once, and a
-  name the glossary's words table retired is not defined again;
+  name the glossary's words table retired (a class, or a class's member
+  written `Class.NAME`) is not defined again;
 - nothing under launch/ or runs/ reads the job's output with a regular
   expression: the job talks to its launcher in records (records.decode,
   records.unframe), never in text a launcher parses. Every regular expression
@@ -60,6 +61,18 @@ def retired() -> dict[str, str]:
         cells = [c.strip() for c in row[1:-1].split("|")]  # no cell holds a pipe
         assert len(cells) == 4, f"a words row without its four cells: {row[:80]}"
         found.update({name: cells[0] for name in re.findall(r"`(\w+)`", re.sub(r"\(now [^)]*\)", "", cells[3]))})
+    return found
+
+
+def retired_members() -> dict[tuple[str, str], str]:
+    """Each `Class.NAME` a words row's last column retired (an enum's member
+    or a class's attribute, most often a word ddpkit prints or stores), and
+    the row's word."""
+    found = {}
+    for row in re.findall(r"^\| \*\*.+\|$", glossary_part("Words"), flags=re.MULTILINE):
+        last = row[1:-1].split("|")[3]
+        found.update({(cls, name): row.split("|")[1].strip()
+                      for cls, name in re.findall(r"`(\w+)\.(\w+)`", re.sub(r"\(now [^)]*\)", "", last))})
     return found
 
 
@@ -131,6 +144,24 @@ def test_retired_names_stay_retired() -> None:
     assert {"Plan", "Heartbeat", "RunStatus"} <= set(names), names
     back = {name: (word, class_names()[name]) for name, word in names.items() if name in class_names()}
     assert not back, f"a class name the glossary retired is defined again (its word, where): {back}"
+
+
+def test_retired_members_stay_retired() -> None:
+    members = retired_members()
+    assert ("RunState", "LOST") in members, members
+    back = []
+    for (cls, name), word in members.items():
+        for module in class_names().get(cls, []):
+            tree = ast.parse(modules()[module].read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.ClassDef) and node.name == cls):
+                    continue
+                for stmt in node.body:
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else \
+                        [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+                    if any(isinstance(x, ast.Name) and x.id == name for x in targets):
+                        back.append(f"{cls}.{name} ({word}): {module}:{stmt.lineno}")
+    assert not back, f"a member the glossary retired is defined again (docs/ARCHITECTURE.md#glossary): {back}"
 
 
 def test_each_glossary_name_is_defined_exactly_once() -> None:

@@ -355,6 +355,7 @@ def test_a_dropped_connection_then_reported_silent_is_named_by_the_heartbeats() 
     sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: NO_EXIT_STATUS])
     assert [x.node for x in outcome.lost] == [2]
     assert "node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats" in _closing(sup, outcome)
+    assert sup._row(sup.tracks[2].node, outcome).exit_code == "none"  # no exit status: not the watchdog's "lost"
 
 
 def test_the_first_failure_is_the_earliest_worker_failure_unless_the_node_read_first_had_none() -> None:

@@ -1,7 +1,7 @@
 """Run folders and `ddpkit runs / status / logs / cancel` (docs/guides/runs.md).
 
 Units: which run RUN names (a run id, a job name: its latest run, a Slurm
-job id), and a launcher that died without recording its end shown as lost.
+job id), and a launcher that died without recording its end shown as abandoned.
 Real processes: a `ddpkit launch local` run listed as finished with its rank
 lines, and a long one cancelled with `ddpkit cancel`, which must end
 cancelled with the launcher's exit code 130 and leave no process running."""
@@ -183,20 +183,20 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def test_a_dead_launcher_is_shown_lost(tmp_path: Path) -> None:
+def test_a_dead_launcher_is_shown_abandoned(tmp_path: Path) -> None:
     folder = new_run(tmp_path, "train", time.time())
     record = folder.record()
     folder.write(record.model_copy(update={"launcher": record.launcher.model_copy(update={"pid": _dead_pid()})}))
-    assert folder.record().state == RunState.RUNNING and shown_state(folder.record()) == RunState.LOST
+    assert folder.record().state == RunState.RUNNING and shown_state(folder.record()) == RunState.ABANDONED
 
     listed = ddpkit(tmp_path, "runs")
     assert listed.returncode == 0, listed.stderr
-    assert re.search(rf"{record.id}\s*│\s*train\s*│\s*local\s*│\s*lost\s*│", listed.stdout), listed.stdout
+    assert re.search(rf"{record.id}\s*│\s*train\s*│\s*local\s*│\s*abandoned\s*│", listed.stdout), listed.stdout
     status = ddpkit(tmp_path, "status", record.id)
-    assert status.stdout.splitlines()[0] == f"run {record.id}: lost", status.stdout
+    assert status.stdout.splitlines()[0] == f"run {record.id}: abandoned", status.stdout
     cancel = ddpkit(tmp_path, "cancel", "train")
     assert cancel.returncode == ExitCode.FAILED
-    assert cancel.stdout.strip() == (f"ddpkit cancel: run {record.id} has already ended: lost (its launcher is gone "
+    assert cancel.stdout.strip() == (f"ddpkit cancel: run {record.id} has already ended: abandoned (its launcher is gone "
                                      "and left nothing running)"), cancel.stdout
 
 
@@ -208,7 +208,7 @@ def test_a_reused_pid_is_not_the_launcher(tmp_path: Path) -> None:
     ticks = record.launcher.start_ticks
     assert ticks is not None
     moved = record.launcher.model_copy(update={"start_ticks": ticks - 1})
-    assert shown_state(record.model_copy(update={"launcher": moved})) == RunState.LOST
+    assert shown_state(record.model_copy(update={"launcher": moved})) == RunState.ABANDONED
 
 
 # ---- real launch local runs -------------------------------------------------------------
@@ -334,9 +334,9 @@ def test_cancel_stops_a_running_launch_local_run_and_leaves_nothing(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_a_killed_launcher_is_lost_and_cancel_stops_what_it_left(tmp_path: Path) -> None:
+def test_a_killed_launcher_abandons_its_run_and_cancel_stops_what_it_left(tmp_path: Path) -> None:
     """SIGKILL leaves the launcher no time to stop its nodes: torchrun's agents
-    and workers (sessions of their own) train on. `runs` shows the run lost;
+    and workers (sessions of their own) train on. `runs` shows the run abandoned;
     `cancel` finds its processes by the run id in their environment."""
     runs_dir = tmp_path / "runs"
     launcher, _ = start_long_run(tmp_path, runs_dir)
@@ -347,13 +347,13 @@ def test_a_killed_launcher_is_lost_and_cancel_stops_what_it_left(tmp_path: Path)
         assert len(running(job)) >= 4, "the nodes should outlive a killed launcher"  # 2 agents, 2 workers
         (run,) = all_runs(runs_dir)
         listed = ddpkit(runs_dir, "runs")
-        assert re.search(rf"{run.record.id}\s*│\s*long\s*│\s*local\s*│\s*lost\s*│", listed.stdout), listed.stdout
+        assert re.search(rf"{run.record.id}\s*│\s*long\s*│\s*local\s*│\s*abandoned\s*│", listed.stdout), listed.stdout
         cancel = ddpkit(runs_dir, "cancel", "long", timeout=200)
         left = running(job)
     finally:
         proctree.signal_all(running(job), signal.SIGKILL)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    assert cancel.stdout.splitlines()[-1] == f"ddpkit cancel: run {run.record.id} cancelled (its launcher was lost; " \
+    assert cancel.stdout.splitlines()[-1] == f"ddpkit cancel: run {run.record.id} cancelled (its launcher was gone; " \
                                              "no exit code)", cancel.stdout
     assert left == [], f"left running: {left}"
     record = run.folder.record()

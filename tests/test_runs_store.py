@@ -13,7 +13,7 @@ from filelock import FileLock
 
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.control.common import RunCommandError, ToolMissing, exit_line
-from ddpkit.runs import NodeLog, RunFolder, SlurmJob, Tail, UnknownRun
+from ddpkit.runs import NodeLog, NodeRow, RunFolder, RunSummary, SlurmJob, Tail, UnknownRun
 from ddpkit.runs import folder as run_folder
 
 ROUNDS = 150
@@ -52,6 +52,25 @@ def test_two_writers_at_once_keep_both_changes(tmp_path: Path) -> None:
     record = folder.record()
     assert record.logs == [NodeLog(node=0, host="h", path=f"/log{ROUNDS - 1}")]
     assert record.slurm == _job(ROUNDS - 1)
+
+
+def test_an_older_run_json_says_none_where_it_said_lost_for_no_exit_status(tmp_path: Path) -> None:
+    """The summary's exit-code cell of a node that ended without an exit
+    status says `none`; a run.json written when it said `lost` (now only a
+    node the watchdog found silent) reads as `none`, and is written back so."""
+    folder = RunFolder.create(name="old", target="ssh", nodes=2, nproc_per_node=1, spec_yaml="name: old\n",
+                              root=tmp_path)
+    rows = [NodeRow(node=0, exit_code="0", status="ok", host="a"),
+            NodeRow(node=1, exit_code="none", status="failed first", host="b")]
+    folder.finish(1, RunSummary(title="launch ssh", elapsed_s=1.0, rows=rows, closing="x"))
+    run_json = folder.path / "run.json"
+    older = run_json.read_text().replace('"exit_code": "none"', '"exit_code": "lost"')
+    assert '"lost"' in older
+    run_json.write_text(older)
+    summary = folder.record().summary
+    assert summary is not None and [r.exit_code for r in summary.rows] == ["0", "none"]
+    folder.update(exit_code=1)
+    assert '"lost"' not in run_json.read_text()
 
 
 def test_a_lock_held_too_long_is_an_os_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ starts, signals and renders nothing (docs/guides/runs.md)."""
 
 from .folder import RunFolder, RunsDirError, runs_root
 from .record import (
+    NO_EXIT_STATUS_CELL,
     Applied,
     NodeLog,
     NodeRow,
@@ -21,7 +22,7 @@ from .store import StoredRun, UnknownRun, all_runs, launcher_alive, resolve, sho
 from .tail import LineBuffer, Tail
 
 __all__ = [
-    "Applied", "LineBuffer", "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord", "RunsDirError", "RunState",
-    "RunSummary", "SlurmJob", "StoredRun", "Tail", "UnknownRun", "all_runs", "launcher_alive", "resolve", "runs_root",
-    "shown_state", "state_for_code",
+    "NO_EXIT_STATUS_CELL", "Applied", "LineBuffer", "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord",
+    "RunsDirError", "RunState", "RunSummary", "SlurmJob", "StoredRun", "Tail", "UnknownRun", "all_runs",
+    "launcher_alive", "resolve", "runs_root", "shown_state", "state_for_code",
 ]

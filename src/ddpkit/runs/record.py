@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..exitcodes import ExitCode
 
@@ -16,7 +16,9 @@ class RunState(str, Enum):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    LOST = "lost"  # shown, never stored: the record says running but its launcher is gone
+    # Shown, never stored: the record says running but its launcher is gone without recording its end
+    # (killed with SIGKILL, its host rebooted).
+    ABANDONED = "abandoned"
     RENDERED = "rendered"  # Kubernetes/compose files ddpkit wrote for kubectl or docker compose to run
 
 
@@ -33,15 +35,26 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# The summary's exit-code cell of a node that ended without an exit status (a dropped connection, a removed
+# container). Older run.json files say "lost" there, a word that now means only a node the watchdog found silent.
+NO_EXIT_STATUS_CELL = "none"
+_OLD_CELLS = {"lost": NO_EXIT_STATUS_CELL}
+
+
 class NodeRow(_Model):
     """One row of the supervisor's summary table, as printed."""
 
     node: int
-    exit_code: str  # "0", "130", "lost", "-" (never started)
+    exit_code: str  # "0", "130", NO_EXIT_STATUS_CELL, "-" (never started)
     status: str  # summary.SummaryStatus's words: "ok", "failed first", "stopped", ...
     host: str
     first_failure: str = ""
     straggler: str = ""  # the ranks of this node the watchdog named stragglers (launch/supervise/stragglers.py)
+
+    @field_validator("exit_code")
+    @classmethod
+    def _current_word(cls, value: str) -> str:
+        return _OLD_CELLS.get(value, value)
 
 
 class RunSummary(_Model):

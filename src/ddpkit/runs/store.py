@@ -71,9 +71,9 @@ def launcher_alive(record: RunRecord) -> bool | None:
 
 def shown_state(record: RunRecord) -> RunState:
     """The stored state of a run whose launcher is ddpkit's own process,
-    except that a launcher gone without writing its end shows the run lost
+    except that a launcher gone without writing its end shows the run abandoned
     (killed with SIGKILL, its machine rebooted). Not for a run that another
     scheduler holds (Slurm): its process may end long before the job."""
     if record.state == RunState.RUNNING and launcher_alive(record) is False:
-        return RunState.LOST
+        return RunState.ABANDONED
     return record.state

@@ -20,8 +20,9 @@ class SshOptions(Strict):
     # As ssh's ServerAliveInterval/ServerAliveCountMax: a host that stops
     # answering (power loss, partition) sends no reset, so without this the
     # launcher and the other ranks would wait for it for good.
-    alive_interval_s: float = Field(default=5.0, gt=0, description="seconds between liveness probes of each host")
-    alive_count: int = Field(default=3, ge=1, description="unanswered probes after which a host counts as lost")
+    alive_interval_s: float = Field(default=5.0, gt=0, description="seconds between keep-alive requests to each host")
+    alive_count: int = Field(default=3, ge=1, description="keep-alive requests left unanswered after which the host's "
+                             "connection is closed: its node ends without an exit status")
 
     @field_validator("hosts")
     @classmethod

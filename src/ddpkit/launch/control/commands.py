@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 STATE_STYLE = {RunState.RUNNING: "cyan", RunState.PENDING: "yellow", RunState.FINISHED: "green",
-               RunState.FAILED: "red", RunState.CANCELLED: "yellow", RunState.LOST: "bold red",
+               RunState.FAILED: "red", RunState.CANCELLED: "yellow", RunState.ABANDONED: "bold red",
                RunState.RENDERED: "blue"}
 
 

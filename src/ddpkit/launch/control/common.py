@@ -73,7 +73,7 @@ def one_line(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
 
 
 def already_ended(run_id: str, state: RunState, exit_code: int | None) -> int:
-    """`cancel` of a run that is over: says so; exit 0 unless it was lost."""
+    """`cancel` of a run that is over: says so; exit 0 unless it was abandoned."""
     print(f"ddpkit cancel: run {run_id} has already ended: {state.value}"
           + ("" if exit_code is None else f", exit code {exit_code}"))
-    return ExitCode.OK if state != RunState.LOST else ExitCode.FAILED
+    return ExitCode.OK if state != RunState.ABANDONED else ExitCode.FAILED

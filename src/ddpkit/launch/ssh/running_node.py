@@ -88,7 +88,7 @@ class SshNode:
                 for raw in self.stream:
                     self._line(raw.decode("utf-8", "replace").rstrip("\r\n"), log)
             except SSH_ERRORS as exc:
-                self._line(f"ddpkit: connection lost: {exc}", log)
+                self._line(f"ddpkit: connection dropped: {exc}", log)
             self.status = self.channel.recv_exit_status()
             if self.status == DROPPED:
                 self._line(f"ddpkit: {self.drop_reason}", log)

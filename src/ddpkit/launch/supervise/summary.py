@@ -11,6 +11,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ...exitcodes import ExitCode
+from ...runs import NO_EXIT_STATUS_CELL
 from .nodeoutput import NO_EXIT_STATUS
 from .nodestate import NodeState
 
@@ -100,7 +101,10 @@ def closing_line(outcome: Outcome, text: RunText, reason: Callable[[NodeHandle],
     if outcome.interrupted:
         return f"{text.title}: {text.interrupted}; {checkpoint_text(outcome.stopped_at)}"
     if outcome.stalled:
-        named = "; ".join(f"rank {s.rank} (node {s.node}, {s.host})" for s in outcome.stalled)
+        # Each rank with the call it sits in (a frozen one sent no stack): what the user acts on.
+        named = "; ".join(f"rank {s.rank} (node {s.node}, {s.host})"
+                          + (", frozen" if s.frozen_s is not None else f" at {s.frame}" if s.frame else "")
+                          for s in outcome.stalled)
         return (f"{text.title}: the hang watchdog found stalled rank(s): {named}; stacks were dumped "
                 f"(see the lines above), every node was stopped, exit {int(ExitCode.STALLED)}")
     if outcome.stop_request is not None:
@@ -155,7 +159,7 @@ def summary_table(summary: RunSummary) -> Table:
 
 
 def code_text(code: int | None) -> str:
-    """The exit code column: "-" while it has none, "lost" for a node that ended without one."""
+    """The exit code column: "-" while it has none, "none" for a node that ended without one."""
     if code is None:
         return "-"
-    return "lost" if code == NO_EXIT_STATUS else str(code)
+    return NO_EXIT_STATUS_CELL if code == NO_EXIT_STATUS else str(code)

@@ -2,9 +2,10 @@
 launcher's pid (with its start time) says whether it runs, its node logs
 are files, and cancel is what Ctrl-C does: SIGTERM to the launcher, which
 stops its nodes with the grace chain's time to checkpoint
-(launch/supervise/interrupt.py) and records the run as cancelled. A lost
-`launch local` launcher (SIGKILL, the OOM killer) leaves its nodes running:
-they are found by the run id in their environment."""
+(launch/supervise/interrupt.py) and records the run as cancelled. A `launch
+local` launcher gone without recording its end (SIGKILL, the OOM killer: the
+run is abandoned) leaves its nodes running: they are found by the run id in
+their environment."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ STOP_MARGIN_S = 60.0  # beyond the nodes' grace: the launcher's own teardown and
 @dataclass(frozen=True)
 class Launched:
     """`target`: local, docker or ssh (or a submit whose job is not recorded
-    yet: its launcher is the submitting process). `leftovers`: a lost
-    launcher's nodes outlive it (launch local's agents, each in a session
-    of its own) and are found by DDPKIT_RUN_ID."""
+    yet: its launcher is the submitting process). `leftovers`: an
+    abandoned run's nodes outlive its launcher (launch local's agents, each in
+    a session of its own) and are found by DDPKIT_RUN_ID."""
 
     target: str
     leftovers: bool = False
@@ -46,7 +47,7 @@ class Launched:
         rec = run.record
         state = shown_state(rec)
         where = f"pid {rec.launcher.pid} on {rec.launcher.host}"
-        if state == RunState.LOST:
+        if state == RunState.ABANDONED:
             where += ": gone without recording its end (killed?)"
         elif state == RunState.RUNNING and launcher_alive(rec) is None:
             where += " (another host: this one cannot see it)"
@@ -61,7 +62,7 @@ class Launched:
 
     def cancel(self, run: StoredRun, now: Now) -> int:
         rec = run.folder.record()
-        if now.state == RunState.LOST and self.leftovers:
+        if now.state == RunState.ABANDONED and self.leftovers:
             return _cancel_leftovers(StoredRun(run.folder, rec))
         if now.state not in ACTIVE:
             return already_ended(rec.id, now.state, now.exit_code)
@@ -115,7 +116,8 @@ def _cancel_leftovers(run: StoredRun) -> int:
     rec = run.record
     left = proctree.with_env(envnames.DDPKIT_RUN_ID, rec.id)
     if not left:
-        print(f"ddpkit cancel: run {rec.id} has already ended: lost (its launcher is gone and left nothing running)")
+        print(f"ddpkit cancel: run {rec.id} has already ended: {RunState.ABANDONED.value} (its launcher is gone and left "
+              "nothing running)")
         return ExitCode.FAILED
     run.folder.event("cancel", f"ddpkit cancel: the launcher is gone; SIGTERM to the {len(left)} processes it left")
     print(f"ddpkit cancel: run {rec.id}'s launcher (pid {rec.launcher.pid}) is gone; stopping the {len(left)} "
@@ -128,5 +130,5 @@ def _cancel_leftovers(run: StoredRun) -> int:
         time.sleep(0.1)
     proctree.signal_all(proctree.with_env(envnames.DDPKIT_RUN_ID, rec.id), signal.SIGKILL)
     run.folder.finish(None, state=RunState.CANCELLED)
-    print(f"ddpkit cancel: run {rec.id} cancelled (its launcher was lost; no exit code)")
+    print(f"ddpkit cancel: run {rec.id} cancelled (its launcher was gone; no exit code)")
     return ExitCode.OK
