@@ -82,6 +82,7 @@ STEPS_AFTER = 5  # steps the survivors train after the recovery before the run i
 STEP_SLEEP_S = 0.05  # the own program's pause a step: its steps come at a pace the console can show
 MEMORY_MARGIN = 1.5  # an N runs when N x a host's measured memory x this fits in what is available
 START_LIMIT_S = 900.0  # a first step slower than this is a broken start, not a slow one
+RECOVERY_LIMIT_S = 420.0  # a recovery slower than this is written down as not done, and the bench goes on
 
 # The program of the user's own: the tutorials' DDP loop (env:// rendezvous, gloo, a small MLP: DDP
 # all-reduces its gradients every step). Each rank appends one line a step ("time step world host") to a
@@ -111,6 +112,59 @@ with open(os.path.join(stamps, f"steps.{host}.{os.getpid()}"), "a", buffering=1)
         time.sleep(float(os.environ["STEP_SLEEP_S"]))
 dist.destroy_process_group()
 """
+
+
+# Runs on the launcher's host (the store is the launcher's, on its private network): torch's rendezvous state
+# read every PERIOD s, one JSON line each: [time, round, complete, participants, wait list, heartbeats].
+WATCH_RENDEZVOUS = """\
+import json, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from ddpkit.rdzv_store import rendezvous_state
+addr, port, run_id, out, period = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False)
+with open(out, "a", buffering=1) as file:
+    while True:
+        s = rendezvous_state(store, run_id)
+        if s is not None:
+            file.write(json.dumps([time.time(), s.round, s.complete, len(s.participants), len(s.wait_list),
+                                   len(s.last_heartbeats)]) + "\\n")
+        time.sleep(period)
+"""
+WATCH_PERIOD_S = 0.25
+
+
+def rendezvous_id(host: netns.Host) -> str | None:
+    """The id torch's rendezvous state is kept under, from node 0's agent's environment (the run key
+    tags the rendered id: runkey.rdzv_run_id), once the agent runs."""
+    from ddpkit import runkey
+    from ddpkit.envnames import DDPKIT_RDZV_ID
+
+    for pid in agents_and_workers(host):
+        try:
+            env = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0") if "=" in e)
+        except OSError:
+            continue
+        if DDPKIT_RDZV_ID in env:
+            return runkey.rdzv_run_id(env[DDPKIT_RDZV_ID], env)
+    return None
+
+
+def rounds(trace: list[list[Any]], t0: float) -> dict[str, Any]:
+    """What the state did: when each round completed (s from the command), and how often a round in the
+    making lost participants (nodes the others removed as dead while they waited) or heartbeats."""
+    completed: list[dict[str, Any]] = []
+    for row in trace:
+        if row[2] and row[1] not in {c["round"] for c in completed}:  # first seen complete (to WATCH_PERIOD_S)
+            completed.append({"round": row[1], "at_s": round(row[0] - t0, 2), "participants": row[3]})
+    drops = sum(1 for prev, cur in zip(trace, trace[1:]) if cur[1] == prev[1] and not cur[2] and cur[3] < prev[3])
+    dead = sum(1 for prev, cur in zip(trace, trace[1:]) if cur[1] == prev[1] and cur[5] < prev[5])
+    peak: dict[int, int] = {}
+    for row in trace:
+        if not row[2]:
+            peak[row[1]] = max(peak.get(row[1], 0), row[3])
+    return {"completed": completed, "participant_drops": drops, "heartbeat_drops": dead,
+            "max_participants_while_forming": peak, "samples": len(trace)}
 
 
 # ---- one run ------------------------------------------------------------------------------------
@@ -192,6 +246,7 @@ class Run:
         self.stamps = work / "stamps"
         self.stamps.mkdir()
         self.runs = work / "runs"
+        self.watcher: subprocess.Popen[str] | None = None
 
     def spec(self) -> dict[str, Any]:
         n = self.n
@@ -311,8 +366,25 @@ class Run:
         return sorted(r["host"] for r in rows)
 
 
+def watch_rendezvous(net: netns.Network, run: Run, proc: subprocess.Popen[str], trace: Path) -> None:
+    """Start the state's reader on the launcher's host once node 0's agent is there (a thread: the start
+    is not held up)."""
+    def start() -> None:
+        found = wait_until(lambda: proc.poll() is not None or rendezvous_id(run.hosts[0]), 600, "no agent")
+        if found is True:
+            return
+        script = run.work / "watch_rendezvous.py"
+        script.write_text(WATCH_RENDEZVOUS)
+        watcher = net["login"].popen([sys.executable, str(script), net["login"].addr, "29500", str(found),
+                                      str(trace), str(WATCH_PERIOD_S)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        run.watcher = watcher
+
+    threading.Thread(target=start, daemon=True).start()
+
+
 def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash: bool,
-            say: Callable[[str], None], keep: Path | None = None) -> dict[str, Any]:
+            say: Callable[[str], None], keep: Path | None = None, watch_rdzv: bool = False) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"ddpkit-bench-scale-{program}{n}-"))
     os.chmod(work, 0o755)
     run = Run(net, ssh, work, program, n, crash)
@@ -324,6 +396,9 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
     with out_path.open("w") as out:
         proc = net["login"].popen(argv, cwd=str(work), env=env, stdout=out, stderr=subprocess.STDOUT)
     watch = Watch(proc.pid)
+    trace = work / "rendezvous.jsonl"
+    if watch_rdzv:
+        watch_rendezvous(net, run, proc, trace)
     try:
         first = wait_until(lambda: proc.poll() is not None or run.first_step(), START_LIMIT_S,
                            f"no first step on {n} hosts within {START_LIMIT_S:.0f} s")
@@ -346,15 +421,20 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
             lost = run.hosts[-1]
             take_away(agents_and_workers(lost), "crash")
             lost_at = time.time()
-            back = wait_until(lambda: proc.poll() is not None or run.survivors_first_step(lost_at), 600,
-                              "the survivors never trained again")
+            try:
+                back = wait_until(lambda: proc.poll() is not None or run.survivors_first_step(lost_at),
+                                  RECOVERY_LIMIT_S, "")
+            except TimeoutError:  # written down as such: the larger N still run
+                back = None
+                result["recovery_note"] = f"the survivors had not trained {RECOVERY_LIMIT_S:.0f} s after the loss"
             if back is True:
                 raise RuntimeError(f"the launcher exited {proc.returncode} before the survivors trained\n"
                                    f"{tail(out_path)}")
-            result["recovery_s"] = back - lost_at
-            done = run.trained_steps()
-            wait_until(lambda: proc.poll() is not None or run.trained_steps() >= done + STEPS_AFTER, 300,
-                       "the survivors stopped training")
+            if back is not None:
+                result["recovery_s"] = back - lost_at
+                done = run.trained_steps()
+                wait_until(lambda: proc.poll() is not None or run.trained_steps() >= done + STEPS_AFTER, 300,
+                           "the survivors stopped training")
             proc.send_signal(signal.SIGINT)  # Ctrl-C: the launcher stops every node and exits
         pid, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -371,7 +451,14 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
         raise
     finally:
         watch.stop()
+        if run.watcher is not None:
+            run.watcher.kill()
+            run.watcher.wait()
     lines = out_path.read_text(errors="replace").splitlines()
+    if trace.exists():
+        result["rendezvous"] = rounds([json.loads(x) for x in trace.read_text().split("\n")[:-1]], t0)
+        if crash:
+            result["rendezvous"]["lost_at_s"] = round(lost_at - t0, 2)
     result |= {
         "exit_code": proc.returncode, "wall_s": ended - t0,
         "launcher_cpu_s": usage.ru_utime + usage.ru_stime,
@@ -497,6 +584,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", default="scale")
     p.add_argument("--img", type=Path, default=IMG)
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--watch-rendezvous", action="store_true",
+                   help="read torch's rendezvous state every 0.25 s from the launcher's host: rounds, drops")
     p.add_argument("--keep", type=Path, default=None, help="copy each run's folder (console, logs) here")
     a = p.parse_args(argv)
     a.nodes = a.nodes or (SHORT if a.short else SIZES)
@@ -554,28 +643,43 @@ def main(argv: list[str] | None = None) -> int:
                         stopped[n] = why
                         say(f"N={n}: not run: {why}")
                         break
-                    for program in a.programs:
-                        say(f"N={n} {PROGRAMS[program]} ...")
-                        result = run_one(net, ssh, program, n, not a.no_crash, say, a.keep)
-                        result["figures"] = figures(result)
-                        results.append(result)
-                        say(f"N={n} {PROGRAMS[program]}: " + ", ".join(f"{k} {v:.3g}"
-                                                                     for k, v in result["figures"].items()))
+                    try:
+                        for program in a.programs:
+                            say(f"N={n} {PROGRAMS[program]} ...")
+                            result = run_one(net, ssh, program, n, not a.no_crash, say, a.keep,
+                                             a.watch_rendezvous)
+                            result["figures"] = figures(result)
+                            result["load_avg_1m"] = os.getloadavg()[0]
+                            results.append(result)
+                            say(f"N={n} {PROGRAMS[program]}: " + ", ".join(
+                                f"{k} {v:.3g}" for k, v in result["figures"].items()))
+                        write(a, results, stopped, plot=False)  # what is measured so far survives a later N
+                    except (TimeoutError, RuntimeError) as exc:  # this N did not start: the larger ones will not
+                        stopped[n] = f"{PROGRAMS[program]}: {str(exc).splitlines()[0]}"
+                        say(f"N={n}: stopped: {stopped[n]}")
+                        break
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    path = write(a, results, stopped, plot=not a.no_plots)
+    say(f"wrote {path}")
+    return 0
+
+
+def write(a: argparse.Namespace, results: list[dict[str, Any]], stopped: dict[int, str], plot: bool) -> Path:
+    """The results so far: JSON, the table as Markdown, the plots."""
     analysis = analyse(results)
     table = markdown(results, analysis)
-    print(table)
     a.out.mkdir(parents=True, exist_ok=True)
-    pngs = [] if a.no_plots else plots(analysis, a.img)
+    pngs = plots(analysis, a.img) if plot else []
+    if plot:
+        print(table)
     path = common.write_result(a.name, {
         "command": common.command_line(), "machine": common.machine(), "nodes": list(a.nodes),
         "programs": [PROGRAMS[p] for p in a.programs], "crash": not a.no_crash, "results": results,
         "stopped": {str(k): v for k, v in stopped.items()}, "analysis": analysis,
         "plots": [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in pngs]}, a.out)
     (a.out / f"{a.name}.md").write_text(table)
-    say(f"wrote {path}")
-    return 0
+    return path
 
 
 if __name__ == "__main__":
