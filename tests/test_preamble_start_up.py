@@ -55,7 +55,9 @@ def test_a_rank_stuck_in_its_checkpoint_read_is_named_and_the_job_stopped(tmp_pa
     assert took < 150, f"{took:.0f}s from the launch to its end (vs {COLLECTIVE_TIMEOUT_S}s)\n{text}"
     assert re.search(r"STALL rank 1 node 1 host \S+ pid \d+: step 0, phase setup, at \S+/torch/serialization\.py:\d+ "
                      r"in \w+ \(called from \S+tutorial_ddp\.py:\d+ in _load_snapshot\)", text), text
-    assert "the hang watchdog found stalled rank(s): rank 1 (node 1" in text.splitlines()[-1], text
+    # what the user reads last: the rank and the call it sits in
+    assert re.search(r"the hang watchdog found stalled rank\(s\): rank 1 \(node 1, \S+\) at \S+/torch/serialization\.py:"
+                     r"\d+ in \w+ \(called from \S+tutorial_ddp\.py:\d+ in _load_snapshot\); ", text.splitlines()[-1]), text
     stacks_are_in_files_and_the_console_says_where(text)
     stuck = (run_folder(text) / "logs" / "node1" / "stall-rank1.txt").read_text()
     assert re.search(r'File "\S+/torch/serialization\.py", line \d+ in load\n\s+File "\S+tutorial_ddp\.py", line \d+ '

@@ -239,6 +239,13 @@ def test_the_stacks_go_to_the_nodes_log_folder_that_torchrun_was_given(tmp_path:
     # torchrun without --log-dir keeps its logs in a temporary folder of its own: nobody would look there
     assert stacks.stack_folder(None, {envnames.TORCHELASTIC_ERROR_FILE: f"/tmp/torchelastic_ab/job_x1/{error}"}) is None
     assert stacks.stack_folder(None, {}) is None
+    # ... so where the launcher keeps no folder on the rank's host (launch ssh, Slurm), the job's working folder
+    temporary = {envnames.TORCHELASTIC_ERROR_FILE: f"/tmp/torchelastic_ab/job_x1/{error}"}
+    assert stacks.stack_folder(None, {**temporary, envnames.TORCHELASTIC_RUN_ID: "job/7", envnames.GROUP_RANK: "1"}) \
+        == Path.cwd() / "ddpkit-stacks" / "job_7" / "node1"
+    acks = {1: stall_report.Ack("a.py:1 in f", False, "/w/ddpkit-stacks/job_7/node1/stall-rank1.txt")}
+    assert stall_report.dump_place(acks, nccl=False) == \
+        "/w/ddpkit-stacks/job_7/node<N>/stall-rank<R>.txt (each on its node's host)"
 
 
 def _spin_until(spinning: threading.Event, got: list) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .. import envnames, runkey, workdir
 from ..agreed import RDZV_HANDLER, threads_per_process
-from ..exitcodes import ExitCode
+from ..exitcodes import WORKER_CODES, ExitCode
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 # What a ddpkit worker imports before its first step (train/main.py's
 # import_trainer): torch._dynamo through the optimizer and DDP, the trainer's
@@ -77,6 +80,16 @@ def same_error_twice() -> NoReturn:
     sys.exit(ExitCode.SAME_ERROR)
 
 
+def own_code(failed: ChildFailedError) -> int:
+    """The agent's exit status after its workers failed: the first failed
+    worker's own code where it is one of ddpkit's (exitcodes.WORKER_CODES: a
+    stall's 13, a lost node's 14, ...), else torchrun's 1. Where no launcher
+    reads the agent's `worker_exit` records (Slurm's batch script, a pod),
+    the scheduler records this status as the job's."""
+    _, first = failed.get_first_failure()
+    return first.exitcode if first.exitcode in WORKER_CODES else 1
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -110,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             stopping.ending()
     except sameerror.SameErrorTwice:
         same_error_twice()
-    except ChildFailedError:
+    except ChildFailedError as failed:
         if handler.repeated() is not None:  # the same error twice, with no restart left anyway
             same_error_twice()
         # torchrun's report on a failed worker (its traceback and summary box)
@@ -119,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         text = worker.exception_text(skipping=(__name__,))
         records.emit(records.AgentReport(lines=text.count("\n")))
         sys.stderr.write(text)
-        sys.exit(1)
+        sys.exit(own_code(failed))
     except SignalException as exc:
         # Stopped by a signal (Ctrl-C, a launcher's or scheduler's stop), a normal end: torch's traceback
         # says only where its loop was when the signal came, so one line says what happened instead.

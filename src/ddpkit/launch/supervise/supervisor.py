@@ -316,7 +316,9 @@ class Supervisor:
         self.console.print(summary_table(record))
         for problem in record.problems:
             self.console.print(Text(f"teardown problem: {problem}"))
-        self.console.print(Text(record.closing, style="bold red" if outcome.code else "green"))
+        # One line whatever its length (a stalled rank's call, a long exception): a terminal wraps it
+        # for the eye, and a log or pipe keeps it whole for grep and for whoever reads the last line.
+        self.console.print(Text(record.closing, style="bold red" if outcome.code else "green"), soft_wrap=True)
         # The workers' own cause, once, last (every rank printed it; the stream held it back).
         for cause in record.causes:
             self.console.print(Text(cause, style="bold red" if outcome.code else ""), soft_wrap=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from ... import envnames
-from .stall_report import Ack
+from .stall_report import STACKS_FOLDER, Ack
 
 PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute
 
@@ -77,18 +78,24 @@ def stack_folder(log_dir: Path | None, env: Mapping[str, str] = os.environ) -> P
     given, else the folder of this node's logs that the launcher gave
     torchrun (launch local: the run folder's logs/node<N>, beside the ranks'
     stdout and stderr); None where there is none (torchrun's own temporary
-    folder is one nobody would look in)."""
+    folder is one nobody would look in). Where the launcher keeps no
+    folder on the rank's host (launch ssh, Slurm: the node's output reaches
+    the launcher or the job's output file as a stream), the job's working
+    folder on that host: `ddpkit-stacks/<run id>/node<N>/`; None for a
+    process no torchrun started (no run id, no node)."""
     if log_dir is not None:
         return log_dir
     error_file = env.get(envnames.TORCHELASTIC_ERROR_FILE)
-    if not error_file:
+    if error_file:
+        # torchrun's layout: <its --log-dir>/<run>_<random>/attempt_<K>/<local rank>/error.json
+        parents = Path(error_file).parents
+        if len(parents) >= 5 and parents[1].name.startswith("attempt_") \
+                and not parents[3].name.startswith("torchelastic_"):
+            return parents[3]
+    run, node = env.get(envnames.TORCHELASTIC_RUN_ID), env.get(envnames.GROUP_RANK)
+    if not run or not node:
         return None
-    # torchrun's layout: <its --log-dir>/<run>_<random>/attempt_<K>/<local rank>/error.json
-    parents = Path(error_file).parents
-    if len(parents) < 5 or not parents[1].name.startswith("attempt_"):
-        return None
-    folder = parents[3]
-    return None if folder.name.startswith("torchelastic_") else folder
+    return Path.cwd() / STACKS_FOLDER / re.sub(r"[^A-Za-z0-9_.-]", "_", run) / f"node{node}"
 
 
 def pyspy_path() -> str | None:

@@ -18,6 +18,9 @@ from ...exitcodes import ExitCode
 from .stall_model import Beat, Suspect, Verdict
 
 # The report's per-rank line, for people; launchers read the `stall` record instead.
+# A stall's stack files in the job's working folder, where no launcher keeps a folder on the rank's host
+# (stacks.stack_folder): named with "each on its node's host", since the launcher's host may not see them.
+STACKS_FOLDER = "ddpkit-stacks"
 STALL_LINE = "ddpkit watchdog: STALL rank {rank} node {node} host {host} pid {pid}: step {step}, phase {phase}, {where}"
 
 
@@ -99,6 +102,8 @@ def dump_place(acks: Mapping[int, Ack], nccl: bool) -> str:
     if not files:
         return "each rank's stderr (no log folder to keep them in)"
     place = ", ".join(files)
+    if any(f"{os.sep}{STACKS_FOLDER}{os.sep}" in f for f in files):
+        place += " (each on its node's host)"
     if nccl:
         place += "; NCCL flight recorder: " + ", ".join(f.replace("stall-rank<R>.txt", "nccl-trace-rank<R>.pkl")
                                                         for f in files)
