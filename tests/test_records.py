@@ -358,3 +358,19 @@ def test_the_rendered_slurm_job_names_the_records_folder_its_readers_look_in(tmp
                               env={**env, records.CHANNEL_VAR: "/elsewhere"}, capture_output=True, text=True,
                               check=True).stdout
     assert exported == said
+
+
+def test_ddpkit_status_reads_each_runs_stop_from_a_slurm_jobs_records_folder(tmp_path: Path) -> None:
+    from ddpkit.launch.control.backends.slurm import record_lines
+    from ddpkit.runs import SlurmJob
+
+    job = SlurmJob(job_id=4711, script=str(tmp_path / "big.sbatch"), output=str(tmp_path / "big-4711.out"),
+                   tasks_per_node=1, rank_per_task=False, signal="USR2", signal_grace_s=90)
+    folder = records.slurm_folder(tmp_path, "big", 4711)
+    assert record_lines(job) == [f"records   {folder} (none)"]  # a job rendered before the folder was
+    for node in ("node1", "node2"):  # every rank of ddpkit's own stop path may say it: one line a run
+        records.append(folder / f"{node}.jsonl", records.Stop("SIGUSR2", 22, "/c/ckpt-22.pt", 0), 10.0)
+    records.append(folder / "node1.jsonl", records.Stop("SIGTERM", 40, None, 1), 20.0)
+    assert record_lines(job) == [f"records   {folder} (3: stop)",
+                                 "stopped   run 1: SIGUSR2 at step 22, checkpoint at step 22",
+                                 "stopped   run 2: SIGTERM at step 40, no checkpoint"]

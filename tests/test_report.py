@@ -242,3 +242,28 @@ def test_tensorboard_without_its_package_is_one_line_and_exit_2() -> None:
     assert done.stderr.splitlines() == [
         "ddpkit train: invalid options (nothing was started): --tensorboard /nonexistent/tb: the tensorboard "
         "package is not installed here; pip install 'ddpkit[tensorboard]' (or drop the flag)"]
+
+
+def test_a_slurm_runs_records_folder_is_its_metrics_when_it_has_no_metrics_file(tmp_path: Path) -> None:
+    """A program of the user's own under `submit slurm` sends its metrics on the records
+    channel (each node's file in `<name>-<jobid>.records/` beside the script): the report
+    reads the metrics kinds there, across the nodes' files, in time order; a worker's exit
+    is the launcher's, not a metrics record."""
+    from ddpkit.runs import SlurmJob
+
+    folder = RunFolder.create(name="own", target="slurm", nodes=2, nproc_per_node=1, spec_yaml="name: own\n",
+                              root=tmp_path / "runs")
+    folder.set_slurm(SlurmJob(job_id=9, script=str(tmp_path / "own.sbatch"), output=str(tmp_path / "own-9.out"),
+                              tasks_per_node=1, rank_per_task=False, signal="USR2", signal_grace_s=90))
+    t0 = folder.record().started
+    kept = records.slurm_folder(tmp_path, "own", 9)
+    for i in range(1, 4):
+        records.append(kept / "node1.jsonl", records.Train(step=i, loss=2.0 - i / 10, images_per_s=50.0), t0 + i)
+        records.append(kept / "node1.jsonl", records.StepTimes(step=i, step_s=(0.01, 0.02)), t0 + i)
+    records.append(kept / "node2.jsonl", records.WorkerExit(1, 0, 77, 12), t0 + 2.5)
+    records.append(kept / "node2.jsonl", records.Stop("SIGUSR2", 3, "/c/ckpt-3.pt", 0), t0 + 3.5)
+    (stored,) = all_runs(tmp_path / "runs")
+    data = report_data.load(stored)
+    assert data.metrics_path == kept
+    assert [p["step"] for p in data.train] == [1, 2, 3] and [p["step"] for p in data.step_times] == [1, 2, 3]
+    assert [m.kind for m in data.marks] == ["start", "preempted"]

@@ -103,7 +103,8 @@ def _metrics_arg(spec_file: Path) -> Path | None:
 
 def load(run: StoredRun, metrics: Path | None = None) -> ReportData:
     path = metrics_file(run, metrics)
-    stamped = records.read_folder(path) if path.is_dir() else records.read_file(path)
+    stamped = [s for s in records.read_folder(path) if isinstance(s.record, records.METRICS_FILE_KINDS)] \
+        if path.is_dir() else records.read_file(path)
     if not any(isinstance(s.record, (records.Train, records.StepTimes)) for s in stamped):
         raise NoMetrics(f"run {run.record.id}: {path} has no `train` or `step_times` records to plot "
                         f"({len(stamped)} other records); did the job train a step?")

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .. import envnames
-from ..agreed import SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN
+from ..agreed import METRICS_TO_LAUNCHER, SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN, is_ddpkit_module
 from ..contract import LaunchPlan, Target, resolve
 from ..exitcodes import ExitCode
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
@@ -192,6 +192,14 @@ class SlurmPlan:
         """An agent's exit on the same error twice (a bug): the step is not
         relaunched and the job not requeued (templates/slurm)."""
         return int(ExitCode.SAME_ERROR)
+
+    @property
+    def own_metrics(self) -> str | None:
+        """DDPKIT_METRICS for a program of the user's own (templates/slurm): its
+        preamble's metrics records go on the records channel, the job's records
+        folder, where `ddpkit report` reads them; None for ddpkit's own programs
+        (ddpkit train writes the --metrics file it is given)."""
+        return None if is_ddpkit_module(self.spec.command.module) else METRICS_TO_LAUNCHER
 
     @property
     def left_behind_s(self) -> int:

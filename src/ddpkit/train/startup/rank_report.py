@@ -128,7 +128,7 @@ class ReportOutputs:
         if self.json_path is not None:
             places.append("stdout (--rank-report-json -)" if self.json_path == STDOUT else self.json_path)
         if self.metrics is not None:
-            where = "the launcher's metrics" if metrics_to_launcher(self.metrics) else str(self.metrics)
+            where = "the run's records" if metrics_to_launcher(self.metrics) else str(self.metrics)
             places.append(f"{where} (kind {RankRow.kind})")
         return " and ".join(places) or None
 
