@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from ddpkit import records as records_
 from ddpkit.launch.control.applied import compose_cli
 from tests.helpers.elastic_gate import GATE_DIR, GATE_WORLD, held_step, release
 from tests.helpers.matrix import DDPKIT, run_ok
@@ -181,6 +182,9 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
                 "rdzv left: ") in where, status
     # the two others re-formed without the lost node and went on from the held checkpoint with world size 2
     assert f"ckpt-{step:08d}.pt at step {step}" in output, said
+    # `docker compose logs` as people read it: the nodes' records stayed in their containers
+    # (DDPKIT_RECORDS), none framed among the lines, the lost node's verdict included
+    assert records_.FRAME not in output, said
     assert re.search(r"elastic: restart \d of at most 2; world size 3 -> 2", output), said
     recs = records(tmp_path)
     assert not [r for r in recs if r["kind"] == "stall"], recs

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit import envnames
+from ddpkit import envnames, records
 from ddpkit.contract import hosts_for
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
@@ -275,7 +275,7 @@ def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(
         assert "resumed from" in logs[0] and "at step 0 " not in logs[0], logs[0]
 
 
-@pytest.mark.full  # node 0 lost, the others finish: test_elastic_ssh.py; the elastic policy: test_elastic_render.py
+@pytest.mark.full  # node 0 lost: test_elastic_ssh.py; policy: test_elastic_render.py; no frame in logs: test_elastic_compose.py
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -303,4 +303,6 @@ def test_an_elastic_pytorchjob_goes_on_when_its_master_pod_is_lost(docker_daemon
     said = "\n".join(logs)[-8000:]
     assert codes == [0, 137, 0, 0], said  # the store, the lost Master, the two Workers
     assert "world size 3 -> 2" in said and "resumed from" in said, said
+    # each pod's output as `kubectl logs` shows it: its records stayed in its container (DDPKIT_RECORDS)
+    assert not [log for log in logs if records.FRAME in log], said
     assert logs[0].strip().endswith("ddpkit.rdzv_store: stopped: the job's rendezvous closed"), logs[0]
