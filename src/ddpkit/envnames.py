@@ -108,7 +108,8 @@ DDPKIT_AGENT_PRELOAD: Final = "DDPKIT_AGENT_PRELOAD"
 DDPKIT_PREAMBLE: Final = "DDPKIT_PREAMBLE"
 DDPKIT_WORKDIR: Final = "DDPKIT_WORKDIR"  # command.workdir: made and entered on every node (ddpkit/workdir.py)
 # Where the preamble's rank 0 appends a program's metrics records (launch local: the run folder's metrics.jsonl;
-# launch ssh and docker: agreed.METRICS_TO_LAUNCHER, framed on stderr for the launcher).
+# launch ssh and docker: agreed.METRICS_TO_LAUNCHER, framed on stderr for the launcher; submit slurm: the same
+# value, its records then in the job's records folder: DDPKIT_RECORDS).
 DDPKIT_METRICS: Final = "DDPKIT_METRICS"
 # Where every record a job sends back (ddpkit.records) goes: a folder, one JSON Lines file per node in it
 # (the rendered Slurm, compose and Kubernetes jobs set it, where people read the raw output); unset: framed on

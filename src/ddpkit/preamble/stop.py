@@ -183,8 +183,10 @@ def finish(step: int | None = None) -> NoReturn:
 def record_stop(env: Mapping[str, str] = os.environ, step: int | None = None) -> None:
     """The `stop` record, as ddpkit train's: its step is the agreed one, and its
     checkpoint what saved there (the program's stop handlers, or its Trainer).
-    Framed on stderr for the launcher (its summary: `stopped, checkpoint at step
-    N`), and appended to the metrics file where there is one (`ddpkit report`)."""
+    Sent on the records channel (records.emit: framed for the launcher, whose
+    summary says `stopped, checkpoint at step N`; or the job's records folder,
+    where `ddpkit status` reads it), and appended to the metrics file where
+    there is one (`ddpkit report`)."""
     import time
     from pathlib import Path
 

@@ -19,8 +19,8 @@ channels, chosen by who reads it (`send`, `emit`):
   environment names a folder (`DDPKIT_RECORDS`, `CHANNEL_VAR`), and each
   node writes `<folder>/<host>.jsonl` (`node_file`). The rendered Slurm job
   sets it to a folder beside its output file on the shared file system
-  (`slurm_folder`), where `ddpkit status`, `ddpkit logs` and `ddpkit report`
-  read it back (`read_folder`); the compose and Kubernetes jobs to a folder
+  (`slurm_folder`), where `ddpkit status` and `ddpkit report` read it back
+  (`read_folder`); the compose and Kubernetes jobs to a folder
   of each container's. A file per node, not one for the job: O_APPEND keeps
   lines whole between the processes of one host, but not between hosts on
   NFS. Not the rendezvous store: a record must outlive the store (a lost

@@ -41,7 +41,9 @@ class Metrics:
     """Appends one record per line (records.encode, with the time); rank 0
     only (others get a no-op). With `tensorboard`, the same records' scalars
     go there too (--tensorboard). A path that names the launcher
-    (agreed.METRICS_TO_LAUNCHER) frames each record on stderr instead."""
+    (agreed.METRICS_TO_LAUNCHER) sends each record on the records channel
+    instead (records.emit: framed on stderr for a launcher, or the job's
+    records folder)."""
 
     def __init__(self, path: Path | None, enabled: bool, tensorboard: Path | None = None) -> None:
         self.file: TextIO | None = None
