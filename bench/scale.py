@@ -584,6 +584,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", default="scale")
     p.add_argument("--img", type=Path, default=IMG)
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--with", dest="with_", type=Path, action="append", default=[],
+                   help="another run's JSON: its N not run here join the tables, fits and plots")
     p.add_argument("--watch-rendezvous", action="store_true",
                    help="read torch's rendezvous state every 0.25 s from the launcher's host: rounds, drops")
     p.add_argument("--keep", type=Path, default=None, help="copy each run's folder (console, logs) here")
@@ -630,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="ddpkit-bench-scale-hosts-"))
     os.chmod(folder, 0o755)
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = [r for path in a.with_ for r in json.loads(path.read_text())["results"]
+                                     if r["nodes"] not in a.nodes]
     stopped: dict[int, str] = {}
     started = time.time()
     names = ["login", *(f"h{i:02d}" for i in range(1, max(a.nodes) + 1))]
@@ -675,6 +678,7 @@ def write(a: argparse.Namespace, results: list[dict[str, Any]], stopped: dict[in
         print(table)
     path = common.write_result(a.name, {
         "command": common.command_line(), "machine": common.machine(), "nodes": list(a.nodes),
+        "with": [str(p) for p in a.with_],
         "programs": [PROGRAMS[p] for p in a.programs], "crash": not a.no_crash, "results": results,
         "stopped": {str(k): v for k, v in stopped.items()}, "analysis": analysis,
         "plots": [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in pngs]}, a.out)
