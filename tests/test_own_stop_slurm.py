@@ -10,7 +10,6 @@ checkpoint through the framework's own resume."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from ddpkit import records
 from tests.helpers.runs import processes_in
 from tests.helpers.stop_output import assert_one_line_per_node
 from tests.infra import slurm_cluster
@@ -43,17 +43,35 @@ def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
 
 
 def submit(cluster: SlurmCluster, folder: Path, name: str, script: Path, args: list[str]) -> tuple[Path, int]:
-    """Render the job with the real CLI and sbatch it; the rendered script and the job id."""
+    """Submit the job with the real CLI (`ddpkit submit slurm`, a run folder in the cluster's
+    runs folder); the script in `folder` and the job id."""
     folder.mkdir(parents=True)
     spec = {"name": name, "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
             "command": {"python": PYTHON, "script": str(script), "args": args},
             "env": {"OMP_NUM_THREADS": "1"}, "preemption": {"checkpoint_s": 20}}
     (folder / "job.yaml").write_text(yaml.safe_dump(spec))
-    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "render", "slurm", "-f", str(folder / "job.yaml"),
-                          "-o", str(folder)], capture_output=True, text=True, check=False, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    rendered = folder / f"{name}.sbatch"
-    return rendered, cluster.sbatch(rendered)
+    out = cluster.run([sys.executable, "-m", "ddpkit.cli", "submit", "slurm", "-f", str(folder / "job.yaml"),
+                       "--dir", str(folder)], cwd=ROOT, timeout=120, env=runs_env(cluster))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return folder / f"{name}.sbatch", int(out.stdout.split("submitted Slurm job ")[1].split(":")[0])
+
+
+def runs_env(cluster: SlurmCluster) -> dict[str, str]:
+    return {"DDPKIT_RUNS_DIR": str(cluster.workdir / "runs")}
+
+
+def assert_records_kept_apart_and_reported(cluster: SlurmCluster, script: Path, job: int, text: str) -> None:
+    """The output file holds no record; the job's records folder holds the program's
+    metrics (its preamble's) and the stop, and `ddpkit report JOB` draws them."""
+    assert records.FRAME not in text, text[-6000:]
+    kept = records.read_folder(records.slurm_folder(script.parent, script.stem, job))
+    kinds = {s.record.kind for s in kept}
+    assert {"train", "step_times", "stop"} <= kinds, kinds
+    report = cluster.run([sys.executable, "-m", "ddpkit.cli", "report", str(job)], cwd=ROOT, timeout=180,
+                         env=runs_env(cluster))
+    trained = sum(s.record.kind == "train" for s in kept)
+    assert report.returncode == 0 and f"({trained} train and " in report.stdout + report.stderr, \
+        report.stdout + report.stderr
 
 
 def output(script: Path, job: int) -> str:
@@ -80,6 +98,7 @@ def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str) -> t
     found = re.search(AGREED, text)
     assert found, text[-6000:]
     assert_one_line_per_node(text, "SIGUSR2")
+    assert_records_kept_apart_and_reported(cluster, script, job, text)
     return int(found.group(1)), text
 
 
