@@ -143,7 +143,8 @@ class RunEvent(_Model):
     """One line of events.jsonl."""
 
     time: float
-    # start or rendered (the first), files, submitted, preflight; the supervisor's notes: failed first, failed,
+    # start or rendered (the first), detached (launch --detach: its supervisor's pid), files, submitted, preflight;
+    # the supervisor's notes: failed first, failed,
     # lost, excluded, restart, interrupted, stall, straggler, preempted, stop; cancel (ddpkit cancel); exit (the last).
     kind: str
     detail: str = ""
