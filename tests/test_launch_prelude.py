@@ -11,7 +11,7 @@ import pytest
 
 from ddpkit.contract import Target
 from ddpkit.launch.prelude import prelude
-from ddpkit.runs import RunFolder
+from ddpkit.runs import RunFolder, RunTarget
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import SpecError, SpecFileError
 from ddpkit.train.argcheck import TrainArgsError
@@ -60,11 +60,11 @@ def test_the_specs_warnings_carry_the_launchers_name(capsys: pytest.CaptureFixtu
 def test_the_run_folder_and_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDPKIT_RUNS_DIR", str(tmp_path))
     ready = prelude(job(nodes=2, nproc_per_node=3), "launch ssh", Target.SSH)
-    run = ready.run_folder("ssh", nodes=4)
+    run = ready.run_folder(RunTarget.SSH, nodes=4)
     record = RunFolder(run.path).record()
     assert (record.target, record.nodes, record.nproc_per_node) == ("ssh", 4, 3)
     assert record.stop_grace_s == ready.spec.grace.launcher_grace_s
-    assert ready.run_folder("local").record().nodes == 2
+    assert ready.run_folder(RunTarget.LOCAL).record().nodes == 2
     assert ready.run_line(run) == f"launch ssh: run {run.path.name} (ddpkit status {record.id})"
 
 
@@ -75,7 +75,7 @@ def test_a_slurm_run_folder_keeps_the_script_and_slurms_signal_lead(
     monkeypatch.setenv("DDPKIT_RUNS_DIR", str(tmp_path))
     ready = prelude(job(nodes=2, slurm={"signal_seconds": 300}), "submit slurm", None)
     rendered = render(ready.spec, "slurm")
-    run = ready.run_folder("slurm", rendered=rendered)
+    run = ready.run_folder(RunTarget.SLURM, rendered=rendered)
     record = RunFolder(run.path).record()
     assert (record.target, record.nodes, record.stop_grace_s) == ("slurm", 2, 300)
     assert (run.rendered_dir / "pre.sbatch").read_text() == rendered.files["pre.sbatch"]

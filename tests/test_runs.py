@@ -23,7 +23,18 @@ from ddpkit import records
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.control.backends import launched
 from ddpkit.launch.supervise import proctree
-from ddpkit.runs import NodeLog, RunFolder, RunState, SlurmJob, StoredRun, UnknownRun, all_runs, resolve, shown_state
+from ddpkit.runs import (
+    NodeLog,
+    RunFolder,
+    RunState,
+    RunTarget,
+    SlurmJob,
+    StoredRun,
+    UnknownRun,
+    all_runs,
+    resolve,
+    shown_state,
+)
 from tests.helpers.runs import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +51,10 @@ def ddpkit(runs_dir: Path, *argv: str, timeout: float = 120, path: str | None = 
 
 
 def new_run(root: Path, name: str, started: float, **update: object) -> RunFolder:
-    folder = RunFolder.create(name=name, target="local", nodes=2, nproc_per_node=1, spec_yaml=f"name: {name}\n",
-                              root=root)
+    folder = RunFolder.create(name=name, target=RunTarget.LOCAL, nodes=2, nproc_per_node=1,
+                              spec_yaml=f"name: {name}\n", root=root)
+    if "target" in update:  # model_copy does not validate: the word as the record's type
+        update["target"] = RunTarget(update["target"])
     folder.write(folder.record().model_copy(update={"started": started, **update}))
     return folder
 

@@ -13,7 +13,7 @@ from filelock import FileLock
 
 from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.control.common import RunCommandError, ToolMissing, exit_line
-from ddpkit.runs import NodeLog, NodeRow, RunFolder, RunSummary, SlurmJob, Tail, UnknownRun
+from ddpkit.runs import NodeLog, NodeRow, RunFolder, RunSummary, RunTarget, SlurmJob, StoredRun, Tail, UnknownRun
 from ddpkit.runs import folder as run_folder
 
 ROUNDS = 150
@@ -71,6 +71,43 @@ def test_an_older_run_json_says_none_where_it_said_lost_for_no_exit_status(tmp_p
     assert summary is not None and [r.exit_code for r in summary.rows] == ["0", "none"]
     folder.update(exit_code=1)
     assert '"lost"' not in run_json.read_text()
+
+
+def test_one_target_vocabulary_keyed_to_the_backends(tmp_path: Path) -> None:
+    """A run's target is a RunTarget: run.json holds its word, every target
+    has its backend, `ddpkit render`'s words are targets, and a run.json
+    with a word that is none is not read as a run."""
+    from ddpkit.launch.control.applied import RENDER_TARGETS, recorded_target
+    from ddpkit.launch.control.backends import Backends
+    from ddpkit.launch.control.backends.compose import Compose
+    from ddpkit.launch.control.backends.kubectl import Kubectl
+    from ddpkit.launch.control.backends.launched import Launched
+    from ddpkit.launch.control.backends.slurm import Slurm
+    from ddpkit.launch.slurm.jobs import SlurmQueue
+    from ddpkit.targets import TARGETS
+
+    kinds = {RunTarget.LOCAL: Launched, RunTarget.DOCKER: Launched, RunTarget.SSH: Launched, RunTarget.SLURM: Slurm,
+             RunTarget.K8S: Kubectl, RunTarget.COMPOSE: Compose}
+    assert set(kinds) == set(RunTarget)
+    backends = Backends(SlurmQueue([]))
+    for target, kind in kinds.items():
+        folder = RunFolder.create(name=f"t-{target}", target=target, nodes=1, nproc_per_node=1, spec_yaml="",
+                                  root=tmp_path)
+        assert f'"target": "{target.value}"' in (folder.path / "run.json").read_text()
+        record = folder.record()
+        assert record.target is target and f"{record.target}" == target.value
+        backend = backends.of(StoredRun(folder, record))
+        assert isinstance(backend, kind), (target, backend)
+        if isinstance(backend, Launched):
+            assert backend.launcher == f"launch {target.value}"
+    assert set(TARGETS) <= {t.value for t in RunTarget}, TARGETS
+    assert {t.value for t in RENDER_TARGETS} <= set(TARGETS)
+    assert recorded_target("k8s") is RunTarget.K8S and recorded_target("slurm") is None
+    other = tmp_path / "t-local-other"
+    other.mkdir()
+    (other / "run.json").write_text(folder.path.joinpath("run.json").read_text().replace('"compose"', '"nomad"'))
+    with pytest.raises(ValueError, match="target"):
+        RunFolder(other).record()
 
 
 def test_a_lock_held_too_long_is_an_os_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

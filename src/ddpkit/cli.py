@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .exitcodes import ExitCode, exit_on
-from .launch.control.applied import RENDER_TARGETS, record_render
+from .launch.control.applied import record_render, recorded_target
 from .render import Rendered, RenderError, TemplatesError
 from .runs import RunsDirError
 from .spec import JobSpec, doctor_mode
@@ -67,9 +67,10 @@ def _cmd_render(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}")
     _print_notes(rendered, args.target, named=args.output is not None or len(rendered.files) > 1)
-    if args.target in RENDER_TARGETS and not args.doctor:
+    target = recorded_target(args.target)
+    if target is not None and not args.doctor:
         # kubectl or docker compose starts it; `ddpkit status/logs` ask them (docs/guides/runs.md)
-        recorded = record_render(spec, args.target, rendered, written)
+        recorded = record_render(spec, target, rendered, written)
         if recorded is not None and written:
             print(f"ddpkit render: run {recorded.id}: once it is started, `ddpkit status {recorded.id}` and "
                   f"`ddpkit logs {recorded.id}` follow it", file=sys.stderr)

@@ -27,7 +27,7 @@ from .. import envnames
 from ..agreed import METRICS_TO_LAUNCHER
 from ..contract import Target, job_env, one_host_gpus, resolve
 from ..exitcodes import ExitCode
-from ..runs import LineBuffer, NodeLog
+from ..runs import LineBuffer, NodeLog, RunTarget
 from ..spec import JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets import mounts
@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     for warning in mounts.container_warnings(spec, "launch docker"):
         print(warning, file=sys.stderr)
-    run = ready.run_folder("docker")
+    run = ready.run_folder(RunTarget.DOCKER)
     launch = DockerLaunch(client, spec, _limits(spec, args.shm_size), args.log_dir or run.logs_dir,
                           run_id=run.record().id)
     console.print(f"launch docker: {plural(spec.nodes, 'container')} of {spec.image} x {plural(spec.nproc_per_node, 'process')} "

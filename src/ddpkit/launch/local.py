@@ -38,7 +38,7 @@ from .. import envnames, records, runkey
 from ..agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
 from ..contract import Arg, LaunchPlan, Target, resolve
 from ..rdzv_store import hosted_store
-from ..runs import NodeLog, RunFolder
+from ..runs import NodeLog, RunFolder, RunTarget
 from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
@@ -276,7 +276,7 @@ def stop(nodes: list[LocalNode], grace: float) -> None:
 def run(args: argparse.Namespace) -> int:
     # The secrets are read to refuse an unset one: the agents inherit them with the rest of this environment.
     ready = prelude(local_spec(args), "launch local", Target.LOCAL)
-    run = supervised_run(args) or ready.run_folder("local")
+    run = supervised_run(args) or ready.run_folder(RunTarget.LOCAL)
     if args.detach:
         options = ["--grace", f"{args.grace!r}", *([] if args.dedup else ["--no-dedup"])]
         if args.log_dir is not None:

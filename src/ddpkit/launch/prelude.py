@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..runs import RunFolder
+from ..runs import RunFolder, RunTarget
 from ..specfile import dump_yaml, warn_env
 from ..targets.refusals import refuse
 from ..train.argcheck import check_command
@@ -34,14 +34,14 @@ class Prelude:
     # The secrets' values (launch/secrets.py), in the spec's order; empty when not read (a dry run).
     secrets: dict[str, str] = field(repr=False)
 
-    def run_folder(self, target: str, nodes: int | None = None, rendered: Rendered | None = None) -> RunFolder:
+    def run_folder(self, target: RunTarget, nodes: int | None = None, rendered: Rendered | None = None) -> RunFolder:
         """The run's folder (`ddpkit runs`), made now; `nodes`: when the
         launcher counts them itself (launch ssh: the hosts); `rendered`: the
         files it hands a scheduler (submit slurm: the script), kept there too.
         The nodes' time to stop that it records: Slurm's signal before the
         job's end for a Slurm job, the launcher's grace for the others."""
         spec = self.spec
-        grace = spec.grace.slurm_signal_s if target == "slurm" else spec.grace.launcher_grace_s
+        grace = spec.grace.slurm_signal_s if target == RunTarget.SLURM else spec.grace.launcher_grace_s
         run = RunFolder.create(name=spec.name, target=target, nodes=spec.nodes if nodes is None else nodes,
                                nproc_per_node=spec.nproc_per_node, spec_yaml=dump_yaml(spec), stop_grace_s=grace)
         if rendered is not None:

@@ -15,6 +15,7 @@ from .record import (
     RunRecord,
     RunState,
     RunSummary,
+    RunTarget,
     SlurmJob,
     state_for_code,
 )
@@ -23,6 +24,6 @@ from .tail import LineBuffer, Tail
 
 __all__ = [
     "NO_EXIT_STATUS_CELL", "Applied", "LineBuffer", "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord",
-    "RunsDirError", "RunState", "RunSummary", "SlurmJob", "StoredRun", "Tail", "UnknownRun", "all_runs",
+    "RunsDirError", "RunState", "RunSummary", "RunTarget", "SlurmJob", "StoredRun", "Tail", "UnknownRun", "all_runs",
     "launcher_alive", "resolve", "runs_root", "shown_state", "state_for_code",
 ]

@@ -29,7 +29,7 @@ from filelock import FileLock
 from ..envnames import DDPKIT_RUNS_DIR
 from ..processes import start_ticks
 from ..wording import plural
-from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, SlurmJob, state_for_code
+from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, RunTarget, SlurmJob, state_for_code
 
 RUN_JSON = "run.json"
 LOCK = ".run.json.lock"
@@ -56,7 +56,7 @@ class RunFolder:
     path: Path
 
     @classmethod
-    def create(cls, *, name: str, target: str, nodes: int, nproc_per_node: int, spec_yaml: str,
+    def create(cls, *, name: str, target: RunTarget, nodes: int, nproc_per_node: int, spec_yaml: str,
                stop_grace_s: float = 0.0, root: Path | None = None, first: str = "start") -> RunFolder:
         """A new run of this process (its pid is the launcher's), state running.
         RunsDirError when the runs root cannot hold it: a launch that could not

@@ -22,6 +22,28 @@ class RunState(str, Enum):
     RENDERED = "rendered"  # Kubernetes/compose files ddpkit wrote for kubectl or docker compose to run
 
 
+class RunTarget(str, Enum):
+    """Where a run runs, as its run folder records it and `ddpkit runs` shows
+    it: one word per way ddpkit starts a job or hands it over, each the key of
+    the one backend that follows the run after its launch
+    (launch/control/backends/). `ddpkit render`'s words (targets.TARGETS) are
+    four of them. The rank contract's rows (contract.Target) are finer: a
+    Slurm run takes `slurm` or `slurm-srun` by its mode, a Kubernetes run its
+    kind's row, and `launch docker`'s containers take compose's row, yet its
+    run is docker's: its own launcher supervises it, as it does local's and
+    ssh's, where a compose run is a file `docker compose` starts."""
+
+    LOCAL = "local"  # launch local
+    DOCKER = "docker"  # launch docker
+    SSH = "ssh"  # launch ssh (render ssh: launch.sh, which records no run)
+    SLURM = "slurm"  # submit slurm (render slurm: the script, which records no run)
+    K8S = "k8s"  # render k8s: kubectl starts it
+    COMPOSE = "compose"  # render compose: docker compose starts it
+
+    def __str__(self) -> str:  # the word, wherever it is printed (an f-string, a table cell)
+        return self.value
+
+
 def state_for_code(code: int) -> RunState:
     """The stored end state of a launcher's run from its exit code: 130 is
     what every launcher exits with after Ctrl-C or SIGTERM (`ddpkit cancel`)."""
@@ -120,7 +142,7 @@ class RunRecord(_Model):
 
     id: str
     name: str
-    target: str  # "local", "docker", "ssh", "slurm"; rendered: "k8s", "compose"
+    target: RunTarget
     nodes: int
     nproc_per_node: int
     started: float  # epoch seconds

@@ -18,7 +18,7 @@ import yaml
 
 from ...exitcodes import ExitCode
 from ...render import Rendered
-from ...runs import Applied, RunFolder, RunRecord, RunsDirError, RunState, all_runs
+from ...runs import Applied, RunFolder, RunRecord, RunsDirError, RunState, RunTarget, all_runs
 from ...spec import JobSpec
 from ...specfile import dump_yaml
 from ...targets.kubernetes import KINDS
@@ -27,12 +27,19 @@ from .common import ToolMissing
 from .logs import LogRequest
 
 TOOL_S = 30.0  # one kubectl/compose query; a cluster that does not answer in this is reported, not waited on
-RENDER_TARGETS = {"k8s": "kubectl", "compose": "compose"}
+# The targets whose rendered files another tool starts (a run is recorded for them), and that tool.
+RENDER_TARGETS = {RunTarget.K8S: "kubectl", RunTarget.COMPOSE: "compose"}
 # The job object of each kind, by the `kind:` its file names (the kinds' own register).
 CONTROLLERS: dict[str, Controller] = {m.INFO.controller.api_kind: m.INFO.controller for m in KINDS.values()}
 
 
-def record_render(spec: JobSpec, target: str, rendered: Rendered, written: list[Path]) -> RunRecord | None:
+def recorded_target(render_word: str) -> RunTarget | None:
+    """The run target of `ddpkit render WORD` where rendering records a run
+    (another tool starts the files), else None."""
+    return next((target for target in RENDER_TARGETS if target.value == render_word), None)
+
+
+def record_render(spec: JobSpec, target: RunTarget, rendered: Rendered, written: list[Path]) -> RunRecord | None:
     """The run of a rendered job. Rendering the same job again updates its
     rendered run (the cluster or the Docker host holds one job of that name)
     instead of adding another. None where the runs folder cannot be written:
@@ -53,7 +60,7 @@ def record_render(spec: JobSpec, target: str, rendered: Rendered, written: list[
         return None
 
 
-def _rendered_run(spec: JobSpec, target: str) -> RunFolder | None:
+def _rendered_run(spec: JobSpec, target: RunTarget) -> RunFolder | None:
     for run in all_runs():  # newest first
         rec = run.record
         if rec.name == spec.name and rec.target == target:
@@ -61,9 +68,9 @@ def _rendered_run(spec: JobSpec, target: str) -> RunFolder | None:
     return None
 
 
-def _applied(spec: JobSpec, target: str, rendered: Rendered, written: list[Path]) -> Applied:
+def _applied(spec: JobSpec, target: RunTarget, rendered: Rendered, written: list[Path]) -> Applied:
     files = [str(p.resolve()) for p in written]
-    if target == "compose":
+    if target is RunTarget.COMPOSE:
         main = [f for f in files if Path(f).name == "compose.yaml"] or files
         return Applied(tool="compose", files=main, project=spec.name)
     for text in rendered.files.values():

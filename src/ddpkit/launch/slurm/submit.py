@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from ...exitcodes import ExitCode
-from ...runs import RunFolder, SlurmJob
+from ...runs import RunFolder, RunTarget, SlurmJob
 from ...spec import JobSpec, doctor_mode
 from ...targets import render
 from ..prelude import prelude
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return refused
     rendered = render(spec, "slurm")
     # The run folder before sbatch: a job that was submitted is always recorded.
-    run = ready.run_folder("slurm", rendered=rendered)
+    run = ready.run_folder(RunTarget.SLURM, rendered=rendered)
     folder = args.dir.resolve()
     new = [name for name in rendered.files if not (folder / name).exists()]
     [script] = rendered.write(folder)

@@ -28,7 +28,7 @@ from ...contract import Target, master_port
 from ...exitcodes import ExitCode
 from ...quoting import shell_word
 from ...rdzv_store import hosted_store
-from ...runs import NodeLog, RunFolder
+from ...runs import NodeLog, RunFolder, RunTarget
 from ...spec import JobSpec, doctor_mode
 from ...targets.sshnode import NodeCommand, env_prefix, launch_line, new_rdzv_id, node_command, node_env
 from ..prelude import Prelude, make_console, prelude
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         print_dry_run(plan, sys.stdout, full=args.full)
         return ExitCode.OK
     plan.secrets = with_run_key(ready.secrets)  # the node script reads the run key after the secrets
-    run = ready.run_folder("ssh", nodes=len(plan.endpoints))
+    run = ready.run_folder(RunTarget.SSH, nodes=len(plan.endpoints))
     if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
         plan.log_dir = run.logs_dir
     # ssh.docker's containers get the job's environment only, not the node's env prefix.

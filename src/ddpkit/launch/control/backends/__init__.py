@@ -2,11 +2,12 @@
 `RunBackend`, `Now`): launched.py (local, docker, ssh: ddpkit's own
 launcher), slurm.py, kubectl.py and compose.py (rendered jobs another tool
 starts). `ddpkit runs/status/logs/cancel` pick a run's backend by its
-target and ask it; none of them knows a target."""
+target (runs.RunTarget: every target has one) and ask it; none of them
+knows a target."""
 
 from __future__ import annotations
 
-from ....runs import StoredRun
+from ....runs import RunTarget, StoredRun
 from ...slurm.jobs import SlurmQueue
 from .base import Now, RunBackend
 from .compose import Compose
@@ -23,10 +24,11 @@ class Backends:
 
     def __init__(self, slurm: SlurmQueue) -> None:
         # launch local's nodes are sessions of their own on this host: they outlive a killed launcher.
-        launched = {target: Launched(target, leftovers=target == "local") for target in ("local", "docker", "ssh")}
-        self._by_target: dict[str, RunBackend] = {**launched, "slurm": Slurm(slurm), "k8s": Kubectl(),
-                                                  "compose": Compose()}
+        self._by_target: dict[RunTarget, RunBackend] = {
+            RunTarget.LOCAL: Launched(RunTarget.LOCAL, leftovers=True), RunTarget.DOCKER: Launched(RunTarget.DOCKER),
+            RunTarget.SSH: Launched(RunTarget.SSH), RunTarget.SLURM: Slurm(slurm), RunTarget.K8S: Kubectl(),
+            RunTarget.COMPOSE: Compose()}
 
     def of(self, run: StoredRun) -> RunBackend:
-        """The backend of the run's target (one ddpkit does not know: its launcher's)."""
-        return self._by_target.get(run.record.target) or Launched(run.record.target)
+        """The backend of the run's target."""
+        return self._by_target[run.record.target]

@@ -10,7 +10,7 @@ import json
 import shlex
 from typing import Any
 
-from ....runs import Applied, RunState, StoredRun
+from ....runs import Applied, RunState, RunTarget, StoredRun
 from ....targets.compose import RDZV_SERVICE
 from ..applied import compose_cli, last_error, print_tool_logs, run_tool
 from ..common import RunCommandError
@@ -19,7 +19,7 @@ from .base import Now, log_lines
 from .launched import Launched
 
 ACTIVE_CONTAINER = ("running", "restarting", "paused", "created")
-RENDERING = Launched("compose")  # a run folder whose files are not recorded yet: the render's own process
+RENDERING = Launched(RunTarget.COMPOSE)  # a run folder whose files are not recorded yet: the render's own process
 
 
 class Compose:

@@ -11,7 +11,7 @@ import shlex
 import shutil
 from typing import Any
 
-from ....runs import Applied, RunRecord, RunState, StoredRun
+from ....runs import Applied, RunRecord, RunState, RunTarget, StoredRun
 from ..applied import CONTROLLERS, last_error, print_tool_logs, run_tool
 from ..common import RunCommandError
 from ..logs import LogRequest
@@ -24,7 +24,7 @@ _CONDITION_STATES = {
     "Failed": RunState.FAILED, "Running": RunState.RUNNING, "Restarting": RunState.RUNNING,
     "Suspended": RunState.PENDING, "Created": RunState.PENDING,
 }
-RENDERING = Launched("k8s")  # a run folder whose files are not recorded yet: the render's own process
+RENDERING = Launched(RunTarget.K8S)  # a run folder whose files are not recorded yet: the render's own process
 
 
 class Kubectl:

@@ -19,7 +19,7 @@ import yaml
 from .... import envnames
 from ....agreed import TRAIN_MODULE, is_ddpkit_module
 from ....exitcodes import ExitCode
-from ....runs import RunState, StoredRun, launcher_alive, shown_state
+from ....runs import RunState, RunTarget, StoredRun, launcher_alive, shown_state
 from ...supervise import proctree
 from ..common import ACTIVE, RunCommandError, already_ended
 from ..logs import LogRequest, launch_sources, print_files
@@ -30,12 +30,12 @@ STOP_MARGIN_S = 60.0  # beyond the nodes' grace: the launcher's own teardown and
 
 @dataclass(frozen=True)
 class Launched:
-    """`target`: local, docker or ssh (or a submit whose job is not recorded
-    yet: its launcher is the submitting process). `leftovers`: an
+    """`target`: local, docker or ssh (or a submit or render whose job is not
+    recorded yet: its launcher is the submitting or rendering process). `leftovers`: an
     abandoned run's nodes outlive its launcher (launch local's agents, each in
     a session of its own) and are found by DDPKIT_RUN_ID."""
 
-    target: str
+    target: RunTarget
     leftovers: bool = False
     rendered: bool = False
 

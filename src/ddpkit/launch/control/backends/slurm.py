@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .... import records
 from ....exitcodes import ExitCode
-from ....runs import RunState, SlurmJob, StoredRun
+from ....runs import RunState, RunTarget, SlurmJob, StoredRun
 from ...slurm.jobs import Listed, SlurmQueue, hostnames, queue_state, run_state
 from ..common import ACTIVE, POLL_S, RunCommandError, already_ended
 from ..logs import LogRequest, print_files, slurm_source
@@ -23,7 +23,7 @@ from .base import Now, log_lines
 from .launched import Launched
 
 SLURM_END_S = 60.0  # scancel to a final state
-SUBMITTING = Launched("slurm")
+SUBMITTING = Launched(RunTarget.SLURM)
 
 
 @dataclass(frozen=True)
