@@ -214,6 +214,14 @@ class Watch:
         self._thread.join(5)
 
 
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra`'s keys set in it, nested mappings merged (--spec)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def host_memory_mb(hosts: Sequence[netns.Host]) -> list[float]:
     """Each host's processes' proportional set size (forked workers share their zygote's pages), MB."""
     out = []
@@ -239,8 +247,9 @@ class Run:
     """One `launch ssh` of one program on the first n hosts, in its own folder."""
 
     def __init__(self, net: netns.Network, ssh: sshd.SshHosts, work: Path, program: str, n: int,
-                 crash: bool) -> None:
+                 crash: bool, extra: dict[str, Any] | None = None) -> None:
         self.net, self.ssh, self.work, self.program, self.n, self.crash = net, ssh, work, program, n, crash
+        self.extra = extra or {}
         self.hosts = net.hosts[1:n + 1]
         self.metrics = work / "metrics.jsonl"  # ddpkit train's --metrics (rank 0)
         self.stamps = work / "stamps"
@@ -268,14 +277,14 @@ class Run:
             command = {"python": sys.executable, "script": str(script), "args": []}
             env |= {"STAMPS": str(self.stamps), "STEP_SLEEP_S": str(STEP_SLEEP_S),
                     "STEPS": str(100000 if self.crash else STEPS_BEFORE_CRASH + STEPS_AFTER)}
-        return {
+        return merged({
             "name": f"scale-{self.program}-{n}", "nodes": n, "nproc_per_node": 1, "device": "cpu",
             "backend": "gloo", "command": command, "env": env,
             "rendezvous": {"timeout_s": 900},
             "elastic": {"min_nodes": max(1, n - 1), "max_restarts": 3, "max_node_failures": 1},
             "ssh": {"workdir": str(self.work), "log_dir": str(self.work / "logs"), "grace_s": 3,
                     "connect_timeout_s": 10, "alive_interval_s": 1, "alive_count": 3},
-        }
+        }, self.extra)
 
     def argv(self) -> list[str]:
         job = self.work / "job.yaml"
@@ -384,10 +393,11 @@ def watch_rendezvous(net: netns.Network, run: Run, proc: subprocess.Popen[str], 
 
 
 def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash: bool,
-            say: Callable[[str], None], keep: Path | None = None, watch_rdzv: bool = False) -> dict[str, Any]:
+            say: Callable[[str], None], keep: Path | None = None, watch_rdzv: bool = False,
+            extra: dict[str, Any] | None = None, start_limit_s: float = START_LIMIT_S) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"ddpkit-bench-scale-{program}{n}-"))
     os.chmod(work, 0o755)
-    run = Run(net, ssh, work, program, n, crash)
+    run = Run(net, ssh, work, program, n, crash, extra)
     out_path = work / "launcher.out"
     env = {**os.environ, "DDPKIT_RUNS_DIR": str(run.runs), "DDPKIT_SSH_OPTS": f"-F {ssh.ssh_config}"}
     argv = run.argv()
@@ -400,8 +410,8 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
     if watch_rdzv:
         watch_rendezvous(net, run, proc, trace)
     try:
-        first = wait_until(lambda: proc.poll() is not None or run.first_step(), START_LIMIT_S,
-                           f"no first step on {n} hosts within {START_LIMIT_S:.0f} s")
+        first = wait_until(lambda: proc.poll() is not None or run.first_step(), start_limit_s,
+                           f"no first step on {n} hosts within {start_limit_s:.0f} s")
         if first is True:
             raise RuntimeError(f"the launcher exited {proc.returncode} before the first step\n{tail(out_path)}")
         watch.note_cpu("first_step")
@@ -586,6 +596,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--with", dest="with_", type=Path, action="append", default=[],
                    help="another run's JSON: its N not run here join the tables, fits and plots")
+    p.add_argument("--spec", type=json.loads, default={},
+                   help='JSON merged into the job spec, e.g. \'{"elastic": {"rendezvous": "torchrun"}}\'')
+    p.add_argument("--start-limit-s", type=float, default=START_LIMIT_S, help="a first step later than this "
+                   "stops the bench at this N")
     p.add_argument("--watch-rendezvous", action="store_true",
                    help="read torch's rendezvous state every 0.25 s from the launcher's host: rounds, drops")
     p.add_argument("--keep", type=Path, default=None, help="copy each run's folder (console, logs) here")
@@ -650,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                         for program in a.programs:
                             say(f"N={n} {PROGRAMS[program]} ...")
                             result = run_one(net, ssh, program, n, not a.no_crash, say, a.keep,
-                                             a.watch_rendezvous)
+                                             a.watch_rendezvous, a.spec, a.start_limit_s)
                             result["figures"] = figures(result)
                             result["load_avg_1m"] = os.getloadavg()[0]
                             results.append(result)
@@ -679,7 +693,7 @@ def write(a: argparse.Namespace, results: list[dict[str, Any]], stopped: dict[in
     path = common.write_result(a.name, {
         "command": common.command_line(), "machine": common.machine(), "nodes": list(a.nodes),
         "with": [str(p) for p in a.with_],
-        "programs": [PROGRAMS[p] for p in a.programs], "crash": not a.no_crash, "results": results,
+        "programs": [PROGRAMS[p] for p in a.programs], "crash": not a.no_crash, "spec": a.spec, "results": results,
         "stopped": {str(k): v for k, v in stopped.items()}, "analysis": analysis,
         "plots": [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in pngs]}, a.out)
     (a.out / f"{a.name}.md").write_text(table)
