@@ -73,7 +73,9 @@ def test_a_slurm_run_folder_keeps_the_script_and_slurms_signal_lead(
     from ddpkit.targets import render
 
     monkeypatch.setenv("DDPKIT_RUNS_DIR", str(tmp_path))
-    ready = prelude(job(nodes=2, slurm={"signal_seconds": 300}), "submit slurm", None)
+    # a checkpoint time that makes the launcher's grace another number than Slurm's signal lead
+    ready = prelude(job(nodes=2, slurm={"signal_seconds": 300}, preemption={"checkpoint_s": 30}), "submit slurm", None)
+    assert ready.spec.grace.launcher_grace_s != 300
     rendered = render(ready.spec, "slurm")
     run = ready.run_folder(RunTarget.SLURM, rendered=rendered)
     record = RunFolder(run.path).record()
