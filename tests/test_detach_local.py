@@ -68,6 +68,14 @@ def kill_all(run_id: str, supervisor: int) -> None:
             pass
 
 
+def _hangs_up_as_a_terminal() -> None:
+    """SIGHUP's default action (the end) in the terminal's shell, as an
+    interactive one has it, even when this test runs under nohup (which
+    every child would otherwise inherit: the shell would outlive the hangup
+    and the supervisor would ignore it whether or not it is detached)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_a_detached_run_outlives_its_terminal_and_completes(tmp_path: Path) -> None:
     runs_dir = tmp_path / "runs"
@@ -76,7 +84,7 @@ def test_a_detached_run_outlives_its_terminal_and_completes(tmp_path: Path) -> N
         ["bash", "-c", f'{sys.executable} -m ddpkit.cli launch local "$@"; echo "RETURNED $?"; exec sleep 600',
          "bash", *job("cut", "--synthetic-size", "256", "--epochs", "2")],
         env=env_of(runs_dir), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_hangs_up_as_a_terminal)
     began = time.monotonic()
     assert terminal.stdout is not None
     said = []
