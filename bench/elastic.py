@@ -67,7 +67,6 @@ from bench.common import ROOT, machine
 from bench.recovery import LOSSES, Measurement, end_frozen, summary, table, take_away, wait_until, work_folder
 from pydantic import ValidationError
 
-from ddpkit.launch.supervise import proctree
 from ddpkit.spec import JobSpec
 
 NODES, MIN_NODES = 3, 2
@@ -246,23 +245,9 @@ def job_spec(work: Path, ckpt: Path, metrics: Path, args: argparse.Namespace, va
 
 # ---- launch local ------------------------------------------------------------------
 
-def node_agent(launcher: int, node: int) -> list[int]:
-    """Node `node`'s torchrun agent under `launch local`, and its workers."""
-    from tests.helpers.elastic_gate import agents_and_workers
-
-    for pid in proctree.descendants(launcher):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"DDPKIT_NODE_RANK={node}".encode() in environ:
-            found = agents_and_workers([pid])
-            if found:
-                return found
-    return []
-
-
 def local_run(args: argparse.Namespace, variant: str, loss: str, node: int) -> Measurement:
+    from tests.helpers.elastic_gate import local_node_agent
+
     with work_folder("ddpkit-bench-elastic-") as work:
         metrics = work / "m.jsonl"
         job_spec(work, work / "ckpt", metrics, args, variant)
@@ -270,7 +255,7 @@ def local_run(args: argparse.Namespace, variant: str, loss: str, node: int) -> M
             proc = subprocess.Popen([DDPKIT, "launch", "local", "-f", str(work / "bench.yaml"), "--log-dir",
                                      str(work / "logs")], stdout=out, stderr=subprocess.STDOUT, cwd=work)
         try:
-            found = lose_a_node(metrics, Node(lambda: node_agent(proc.pid, node)), loss, args.checkpoint_every)
+            found = lose_a_node(metrics, Node(lambda: local_node_agent(proc.pid, node)), loss, args.checkpoint_every)
         finally:
             end_launcher(proc)
         return measured("local", variant, loss, found, metrics, node)

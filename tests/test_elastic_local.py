@@ -31,12 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from ddpkit.launch.supervise import proctree
-from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
+from tests.helpers.elastic_gate import LAST_CALL_S, held_step, local_node_agent, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 from tests.helpers.tiers import full_case
 
@@ -61,25 +60,6 @@ def write_job(folder: Path, ckpt: Path, gate: Path, max_node_failures: int, held
     job = folder / "job.yaml"
     job.write_text(yaml.safe_dump(spec))
     return job
-
-
-def node_agent(launcher: int, node: int) -> list[int]:
-    """Node `node`'s torchrun agent under the launcher, and its workers. By
-    its line (its output's folder, logs/node<N>), not by DDPKIT_NODE_RANK in
-    /proc/PID/environ: an agent forked from launch local's fork server shows
-    the server's environment there, what every node shares."""
-    for pid in proctree.descendants(launcher):
-        try:
-            line = psutil.Process(pid).cmdline()
-        except psutil.Error:
-            continue
-        if "ddpkit.agent" in line and any(arg.startswith("--log-dir=") and arg.endswith(f"/node{node}")
-                                          for arg in line):
-            found = agents_and_workers([pid])
-            if found:
-                return found
-    return []
-
 
 
 BACK_IN = re.compile(r"restart [12] of at most 2; world size (2 -> 3|3, unchanged)")  # rank 0's line, node 2 in
@@ -115,7 +95,7 @@ def test_launch_local_goes_on_without_a_lost_node(tmp_path: Path, lost: int, max
                                 cwd=tmp_path)
     try:
         step = held_step(gate, 3, lambda: None if proc.poll() is None else out.read_text()[-4000:], timeout=300)
-        killed = node_agent(proc.pid, lost)
+        killed = local_node_agent(proc.pid, lost)
         assert killed, f"no agent for node {lost}"
         proctree.signal_all(killed, how)
         release(gate, 3)

@@ -89,7 +89,8 @@ def test_a_rank_stuck_in_its_checkpoint_read_under_launch_ssh(
         text[-6000:]
     # the summary: node 1 stalled in its snapshot read, node 0 stopped
     assert re.search(r"│ node0 │ 13\s+│ stopped\s+│", text) and re.search(r"│ node1 │ 13\s+│ stalled\s+│", text), text
-    assert re.search(r"rank 1 \(node2\): step 0, phase setup, at \S+/torch/serialization\.py", text), text[-6000:]
+    # the cell wraps where the venv's path is long (the call itself: the closing line above)
+    assert "rank 1 (node2): step 0, phase setup, at" in text, text[-6000:]
     assert re.search(STACK_OF_THE_READ, stacks_where_the_console_says(text).read_text())
     assert took < COLLECTIVE_TIMEOUT_S / 6, f"{took:.0f}s from the launch to its end"
     assert job_processes(str(tmp_path)) == []

@@ -72,6 +72,27 @@ def agents_and_workers(pids: list[int]) -> list[int]:
     return found
 
 
+def local_node_agent(launcher: int, node: int) -> list[int]:
+    """Node `node`'s torchrun agent under `launch local` (pid `launcher`),
+    and its workers. By its line (its output's folder, logs/node<N>), not
+    by DDPKIT_NODE_RANK in /proc/PID/environ: an agent forked from launch
+    local's fork server shows the server's environment there, what every
+    node shares."""
+    from ddpkit.launch.supervise import proctree
+
+    for pid in proctree.descendants(launcher):
+        try:
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "ddpkit.agent" in line and any(arg.startswith("--log-dir=") and arg.endswith(f"/node{node}")
+                                          for arg in line):
+            found = agents_and_workers([pid])
+            if found:
+                return found
+    return []
+
+
 def _held_save(self: Any, pos: Any) -> Any:
     path = _real_save(self, pos)  # every rank returns after the barrier: the file is complete
     gate, world = Path(os.environ[GATE_DIR]), self.ctx.world_size
