@@ -50,7 +50,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -64,7 +63,7 @@ from typing import Any, Protocol
 import yaml
 from bench import torchft_anchor
 from bench.common import ROOT, machine
-from bench.recovery import LOSSES, Measurement, end_frozen, summary, table, take_away, wait_until, work_folder
+from bench.recovery import LOSSES, Measurement, end_frozen, end_launcher, summary, table, take_away, wait_until, work_folder
 from pydantic import ValidationError
 
 from ddpkit.spec import JobSpec
@@ -283,17 +282,6 @@ def ssh_hosts() -> Iterator[tuple[Any, Any]]:
                 yield net, hosts
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def end_launcher(proc: subprocess.Popen[Any]) -> None:
-    """Ctrl-C's path: the launcher stops every node (within the grace chain) and exits."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def ssh_run(args: argparse.Namespace, net: Any, hosts: Any, variant: str, loss: str, node: int) -> Measurement:

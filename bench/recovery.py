@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ddpkit.launch.supervise import proctree
 
@@ -53,6 +53,18 @@ class Measurement:
     def row(self) -> str:
         """The table's row label: the loss kind, and the node where it is not the last."""
         return self.loss if self.node is None else f"{self.loss}, node {self.node}"
+
+
+def end_launcher(proc: subprocess.Popen[Any], wait_s: float = 120) -> None:
+    """Ctrl-C's path: the launcher stops every node (within the grace chain)
+    and exits; killed if it has not within `wait_s`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:

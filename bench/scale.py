@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
-from bench.recovery import tail, take_away, wait_until  # noqa: E402
+from bench.recovery import end_launcher, tail, take_away, wait_until  # noqa: E402
 from bench.scale_sim import growth  # noqa: E402
 from tests.infra import netns, sshd  # noqa: E402
 
@@ -450,13 +450,7 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
         proc.returncode = os.waitstatus_to_exitcode(status)
         ended = time.time()
     except BaseException:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end_launcher(proc, wait_s=60)
         say(tail(out_path, 60))
         raise
     finally:
