@@ -80,8 +80,7 @@ def metrics_file(run: StoredRun, given: Path | None = None) -> Path:
         candidates.append(named)
     job = run.record.slurm
     if job is not None:
-        script = Path(job.script)
-        candidates.append(records.slurm_folder(script.parent, script.stem, job.job_id))
+        candidates.append(job.records_folder)
     for path in candidates:
         if path.is_file() and path.stat().st_size > 0 or path.is_dir() and any(path.glob("*.jsonl")):
             return path

@@ -4,9 +4,11 @@ files are these models' JSON; docs/guides/runs.md shows them)."""
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from .. import records
 from ..exitcodes import ExitCode
 
 
@@ -113,6 +115,13 @@ class SlurmJob(_Model):
     rank_per_task: bool  # srun mode: task id == global rank
     signal: str  # preemption.signal, e.g. "USR2": sent to the batch shell first
     signal_grace_s: int  # the Slurm link of the grace chain: signal to scancel
+
+    @property
+    def records_folder(self) -> Path:
+        """Where the job's nodes keep their records: the rendered script's
+        DDPKIT_RECORDS, beside it in the folder it was submitted from."""
+        script = Path(self.script)
+        return records.slurm_folder(script.parent, script.stem, self.job_id)
 
 
 class Applied(_Model):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from .... import records
 from ....exitcodes import ExitCode
@@ -84,16 +83,10 @@ class Slurm:
         return _cancel(StoredRun(run.folder, rec), rec.slurm, now)
 
 
-def records_folder(job: SlurmJob) -> Path:
-    """Where the job's nodes keep their records (the rendered script's DDPKIT_RECORDS)."""
-    script = Path(job.script)
-    return records.slurm_folder(script.parent, script.stem, job.job_id)
-
-
 def record_lines(job: SlurmJob) -> list[str]:
     """What the job's records say: where they are, and each stop (its signal,
     step and checkpoint, per run of a requeued job)."""
-    folder = records_folder(job)
+    folder = job.records_folder
     found = records.read_folder(folder)
     if not found:
         return [f"records   {folder} (none)"]
