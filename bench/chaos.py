@@ -211,9 +211,9 @@ class LocalNodes:
     launcher: int
 
     def pids(self, node: int) -> list[int]:
-        from bench.elastic import node_agent
+        from tests.helpers.elastic_gate import local_node_agent
 
-        return node_agent(self.launcher, node)
+        return local_node_agent(self.launcher, node)
 
     def set_link(self, node: int, up: bool) -> None:
         raise RuntimeError("launch local: one machine, no link to cut")

@@ -19,7 +19,7 @@ import pytest
 
 from ddpkit.launch.supervise import proctree
 from tests.helpers.tiers import one_case_in_ci
-from tests.test_elastic_local import node_agent
+from tests.helpers.elastic_gate import local_node_agent
 from tests.test_preamble import TUTORIAL, Job
 from tests.test_startup import ROOT
 
@@ -62,7 +62,7 @@ def test_a_lost_node_and_the_program_resumes_from_its_own_checkpoint_on_the_two_
     program = PROGRAMS[name]
     job = Job(tmp_path, program.script, *program.args(tmp_path), launch=ELASTIC)
     wait_for_file(program.saved(tmp_path), job)
-    killed = node_agent(job.proc.pid, 2)
+    killed = local_node_agent(job.proc.pid, 2)
     assert killed, f"no agent for node 2:\n{job.text[-4000:]}"
     job.pids |= set(proctree.descendants(job.proc.pid))
     lost_at = time.monotonic()
