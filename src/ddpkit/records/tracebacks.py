@@ -2,7 +2,7 @@
 out as one `traceback` record (records.Traceback: its exception line, and how
 many lines it had) ahead of its lines: a console shows the exception once,
 a node's log keeps every line. Used by the agent, which copies each worker's
-output line by line (agent/tailing.py), and by a launcher's printer for the
+output line by line (agent/tailing.py), and by a launcher's reader (launch/supervise/reader.py) for the
 workers' lines no agent copied (launch ssh, docker: torch's traceback hook
 tags each line with the rank, after a space).
 

@@ -1,44 +1,39 @@
 """A node of a run, whatever carries it (`NodeHandle`: a torchrun agent, a
-container, an SSH session), and the printer of every node's output
-(`LinePrinter`): one prefix per line, torchrun's worker prefix parsed back,
-lines several ranks print at once shown once, and what the summary needs
-from the output: each node's last lines, the workers' cause lines, and the
-records the job and its agent send (ddpkit.records, framed on their
-output): the watchdog's stall, straggler and lost-node reports, an elastic
-job training again, a failed worker's exit code, the same error twice. A record is kept off the
-console (the node's log keeps it); the lines a person reads come beside it.
-The supervisor (launch/supervise/supervisor.py) owns the run; this module only reads."""
+container, an SSH session), and where every node's output goes
+(`LinePrinter`), one line at a time, in three steps: the reader
+(launch/supervise/reader.py) reads each line once into what it holds, lines
+for people and records; each record goes to the run's `Findings`
+(launch/supervise/findings.py: what the summary reads; a node newly reported
+lost is told to the supervisor, whose loop gets it as an event); each line for people, and the
+line a record shows in its place, goes to the console (`ConsoleLines`: one
+prefix per line, lines several ranks print at once shown once). A record is
+kept off the console (the node's log keeps it). The supervisor
+(launch/supervise/supervisor.py) owns the run; this module only reads."""
 
 from __future__ import annotations
 
 import argparse
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from ... import records
-from ...records.tracebacks import Tracebacks
 from .dedup import Dedup, Released, Source
-from .exceptions import Exceptions, RankException
-from .recovery import Recovery
+from .findings import Findings
+from .reader import LineRead, OutputReader, Read, noisy
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from rich.console import Console
 
+    from .recovery import Recovery
+
 NO_EXIT_STATUS = -1  # a node that ended without an exit status (a dropped connection, a removed container)
 
 STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
-# torch's lines that say nothing a person can act on, kept off the console (the node logs
-# keep them): c10d's client looks up the name of the IPv4-mapped form of the address it
-# connected to, which /etc/hosts does not answer, and warns when DNS cannot be reached
-# (hosts named by /etc/hosts alone), once per process that connects.
-NOISE = ("The hostname of the client socket cannot be retrieved.",)
-TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35
 SUMMARY_LINES = 5  # of those, shown in the summary's "first failure" cell
 
 
@@ -73,88 +68,106 @@ class NodeHandle(Protocol):
 
 
 class LinePrinter:
-    """Every node's output, one line at a time, each with one prefix
-    `[<label>]` or `[<label> rank<R>]`, and the last lines of each node.
-    With a `Dedup` (the launchers' default; --no-dedup: none) a line several
-    ranks print at about the same time is shown once with the ranks named
-    (launch/supervise/dedup.py); a thread releases held lines when their time is up,
-    and `close()` releases the rest."""
+    """Every node's output, one line at a time (`line`, from each node's
+    thread): read once (`OutputReader`), its records kept in `findings` (the
+    supervisor's, or its own), its lines for people printed (`ConsoleLines`,
+    with a `Dedup`: the launchers' default; --no-dedup: none). `close()`
+    gives out what is held. `on_lost` is told each node newly reported lost,
+    `on_record` every record framed on the output (a MetricsSink)."""
 
     def __init__(self, console: Console, dedup: Dedup | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.console = console
-        self.dedup, self.clock = dedup, clock
+                 clock: Callable[[], float] = time.monotonic, findings: Findings | None = None) -> None:
+        self.clock = clock
+        self.reader = OutputReader()
+        self.findings = Findings() if findings is None else findings
+        self.out = ConsoleLines(console, dedup, lambda: self.clock())
+        self.on_lost: Callable[[int], None] = lambda _node: None
+        self.on_record: Callable[[records.Stamped], None] = lambda _stamped: None
+        self._lock = threading.Lock()  # one line read, kept and printed at a time: the console keeps their order
+
+    def line(self, node: NodeHandle, text: str) -> None:
+        with self._lock:
+            for read in self.reader.read(node.index, node.label, text, self.clock()):
+                self._hand(read)
+
+    def _hand(self, read: Read) -> None:
+        """A line to the console and the node's tail; a record to the findings."""
+        if isinstance(read, LineRead):
+            self._show(read.node, read.rank, read.prefix, read.body)
+            return
+        if read.framed:
+            self.on_record(records.Stamped(read.record, read.time))
+        taken = self.findings.take(read, self.clock())
+        for node in taken.lost:
+            self.on_lost(node)
+        if taken.shown is not None and not (read.framed and noisy(taken.shown)):
+            self._show(read.node, read.rank, read.prefix, taken.shown)
+
+    def _show(self, node: int, rank: int | None, prefix: str, body: str) -> None:
+        self.findings.shown(node, prefix + body)
+        self.out.show(node, rank, prefix, body)
+
+    def close(self) -> None:
+        """Prints every held line, in order (a traceback never finished: as it
+        came); later lines print at once."""
+        with self._lock:
+            for read in self.reader.close():
+                self._hand(read)
+            self.out.close()
+
+    def forget(self, index: int) -> None:
+        """A node that comes back (elastic) starts without its last failure's code."""
+        with self._lock:
+            self.reader.forget(index)
+            self.findings.forget(index)
+
+    # What callers that hold only the printer read: its findings'.
+
+    @property
+    def recovery(self) -> Recovery:
+        return self.findings.recovery
+
+    def worker_code(self, index: int) -> int | None:
+        return self.findings.worker_code(index)
+
+    def cause_lines(self, first: int | None) -> list[str]:
+        return self.findings.cause_lines(first)
+
+    def stalled_ranks(self) -> list[records.StalledRank]:
+        return self.findings.stalled_ranks()
+
+    def straggler_ranks(self) -> list[records.Straggler]:
+        return self.findings.straggler_ranks()
+
+    def tail(self, node: NodeHandle) -> list[str]:
+        return self.findings.tail(node.index)
+
+
+class ConsoleLines:
+    """Prints each line it is handed, `[<label>] ` or `[<label> rank<R>] `
+    in its node's style. With a `Dedup`, a line several ranks print at about
+    the same time is shown once with the ranks named
+    (launch/supervise/dedup.py); a thread releases held lines when their time
+    is up, and `close()` releases the rest."""
+
+    def __init__(self, console: Console, dedup: Dedup | None, clock: Callable[[], float]) -> None:
+        self.console, self.dedup, self.clock = console, dedup, clock
         self._flusher: threading.Thread | None = None
-        self.tails: dict[int, deque[str]] = {}
-        self._tailed: dict[int, int] = {}  # node index -> lines it ever added to its tail
-        self._cut: dict[int, int] = {}  # node index -> its tail's length when its agent reported a failed worker
-        self.stalled: dict[int, records.StalledRank] = {}  # by rank: what the watchdog's report said
-        self.stragglers: dict[int, records.Straggler] = {}  # by rank: the first time the watchdog named it
-        self.worker_codes: dict[int, int] = {}  # by node index: the first failed worker's code (its agent's record)
-        self.failed_at: dict[int, float] = {}  # by node index: when its first worker failed, on that node's clock
-        self.same_errors: dict[int, records.SameError] = {}  # by node index: its agent saw the same error twice
-        self.worker_ranks: dict[int, int | None] = {}  # by node index: the rank of its first failed worker
-        self.exceptions = Exceptions()  # every worker's exception, from its traceback record
-        self.stopped: records.Stop | None = None  # the job's last stop record: it checkpointed on a stop signal, or not
-        self.causes: dict[str, int] = {}  # each worker's cause line (its `cause` record), once, with its first node
-        self._hidden: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to keep off the console
-        self.recovery = Recovery()  # the watchdog's lost-node report, and when the others trained again
-        self.on_lost: Callable[[int], None] = lambda _node: None  # called with a node newly reported lost
-        self.on_record: Callable[[records.Stamped], None] = lambda _stamped: None  # called with every record read
-        self._held_back: dict[tuple[int, int | None], int] = {}  # (node, rank or None: its agent) -> lines still to keep off
-        self._tracebacks: dict[tuple[int, int], Tracebacks] = {}  # (node, rank): its traceback held till whole
-        self._labels: dict[int, str] = {}  # node index -> its label, for what close() prints
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
 
-    def line(self, node: NodeHandle, text: str) -> None:
-        for piece in glued_apart(text):
-            self._line(node, piece)
-
-    def _line(self, node: NodeHandle, text: str) -> None:
-        match = records.rank_tagged(text)
-        prefix = f"[{node.label} rank{match[0]}] " if match else f"[{node.label}] "
-        body = match[1] if match else text
-        rank = match[0] if match else None
+    def show(self, node: int, rank: int | None, prefix: str, body: str) -> None:
+        style = STYLES[node % len(STYLES)]
         with self._lock:
-            self._labels[node.index] = node.label
-            took = self._took_record(node.index, rank, prefix, body)
-            if took is True:
+            if self.dedup is None:
+                self._print(Released(prefix, style, body))
                 return
-            if isinstance(took, str):
-                body = took  # what the record has shown in place of the lines it announced
-            elif self._hidden.get((node.index, body)):  # a cause line its record announced: shown once, at the end
-                self._hidden[(node.index, body)] -= 1
-                return
-            elif self._held_back.get((node.index, rank)):
-                self._held_back[(node.index, rank)] -= 1  # an agent's report, a traceback: the node's log has it
-                return
-            if any(noise in body for noise in NOISE):
-                return
-            if rank is None or isinstance(took, str):
-                self._show(node.index, rank, prefix, body)
-                return
-            # A rank's own lines that no agent copied (launch ssh, docker): its traceback, one line.
-            tracebacks = self._tracebacks.setdefault((node.index, rank), Tracebacks(at_exception=True))
-            for record, lines in tracebacks.feed([body], self.clock()):
-                shown = ([self._note_exception(node.index, rank, prefix, record)]
-                         if isinstance(record, records.Traceback) else lines)
-                for text in shown:
-                    self._show(node.index, rank, prefix, text)
-
-    def _show(self, index: int, rank: int | None, prefix: str, body: str) -> None:
-        """One line to the console (through dedup) and the node's tail; under the lock."""
-        self._add_to_tail(index, prefix + body)
-        style = STYLES[index % len(STYLES)]
-        if self.dedup is None:
-            self._print(Released(prefix, style, body))
-            return
-        for out in self.dedup.add(Source(index, rank, prefix, style), body, self.clock()):
-            self._print(out)
-        if self._flusher is None:
-            self._flusher = threading.Thread(target=self._flush_loop, name="line dedup", daemon=True)
-            self._flusher.start()
-        self._wake.notify()
+            for out in self.dedup.add(Source(node, rank, prefix, style), body, self.clock()):
+                self._print(out)
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, name="line dedup", daemon=True)
+                self._flusher.start()
+            self._wake.notify()
 
     def _print(self, out: Released) -> None:
         from rich.text import Text
@@ -172,175 +185,13 @@ class LinePrinter:
                         self._print(out)
 
     def close(self) -> None:
-        """Prints every held line, in order (a traceback never finished: as it
-        came); later lines print at once."""
+        """Prints every held line, in order; later lines print at once."""
         with self._lock:
-            for (index, rank), tracebacks in self._tracebacks.items():
-                prefix = f"[{self._labels.get(index, f'node{index}')} rank{rank}] "
-                for record, lines in tracebacks.close():
-                    shown = ([self._note_exception(index, rank, prefix, record)]
-                             if isinstance(record, records.Traceback) else lines)
-                    for text in shown:
-                        self._show(index, rank, prefix, text)
-            self._tracebacks.clear()
             if self.dedup is not None:
                 for out in self.dedup.drain():
                     self._print(out)
                 self.dedup = None
                 self._wake.notify_all()
-
-    def _took_record(self, index: int, rank: int | None, prefix: str, body: str) -> bool | str:
-        """Notes the record a framed line holds; False for any other line, and
-        for a record this launcher cannot read (shown as it came); the line to
-        show for a record that stands for the lines after it (a traceback)."""
-        try:
-            stamped = records.unframe(body)
-        except records.RecordError:
-            return False
-        if stamped is None:
-            return False
-        self.on_record(stamped)
-        record = stamped.record
-        if isinstance(record, records.Stall):
-            self.stalled.update((s.rank, s) for s in record.stalled)
-        elif isinstance(record, records.Straggler) and record.slow:
-            self.stragglers.setdefault(record.rank, record)
-        elif isinstance(record, records.NodeLost):
-            for lost in self.recovery.node_lost(record, self.clock()):
-                self.on_lost(lost)
-        elif isinstance(record, records.Reformed):
-            self.recovery.trained_again(record, self.clock())
-        elif isinstance(record, records.WorkerExit) and index not in self.worker_codes:
-            self.worker_codes[index], self.worker_ranks[index] = record.exitcode, record.rank
-            if stamped.time is not None:
-                self.failed_at[index] = stamped.time
-            self._add_to_tail(index, prefix + record.line)
-            self._cut[index] = self._tailed[index]
-        elif isinstance(record, records.SameError):
-            self.same_errors.setdefault(index, record)
-        elif isinstance(record, records.Stop):
-            self.stopped = record
-        elif isinstance(record, records.AgentReport):
-            self._held_back[(index, None)] = record.lines
-        elif isinstance(record, records.Traceback):
-            self._held_back[(index, rank)] = record.lines
-            return self._note_exception(index, rank, prefix, record)
-        elif isinstance(record, records.Cause):
-            self.causes.setdefault(record.line, index)  # shown once, at the end (Supervisor.summary)
-            self._hidden[(index, record.line)] = self._hidden.get((index, record.line), 0) + 1
-        return True
-
-    def _note_exception(self, index: int, rank: int | None, prefix: str, record: records.Traceback) -> str:
-        """A worker's exception, for the summary's cell (launch/supervise/exceptions.py);
-        the line the console shows for it (a knock-on says so)."""
-        return self.exceptions.note(index, rank, prefix, record, late=index in self.worker_codes)
-
-    def exception(self, index: int) -> RankException | None:
-        """The exception that failed node `index` (not a knock-on where it raised one of its own), if any."""
-        with self._lock:
-            return self.exceptions.of_node(index, self.worker_ranks.get(index))
-
-    def exception_nodes(self) -> tuple[set[int], set[int]]:
-        """The nodes with an exception of their own, and those whose every exception was a knock-on."""
-        with self._lock:
-            return self.exceptions.own(), self.exceptions.knocked_on()
-
-    def _add_to_tail(self, index: int, line: str) -> None:
-        self.tails.setdefault(index, deque(maxlen=TAIL_LINES)).append(line)
-        self._tailed[index] = self._tailed.get(index, 0) + 1
-
-    def worker_code(self, index: int) -> int | None:
-        with self._lock:
-            return self.worker_codes.get(index)
-
-    def same_error(self, index: int) -> records.SameError | None:
-        """The same error twice, as node `index`'s agent said it (a bug: it stopped restarting)."""
-        with self._lock:
-            return self.same_errors.get(index)
-
-    def worker_failed_at(self) -> dict[int, float]:
-        with self._lock:
-            return dict(self.failed_at)
-
-    def forget(self, index: int) -> None:
-        """A node that comes back (elastic) starts without its last failure's code."""
-        with self._lock:
-            self.worker_codes.pop(index, None)
-            self.failed_at.pop(index, None)
-            self.same_errors.pop(index, None)
-            self.worker_ranks.pop(index, None)
-            self.exceptions.forget(index)
-            self._cut.pop(index, None)
-            for key in [key for key in self._held_back if key[0] == index]:
-                del self._held_back[key]
-            self.recovery.forget(index)
-
-    def cause_lines(self, first: int | None) -> list[str]:
-        """Every worker cause line once, the first failed node's last."""
-        with self._lock:
-            causes = list(self.causes.items())
-        return [c for c, n in causes if n != first] + [c for c, n in causes if n == first]
-
-    def stop_record(self) -> records.Stop | None:
-        with self._lock:
-            return self.stopped
-
-    def stalled_ranks(self) -> list[records.StalledRank]:
-        with self._lock:
-            return sorted(self.stalled.values(), key=lambda s: s.rank)
-
-    def straggler_ranks(self) -> list[records.Straggler]:
-        with self._lock:
-            return sorted(self.stragglers.values(), key=lambda s: s.rank)
-
-    def tail(self, node: NodeHandle) -> list[str]:
-        """The node's last lines; when its agent reported a failed worker,
-        the lines before that and the worker's exit code."""
-        with self._lock:
-            lines = list(self.tails.get(node.index, ()))
-            after = self._tailed.get(node.index, 0) - self._cut.get(node.index, self._tailed.get(node.index, 0))
-        return lines[:len(lines) - after]
-
-
-def glued_apart(text: str) -> list[str]:
-    """One read line as the lines its writers meant. Where a worker's output
-    shares the agent's stream (launch ssh, docker), an unfinished line (a bar
-    without its newline, a process killed mid-line) gets the next writer's
-    line glued to it: a record's frame, torch's rank-tagged warning. Each
-    starts a line of its own."""
-    pieces: list[str] = []
-    for part in _split_before(text, records.FRAME):
-        tag = records.rank_tagged(part)
-        if records.is_frame(tag[1] if tag else part):
-            pieces.append(part)
-            continue
-        drawn = f"{records.RANK_TAG_OPEN}{tag[0]}{records.RANK_TAG_CLOSE}{as_drawn(tag[1])}" if tag else as_drawn(part)
-        starts = [0, *records.tag_starts(drawn)]
-        pieces += [drawn[a:b] for a, b in zip(starts, [*starts[1:], len(drawn)])]
-    return [piece for index, piece in enumerate(pieces) if piece or index == 0]
-
-
-def _split_before(text: str, marker: str) -> list[str]:
-    """`text` cut before each `marker` after its start, except after a bare
-    rank tag (torchrun's `[rank0]:` before a record is the record's own)."""
-    parts, start = [], 0
-    at = text.find(marker, 1)
-    while at > 0:
-        if not records.is_bare_tag(text[start:at]):
-            parts.append(text[start:at])
-            start = at
-        at = text.find(marker, at + 1)
-    return [*parts, text[start:]]
-
-
-def as_drawn(line: str) -> str:
-    """A line redrawn with carriage returns (a progress bar whose output no
-    agent copied line by line: launch ssh, docker) as a terminal shows it:
-    its last state, not one line per redraw."""
-    if "\r" not in line:
-        return line
-    states = [state for state in line.split("\r") if state.strip()]
-    return states[-1] if states else ""
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from ...records import LostRank, NodeLost, Reformed
 
 @dataclass
 class Recovery:
-    """Fed the job's `lost` and `reformed` records (LinePrinter) with the supervisor's clock."""
+    """Fed the job's `lost` and `reformed` records (launch/supervise/findings.py) with the supervisor's clock."""
 
     lost: dict[int, LostRank] = field(default_factory=dict)  # by rank
     silent_since: dict[int, float] = field(default_factory=dict)  # node -> when its silence began

@@ -1,5 +1,5 @@
 """The stragglers a job's watchdog named (its `straggler` records, which
-LinePrinter keeps), as the launcher's summary shows them: a `straggler`
+the run's Findings keep), as the launcher's summary shows them: a `straggler`
 column, shown when there is one."""
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from ...exitcodes import ExitCode
 from ...runs import NodeRow, RunFolder, RunSummary
 from .dedup import Dedup
 from .events import ElasticPolicy, Event, EventSource, NodeExited, NodeReportedLost, NodeReturned, StopRequested
+from .findings import Findings
 from .interrupt import interrupts_raise
 from .metricsink import MetricsSink
 from .nodeoutput import NO_EXIT_STATUS, SUMMARY_LINES, LinePrinter, NodeHandle
@@ -70,7 +71,8 @@ class Supervisor:
         self._cancel = threading.Event()  # the run ended: stop reviving
         self.console = summary_console or console  # where the summary goes
         self.sources = list(sources)
-        self.printer = LinePrinter(console, Dedup(ranks) if dedup else None)
+        self.findings = Findings()  # what the job's output said: failures, reports, last lines
+        self.printer = LinePrinter(console, Dedup(ranks) if dedup else None, findings=self.findings)
         self.events: queue.Queue[Event] = queue.Queue()
         self.printer.on_lost = lambda index: self.events.put(NodeReportedLost(index))
         if metrics is not None:
@@ -126,18 +128,24 @@ class Supervisor:
             self._stop_excluded(outcome)
         outcome.elapsed_s = time.monotonic() - began
         self.printer.close()  # every node has ended: what is held is printed, before the summary
-        outcome.stalled = self.printer.stalled_ranks()
-        outcome.stragglers = self.printer.straggler_ranks()
-        outcome.stopped_at = self.printer.stop_record()
-        outcome.lost = sorted((x for x in self.printer.recovery.lost.values() if not self._own_exit(x.node)),
-                              key=lambda x: x.rank)
         read_first = outcome.first_failure
-        outcome.blame_earliest(self.printer.worker_failed_at())
-        outcome.blame_own_error(*self.printer.exception_nodes())
-        outcome.blame_lost()
-        outcome.worker_codes = {n.index: c for n in self.nodes if (c := self.printer.worker_code(n.index)) is not None}
+        self._read_findings(outcome)
         self._note_end(outcome, read_first)
         return outcome
+
+    def _read_findings(self, outcome: Outcome) -> None:
+        """What the job's output said, onto the outcome: the watchdog's reports,
+        the stop record, the workers' failures; and who failed first by them."""
+        findings = self.findings
+        outcome.stalled = findings.stalled_ranks()
+        outcome.stragglers = findings.straggler_ranks()
+        outcome.stopped_at = findings.stop_record()
+        outcome.lost = sorted((x for x in findings.recovery.lost.values() if not self._own_exit(x.node)),
+                              key=lambda x: x.rank)
+        outcome.blame_earliest(findings.worker_failed_at())
+        outcome.blame_own_error(*findings.exception_nodes())
+        outcome.blame_lost()
+        outcome.worker_codes = {n.index: c for n in self.nodes if (c := findings.worker_code(n.index)) is not None}
 
     def _in(self, *states: NodeState) -> list[NodeTrack]:
         return [t for t in self.tracks.values() if t.state in states]
@@ -223,7 +231,7 @@ class Supervisor:
     def _same_error_node(self) -> NodeTrack | None:
         """The running node whose agent said it saw the same error twice, if one did."""
         return next((t for t in self.tracks.values()
-                     if t.state is NodeState.RUNNING and self.printer.same_error(t.index) is not None), None)
+                     if t.state is NodeState.RUNNING and self.findings.same_error(t.index) is not None), None)
 
     def _stop_lost(self, track: NodeTrack) -> None:
         """A node the job's watchdog found silent: stopped (TERM, then KILL:
@@ -311,7 +319,7 @@ class Supervisor:
         first = None if outcome.first_failure is None else outcome.first_failure.index
         record = RunSummary(title=text.title, elapsed_s=outcome.elapsed_s,
                             rows=[self._row(node, outcome) for node in self.nodes],
-                            closing=self.closing_line(outcome, text), causes=self.printer.cause_lines(first),
+                            closing=self.closing_line(outcome, text), causes=self.findings.cause_lines(first),
                             problems=list(outcome.problems))
         self.console.print(summary_table(record))
         for problem in record.problems:
@@ -346,11 +354,11 @@ class Supervisor:
             return "\n".join(f"rejoined after: {why}" for why in track.rejoined_after)
         if outcome.stalled or (node is not outcome.first_failure and not excluded):
             return ""
-        exception = self.printer.exception(node.index)
+        exception = self.findings.exception(node.index)
         if exception is not None:  # its cause, not the warnings printed before it
             at = [f"at {exception.at}"] if exception.at else []
             return "\n".join([self.reason(node, outcome), exception.line, *at, f"its traceback: {self._log_of(node)}"])
-        return "\n".join([self.reason(node, outcome), *self.printer.tail(node)[-SUMMARY_LINES:]])
+        return "\n".join([self.reason(node, outcome), *self.findings.tail(node.index)[-SUMMARY_LINES:]])
 
     def _log_of(self, node: NodeHandle) -> str:
         """Where the node's whole output is: its log in the run's record, else "the node's log"."""
@@ -361,14 +369,14 @@ class Supervisor:
         return next((log.path for log in logs if log.node == node.index), "the node's log")
 
     def reason(self, node: NodeHandle, outcome: Outcome | None = None) -> str:
-        lost = self.printer.recovery.of_node(node.index)
+        lost = self.findings.recovery.of_node(node.index)
         if lost is not None and not self._own_exit(node.index):
             return lost.reason
-        code = node_code(node, self.printer.worker_code(node.index)) if outcome is None else outcome.node_code(node)
-        same = self.printer.same_error(node.index)
+        code = node_code(node, self.findings.worker_code(node.index)) if outcome is None else outcome.node_code(node)
+        same = self.findings.same_error(node.index)
         if same is not None and code in (ExitCode.SAME_ERROR, ExitCode.FAILED):
             return same.verdict
         return node.no_status_reason() if code == NO_EXIT_STATUS else f"exit status {code}"
 
     def closing_line(self, outcome: Outcome, text: RunText) -> str:
-        return closing_line(outcome, text, lambda node: self.reason(node, outcome), self.printer.recovery.summary())
+        return closing_line(outcome, text, lambda node: self.reason(node, outcome), self.findings.recovery.summary())
