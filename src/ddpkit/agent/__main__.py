@@ -77,7 +77,16 @@ def same_error_twice() -> NoReturn:
     """End the agent on the same error twice (agent/sameerror.py; its
     handler announced it): ExitCode.SAME_ERROR, no restart, and no requeue
     of a Slurm job. torchrun has stopped the workers."""
-    sys.exit(ExitCode.SAME_ERROR)
+    end_failed(ExitCode.SAME_ERROR)
+
+
+def end_failed(code: int) -> NoReturn:
+    """End the agent after its workers failed, with `code`; a Slurm job's
+    batch script is told when the first of them failed (nodefailure.py)."""
+    from . import handler, nodefailure
+
+    nodefailure.leave(code, handler.FIRST_FAILURE[0] if handler.FIRST_FAILURE else None)
+    sys.exit(code)
 
 
 def own_code(failed: ChildFailedError) -> int:
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         rendezvous.register()
     name_control_store(args, os.environ)
     tailing.install()
-    stopping.install()
+    stopping.install(handler.a_worker_ended)
     share_cores(args.nproc_per_node, os.environ)
     started: zygote.Zygote | None = None
     why = handler.unsupported()
@@ -123,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             stopping.ending()
     except sameerror.SameErrorTwice:
         same_error_twice()
-    except ChildFailedError as failed:
+    except ChildFailedError as failure:
         if handler.repeated() is not None:  # the same error twice, with no restart left anyway
             same_error_twice()
         # torchrun's report on a failed worker (its traceback and summary box)
@@ -132,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         text = worker.exception_text(skipping=(__name__,))
         records.emit(records.AgentReport(lines=text.count("\n")))
         sys.stderr.write(text)
-        sys.exit(own_code(failed))
+        end_failed(own_code(failure))
     except SignalException as exc:
         # Stopped by a signal (Ctrl-C, a launcher's or scheduler's stop), a normal end: torch's traceback
         # says only where its loop was when the signal came, so one line says what happened instead.

@@ -74,6 +74,10 @@ class ForkedProc:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def ended(self) -> bool:
+        """Whether it ended, known or not: no lock and no read of the zygote (safe in a signal handler)."""
+        return self.returncode is not None or self._pidfd < 0 or _ended(self._pidfd, 0.0)
+
     def _returncode(self, timeout: float) -> int | None:
         if self.returncode is None:
             self.returncode = self._zygote.returncode(self.pid, timeout)
@@ -114,17 +118,36 @@ class Watched:
     def __getattr__(self, name: str) -> Any:  # pid, args, returncode, send_signal ...: the process's own
         return getattr(self.proc, name)
 
+    def ended_unstopped(self) -> bool:
+        """Whether it ended with nobody stopping it, seen or not yet by torchrun:
+        no lock, no read (safe in a signal handler)."""
+        if self.stopping:
+            return False
+        if isinstance(self.proc, ForkedProc):
+            return self.proc.ended()
+        return self.proc.returncode is not None or _exited_unreaped(int(self.proc.pid))
+
     def _noted(self, code: int | None) -> int | None:
         if code and not self._said and not self.stopping:
             self._said = True
             # When, on this node's clock: a launcher orders the nodes' failures by it.
+            at = time.time()
+            FIRST_FAILURE.append(at)
             records.emit(records.WorkerExit(rank=self._rank, local_rank=self._local_rank, pid=int(self.proc.pid),
-                                            exitcode=code), time=time.time())
+                                            exitcode=code), time=at)
             if code > 0:  # it ended by itself: an exception it noted, or an exit of its own
                 repeated = MEMORY.failed(sameerror.read(self._failure_file), self._rank, self._restart)
                 if repeated is not None:
                     sameerror.announce(repeated)
         return code
+
+
+def _exited_unreaped(pid: int) -> bool:
+    """Whether this process's child `pid` exited, without reaping it (Popen's wait still learns its code)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped already
 
 
 def _int(value: str | None) -> int | None:
@@ -181,6 +204,8 @@ def with_runner(args: Sequence[str]) -> list[str]:
 
 STOPPED_GRACE_S = 10.0  # a worker stopped when asked to stop is killed when still stopped this long after
 _STARTED: list[int] = []  # one entry per worker started
+_WATCHED: list[Watched] = []  # the workers of this agent not yet stopped by torchrun
+FIRST_FAILURE: list[float] = []  # when (time.time()) each failure of a worker was seen, the first first
 MEMORY = sameerror.Memory()  # what this agent's workers failed with, per start: the same error twice is a bug
 
 
@@ -205,6 +230,20 @@ def with_failure_file(env: dict[str, str]) -> dict[str, str]:
     return {**env, envnames.DDPKIT_FAILURE_FILE: path}
 
 
+def a_worker_ended() -> bool:
+    """Whether a worker of this agent ended before torchrun stopped it (it
+    failed, or finished), which torchrun's monitor may not have seen yet: asked
+    by agent/stopping.py's handler of a stop signal, so no lock and no read."""
+    return any(watched.ended_unstopped() for watched in list(_WATCHED))
+
+
+def watch(watched: Watched) -> Watched:
+    """`watched`, kept among this agent's workers (those torchrun stopped let go)."""
+    _WATCHED[:] = [w for w in _WATCHED if not w.stopping]
+    _WATCHED.append(watched)
+    return watched
+
+
 def workers_started() -> int:
     """How many workers this agent started: none until a rendezvous formed."""
     return len(_STARTED)
@@ -226,8 +265,8 @@ def install(zygote: Zygote | None) -> None:
                                       _name(getattr(self, "_stderr", None)))
                 pid = zygote.spawn(request) if request is not None else None
                 if pid is not None:
-                    return Watched(ForkedProc(zygote, pid, args), env)
-            return Watched(super()._popen(tuple(with_runner(args)), env), env)
+                    return watch(Watched(ForkedProc(zygote, pid, args), env))
+            return watch(Watched(super()._popen(tuple(with_runner(args)), env), env))
 
         def close(self, death_sig: signal.Signals | None = None) -> None:
             """torch's close (killpg of the worker's session, then its files), for

@@ -19,7 +19,14 @@ requeues on the pre-emption signal only); torch's two shutdown warnings are
 not logged; and `stopped_line` says what happened instead, from the
 workers' exit codes.
 A worker that failed by itself is not a stop: it still reaches ChildFailedError
-and its cause line, as before.
+and its cause line, as before. That holds when the stop signal comes after
+the worker ended and before torch's monitor saw it (every monitor_interval,
+0.1 s): srun's --kill-on-bad-exit sends SIGTERM to every node as soon as the
+first one's agent ended, and a node whose own worker failed a moment later
+(a stall every rank saw) would otherwise end as stopped by SIGTERM, its
+worker's code lost. Such a signal waits for the monitor's next look
+(`_looked_at`): a failure ends the agent with its worker's code, a group
+still running is stopped then.
 """
 
 from __future__ import annotations
@@ -54,9 +61,18 @@ class SignalShutdown:
     ending: bool = False  # torchrun's run is over (its workers ended on their own): the agent exits
     in_shutdown: bool = False  # torch's shutdown of the workers runs now (a restart's, or the run's last)
     deferred: int | None = None  # a first stop signal that came during it: raised when the workers would start again
+    watching: bool = False  # torch's monitor looks at running workers (from their start until they all succeeded)
+    failed: bool = False  # the monitor found a worker failed: the run ends, or restarts its workers
 
 
 LAST = SignalShutdown()
+# Whether one of this agent's workers ended before anyone stopped it, asked in a signal handler (no lock,
+# no read of the zygote: handler.a_worker_ended); nothing can say so until `install` is told.
+def _none_known() -> bool:
+    return False
+
+
+_worker_ended: Callable[[], bool] = _none_known
 
 
 class QuietShutdown(logging.Filter):
@@ -64,10 +80,15 @@ class QuietShutdown(logging.Filter):
         return record.msg not in SHUTDOWN_CHATTER
 
 
-def install() -> None:
-    """torch's stop signal handler replaced (`on_stop_signal`), how the shutdown ended noted, its chatter dropped."""
+def install(worker_ended: Callable[[], bool] | None = None) -> None:
+    """torch's stop signal handler replaced (`on_stop_signal`), how the shutdown ended noted, its chatter dropped;
+    `worker_ended`: whether a worker ended before torch stopped it (safe in a signal handler)."""
+    global _worker_ended
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import api
+
+    if worker_ended is not None:
+        _worker_ended = worker_ended
 
     for name in TORCH_LOGGERS:
         logger = logging.getLogger(name)
@@ -84,6 +105,9 @@ def install() -> None:
     if not getattr(LocalElasticAgent._initialize_workers, "ddpkit_noted", False):
         LocalElasticAgent._initialize_workers = _deferred_first(  # type: ignore[method-assign]
             LocalElasticAgent._initialize_workers)
+    if not getattr(LocalElasticAgent._monitor_workers, "ddpkit_noted", False):
+        LocalElasticAgent._monitor_workers = _looked_at(  # type: ignore[method-assign]
+            LocalElasticAgent._monitor_workers)
 
 
 def _noting(shutdown: Callable[..., None]) -> Callable[..., None]:
@@ -144,17 +168,48 @@ def _deferred_first(initialize: Callable[..., None]) -> Callable[..., None]:
     """torch's start of the workers, which raises first a stop signal that
     came while the workers of a failed round were being stopped (a restart):
     the agent then stops as if it had come a moment later."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     def _initialize_workers(self: Any, *args: Any, **kwargs: Any) -> None:
-        if LAST.deferred is not None:
-            sig, LAST.deferred = LAST.deferred, None
-            LAST.first, LAST.at = sig, time.monotonic()
-            raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=signal.Signals(sig))
+        LAST.failed = LAST.watching = False
+        _raise_deferred()
         initialize(self, *args, **kwargs)
+        LAST.watching = True
 
     _initialize_workers.ddpkit_noted = True  # type: ignore[attr-defined]
     return _initialize_workers
+
+
+def _looked_at(monitor: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's look at the workers (every monitor_interval), which decides a
+    stop signal that came after a worker ended and before this look
+    (`on_stop_signal`): a failed group ends the run (the signal noted) or
+    restarts, which raises it first (`_deferred_first`); a group still running
+    (or all done) is stopped now, as if the signal had just come."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    def _monitor_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = monitor(self, *args, **kwargs)
+        state = getattr(result, "state", None)
+        if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            LAST.failed = True
+        else:
+            _raise_deferred()
+            if state == WorkerState.SUCCEEDED:
+                LAST.watching = False
+        return result
+
+    _monitor_workers.ddpkit_noted = True  # type: ignore[attr-defined]
+    return _monitor_workers
+
+
+def _raise_deferred() -> None:
+    """The stop signal held back (`on_stop_signal`), raised now as torch's handler would have raised it."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if LAST.deferred is not None:
+        sig, LAST.deferred = LAST.deferred, None
+        LAST.first, LAST.at = sig, time.monotonic()
+        raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=signal.Signals(sig))
 
 
 def on_stop_signal(signum: int, frame: FrameType | None) -> None:
@@ -166,15 +221,20 @@ def on_stop_signal(signum: int, frame: FrameType | None) -> None:
     their checkpoint. Later than that and with no shutdown begun, something
     swallowed the first, and it is raised again. Once torchrun's run is over
     (`ending`), every stop signal is noted; a first one during torch's own
-    stop of the workers is noted and raised when they would start again
-    (`_deferred_first`): the run's last stop ends the agent anyway."""
+    stop of the workers, or once its monitor found a worker failed, is noted
+    and raised when they would start again (`_deferred_first`): the run's last
+    stop ends the agent anyway. A first one after a worker ended, before the
+    monitor's next look, is held for that look (`_looked_at`), which tells a
+    failure (the agent ends with its worker's code) from a stop."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     now = time.monotonic()
     if LAST.ending or (LAST.first is not None and (LAST.stopping or now - LAST.at < REPEAT_S)):
         LAST.later.append(signum)
         return
-    if LAST.in_shutdown:  # torch's own stop of the workers runs: raised, it would cut short its waits
+    # torch's own stop of the workers runs (raised, it would cut short its waits), or a worker failed
+    # or ended unseen (the failure, not the stop, says how this node ended), or one is held already
+    if LAST.deferred is not None or LAST.in_shutdown or LAST.failed or (LAST.watching and _worker_ended()):
         LAST.deferred = signum if LAST.deferred is None else LAST.deferred
         return
     LAST.first, LAST.at = signum, now
