@@ -408,3 +408,66 @@ def test_verify_refuses_a_changed_image() -> None:
     rendered.files["tj.sbatch"] = rendered.files["tj.sbatch"].replace("ghcr.io#org", "ghcr.io/org")
     with pytest.raises(RenderError, match="container-image"):
         slurm.verify(spec, rendered)
+
+
+# ---- the job's exit code after a node failed: the first failure's, not srun's highest -----------
+
+FAILING_SRUN = """#!/bin/bash
+# stand-in srun: the agents named in $FAILED (host:code:time ...) leave their failure as the agent
+# does (agent/nodefailure.py), then the step ends with $SRUN_STATUS; $SIGNAL_BATCH: the batch shell
+# gets that signal first, as from scancel or a pre-emption
+[ -n "${SIGNAL_BATCH:-}" ] && kill -s "$SIGNAL_BATCH" "$PPID" && sleep 0.5
+for failed in ${FAILED:-}; do
+  IFS=: read -r host code at <<< "$failed"
+  SLURMD_NODENAME="$host" "$PYTHON" -c "$LEAVE" "$code" "$at"
+done
+exit "$SRUN_STATUS"
+"""
+
+LEAVE = "import sys; from ddpkit.agent import nodefailure; nodefailure.leave(int(sys.argv[1]), float(sys.argv[2]))"
+
+
+def run_failing_step(tmp: Path, srun_status: int, failed: str, restart: int = 0,
+                     signal: str = "") -> subprocess.CompletedProcess[str]:
+    """The rendered batch script with a step whose tasks ended as `failed` says (host:code:time ...)."""
+    for name, text in (("srun", FAILING_SRUN), ("scontrol", SCONTROL)):
+        (tmp / name).write_text(text)
+        (tmp / name).chmod(0o755)
+    script = tmp / "job.sbatch"
+    script.write_text(script_text(spec_for("slurm.requeue=false")))
+    env = {"PATH": f"{tmp}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[a-b]",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(tmp), "SLURM_RESTART_COUNT": str(restart),
+           "SRUN_STATUS": str(srun_status), "FAILED": failed, "SIGNAL_BATCH": signal,
+           "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src"), "LEAVE": LEAVE}
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=False, timeout=60)
+
+
+def test_the_job_ends_with_the_code_of_the_node_that_failed_first(tmp_path: Path) -> None:
+    """gpu-b's workers stalled first (13); gpu-a's a moment later, or srun stopped it (143): srun's 143."""
+    done = run_failing_step(tmp_path, 143, "gpu-a:1:1700000000.9 gpu-b:13:1700000000.5")
+    assert done.returncode == 13, done.stderr
+    assert ("ddpkit: job step ended with status 143; gpu-b failed first, with exit code 13, and srun stopped "
+            "the other nodes: the job's exit code is 13") in done.stderr
+    assert (tmp_path / "tj-4242.records" / "gpu-b.run0.failed").read_text() == "1700000000500000 13\n"
+
+
+@pytest.mark.parametrize(("why", "srun_status", "failed", "restart", "signal"), [
+    ("no agent said it failed (killed, or no records folder)", 143, "", 0, ""),
+    ("a failure an earlier run of the requeued job left", 143, "gpu-b:13:1700000000.5", 1, ""),
+    ("a stop the batch shell forwarded (scancel, pre-emption)", 143, "gpu-b:13:1700000000.5", 0, "TERM"),
+    ("srun's status is the first failure's already", 13, "gpu-b:13:1700000000.5", 0, ""),
+])
+def test_srun_status_stands(tmp_path: Path, why: str, srun_status: int, failed: str, restart: int,
+                            signal: str) -> None:
+    if restart:  # run 0 left it; this is run 1
+        run_failing_step(tmp_path, srun_status, failed, 0)
+        failed = ""
+    done = run_failing_step(tmp_path, srun_status, failed, restart, signal)
+    assert done.returncode == srun_status and "failed first" not in done.stderr, (why, done.stderr)
+
+
+def test_an_elastic_or_srun_mode_script_reads_no_failure_files() -> None:
+    """Elastic: no --kill-on-bad-exit (nothing stops the others); srun mode: no agent writes them."""
+    assert "failed first" in script_text(spec_for())
+    for overrides in (("slurm.mode=srun",), ("elastic.min_nodes=1",)):
+        assert "failed first" not in script_text(spec_for(*overrides)), overrides

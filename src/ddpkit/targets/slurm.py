@@ -202,6 +202,13 @@ class SlurmPlan:
         return None if is_ddpkit_module(self.spec.command.module) else METRICS_TO_LAUNCHER
 
     @property
+    def failed_file(self) -> str:
+        """Where the agent on node `$host` left when its workers failed and its
+        exit code (agent/nodefailure.FILE, in the records folder; this run's:
+        a requeued job keeps its id), as the batch shell expands it."""
+        return '${DDPKIT_RECORDS}/${host}.run${SLURM_RESTART_COUNT:-0}.failed'
+
+    @property
     def left_behind_s(self) -> int:
         """Whole seconds an elastic step's tasks may outlive finished training
         (templates/slurm: a node the others left behind): watchdog.loss_s."""
