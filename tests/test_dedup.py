@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ddpkit.launch.supervise.dedup import Dedup, Released, Source, ranges
+from ddpkit.launch.supervise.dedup import Dedup, Released, Source, merge_key, ranges
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
 
 WARN = "UserWarning: something every rank says"
@@ -135,6 +135,53 @@ def test_a_rank_line_and_an_agent_line_with_the_same_text_stay_apart() -> None:
     d.add(node(0), "same text", 0.0)
     d.add(rank(0), "same text", 0.0)
     assert lines(d.due(1.0)) == ["[node0] same text", "[node0 rank0] same text"]
+
+
+def test_the_same_warning_from_every_rank_is_one_line_whatever_its_timestamps() -> None:
+    """torch's C++ warning header names its time and process id, which differ
+    in every rank's copy: merged all the same, shown as the first copy came."""
+    d = Dedup(ranks=4, window_s=1.0)
+    copies = [f"[W1127 10:00:0{r}.{r}00000 {70 + r} reducer.cpp:1529] Warning: find_unused_parameters=True"
+              for r in range(4)]
+    for r in range(3):
+        assert d.add(rank(r), copies[r], 0.1 * r) == []
+    assert lines(d.add(rank(3), copies[3], 0.3)) == [f"[all 4 ranks] {copies[0]}"]
+
+
+def test_python_loggings_time_is_masked_too_and_rankless_copies_merge_by_node() -> None:
+    d = Dedup(ranks=4, window_s=1.0)
+    d.add(node(0), "2026-11-27 10:00:00,123 WARNING the store is slow", 0.0)
+    d.add(node(1), "2026-11-27 10:00:00,456 WARNING the store is slow", 0.1)
+    assert lines(d.due(1.0)) == ["[nodes 0-1] 2026-11-27 10:00:00,123 WARNING the store is slow"]
+
+
+def test_a_time_in_the_message_and_another_message_are_never_merged() -> None:
+    d = Dedup(ranks=2, window_s=1.0)
+    d.add(rank(0), "step 5 at 10:00:01", 0.0)
+    d.add(rank(1), "step 5 at 10:00:02", 0.0)
+    d.add(rank(0), "[W1127 10:00:01.1 77 a.cpp:1] one", 0.0)
+    d.add(rank(1), "[W1127 10:00:01.2 78 a.cpp:1] two", 0.0)
+    d.add(rank(0), "[E1127 10:00:01.1 77 a.cpp:1] one", 0.0)  # another severity: its own line
+    assert len(d.drain()) == 5
+
+
+def test_merge_key_masks_only_a_headers_time_and_process_id() -> None:
+    assert merge_key("W1127 10:00:00.123000 140 torch/distributed/run.py:793] x") == \
+        merge_key("W1128 11:22:33.999999 999 torch/distributed/run.py:793] x")
+    assert merge_key("[W1127 reducer.cpp:1529] Warning") == "[W1127 reducer.cpp:1529] Warning"  # no time
+    assert merge_key("W1127 10:00:00.1 77 done later") != merge_key("W1127 10:00:00.1 78 done later")  # no file:line]
+    assert merge_key("[2026-11-27T10:00:00] z") == merge_key("[2026-11-28T09:59:59] z")
+    for plain in ("step 10:00:00 done", "", "[", "W1127 1", "2026-11-27"):
+        assert merge_key(plain) == plain
+
+
+def test_the_line_printer_merges_torch_warnings_from_two_nodes() -> None:
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=400), Dedup(ranks=2, window_s=60.0))
+    printer.line(FakeNode(0), "[rank0]:[W1127 10:00:00.100000000 71 ProcessGroupNCCL.cpp:1168] Warning: not destroyed")
+    printer.line(FakeNode(1), "[rank1]:[W1127 10:00:00.900000000 72 ProcessGroupNCCL.cpp:1168] Warning: not destroyed")
+    printer.close()
+    assert out.getvalue() == "[all 2 ranks] [W1127 10:00:00.100000000 71 ProcessGroupNCCL.cpp:1168] Warning: not destroyed\n"
 
 
 @dataclass(frozen=True)

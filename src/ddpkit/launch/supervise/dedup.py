@@ -23,8 +23,12 @@ so no line waits longer than `window_s`, and `drain()` releases the rest.
   job printed it; several rank-less copies as `[nodes 0-1] text` (with the
   number of copies when a node printed it more than once).
 
-Only identical bodies merge: lines that name their rank, step or time differ
-and are printed as they are. The node logs are written before the printer
+Only identical bodies merge, but for the time a log header gives each copy
+(`merge_key`): the same warning from every rank is one line whatever its
+timestamps (torch's `[W1127 10:00:00.123456 77 reducer.cpp:1529] ...`, with
+its process id, or Python logging's `2026-11-27 10:00:00,123 ...`), shown as
+its first copy came. Lines whose message names their rank, step or time
+differ and are printed as they are. The node logs are written before the printer
 sees a line, so they stay complete; `--no-dedup` turns this off.
 """
 
@@ -60,10 +64,64 @@ class Released:
     body: str
 
 
+MASK = "\x00"  # stands for a masked time or process id (no printed line holds it)
+
+
+def merge_key(body: str) -> str:
+    """What copies of a line are merged by: `body` with the time its log
+    header starts with masked, and the process id torch's header names after
+    the time (each rank's copy differs in both). A header: torch's C++
+    warning's `[W1127 10:00:00.123456789 77 file.cpp:1033]`, its Python
+    logs' `W1127 10:00:00.123000 77 run.py:793]`, Python logging's
+    `2026-11-27 10:00:00,123` (bracketed or not). A time anywhere else in the
+    line is the message's own and kept."""
+    lead = 1 if body.startswith("[") else 0
+    glog = _glog_end(body, lead)
+    end = glog or _dated_end(body, lead)
+    if not end:
+        return body
+    rest = body[end:]
+    pid, space, after = rest[1:].partition(" ")
+    if glog and rest.startswith(" ") and pid.isdecimal() and space and after.split(" ", 1)[0].endswith("]"):
+        rest = " " + MASK + " " + after
+    return body[:lead] + (body[lead] if glog else "") + MASK + rest
+
+
+def _clock_end(text: str, at: int) -> int:
+    """The end of an `HH:MM:SS` time at `at` (with its fraction after `.` or `,`), 0 where none is."""
+    clock = text[at:at + 8]
+    if not (len(clock) == 8 and clock[2] == clock[5] == ":"
+            and (clock[:2] + clock[3:5] + clock[6:]).isdecimal()):
+        return 0
+    end = at + 8
+    if text[end:end + 1] in (".", ",") and text[end + 1:end + 2].isdecimal():
+        end += 1
+        while text[end:end + 1].isdecimal():
+            end += 1
+    return end
+
+
+def _glog_end(text: str, at: int) -> int:
+    """torch's header: a severity letter, the month and day, a space, the time."""
+    if text[at:at + 1] in ("I", "W", "E", "F") and text[at + 1:at + 5].isdecimal() and text[at + 5:at + 6] == " ":
+        return _clock_end(text, at + 6)
+    return 0
+
+
+def _dated_end(text: str, at: int) -> int:
+    """Python logging's asctime: `YYYY-MM-DD HH:MM:SS,mmm` (or ISO's `T`)."""
+    date = text[at:at + 10]
+    if (len(date) == 10 and date[4] == date[7] == "-" and (date[:4] + date[5:7] + date[8:]).isdecimal()
+            and text[at + 10:at + 11] in (" ", "T")):
+        return _clock_end(text, at + 11)
+    return 0
+
+
 @dataclass
 class _Group:
     seq: int
     body: str
+    key: tuple[str, bool]
     first: float
     sources: list[Source] = field(default_factory=list)
     # Kept beside the list, so that a line every rank of a large job prints
@@ -113,13 +171,13 @@ class Dedup:
     def add(self, source: Source, body: str, now: float) -> list[Released]:
         """Takes one line; returns what is due now (this line's group when
         every rank has printed it, and anything older whose time is up)."""
-        key = (body, source.rank is not None)
+        key = (merge_key(body), source.rank is not None)
         # the oldest held copy this rank is not in yet (a node's rank-less
         # copies, its local ranks unnamed, are counted instead)
         group = next((g for g in self._by_body.get(key, ()) if source.rank is None or not g.holds(source)), None)
         if group is None:
             self._seq += 1
-            group = _Group(self._seq, body, now)
+            group = _Group(self._seq, body, key, now)
             self._held.append(group)
             self._by_body.setdefault(key, []).append(group)
         group.add(source)
@@ -149,12 +207,11 @@ class Dedup:
                 and len(group.ranks) >= self.ranks)
 
     def _release(self, group: _Group) -> Released:
-        key = (group.body, group.sources[0].rank is not None)
-        rest = [g for g in self._by_body.get(key, ()) if g is not group]
+        rest = [g for g in self._by_body.get(group.key, ()) if g is not group]
         if rest:
-            self._by_body[key] = rest
+            self._by_body[group.key] = rest
         else:
-            self._by_body.pop(key, None)
+            self._by_body.pop(group.key, None)
         return Released(self.label(group.sources), self._style(group.sources), group.body)
 
     def label(self, sources: list[Source]) -> str:
