@@ -110,6 +110,9 @@ def test_a_detached_run_outlives_its_terminal_and_completes(tmp_path: Path) -> N
         followed = ddpkit(runs_dir, "logs", run_id, "--follow", timeout=240)
         assert followed.returncode == 0, followed.stderr
         assert re.search(r"\[node0 rank0\] ddpkit train finished: \d+ steps, 2 epochs, world size 2", followed.stdout)
+        # It ends as the attached console does: the summary table, then the closing line, last.
+        assert followed.stdout.rstrip().splitlines()[-1] == "launch local: every node finished", followed.stdout[-2000:]
+        assert "node0" in followed.stdout.rstrip().splitlines()[-4], followed.stdout[-2000:]
         (run,) = all_runs(runs_dir)
         record = run.folder.record()
         assert (record.state, record.exit_code) == (RunState.FINISHED, 0), record
@@ -164,6 +167,38 @@ def test_cancel_of_a_detached_run_stops_it_and_leaves_nothing_running(tmp_path: 
         assert "launch local: interrupted; stopped all nodes" in console.rstrip().splitlines()[-1], console[-2000:]
     finally:
         kill_all(run_id, supervisor)
+
+
+@pytest.mark.slow
+def test_a_cancel_right_after_the_detach_returns_cancels_the_run_cleanly(tmp_path: Path) -> None:
+    """The detach returns only once the supervisor holds its stop signals: a
+    cancel at once is a clean cancel (130, every node stopped), never an
+    abandoned run whose supervisor died before it handled SIGTERM."""
+    runs_dir = tmp_path / "runs"
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ddpkit.cli", "launch", "local",
+                           *job("early", "--synthetic-size", "64", "--epochs", "100000")],
+                          env=env_of(runs_dir), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    returned = time.monotonic() - began
+    found = re.search(DETACHED, done.stdout)
+    assert done.returncode == 0 and found, done.stdout + done.stderr
+    run_id, supervisor = found.group(2), int(found.group(3))
+    try:
+        cancel = ddpkit(runs_dir, "cancel", run_id, timeout=120)
+        assert cancel.stdout.splitlines()[-1] == f"ddpkit cancel: run {run_id} cancelled (launcher exit code 130)", \
+            cancel.stdout + cancel.stderr
+        assert cancel.returncode == 0
+        (run,) = all_runs(runs_dir)
+        record = run.folder.record()
+        assert (record.state, record.exit_code) == (RunState.CANCELLED, ExitCode.INTERRUPTED), record
+        assert record.summary is not None and record.summary.closing.startswith("launch local: interrupted")
+        console = run.folder.console_file.read_text()
+        assert "launch local: interrupted; stopped all nodes" in console.rstrip().splitlines()[-1], console[-2000:]
+        assert not alive(supervisor) and left_of(run_id) == []
+    finally:
+        kill_all(run_id, supervisor)
+    print(f"DETACH local: returned in {returned:.1f} s; cancelled at once: {record.state.value}, "
+          f"exit {record.exit_code}")
 
 
 def test_a_refused_detached_launch_is_refused_on_the_terminal_and_starts_nothing(tmp_path: Path) -> None:

@@ -43,9 +43,20 @@ from ..spec import Command, JobSpec
 from ..specfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
 from ..wording import plural
-from .detach import absolute, add_detach_arguments, detach, supervised_run, supervisor_argv
+from .detach import absolute, detach
 from .forkedagents import AgentServer, ForkedAgent
-from .prelude import Prelude, make_console, prelude
+from .prelude import (
+    READY_FLAG,
+    Prelude,
+    add_detach_arguments,
+    hold_stop_signals,
+    make_console,
+    prelude,
+    replay_held_stop,
+    say_ready,
+    supervised_run,
+    supervisor_argv,
+)
 from .runargs import add_train_args, with_metrics_into, with_train_args
 from .supervise import proctree
 from .supervise.events import ElasticPolicy
@@ -76,6 +87,7 @@ class LocalNode:
         return f"node{self.index}"
 
     def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
+        replay_held_stop()  # a detached run's cancel that came before the supervisor's handlers
         forked = None if self.server is None else self.server.spawn(self.argv, self.env)
         self.proc = forked or subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -274,14 +286,21 @@ def stop(nodes: list[LocalNode], grace: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    supervising = supervised_run(args)
+    if supervising is not None:  # a detached run's supervisor: a stop signal is held until the nodes start
+        hold_stop_signals()
     # The secrets are read to refuse an unset one: the agents inherit them with the rest of this environment.
     ready = prelude(local_spec(args), "launch local", Target.LOCAL)
-    run = supervised_run(args) or ready.run_folder(RunTarget.LOCAL)
+    run = supervising or ready.run_folder(RunTarget.LOCAL)
     if args.detach:
         options = ["--grace", f"{args.grace!r}", *([] if args.dedup else ["--no-dedup"])]
         if args.log_dir is not None:
             options += ["--log-dir", absolute(args.log_dir) or ""]
-        return detach(ready.who, run, supervisor_argv(["launch", "local"], run, options))
+        argv = supervisor_argv(["launch", "local"], run, options)
+        return detach(ready.who, run, lambda fd: [*argv, READY_FLAG, str(fd)])
+    if supervising is not None:
+        run.hand_over(os.getpid(), detached=True)  # status and cancel reach this process
+        say_ready(args.ready_fd)
     # On this machine the run folder is where rank 0 runs: its metrics go there for `ddpkit report`.
     spec = with_metrics_into(ready.spec, run.metrics_file)
     return launch(ready, spec, args.log_dir or run.logs_dir, args.grace, run, dedup=args.dedup)

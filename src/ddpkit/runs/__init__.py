@@ -9,8 +9,10 @@ from .folder import RunFolder, RunsDirError, runs_root
 from .record import (
     NO_EXIT_STATUS_CELL,
     Applied,
+    Launcher,
     NodeLog,
     NodeRow,
+    RemoteRun,
     RunEvent,
     RunRecord,
     RunState,
@@ -23,7 +25,7 @@ from .store import StoredRun, UnknownRun, all_runs, launcher_alive, resolve, sho
 from .tail import LineBuffer, Tail
 
 __all__ = [
-    "NO_EXIT_STATUS_CELL", "Applied", "LineBuffer", "NodeLog", "NodeRow", "RunEvent", "RunFolder", "RunRecord",
-    "RunsDirError", "RunState", "RunSummary", "RunTarget", "SlurmJob", "StoredRun", "Tail", "UnknownRun", "all_runs",
-    "launcher_alive", "resolve", "runs_root", "shown_state", "state_for_code",
+    "NO_EXIT_STATUS_CELL", "Applied", "Launcher", "LineBuffer", "NodeLog", "NodeRow", "RemoteRun", "RunEvent",
+    "RunFolder", "RunRecord", "RunsDirError", "RunState", "RunSummary", "RunTarget", "SlurmJob", "StoredRun", "Tail",
+    "UnknownRun", "all_runs", "launcher_alive", "resolve", "runs_root", "shown_state", "state_for_code",
 ]

@@ -57,18 +57,21 @@ class RunFolder:
 
     @classmethod
     def create(cls, *, name: str, target: RunTarget, nodes: int, nproc_per_node: int, spec_yaml: str,
-               stop_grace_s: float = 0.0, root: Path | None = None, first: str = "start") -> RunFolder:
+               stop_grace_s: float = 0.0, root: Path | None = None, first: str = "start",
+               run_id: str | None = None) -> RunFolder:
         """A new run of this process (its pid is the launcher's), state running.
         RunsDirError when the runs root cannot hold it: a launch that could not
         be listed, followed or cancelled is refused before anything starts.
-        `first`: the first event ("rendered": files for kubectl or compose)."""
+        `first`: the first event ("rendered": files for kubectl or compose).
+        `run_id`: the id another host's run folder already has (launch ssh
+        --detach: the first host's folder takes the launching machine's id)."""
         root = root or runs_root()
         try:
             root.mkdir(parents=True, exist_ok=True)
-            while True:  # short enough to type; ids are unique in the root, whatever the job's name
-                run_id = uuid.uuid4().hex[:6]
-                if not any(root.glob(f"*-{run_id}")):
-                    break
+            while run_id is None:  # short enough to type; ids are unique in the root, whatever the job's name
+                drawn = uuid.uuid4().hex[:6]
+                if not any(root.glob(f"*-{drawn}")):
+                    run_id = drawn
             folder = cls(root / f"{name}-{run_id}")
             folder.path.mkdir()
             (folder.path / SPEC).write_text(spec_yaml)
@@ -103,11 +106,12 @@ class RunFolder:
     def console_file(self) -> Path:
         return self.path / CONSOLE
 
-    def hand_over(self, pid: int) -> RunRecord:
-        """The run's launcher is now process `pid` on this host (a detached
-        run's supervisor): `status` and `cancel` reach it, not the command
-        that made the folder."""
-        return self.update(launcher=Launcher(pid=pid, host=socket.gethostname(), start_ticks=start_ticks(pid)))
+    def hand_over(self, pid: int, detached: bool = False) -> RunRecord:
+        """The run's launcher is now process `pid` on this host (`detached`:
+        a detached run's supervisor, which calls this itself): `status` and
+        `cancel` reach it, not the command that made the folder."""
+        launcher = Launcher(pid=pid, host=socket.gethostname(), start_ticks=start_ticks(pid))
+        return self.update(launcher=launcher, detached=True) if detached else self.update(launcher=launcher)
 
     def record(self) -> RunRecord:
         return RunRecord.model_validate_json((self.path / RUN_JSON).read_text())

@@ -146,6 +146,24 @@ class Launcher(_Model):
     start_ticks: int | None = None
 
 
+class RemoteRun(_Model):
+    """Where a run detached onto another host lives (`launch ssh --detach`:
+    its first host), as the machine that started it keeps it: this copy is a
+    handle; `status`, `logs`, `cancel` ask the run folder there over SSH, as
+    these settings reach it, and `report` reads the files copied back."""
+
+    alias: str  # the host as the hostfile named it
+    hostname: str
+    port: int
+    user: str
+    identity_files: list[str] = []
+    ssh_config: str | None = None  # the launch's --ssh-config, --known-hosts (None: the defaults)
+    known_hosts: str | None = None
+    python: str  # the interpreter that runs ddpkit there (command.python)
+    runs_dir: str  # the runs root there, which holds the run's folder
+    folder: str  # the run's folder there
+
+
 class RunRecord(_Model):
     """run.json."""
 
@@ -164,6 +182,9 @@ class RunRecord(_Model):
     ended: float | None = None
     exit_code: int | None = None
     summary: RunSummary | None = None
+    # --detach: the launcher is a supervisor in a session of its own (its console: console.log)
+    detached: bool = False
+    remote: RemoteRun | None = None  # a handle on a run that lives on another host (launch ssh --detach)
 
     @property
     def folder_name(self) -> str:
