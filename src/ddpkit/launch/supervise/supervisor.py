@@ -3,7 +3,8 @@
 A launcher builds one `NodeHandle` per node (a torchrun agent, a container,
 an SSH session) and hands them to a `Supervisor`. Everything else is here and
 only here: starting the nodes (their output goes through launch/supervise/nodeoutput.py's
-printer), the loop that waits for events, fail-fast (the first node that fails stops every other
+printer, and what its records say is kept in the run's `Findings`, launch/supervise/findings.py,
+which the summary reads), the loop that waits for events, fail-fast (the first node that fails stops every other
 node, each given `grace_s` to exit), Ctrl-C / SIGTERM (every node stopped,
 given `interrupt_grace_s`: the grace chain's time to checkpoint, spec.grace),
 the end-of-run summary table and the exit code.
