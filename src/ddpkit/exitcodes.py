@@ -16,7 +16,9 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1          # the job (or a doctor check) ran and failed
     BAD_INPUT = 2       # the job spec, a flag or a hostfile is wrong; nothing was started
-    PREFLIGHT = 3       # a host or the cluster cannot run the job (no Docker daemon, too); nothing was started
+    # a host or the cluster cannot run the job (no Docker daemon, too; --detach: the first host cannot keep the
+    # supervisor: no writable runs folder, no ddpkit, no setsid); nothing was started
+    PREFLIGHT = 3
     STARTUP = 4         # the job started but could not form its process group (network, rendezvous, versions)
     # ddpkit train's own faults: each names the host, the path and the fix (docs/guides/hangs.md)
     RESUME_MISMATCH = 10  # a rank cannot read the checkpoint rank 0 chose to resume from (directory not shared)

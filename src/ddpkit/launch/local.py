@@ -289,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
     supervising = supervised_run(args)
     if supervising is not None:  # a detached run's supervisor: a stop signal is held until the nodes start
         hold_stop_signals()
+        supervising.hand_over(os.getpid(), detached=True)  # status and cancel reach this process
+        say_ready(args.ready_fd)  # the launching command returns now: its checks were these
     # The secrets are read to refuse an unset one: the agents inherit them with the rest of this environment.
     ready = prelude(local_spec(args), "launch local", Target.LOCAL)
     run = supervising or ready.run_folder(RunTarget.LOCAL)
@@ -298,9 +300,6 @@ def run(args: argparse.Namespace) -> int:
             options += ["--log-dir", absolute(args.log_dir) or ""]
         argv = supervisor_argv(["launch", "local"], run, options)
         return detach(ready.who, run, lambda fd: [*argv, READY_FLAG, str(fd)])
-    if supervising is not None:
-        run.hand_over(os.getpid(), detached=True)  # status and cancel reach this process
-        say_ready(args.ready_fd)
     # On this machine the run folder is where rank 0 runs: its metrics go there for `ddpkit report`.
     spec = with_metrics_into(ready.spec, run.metrics_file)
     return launch(ready, spec, args.log_dir or run.logs_dir, args.grace, run, dedup=args.dedup)
