@@ -89,6 +89,32 @@ def end_failed(code: int) -> NoReturn:
     sys.exit(code)
 
 
+def report(text: str, what: str) -> None:
+    """torch's report on how the agent's run ended (its traceback, the failed
+    workers' box): announced by an `agent_report` record and printed, for a
+    launcher to keep in the node's log; in a Slurm job, kept in the node's log
+    (nodelog.py) and one line says `what` and where it is."""
+    from .. import records
+    from . import nodelog, stopping
+
+    kept = nodelog.keep(text, f"torch's report: {what}")
+    if kept is None:
+        records.emit(records.AgentReport(lines=text.count("\n")))
+        sys.stderr.write(text)
+        return
+    node = "" if stopping.LAST.node is None else f" node {stopping.LAST.node}:"
+    print(f"ddpkit.agent:{node} {what}; torch's report: {kept}", file=sys.stderr, flush=True)
+
+
+def failed_first(failed: ChildFailedError) -> str:
+    """The worker that failed first and how, in a few words (the others were stopped, or failed after it)."""
+    from .stopping import name
+
+    rank, first = failed.get_first_failure()
+    code = first.exitcode
+    return f"worker rank {rank} failed ({f'killed by {name(-code)}' if code < 0 else f'exit code {code}'})"
+
+
 def own_code(failed: ChildFailedError) -> int:
     """The agent's exit status after its workers failed: the first failed
     worker's own code where it is one of ddpkit's (exitcodes.WORKER_CODES: a
@@ -105,7 +131,6 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-    from .. import records
     from . import handler, orphaned, sameerror, stopping, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
@@ -137,10 +162,9 @@ def main(argv: list[str] | None = None) -> None:
             same_error_twice()
         # torchrun's report on a failed worker (its traceback and summary box)
         # says nothing the worker's own lines and its exit record do not: the
-        # `agent_report` record ahead of it lets a launcher keep it to the node's log.
-        text = worker.exception_text(skipping=(__name__,))
-        records.emit(records.AgentReport(lines=text.count("\n")))
-        sys.stderr.write(text)
+        # `agent_report` record ahead of it lets a launcher keep it to the node's log,
+        # and a Slurm job keeps it there itself (one line says where).
+        report(worker.exception_text(skipping=(__name__,)), failed_first(failure))
         end_failed(own_code(failure))
     except SignalException as exc:
         # Stopped by a signal (Ctrl-C, a launcher's or scheduler's stop), a normal end: torch's traceback
@@ -150,9 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     except RendezvousClosedError:
         # Another node's agent closed the job's rendezvous as it ended (it failed for good, or saw the same
         # error twice): that node's lines say why; here torch's traceback is the node log's, and one line.
-        text = worker.exception_text(skipping=(__name__,))
-        records.emit(records.AgentReport(lines=text.count("\n")))
-        sys.stderr.write(text)
+        report(worker.exception_text(skipping=(__name__,)), "the rendezvous was closed")
         print("ddpkit.agent: the job's rendezvous was closed by another node's agent as it ended; this node ends too",
               file=sys.stderr, flush=True)
         orphaned.end_orphaned_job(args, handler.workers_started() > 0, os.environ)

@@ -16,8 +16,8 @@ is stopping is noted, not raised (`on_stop_signal`), so the agent waits for
 its workers as torch's shutdown timeout allows (the workers got the first
 signal; passing them the second would change what they stop for: a trainer
 requeues on the pre-emption signal only); torch's two shutdown warnings are
-not logged; and `stopped_line` says what happened instead, from the
-workers' exit codes.
+not printed (a Slurm job keeps them in the node's log, nodelog.py); and
+`stopped_line` says what happened instead, from the workers' exit codes.
 A worker that failed by itself is not a stop: it still reaches ChildFailedError
 and its cause line, as before. That holds when the stop signal comes after
 the worker ended and before torch's monitor saw it (every monitor_interval,
@@ -44,6 +44,9 @@ from typing import Any
 # `stopped_line` says in one line. Matched on the message template, so a torch release that
 # rewords them shows them again rather than hiding something else.
 SHUTDOWN_CHATTER = frozenset({"Received %s death signal, shutting down workers", "Sending process %s closing signal %s"})
+# torch's line on a failed worker group (multiprocessing/api.py), which the agent's own line says where no
+# launcher reads its records (a Slurm job: __main__.report); kept in the node's log there, printed elsewhere.
+FAILURE_CHATTER = frozenset({"failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"})
 REPEAT_S = 5.0  # a stop signal this soon after the first is the same stop (see on_stop_signal)
 TORCH_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
 
@@ -76,13 +79,24 @@ _worker_ended: Callable[[], bool] = _none_known
 
 
 class QuietShutdown(logging.Filter):
+    """torch's shutdown warnings off the agent's output (`stopped_line` says
+    it in one line); in a Slurm job kept in the node's log (nodelog.py), with
+    torch's line on a failed group (the agent's `report` line says it)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg not in SHUTDOWN_CHATTER
+        from . import nodelog
+
+        if record.msg not in SHUTDOWN_CHATTER and record.msg not in FAILURE_CHATTER:
+            return True
+        kept = nodelog.keep(f"{record.levelname} {record.name}: {record.getMessage()}",
+                            "torch, on the stop" if record.msg in SHUTDOWN_CHATTER else "torch, on the failure")
+        return kept is None and record.msg in FAILURE_CHATTER
 
 
 def install(worker_ended: Callable[[], bool] | None = None) -> None:
-    """torch's stop signal handler replaced (`on_stop_signal`), how the shutdown ended noted, its chatter dropped;
-    `worker_ended`: whether a worker ended before torch stopped it (safe in a signal handler)."""
+    """torch's stop signal handler replaced (`on_stop_signal`), how the shutdown ended noted, its
+    chatter kept off the output; `worker_ended`: whether a worker ended before torch stopped it
+    (safe in a signal handler)."""
     global _worker_ended
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import api

@@ -25,7 +25,9 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from .. import envnames, preamble, processes
-from . import sameerror
+from ..records import tracebacks
+from ..records.lines import RANK_TAG_CLOSE, RANK_TAG_OPEN
+from . import nodelog, sameerror
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,39 @@ def show_argv(argv: list[str]) -> None:
 def print_exception(skipping: tuple[str, ...] = (__name__, "runpy")) -> None:
     """The exception being handled, as an interpreter prints it uncaught, from
     the first frame outside the modules `skipping` on (by default this module's
-    and runpy's: the program's own frames)."""
+    and runpy's: the program's own frames). In a Slurm job, whose output people
+    read with no launcher to fold it, the traceback goes to the node's log
+    (nodelog.py) and the output gets one line: the exception, where it was
+    raised and where its traceback is (`one_line`)."""
     kind, exc, tb = _trimmed(skipping)
+    if exc is not None and nodelog.path() is not None:
+        text = "".join(traceback.format_exception(kind, exc, tb))
+        kept = nodelog.keep(text, f"{_who()}: its traceback")
+        if kept is not None:
+            print(one_line(text, exc, kept), file=sys.stderr, flush=True)
+            return
     sys.excepthook(kind, exc, tb)  # type: ignore[arg-type]
+
+
+def _who() -> str:
+    rank = os.environ.get(envnames.RANK)
+    return "the agent" if rank is None else f"rank {rank}"
+
+
+def one_line(text: str, exc: BaseException, kept: Path) -> str:
+    """A traceback said in one line, as a launcher's console says it: the
+    exception, where it was raised (the innermost frame of the program's own
+    code) and the file that holds the whole traceback; behind torch's rank
+    tag (`[rank3]:`) in a worker."""
+    lines = text.splitlines()
+    exception = tracebacks.exception_line(lines) or \
+        (traceback.format_exception_only(type(exc), exc) or [type(exc).__name__])[0].strip()
+    if len(exception) > tracebacks.SHOWN_CHARS:
+        exception = exception[:tracebacks.SHOWN_CHARS] + "..."
+    at = tracebacks.raised_at(lines[:-1])
+    rank = os.environ.get(envnames.RANK)
+    tag = "" if rank is None else f"{RANK_TAG_OPEN}{rank}{RANK_TAG_CLOSE}"
+    return f"{tag}{exception}{'' if at is None else f', raised at {at}'}  (its traceback: {kept})"
 
 
 def exception_text(skipping: tuple[str, ...]) -> str:

@@ -1,0 +1,57 @@
+"""A Slurm node's log: what its processes write for the record, not for the
+people who read the job's output file (`tail -f slurm-<id>.out`).
+
+Under a ddpkit launcher the node's whole output goes to the launcher, which
+shows its people's lines and keeps the rest in the node's log. A Slurm job has
+no launcher: srun copies every task's output into the one file people read.
+There, what a launcher would have kept goes to `<node>.log` in the job's
+records folder (beside the node's `<node>.jsonl` records, on the file system
+the submit host shares): a worker's whole traceback, torch's report on a
+failed worker (its ChildFailedError and summary box), torch's shutdown
+warnings on a stop, and c10d's warning that it could not look up a peer's
+name. The output keeps one line for each, which says where the rest is.
+
+One file per node, each piece in one append (O_APPEND keeps the writes of a
+host's processes whole; nothing on another host writes to it). Where no
+Slurm job's records folder is set (a ddpkit launcher reads the stream, a
+compose or Kubernetes job's folder in each container dies with it), `path`
+is None and everything is printed as before."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from .. import envnames, records
+
+
+def path(env: Mapping[str, str] | None = None) -> Path | None:
+    """This node's log in a Slurm job's records folder; None where there is none."""
+    env = os.environ if env is None else env
+    folder = records.channel(dict(env))
+    if folder is None or not env.get(envnames.SLURM_JOB_ID):
+        return None
+    return records.node_file(folder, env.get(envnames.SLURMD_NODENAME)).with_suffix(".log")
+
+
+def keep(text: str, what: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Append `text` to the node's log under one heading line (`what`, when,
+    this process); the log's path, or None where there is none or it cannot be
+    written (the caller then prints `text` where it would have)."""
+    where = path(env)
+    if where is None:
+        return None
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    body = text if text.endswith("\n") else text + "\n"
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(where, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"==== {stamp} pid {os.getpid()}: {what}\n{body}".encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return where
