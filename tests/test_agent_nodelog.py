@@ -122,3 +122,39 @@ def test_a_failed_worker_under_a_slurm_agent_is_three_lines_not_forty(tmp_path: 
     for whole in ('raise RuntimeError("boom in the worker")', "ChildFailedError", "Root Cause (first observed failure)",
                   "failed (exitcode: 1) local_rank: 0", "closing signal SIGTERM"):
         assert whole in kept, kept
+
+
+COPIER = """\
+import os, sys
+from ddpkit.agent import nodelog, ownstderr
+own = ownstderr.start(lambda line: nodelog.keep(line, "c10d"))
+print("ddpkit.agent: a line for people", file=sys.stderr, flush=True)
+os.write(2, b"[W1129 03:00:00.000 socket.cpp:209] [c10d] The hostname of the client socket cannot be retrieved. err=-3\\n")
+os.write(2, b"a line left unfinished")
+child = os.fork()
+if child == 0:  # a process started after the copier: its writes are copied too
+    os.write(2, b"\\nfrom a child\\n")
+    os._exit(0)
+os.waitpid(child, 0)
+own.close()
+print("after close", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.parametrize("slurm", [True, False])
+def test_the_agents_own_stderr_keeps_c10ds_lookup_warning_in_the_node_log(tmp_path: Path, slurm: bool) -> None:
+    """In a Slurm job; elsewhere the copier is not started (launch/supervise/reader.NOISE drops the line),
+    and were it started the line would be printed: nodelog.keep has nowhere to keep it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(slurm_env(tmp_path) if slurm else {})}
+    if not slurm:
+        env.pop("SLURM_JOB_ID", None)
+    done = subprocess.run([sys.executable, "-c", COPIER], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "ddpkit.agent: a line for people" and lines[-3:] == [
+        "a line left unfinished", "from a child", "after close"], done.stderr
+    if slurm:
+        assert len(lines) == 4, done.stderr
+        assert "[c10d] The hostname of the client socket" in (tmp_path / "job-7.records" / "node2.log").read_text()
+    else:
+        assert "[c10d] The hostname of the client socket" in lines[1]

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-    from . import handler, orphaned, sameerror, stopping, tailing, worker, zygote
+    from . import handler, nodelog, orphaned, ownstderr, sameerror, stopping, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
     args = parse_args(argv)
@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
         handler.install(started)
     elif why is not None and forks(os.environ):
         print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
+    # after the zygote's fork: its workers keep the job's stderr; the agent's own goes through the copier
+    own_stderr = None if nodelog.path() is None else \
+        ownstderr.start(lambda line: nodelog.keep(line, "c10d, on a connection to the store"))
     try:
         try:
             record(torchrun.run)(args)
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if started is not None:
             started.close()
+        if own_stderr is not None:
+            own_stderr.close()
 
 
 if __name__ == "__main__":
