@@ -79,6 +79,23 @@ def test_a_stop_signal_after_a_worker_ended_raises_at_the_monitors_look_when_the
     assert raised.value.sigval == signal.SIGUSR2 and last.first == signal.SIGUSR2 and last.deferred is None
 
 
+@pytest.mark.parametrize("code", [-signal.SIGTERM, 128 + signal.SIGTERM, 75])
+def test_workers_that_ended_on_the_signal_itself_are_a_stop_not_a_failure(
+        last: stopping.SignalShutdown, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """srun sends the signal to every process of the step: a worker that died of it, or checkpointed and
+    exited 75, before the agent's handler ran, ended because of the stop."""
+    found = iter([RunResult(state=WorkerState.FAILED, failures={1: SimpleNamespace(exitcode=code)})])
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, group: next(found))
+    monkeypatch.setattr(LocalElasticAgent, "_initialize_workers", lambda self, group: None)
+    stopping.install(lambda: True)
+    agent = SimpleNamespace(_pcontext=None)
+    LocalElasticAgent._initialize_workers(agent, "group")  # type: ignore[arg-type]
+    stopping.on_stop_signal(signal.SIGTERM, None)
+    with pytest.raises(SignalException):
+        LocalElasticAgent._monitor_workers(agent, "group")  # type: ignore[arg-type]
+    assert last.first == signal.SIGTERM
+
+
 def test_a_failed_group_that_restarts_is_stopped_when_its_workers_would_start_again(
         last: stopping.SignalShutdown, monkeypatch: pytest.MonkeyPatch) -> None:
     agent = agent_with([WorkerState.FAILED], monkeypatch, ended=True)

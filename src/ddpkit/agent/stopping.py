@@ -198,13 +198,16 @@ def _looked_at(monitor: Callable[..., Any]) -> Callable[..., Any]:
     stop signal that came after a worker ended and before this look
     (`on_stop_signal`): a failed group ends the run (the signal noted) or
     restarts, which raises it first (`_deferred_first`); a group still running
-    (or all done) is stopped now, as if the signal had just come."""
+    (or all done), or whose workers ended on that signal themselves, is
+    stopped now, as if the signal had just come."""
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     def _monitor_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = monitor(self, *args, **kwargs)
         state = getattr(result, "state", None)
         if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            if LAST.deferred is not None and stopped_by(LAST.deferred, result):
+                _raise_deferred()  # the workers ended on the signal itself (srun sends it to them too): a stop
             LAST.failed = True
         else:
             _raise_deferred()
@@ -214,6 +217,15 @@ def _looked_at(monitor: Callable[..., Any]) -> Callable[..., Any]:
 
     _monitor_workers.ddpkit_noted = True  # type: ignore[attr-defined]
     return _monitor_workers
+
+
+def stopped_by(sig: int, result: Any) -> bool:
+    """Whether every failed worker of a monitor's `result` ended on `sig` itself:
+    killed by it, its shell's 128+N, or checkpointed and exited 75 (a stop, not a failure)."""
+    from ..exitcodes import ExitCode
+
+    codes = [getattr(failure, "exitcode", None) for failure in (getattr(result, "failures", None) or {}).values()]
+    return bool(codes) and all(code in (-sig, 128 + sig, int(ExitCode.PREEMPTED)) for code in codes)
 
 
 def _raise_deferred() -> None:
