@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass
+from datetime import timedelta
 
 # A keep-alive at most once a second (torchrun's unit). An agent's entry
 # expires after EXPIRY_KEEP_ALIVES intervals without one: two may be late on a
@@ -42,6 +44,43 @@ LAST_CALL_FLOOR_S = 3
 # Closing the rendezvous is a few store round trips; a loaded store answers
 # within seconds.
 CLOSE_FLOOR_S = 10
+
+
+# A node waiting for a round (in a round not yet complete, or on the wait
+# list) is judged silent by a longer expiry than a participant of a complete
+# round: a node still starting (importing torch, its zygote forking on a busy
+# host) misses keep-alives, and dropping it only makes it join again, one
+# more write of the whole state, on which the others' compare-and-sets fail
+# (a livelock on starved CPUs: 16 hosts on 2 cores never formed a first
+# round at 3 s, formed with none dropped at torchrun's 15 s; 64 simulated
+# agents the same, at the first round and again at a re-formation). A
+# waiting node is kept WAITING_EXPIRY_S, never past the first round's own
+# wait (elastic.first_round_s, the bound the spec sets) and never less than
+# the usual expiry; a node silent for half of it is not counted in a round
+# that completes (it is waited for instead: a node dead before its first
+# step costs no restart). A participant of a complete round (training) has
+# the usual expiry: a re-formation waits for the lost node's, so it stays fast.
+WAITING_EXPIRY_S = 30
+# A waiting node's keep-alive is a compare-and-set of the whole state, which
+# fails on any other node's write since its last read and is sent again at
+# once: N writers at once starve one another (64 simulated agents on 2 cores:
+# some sent none for 15 s). Waiting nodes, whose expiry is long, together send
+# about this many a second (each at most one per keep-alive interval, and at
+# least 4 within the waiting expiry).
+WAITING_KEEP_ALIVES_PER_S = 8
+# Each agent times its own reads and compare-and-sets of the state (a moving
+# average): on a loaded store, or an agent's own starved CPU, a round trip
+# is slow, and so are its keep-alives. A silent node expires no sooner than
+# EXPIRY_ROUND_TRIPS of them, and a waiting agent polls no more often than
+# one every POLL_ROUND_TRIPS of them (it backs off as the store slows).
+EXPIRY_ROUND_TRIPS, POLL_ROUND_TRIPS = 10, 10
+LATENCY_WEIGHT = 0.2  # the moving average's weight of a new round trip
+# While the job trains, an agent reads the state only to see a node waiting
+# to join (num_nodes_waiting, from torchrun's monitor loop, answered from a
+# cache of this age): the agents together read it about this many times a
+# second at most, so the reads' bytes grow as N (the state's size), not N².
+# A node that waits is noticed within TRAINING_POLL_MAX_S at most.
+TRAINING_READS_PER_S, TRAINING_POLL_MAX_S = 64, 10.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +118,40 @@ def state_poll_s(nodes: int) -> float:
     return min(TORCH_STATE_POLL_S, round(STATE_POLL_S * math.ceil(max(1, nodes) / KEEP_ALIVES_PER_S), 3))
 
 
+def join_poll_s(nodes: int, round_trip_s: float = 0.0) -> float:
+    """Seconds between two reads of the state by an agent waiting in a
+    rendezvous: state_poll_s, or POLL_ROUND_TRIPS of the agent's measured
+    round trip to the store where that is longer, never slower than torch's
+    second."""
+    return round(min(TORCH_STATE_POLL_S, max(state_poll_s(nodes), POLL_ROUND_TRIPS * round_trip_s)), 3)
+
+
+def training_poll_s(nodes: int, round_trip_s: float = 0.0) -> float:
+    """Seconds a training agent's read of the state is kept (its
+    num_nodes_waiting answered from it): the agents together read about
+    TRAINING_READS_PER_S a second, each no faster than it would poll waiting."""
+    return round(min(TRAINING_POLL_MAX_S, max(join_poll_s(nodes, round_trip_s), nodes / TRAINING_READS_PER_S)), 3)
+
+
+def expiry_s(expiry: float, round_trip_s: float = 0.0) -> float:
+    """When an agent judges another silent: the keep-alives' expiry, or
+    EXPIRY_ROUND_TRIPS of its measured round trip to the store where longer."""
+    return max(float(expiry), EXPIRY_ROUND_TRIPS * round_trip_s)
+
+
+def waiting_expiry_s(expiry: float, first_round_s: float, round_trip_s: float = 0.0) -> float:
+    """The expiry of a silent node waiting for a round: WAITING_EXPIRY_S,
+    within first_round_s (0: torch's rule, the usual expiry), never less than
+    the usual one (expiry_s)."""
+    usual = expiry_s(expiry, round_trip_s)
+    return usual if first_round_s <= 0 else max(usual, min(float(first_round_s), WAITING_EXPIRY_S))
+
+
+def waiting_keep_alive_s(interval: float, nodes: int, waiting_expiry: float) -> float:
+    """Seconds between a waiting node's keep-alives (WAITING_KEEP_ALIVES_PER_S)."""
+    return max(float(interval), min(waiting_expiry / 4, nodes / WAITING_KEEP_ALIVES_PER_S))
+
+
 def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S,
            close_floor_s: int = CLOSE_FLOOR_S, last_call_s: int | None = None) -> RdzvTiming:
     """- keep-alive: once a second up to KEEP_ALIVES_PER_S nodes, slower
@@ -98,3 +171,41 @@ def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S
     interval = min(slowest, max(KEEP_ALIVE_FLOOR_S, math.ceil(nodes / KEEP_ALIVES_PER_S)))
     last_call = last_call_s if last_call_s else max(last_call_floor_s, math.ceil(whole / 2))
     return RdzvTiming(interval, EXPIRY_KEEP_ALIVES, last_call, max(close_floor_s, 2 * whole))
+
+
+class AgentTiming:
+    """One agent's timing in ddpkit's rendezvous (rendezvous.py): its
+    measured round trip to the store (a moving average of every read and
+    compare-and-set of the state), and the expiries, keep-alive and polls
+    that follow from it. `expiry` is the settings' (keep-alive interval x
+    attempts), `first_round` the first round's wait (first_round_timeout)."""
+
+    def __init__(self, nodes: int, expiry: timedelta, first_round: timedelta, interval: float = 1.0) -> None:
+        self.nodes, self.expiry, self.first_round = nodes, expiry.total_seconds(), first_round.total_seconds()
+        self.interval = interval
+        self.round_trip_s = 0.0
+        self._lock = threading.Lock()
+
+    def took(self, seconds: float) -> None:
+        with self._lock:
+            self.round_trip_s += LATENCY_WEIGHT * (seconds - self.round_trip_s)
+
+    def expiry_s(self, waiting: bool) -> float:
+        """When this agent judges another node silent: one waiting for a round, or a participant of the
+        complete one (a lost node, whose expiry a re-formation waits for)."""
+        if waiting:
+            return waiting_expiry_s(self.expiry, self.first_round, self.round_trip_s)
+        return expiry_s(self.expiry, self.round_trip_s)
+
+    def waiting_keep_alive_s(self) -> float:
+        return waiting_keep_alive_s(self.interval, self.nodes, self.expiry_s(waiting=True))
+
+    def silent_s(self) -> float:
+        """A participant of a round not yet complete silent this long is not counted in its completion."""
+        return max(self.expiry_s(waiting=False), self.expiry_s(waiting=True) / 2)
+
+    def join_poll_s(self) -> float:
+        return join_poll_s(self.nodes, self.round_trip_s)
+
+    def training_poll_s(self) -> float:
+        return training_poll_s(self.nodes, self.round_trip_s)

@@ -29,10 +29,26 @@ stays open until max_nodes have joined or `first_round_timeout` seconds
 were in, and never past the join operation's own deadline; then it closes
 as torch's would, with the nodes that came.
 
-And its polls: a waiting agent reads the shared state every
-rdzv_timing.state_poll_s (0.1 s up to 64 nodes) instead of torch's second,
-which each step of a membership change waited (the dead agent's expiry seen,
-the last join seen).
+A node waiting for a round (in one not yet complete, or on the wait list)
+is judged silent leniently (rdzv_timing.waiting_expiry_s: 30 s, within
+first_round_timeout, where a participant of a complete round expires after
+3 keep-alives, which a re-formation waits for) and sends its keep-alives
+less often (rdzv_timing.waiting_keep_alive_s): a node still starting on a
+busy host misses keep-alives, and dropping it only made it join again, one
+more write of the whole state on which the others' compare-and-sets failed,
+until on starved CPUs no round ever formed. A round completes only with
+nodes that showed life within half that expiry: a node silent longer is
+waited for (it comes back, or expires and the round goes on without it), so
+a node dead before its first step is not given a rank that would stop every
+worker.
+
+And its polls, timed by each agent's own round trips to the store (a moving
+average: a loaded store or a starved agent backs off): a waiting agent reads
+the shared state every rdzv_timing.join_poll_s (0.1 s up to 64 nodes)
+instead of torch's second, which each step of a membership change waited
+(the dead agent's expiry seen, the last join seen); a training agent's reads
+(torchrun's num_nodes_waiting) are cached for rdzv_timing.training_poll_s,
+so the agents together read about 64 times a second at any N.
 
 Registered through the `torchrun.handlers` entry point (pyproject.toml);
 torchrun calls `creator()` once and registers what it returns under the
@@ -48,10 +64,11 @@ why, when a torch release moves them (tests/test_rendezvous.py pins them).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
@@ -62,14 +79,18 @@ from torch.distributed.elastic.utils.logging import get_logger
 from . import runkey
 from .agreed import RDZV_FIRST_ROUND_KEY as FIRST_ROUND_KEY
 from .agreed import RDZV_HANDLER as NAME
-from .rdzv_timing import state_poll_s
+from .rdzv_timing import AgentTiming
 
+T = TypeVar("T")
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
 # line stands beside torch's own rendezvous lines in the agent's output
 log = get_logger(__name__)
 # what the rules and the poll use
-_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_delay", "_should_keep_alive")
-_HANDLER_NEEDED = ("_op_executor", "_state_holder")
+_NEEDED = ("_RendezvousJoinOp", "_RendezvousExitOp", "_Action", "_delay", "_should_keep_alive",
+           "_remove_participant_epilogue")
+_HANDLER_NEEDED = ("_op_executor", "_state_holder", "_settings")
+_EXECUTOR_NEEDED = ("_mark_rendezvous_complete",)
+_HOLDER_NEEDED = ("_cache_duration", "_sanitize", "_state", "_settings")
 FIRST_ROUND_S = 120  # its default: a node whose start is slower than this joins at the next membership change
 # The first round stops waiting this long before the join operation's deadline, where torch's own
 # timeout would take a waiting participant out and fail the rendezvous.
@@ -87,8 +108,12 @@ def unsupported(handler: Any = None) -> str | None:
     missing = [name for name in _NEEDED if not hasattr(dyn, name)]
     if handler is not None:
         missing += [f"DynamicRendezvousHandler.{name}" for name in _HANDLER_NEEDED if not hasattr(handler, name)]
-        if hasattr(handler, "_state_holder") and not hasattr(handler._state_holder, "_cache_duration"):
-            missing.append("_BackendRendezvousStateHolder._cache_duration")
+        if hasattr(handler, "_op_executor"):
+            missing += [f"_DistributedRendezvousOpExecutor.{name}" for name in _EXECUTOR_NEEDED
+                        if not hasattr(handler._op_executor, name)]
+        if hasattr(handler, "_state_holder"):
+            missing += [f"_BackendRendezvousStateHolder.{name}" for name in _HOLDER_NEEDED
+                        if not hasattr(handler._state_holder, name)]
     return f"torch's dynamic rendezvous has no {', '.join(missing)}" if missing else None
 
 
@@ -124,6 +149,56 @@ def _all_known_here(ctx: Any, known: _Known) -> bool:
     return bool(coming) and coming <= here
 
 
+def _waiting(state: Any, node: Any) -> bool:
+    """A node waiting for a round: in one not yet complete, or not in the complete one (its wait list)."""
+    return not state.complete or node not in state.participants
+
+
+def _silent(ctx: Any, silent_s: float) -> list[Any]:
+    """The other participants whose last keep-alive is older than `silent_s`."""
+    since = datetime.now(timezone.utc) - timedelta(seconds=silent_s)
+    beats = ctx.state.last_heartbeats
+    return [node for node in ctx.state.participants if node != ctx.node and node in beats and beats[node] < since]
+
+
+def _sanitize(holder: Any, timing: AgentTiming) -> None:
+    """torch's state holder's `_sanitize` (every node whose keep-alive is
+    older than the expiry is removed from the state), with this agent's
+    expiry for each node (AgentTiming.expiry_s: a waiting node's is longer)
+    instead of the settings' one for all."""
+    state, now = holder._state, datetime.now(timezone.utc)
+    holder._dead_nodes = [node for node, beat in state.last_heartbeats.items()
+                          if beat < now - timedelta(seconds=timing.expiry_s(_waiting(state, node)))]
+    removed = False
+    for dead in holder._dead_nodes:
+        log.info("rendezvous round %d: node %s silent past its expiry, removed", state.round, dead)
+        del state.last_heartbeats[dead]
+        removed = state.participants.pop(dead, None) is not None or removed
+        state.wait_list.discard(dead)
+        state.redundancy_list.discard(dead)
+    if removed:
+        dyn._remove_participant_epilogue(state, holder._settings)
+
+
+def _alive_from_completion(inner: Any) -> None:
+    """The node that completes a round (torch's `_mark_rendezvous_complete`,
+    at the last call or as the last joiner) counts every participant's
+    keep-alive from then: each showed life within silent_s (the executor
+    waited for the others), and its next keep-alive, from the heartbeat
+    thread of a complete round, comes an interval after it sees the round
+    complete. Its last one as a waiting node (waiting_keep_alive_s apart) may
+    be older than a complete round's expiry: it would be dropped at once."""
+    complete = inner._mark_rendezvous_complete
+
+    def and_alive() -> None:
+        complete()
+        now = datetime.now(timezone.utc)
+        for node in inner._state.participants:
+            inner._state.last_heartbeats[node] = now
+
+    inner._mark_rendezvous_complete = and_alive
+
+
 def _first_round_waits(ctx: Any, first_round: timedelta, op_deadline: float) -> bool:
     """Whether the first round, which torch would now close, stays open for
     the nodes still starting."""
@@ -141,23 +216,66 @@ class _Executor:
     subclass of torch's private base, so that a torch without it still loads
     this module and `create` can fall back."""
 
-    def __init__(self, inner: Any, known: _Known, first_round: timedelta) -> None:
+    def __init__(self, inner: Any, known: _Known, first_round: timedelta, timing: AgentTiming | None = None,
+                 holder: Any = None) -> None:
         self._inner, self._known, self._first_round = inner, known, first_round
+        self._timing = timing or AgentTiming(1, timedelta(seconds=3), first_round)
+        self._holder = holder  # its cache follows the polls (None: no cache to set)
+        self._held_round = -1
+
+    def _cache(self, seconds: float) -> None:
+        if self._holder is not None:
+            self._holder._cache_duration = seconds
 
     def run(self, state_handler: Callable[[Any, float], Any], deadline: float,
             update_deadline: Callable[[timedelta], float] | None = None) -> None:
         if isinstance(state_handler, dyn._RendezvousJoinOp):
-            state_handler = self._join(state_handler)
-        elif isinstance(state_handler, dyn._RendezvousExitOp):
+            self._cache(self._timing.join_poll_s())
+            _POLL.seconds = self._timing.join_poll_s
+            try:
+                self._inner.run(self._join(state_handler), deadline, update_deadline)
+            finally:
+                _POLL.seconds = None
+                self._cache(self._timing.training_poll_s())
+            return
+        if isinstance(state_handler, dyn._RendezvousExitOp):
             state_handler = self._exit(state_handler)
         self._inner.run(state_handler, deadline, update_deadline)
+
+    def _holds(self, ctx: Any, action: Any, deadline: float) -> bool:
+        """Whether a round, which this action would complete, waits for a
+        participant silent past AgentTiming.silent_s (it comes back, or expires
+        and the round goes on without it)."""
+        state = ctx.state
+        completes = action == dyn._Action.MARK_RENDEZVOUS_COMPLETE or (
+            action == dyn._Action.ADD_TO_PARTICIPANTS and len(state.participants) + 1 >= ctx.settings.max_nodes)
+        if not completes or state.complete or time.monotonic() >= deadline - JOIN_MARGIN_S:
+            return False
+        silent = _silent(ctx, self._timing.silent_s())
+        if silent and self._held_round != state.round:
+            self._held_round = state.round
+            log.info("rendezvous round %d: waiting for %s, silent for %.0f s, before it completes", state.round,
+                     ", ".join(map(str, silent)), self._timing.silent_s())
+        return bool(silent)
+
+    def _keep_alive_due(self, ctx: Any) -> bool:
+        """torch's rule, with a waiting node's longer interval (AgentTiming.waiting_keep_alive_s)."""
+        if not dyn._should_keep_alive(ctx):
+            return False
+        if not _waiting(ctx.state, ctx.node):
+            return True
+        since = datetime.now(timezone.utc) - timedelta(seconds=self._timing.waiting_keep_alive_s())
+        return bool(ctx.state.last_heartbeats[ctx.node] <= since)
 
     def _join(self, op: Callable[[Any, float], Any]) -> Callable[[Any, float], Any]:
         def decide(ctx: Any, deadline: float) -> Any:
             action = op(ctx, deadline)
-            if action == dyn._Action.MARK_RENDEZVOUS_COMPLETE and _first_round_waits(ctx, self._first_round,
-                                                                                      deadline):
-                return dyn._Action.KEEP_ALIVE if dyn._should_keep_alive(ctx) else dyn._Action.SYNC
+            if (action == dyn._Action.MARK_RENDEZVOUS_COMPLETE and _first_round_waits(ctx, self._first_round,
+                                                                                       deadline)) or \
+                    self._holds(ctx, action, deadline):
+                return dyn._Action.KEEP_ALIVE if self._keep_alive_due(ctx) else dyn._Action.SYNC
+            if action == dyn._Action.KEEP_ALIVE and not self._keep_alive_due(ctx):
+                action = dyn._Action.SYNC
             if action in (dyn._Action.SYNC, dyn._Action.KEEP_ALIVE) and _all_known_here(ctx, self._known):
                 log.info("rendezvous round %d: every node that left round %d has joined; complete without "
                          "the last call", ctx.state.round, ctx.state.round - 1)
@@ -175,23 +293,36 @@ class _Executor:
         return decide
 
 
+class _Poll(threading.local):
+    """The poll of the join operation running on this thread (its agent's
+    join_poll_s); None: the pause's own."""
+
+    seconds: Callable[[], float] | None = None
+
+
+_POLL = _Poll()
+
+
 class _Pause:
     """Stands in for torch's `_delay` in its dynamic rendezvous module. The
     executor's pause between two polls of the state is torch's only pause of
-    a whole second: it becomes `poll_s`. Every other pause (the first round's
-    random skew) is torch's own."""
+    a whole second: it becomes the running join's poll (`_POLL`, per thread:
+    a process may hold several handlers), else `poll_s`. Every other pause
+    (the first round's random skew) is torch's own."""
 
     def __init__(self, torch_delay: Callable[..., None], poll_s: float) -> None:
         self.torch_delay, self.poll_s = torch_delay, poll_s
 
     def __call__(self, seconds: float | tuple[float, float]) -> None:
-        self.torch_delay(seconds=self.poll_s if seconds == 1 else seconds)
+        if seconds == 1:
+            seconds = _POLL.seconds() if _POLL.seconds is not None else self.poll_s
+        self.torch_delay(seconds=seconds)
 
 
 def _poll_faster(handler: Any, poll_s: float) -> None:
     """Read the state every `poll_s` while waiting: the pause between polls
-    (module-wide: one agent process builds one handler) and the state
-    holder's cache, which would otherwise answer from a second-old read."""
+    (module-wide; each join operation sets its own on its thread) and the
+    state holder's cache, which would otherwise answer from a second-old read."""
     torch_delay = dyn._delay.torch_delay if isinstance(dyn._delay, _Pause) else dyn._delay
     dyn._delay = _Pause(torch_delay, poll_s)
     handler._state_holder._cache_duration = poll_s
@@ -203,16 +334,25 @@ class _Named(dyn.RendezvousBackend):
 
     def __init__(self, inner: dyn.RendezvousBackend) -> None:
         self._inner = inner
+        self.timing: AgentTiming | None = None  # told each round trip's time once create() has one
 
     @property
     def name(self) -> str:
         return NAME
 
+    def _timed(self, call: Callable[[], T]) -> T:
+        began = time.monotonic()
+        try:
+            return call()
+        finally:
+            if self.timing is not None:
+                self.timing.took(time.monotonic() - began)
+
     def get_state(self) -> tuple[bytes, Any] | None:
-        return self._inner.get_state()
+        return self._timed(self._inner.get_state)
 
     def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
-        return self._inner.set_state(state, token)
+        return self._timed(lambda: self._inner.set_state(state, token))
 
 
 def create(params: RendezvousParameters) -> RendezvousHandler:
@@ -222,16 +362,24 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
     name, on every node alike, since every node holds the same key."""
     params.run_id = runkey.rdzv_run_id(params.run_id)
     backend, store = create_backend(params)
-    handler = dyn.create_handler(store, _Named(backend), params)
+    named = _Named(backend)
+    handler = dyn.create_handler(store, named, params)
     why = unsupported(handler)
     if why:
         log.warning("ddpkit rendezvous: %s; using plain c10d (a loss waits the last call)", why)
         return handler
-    # the handler calls only run() on it
     first_round = timedelta(seconds=params.get_as_int(FIRST_ROUND_KEY, FIRST_ROUND_S) or 0)
+    settings = handler._settings
+    timing = AgentTiming(params.max_nodes, settings.keep_alive_interval * settings.keep_alive_max_attempt, first_round,
+                     settings.keep_alive_interval.total_seconds())
+    named.timing = timing
+    holder = handler._state_holder
+    holder._sanitize = lambda: _sanitize(holder, timing)  # type: ignore[attr-defined]
+    _alive_from_completion(handler._op_executor)
+    # the handler calls only run() on it
     handler._op_executor = _Executor(handler._op_executor, _Known(store, params.run_id),  # type: ignore[assignment]
-                                     first_round)
-    _poll_faster(handler, state_poll_s(params.max_nodes))
+                                     first_round, timing, holder)
+    _poll_faster(handler, timing.join_poll_s())
     return handler
 
 
