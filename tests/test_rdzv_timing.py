@@ -81,3 +81,14 @@ def test_an_agents_timing_follows_its_measured_round_trip() -> None:
     timing.took(0.2 + 5 * 0.8)  # one slow answer moves the average a fifth of the way
     assert timing.round_trip_s == pytest.approx(1.0, rel=1e-3)
     assert timing.expiry_s(waiting=False) == pytest.approx(10.0, rel=1e-3)
+
+
+@pytest.mark.parametrize(("failures", "round_trip_s", "pause_s"), [
+    (0, 0.0, 0.0),  # a write that succeeded: no pause
+    (1, 0.0, 0.02),
+    (3, 0.0, 0.08),  # doubling with each failure in a row
+    (3, 0.1, 0.4),  # from the round trip where it is longer
+    (40, 0.0, 2.0),  # at most
+])
+def test_failed_compare_and_sets_back_off_exponentially(failures: int, round_trip_s: float, pause_s: float) -> None:
+    assert t.cas_backoff_s(failures, round_trip_s) == pytest.approx(pause_s)

@@ -150,3 +150,19 @@ def test_a_node_starved_while_it_waits_in_the_first_round_is_not_dropped() -> No
     assert not dropped, f"participants while the round formed: {seen}"
     assert sorted(rank for rank, _, _ in joined.values()) == [0, 1, 2, 3]
     assert {(world, round_) for _, world, round_ in joined.values()} == {(4, 0)}
+
+
+def test_a_failed_compare_and_set_answers_with_the_state_read_after_its_pause() -> None:
+    """torch writes again at once on what the failed write's answer holds: a token read after the
+    pause, not the one the pause made stale."""
+    class Inner:
+        def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool]:
+            return (b"then", 1, False)
+
+        def get_state(self) -> tuple[bytes, Any]:
+            return (b"now", 2)
+
+    named = rendezvous._Named(Inner())  # type: ignore[arg-type]
+    named.timing = _timing()
+    assert named.set_state(b"mine", 0) == (b"now", 2, False)
+    assert named._failures == 1

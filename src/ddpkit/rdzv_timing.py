@@ -68,6 +68,13 @@ WAITING_EXPIRY_S = 30
 # about this many a second (each at most one per keep-alive interval, and at
 # least 4 within the waiting expiry).
 WAITING_KEEP_ALIVES_PER_S = 8
+# A compare-and-set that failed (another node wrote since this one's read)
+# is sent again at once by torch; with many writers each retry mostly fails
+# too (128 simulated agents: a waiting node's keep-alive failed for 30 s).
+# After k failures in a row an agent waits a random time up to CAS_BACKOFF_S
+# (or its round trip, where longer) x 2^(k-1), at most CAS_BACKOFF_MAX_S,
+# before its next read: the writers spread out and most attempts succeed.
+CAS_BACKOFF_S, CAS_BACKOFF_MAX_S = 0.02, 2.0
 # Each agent times its own reads and compare-and-sets of the state (a moving
 # average): on a loaded store, or an agent's own starved CPU, a round trip
 # is slow, and so are its keep-alives. A silent node expires no sooner than
@@ -150,6 +157,13 @@ def waiting_expiry_s(expiry: float, first_round_s: float, round_trip_s: float = 
 def waiting_keep_alive_s(interval: float, nodes: int, waiting_expiry: float) -> float:
     """Seconds between a waiting node's keep-alives (WAITING_KEEP_ALIVES_PER_S)."""
     return max(float(interval), min(waiting_expiry / 4, nodes / WAITING_KEEP_ALIVES_PER_S))
+
+
+def cas_backoff_s(failures: int, round_trip_s: float = 0.0) -> float:
+    """The longest pause after `failures` failed compare-and-sets in a row (0: none)."""
+    if failures <= 0:
+        return 0.0
+    return min(CAS_BACKOFF_MAX_S, max(CAS_BACKOFF_S, round_trip_s) * float(2 ** min(failures - 1, 16)))
 
 
 def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S,

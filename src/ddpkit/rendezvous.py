@@ -64,6 +64,7 @@ why, when a torch release moves them (tests/test_rendezvous.py pins them).
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -79,7 +80,7 @@ from torch.distributed.elastic.utils.logging import get_logger
 from . import runkey
 from .agreed import RDZV_FIRST_ROUND_KEY as FIRST_ROUND_KEY
 from .agreed import RDZV_HANDLER as NAME
-from .rdzv_timing import AgentTiming
+from .rdzv_timing import AgentTiming, cas_backoff_s
 
 T = TypeVar("T")
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rule's
@@ -335,6 +336,7 @@ class _Named(dyn.RendezvousBackend):
     def __init__(self, inner: dyn.RendezvousBackend) -> None:
         self._inner = inner
         self.timing: AgentTiming | None = None  # told each round trip's time once create() has one
+        self._failures = 0  # compare-and-sets failed in a row (rdzv_timing.cas_backoff_s)
 
     @property
     def name(self) -> str:
@@ -352,7 +354,17 @@ class _Named(dyn.RendezvousBackend):
         return self._timed(self._inner.get_state)
 
     def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
-        return self._timed(lambda: self._inner.set_state(state, token))
+        answer = self._timed(lambda: self._inner.set_state(state, token))
+        if self.timing is None or answer is None:
+            return answer
+        self._failures = 0 if answer[2] else self._failures + 1
+        if answer[2]:
+            return answer
+        # torch decides again on the state this answer holds and sends its write at once: after a pause,
+        # the state read then, so that the write goes with a token that is fresh when it is sent
+        time.sleep(random.uniform(0, cas_backoff_s(self._failures, self.timing.round_trip_s)))
+        fresh = self.get_state()
+        return answer if fresh is None else (fresh[0], fresh[1], False)
 
 
 def create(params: RendezvousParameters) -> RendezvousHandler:
