@@ -147,6 +147,9 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+RUN_COMMANDS = ("status", "logs", "cancel", "report")
+
+
 def _detached_ending(text: str) -> None:
     """`logs --follow` of a detached run ends as its console did: the
     summary table, any teardown problem, the closing line and the workers'
@@ -190,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     try:
         handler: Callable[[argparse.Namespace], int] = args.handler  # every command parser sets one (set_defaults)
+        if args.command in RUN_COMMANDS:
+            from .launch.ssh.remote import forwarded
+
+            code = forwarded(args)  # a run detached onto another host: asked there (launch ssh --detach)
+            if code is not None:
+                return code
         code = handler(args)
         if args.command == "logs" and args.follow and code == ExitCode.OK:
             _detached_ending(args.run)

@@ -11,18 +11,23 @@ this launcher hosts the rendezvous store: storesite.py); its host is probed
 until it answers again, and the node's agent restarted to join at the next
 rendezvous, until it failed elastic.max_node_failures times; the summary
 names it as rejoined or excluded (docs/guides/elastic.md).
+
+With --detach the supervisor runs on the first host instead (detached.py,
+docs/guides/detach.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ...contract import Target, master_port
 from ...exitcodes import ExitCode
@@ -31,14 +36,23 @@ from ...rdzv_store import hosted_store
 from ...runs import NodeLog, RunFolder, RunTarget
 from ...spec import JobSpec, doctor_mode
 from ...targets.sshnode import NodeCommand, env_prefix, launch_line, new_rdzv_id, node_command, node_env
-from ..prelude import Prelude, make_console, prelude
-from ..runargs import add_train_args, metrics_from_output, with_train_args
+from ..prelude import (
+    Prelude,
+    add_detach_arguments,
+    hold_stop_signals,
+    make_console,
+    prelude,
+    say_ready,
+    supervised_run,
+)
+from ..runargs import add_train_args, metrics_from_output, with_metrics_into, with_train_args
 from ..secrets import stdin_payload, with_run_key
 from ..supervise.events import ElasticPolicy
 from ..supervise.nodeoutput import NodeHandle, add_dedup_argument
 from ..supervise.summary import RunText
 from ..supervise.supervisor import Supervisor
 from .connect import Endpoint, SshSettings, endpoint_for
+from .detached import detach_over_ssh, host_line, take_over
 from .hostfile import load_hosts
 from .preflight import (
     GO,
@@ -81,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ssh.grace_s); after Ctrl-C or SIGTERM they get the grace chain's time to checkpoint "
                              "(preemption.checkpoint_s)")
     add_dedup_argument(parser)
+    add_detach_arguments(parser, "a session of its own on the job's first host")
+    parser.add_argument("--detach-runs-dir", metavar="DIR",
+                        help="with --detach: the runs folder on the first host that keeps the run's folder "
+                             "(default: DDPKIT_RUNS_DIR there, else ~/.ddpkit/runs there)")
     add_train_args(parser)
 
 
@@ -241,16 +259,18 @@ def place_store(plan: SshPlan, answerer: Answerer | None, facts: list[HostFacts]
 
 
 def launch(ready: Prelude, plan: SshPlan, settings: SshSettings, dedup: bool = True,
-           folder: RunFolder | None = None) -> int:
+           folder: RunFolder | None = None, on_ready: Callable[[], None] | None = None) -> int:
+    """`on_ready`: called once every host passed the preflight, before any node starts."""
     with contextlib.ExitStack() as stack:  # the elastic job's store, when hosted here, outlives every node
         answerer, why = open_answerer(plan.endpoints[0], plan.master_port) if plan.spec.elastic is not None else (None, "")
         if answerer is not None:
             stack.callback(answerer.close)
-        return _launch(ready, plan, settings, answerer, why, stack, dedup, folder)
+        return _launch(ready, plan, settings, answerer, why, stack, dedup, folder, on_ready)
 
 
 def _launch(ready: Prelude, plan: SshPlan, settings: SshSettings, answerer: Answerer | None, why: str,
-            stack: contextlib.ExitStack, dedup: bool, folder: RunFolder | None) -> int:
+            stack: contextlib.ExitStack, dedup: bool, folder: RunFolder | None,
+            on_ready: Callable[[], None] | None = None) -> int:
     t0 = time.monotonic()
     starts = [plan.start(rank, answerer.host if answerer else None) for rank in range(len(plan.endpoints))]
     facts, problems = preflight(plan.endpoints, plan.spec, settings, plan.master_port, starts,
@@ -271,6 +291,8 @@ def _launch(ready: Prelude, plan: SshPlan, settings: SshSettings, answerer: Answ
         print(node0_hosts_line(why), file=sys.stderr, flush=True)
     if ready.note_line:
         print(ready.note_line, file=sys.stderr, flush=True)
+    if on_ready is not None:
+        on_ready()
     runs = node_runs(plan, facts, settings)
     # Node output on stdout, the summary on stderr (as the preflight's table).
     stdout = make_console()
@@ -293,6 +315,12 @@ def _launch(ready: Prelude, plan: SshPlan, settings: SshSettings, answerer: Answ
 def run(args: argparse.Namespace) -> int:
     from ...specfile import spec_from_args
 
+    supervising = supervised_run(args)
+    payload: dict[str, Any] = {}
+    if supervising is not None:  # a detached run's supervisor, on the first host (detached.py)
+        hold_stop_signals()
+        supervising, payload = take_over(args)
+
     # --log-dir and --grace are the spec's ssh.log_dir and ssh.grace_s, as --set would give them.
     own = list(args.overrides)
     if args.log_dir:
@@ -303,6 +331,8 @@ def run(args: argparse.Namespace) -> int:
     spec = with_train_args(spec, args.train_args)
     if args.doctor:
         spec = doctor_mode(spec)
+    if supervising is not None:  # rank 0 runs on this host, beside the run folder: ddpkit train's metrics go there
+        spec = with_metrics_into(spec, supervising.metrics_file)
     # a dry run shows commands, which hold the secrets' names only
     ready = prelude(spec, "launch ssh", Target.SSH, read_secrets=not args.dry_run)
     settings = settings_from(args, spec)
@@ -310,12 +340,38 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(plan, sys.stdout, full=args.full)
         return ExitCode.OK
+    if args.detach:
+        return _detach(args, ready, plan, settings)
     plan.secrets = with_run_key(ready.secrets)  # the node script reads the run key after the secrets
-    run = ready.run_folder(RunTarget.SSH, nodes=len(plan.endpoints))
-    if "log_dir" not in spec.ssh.model_fields_set:  # the spec's own folder wins; else the run's
+    run = supervising or ready.run_folder(RunTarget.SSH, nodes=len(plan.endpoints))
+    log_dir_set = payload["log_dir_set"] if supervising else "log_dir" in spec.ssh.model_fields_set
+    if not log_dir_set:  # the spec's own folder wins; else the run's
         plan.log_dir = run.logs_dir
     # ssh.docker's containers get the job's environment only, not the node's env prefix.
     plan.metrics = None if spec.ssh.docker else metrics_from_output(spec, run.metrics_file)
     run.set_logs([NodeLog(node=r, host=ep.alias, path=str(plan.log_path(r))) for r, ep in enumerate(plan.endpoints)])
     print(ready.run_line(run), file=sys.stderr, flush=True)
-    return launch(ready, plan, settings, dedup=args.dedup, folder=run)
+    return launch(ready, plan, settings, dedup=args.dedup, folder=run,
+                  on_ready=None if supervising is None else lambda: say_ready(args.ready_fd))
+
+
+def _detach(args: argparse.Namespace, ready: Prelude, plan: SshPlan, settings: SshSettings) -> int:
+    """The run's handle here, and its supervisor started on the first host (detached.py)."""
+    from ...specfile import dump_yaml
+
+    spec = plan.spec
+    run = ready.run_folder(RunTarget.SSH, nodes=len(plan.endpoints))
+    print(ready.run_line(run), file=sys.stderr, flush=True)
+    payload = {"nodes": len(plan.endpoints), "nproc_per_node": spec.nproc_per_node,
+               "stop_grace_s": spec.grace.launcher_grace_s, "spec": dump_yaml(spec),
+               "hosts": [host_line(ep) for ep in plan.endpoints], "secrets": ready.secrets,
+               "log_dir_set": "log_dir" in spec.ssh.model_fields_set}
+    options = ["--master-addr", plan.master_addr, *([] if args.dedup else ["--no-dedup"])]
+    for flag, path in (("--ssh-config", args.ssh_config), ("--known-hosts", args.known_hosts),
+                       ("-i", args.identity)):
+        if path is not None:
+            options += [flag, os.path.abspath(path)]
+    if args.accept_new_host_keys:
+        options.append("--accept-new-host-keys")
+    return detach_over_ssh(ready.who, run, plan.endpoints[0], settings, spec.command.python,
+                           args.detach_runs_dir, payload, options)

@@ -17,6 +17,7 @@ from typing import TextIO
 import paramiko
 
 from ...targets.sshnode import NodeCommand, parse_pgid
+from ..prelude import replay_held_stop
 from ..supervise.nodeoutput import NO_EXIT_STATUS, LinePrinter
 from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 from .keepalive import KeepAlive
@@ -63,6 +64,7 @@ class SshNode:
         return f"node{self.rank} {self.endpoint.alias}"
 
     def start(self, printer: LinePrinter, exited: Callable[[], None]) -> None:
+        replay_held_stop()  # a detached run's cancel that came before the supervisor's handlers
         self._printer = printer
         try:
             self.channel.sendall(self.verdict + self.secrets)
