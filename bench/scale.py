@@ -247,9 +247,10 @@ class Run:
     """One `launch ssh` of one program on the first n hosts, in its own folder."""
 
     def __init__(self, net: netns.Network, ssh: sshd.SshHosts, work: Path, program: str, n: int,
-                 crash: bool, extra: dict[str, Any] | None = None) -> None:
+                 crash: bool, extra: dict[str, Any] | None = None, src: Path | None = None) -> None:
         self.net, self.ssh, self.work, self.program, self.n, self.crash = net, ssh, work, program, n, crash
         self.extra = extra or {}
+        self.src = src or ROOT / "src"  # the ddpkit the hosts' agents and workers import (--baseline: another)
         self.hosts = net.hosts[1:n + 1]
         self.metrics = work / "metrics.jsonl"  # ddpkit train's --metrics (rank 0)
         self.stamps = work / "stamps"
@@ -259,7 +260,7 @@ class Run:
 
     def spec(self) -> dict[str, Any]:
         n = self.n
-        env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+        env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{self.src}", "OMP_NUM_THREADS": "1"}
         if self.program == "train":
             # no --max-steps when a host is lost: the run is ended once the survivors trained
             steps = 100000 if self.crash else STEPS_BEFORE_CRASH + STEPS_AFTER
@@ -394,14 +395,17 @@ def watch_rendezvous(net: netns.Network, run: Run, proc: subprocess.Popen[str], 
 
 def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash: bool,
             say: Callable[[str], None], keep: Path | None = None, watch_rdzv: bool = False,
-            extra: dict[str, Any] | None = None, start_limit_s: float = START_LIMIT_S) -> dict[str, Any]:
+            extra: dict[str, Any] | None = None, start_limit_s: float = START_LIMIT_S, src: Path | None = None,
+            label: str = "", no_start_ok: bool = False) -> dict[str, Any]:
+    """One run; `no_start_ok`: a first step not within start_limit_s is a result (its `failed`, and what
+    the rendezvous did meanwhile), not an error."""
     work = Path(tempfile.mkdtemp(prefix=f"ddpkit-bench-scale-{program}{n}-"))
     os.chmod(work, 0o755)
-    run = Run(net, ssh, work, program, n, crash, extra)
+    run = Run(net, ssh, work, program, n, crash, extra, src)
     out_path = work / "launcher.out"
     env = {**os.environ, "DDPKIT_RUNS_DIR": str(run.runs), "DDPKIT_SSH_OPTS": f"-F {ssh.ssh_config}"}
     argv = run.argv()
-    result: dict[str, Any] = {"program": PROGRAMS[program], "nodes": n}
+    result: dict[str, Any] = {"program": label or PROGRAMS[program], "nodes": n, "src": str(run.src)}
     t0 = time.time()
     with out_path.open("w") as out:
         proc = net["login"].popen(argv, cwd=str(work), env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -410,10 +414,20 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
     if watch_rdzv:
         watch_rendezvous(net, run, proc, trace)
     try:
-        first = wait_until(lambda: proc.poll() is not None or run.first_step(), start_limit_s,
-                           f"no first step on {n} hosts within {start_limit_s:.0f} s")
+        try:
+            first = wait_until(lambda: proc.poll() is not None or run.first_step(), start_limit_s,
+                               f"no first step on {n} hosts within {start_limit_s:.0f} s")
+        except TimeoutError as exc:
+            if not no_start_ok:
+                raise
+            end_launcher(proc, wait_s=60)
+            result["failed"] = str(exc)
+            crash = False
+            first = None
         if first is True:
             raise RuntimeError(f"the launcher exited {proc.returncode} before the first step\n{tail(out_path)}")
+        if first is None:
+            return _not_started(result, run, trace, t0, out_path, watch, work)
         watch.note_cpu("first_step")
         # what the console said up to the first step: a worker stopped, a node restarted or left out
         start_lines = out_path.read_text(errors="replace").splitlines()
@@ -477,6 +491,22 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
     return result
 
 
+def _not_started(result: dict[str, Any], run: Run, trace: Path, t0: float, out_path: Path, watch: Watch,
+                 work: Path) -> dict[str, Any]:
+    """A run that never reached its first step (no_start_ok): what its rendezvous did, its console's end."""
+    watch.stop()
+    if run.watcher is not None:
+        run.watcher.kill()
+        run.watcher.wait()
+        run.watcher = None
+    if trace.exists():
+        result["rendezvous"] = rounds([json.loads(x) for x in trace.read_text().split("\n")[:-1]], t0)
+    result["console_tail"] = tail(out_path, 20)
+    result["wall_s"] = time.time() - t0
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
 # ---- the figures ------------------------------------------------------------------------------
 
 # name -> (unit, what it is)
@@ -511,7 +541,7 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
 def analyse(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """program -> measure -> growth (bench.scale_sim.growth: ratios, exponent, a + b·N)."""
     out: dict[str, dict[str, Any]] = {}
-    for program in PROGRAMS.values():
+    for program in dict.fromkeys(r["program"] for r in results):  # each label once, as first run
         mine = sorted((r for r in results if r["program"] == program and "figures" in r), key=lambda r: r["nodes"])
         if not mine:
             continue
@@ -597,6 +627,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--watch-rendezvous", action="store_true",
                    help="read torch's rendezvous state every 0.25 s from the launcher's host: rounds, drops")
     p.add_argument("--keep", type=Path, default=None, help="copy each run's folder (console, logs) here")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="a checkout of the code before a change: each N and program runs with this checkout's "
+                        "ddpkit on the hosts (after), then with the baseline's src/ (before), side by side")
     a = p.parse_args(argv)
     a.nodes = a.nodes or (SHORT if a.short else SIZES)
     if unknown := set(a.programs) - set(PROGRAMS):
@@ -654,16 +687,22 @@ def main(argv: list[str] | None = None) -> int:
                         stopped[n] = why
                         say(f"N={n}: not run: {why}")
                         break
+                    arms = [("after", None), ("before", a.baseline / "src")] if a.baseline else [("", None)]
                     try:
                         for program in a.programs:
-                            say(f"N={n} {PROGRAMS[program]} ...")
-                            result = run_one(net, ssh, program, n, not a.no_crash, say, a.keep,
-                                             a.watch_rendezvous, a.spec, a.start_limit_s)
-                            result["figures"] = figures(result)
-                            result["load_avg_1m"] = os.getloadavg()[0]
-                            results.append(result)
-                            say(f"N={n} {PROGRAMS[program]}: " + ", ".join(
-                                f"{k} {v:.3g}" for k, v in result["figures"].items()))
+                            for arm, src in arms:
+                                label = f"{PROGRAMS[program]} ({arm})" if arm else PROGRAMS[program]
+                                say(f"N={n} {label} ...")
+                                result = run_one(net, ssh, program, n, not a.no_crash, say, a.keep,
+                                                 a.watch_rendezvous, a.spec, a.start_limit_s, src, label,
+                                                 no_start_ok=bool(arm))
+                                result["figures"] = figures(result)
+                                result["load_avg_1m"] = os.getloadavg()[0]
+                                result["arm"] = arm or None
+                                results.append(result)
+                                say(f"N={n} {label}: " + (result.get("failed") or ", ".join(
+                                    f"{k} {v:.3g}" for k, v in result["figures"].items())) + (
+                                    f"; rendezvous {result['rendezvous']}" if "rendezvous" in result else ""))
                         write(a, results, stopped, plot=False)  # what is measured so far survives a later N
                     except (TimeoutError, RuntimeError) as exc:  # this N did not start: the larger ones will not
                         stopped[n] = f"{PROGRAMS[program]}: {str(exc).splitlines()[0]}"

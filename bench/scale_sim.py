@@ -65,7 +65,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +181,9 @@ class SimNode:
                 self.say({"node": self.index, "error": f"{type(exc).__name__}: {exc}"})
                 return
             state = handler._state_holder.state
+            timing = getattr(handler._op_executor, "_timing", None)  # the agent's measured round trip (after)
             self.say({"node": self.index, "rank": info.rank, "world": info.world_size, "round": state.round,
-                      "at": time.time()})
+                      "at": time.time(), "round_trip_s": getattr(timing, "round_trip_s", None)})
             while True:
                 try:
                     order = self.orders.get(timeout=MONITOR_S)
@@ -205,11 +206,12 @@ class SimNode:
 
 
 def host(argv: Sequence[str]) -> None:
-    """`--host PORT MIN MAX FIRST COUNT CONF_JSON`: COUNT nodes from FIRST,
-    their orders on stdin (go | next I,J,... | die I | stats | quit), their
-    news on stdout, one JSON line each."""
+    """`--host PORT MIN MAX FIRST COUNT CONF_JSON [RUN_ID]`: COUNT nodes from
+    FIRST, their orders on stdin (go | next I,J,... | die I | stats | quit),
+    their news on stdout, one JSON line each."""
     port, min_nodes, max_nodes, first, count = (int(a) for a in argv[:5])
     conf = json.loads(argv[5])
+    run_id = argv[6] if len(argv) > 6 else RUN_ID.format(n=max_nodes)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # what ddpkit renders for every elastic job
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
@@ -227,7 +229,7 @@ def host(argv: Sequence[str]) -> None:
 
     nodes = []
     for index in range(first, first + count):
-        params = RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{port}", RUN_ID.format(n=max_nodes), min_nodes,
+        params = RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{port}", run_id, min_nodes,
                                       max_nodes,
                                       local_addr="127.0.0.1", is_host=False, **conf)
         nodes.append(SimNode(index, rendezvous.create(params), say))
@@ -264,14 +266,15 @@ def proc_stat(pid: int) -> dict[str, float]:
 class Hosts:
     """The host processes of one N, and every node's news as it comes."""
 
-    def __init__(self, port: int, n: int, per_host: int, conf: dict[str, int], min_nodes: int) -> None:
+    def __init__(self, port: int, n: int, per_host: int, conf: dict[str, int], min_nodes: int,
+                 src: Path = ROOT / "src", run_id: str = "") -> None:
         self.n = n
         self.procs: list[subprocess.Popen[str]] = []
         self.errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in close())
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{src}", "OMP_NUM_THREADS": "1"}
         for first in range(0, n, per_host):
             argv = [sys.executable, "-m", "bench.scale_sim", "--host", str(port), str(min_nodes), str(n),
-                    str(first), str(min(per_host, n - first)), json.dumps(conf)]
+                    str(first), str(min(per_host, n - first)), json.dumps(conf), run_id or RUN_ID.format(n=n)]
             self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE,
                                                stdout=subprocess.PIPE, stderr=self.errors, text=True, bufsize=1))
         self.news: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -410,7 +413,7 @@ def client(port: int) -> Any:
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120), wait_for_workers=False)
 
 
-def state_size(port: int, n: int) -> dict[str, float]:
+def state_size(port: int, n: int, run_id: str = "") -> dict[str, float]:
     """torch's rendezvous state as the store holds it (base64 of one pickle),
     and what one reader pays to decode it."""
     import base64
@@ -420,7 +423,7 @@ def state_size(port: int, n: int) -> dict[str, float]:
     from ddpkit.rdzv_store import RDZV_STATE_KEY
 
     store = client(port)
-    raw = bytes(store.get(RDZV_STATE_KEY + runkey.rdzv_run_id(RUN_ID.format(n=n))))
+    raw = bytes(store.get(RDZV_STATE_KEY + runkey.rdzv_run_id(run_id or RUN_ID.format(n=n))))
     t = time.perf_counter()
     for _ in range(5):
         state = pickle.loads(base64.b64decode(raw))
@@ -489,11 +492,13 @@ class StateWatch:
     participants it had, and how often that number fell (nodes expired by
     the others while they waited)."""
 
-    def __init__(self, port: int, n: int) -> None:
+    def __init__(self, port: int, n: int, run_id: str = "", every_s: float = 1.0) -> None:
         from ddpkit import runkey
         from ddpkit.rdzv_store import rendezvous_state
 
-        self._read = lambda store: rendezvous_state(store, runkey.rdzv_run_id(RUN_ID.format(n=n)))
+        run_id = run_id or RUN_ID.format(n=n)
+        self._read = lambda store: rendezvous_state(store, runkey.rdzv_run_id(run_id))
+        self._every_s = every_s
         self._store = client(port)
         self.trace: list[tuple[float, int]] = []
         self._stop = threading.Event()
@@ -502,7 +507,7 @@ class StateWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(self._every_s):
             state = self._read(self._store)
             if state is not None:
                 self.trace.append((round(time.monotonic() - self._began, 1), len(state.participants)))
@@ -515,28 +520,47 @@ class StateWatch:
         return {"max_participants": max(counts, default=0), "drops": drops, "trace": self.trace[-120:]}
 
 
-def rendezvous_phase(n: int, store: StoreService, per_host: int, steady_s: float, first_limit_s: float,
-                     keep_alive_s: int | None = None) -> dict[str, Any]:
-    """First rendezvous, steady state, re-formation at N nodes (module docstring),
-    on `store` (launched, maybe not listening yet: `ready` is waited for here)."""
-    from ddpkit.rdzv_timing import derive, state_poll_s
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
-    timing = derive(LOSS_S, n)
+
+def arm_timing(n: int, src: Path | None = None) -> dict[str, Any]:
+    """The rendezvous timeouts and polls of the code in `src` (another checkout's src/, as `--baseline`
+    names it; None: this one) at N nodes: its rdzv_timing, imported in a process of its own."""
+    code = ("import json, sys; from dataclasses import asdict; from ddpkit import rdzv_timing as t;"
+            " n, loss = int(sys.argv[1]), float(sys.argv[2]); timing = t.derive(loss, n);"
+            " polls = {k: getattr(t, k)(n) for k in ('state_poll_s', 'join_poll_s', 'training_poll_s')"
+            " if hasattr(t, k)}; print(json.dumps({'conf': asdict(timing), 'polls': polls}))")
+    env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
+    return json.loads(subprocess.run([sys.executable, "-c", code, str(n), str(LOSS_S)], env=env, check=True,
+                                     capture_output=True, text=True).stdout)
+
+
+def rendezvous_phase(n: int, store: StoreService, per_host: int, steady_s: float, first_limit_s: float,
+                     keep_alive_s: int | None = None, src: Path | None = None, tag: str = "") -> dict[str, Any]:
+    """First rendezvous, steady state, re-formation at N nodes (module docstring),
+    on `store` (launched, maybe not listening yet: `ready` is waited for here);
+    the handlers and timeouts of the code in `src` (None: this checkout's), the run id tagged with `tag`."""
+    arm = arm_timing(n, src)
+    conf = {**arm["conf"], "join_timeout": JOIN_LIMIT_S}
     if keep_alive_s:
-        timing = replace(timing, keep_alive_interval=keep_alive_s)
-    conf = {**asdict(timing), "join_timeout": JOIN_LIMIT_S}
+        conf["keep_alive_interval"] = keep_alive_s
+    expiry = conf["keep_alive_interval"] * conf["keep_alive_max_attempt"]
     min_nodes = max(1, n - 1)  # the crash leaves N-1: the smallest job that re-forms
-    hosts = Hosts(store.port, n, per_host, conf, min_nodes)  # their imports beside the store's
+    run_id = RUN_ID.format(n=n) + tag
+    hosts = Hosts(store.port, n, per_host, conf, min_nodes, src or ROOT / "src", run_id)  # imports beside the store's
     store.ready()
     began = store.stat()["rss_mb"]
     out: dict[str, Any] = {"nodes": n, "host_processes": len(hosts.procs), "rdzv_conf": conf, "min_nodes": min_nodes,
-                           "state_poll_s": state_poll_s(n), "expiry_s": timing.expiry_s,
+                           "state_poll_s": arm["polls"]["state_poll_s"], "polls": arm["polls"], "expiry_s": expiry,
+                           "src": str(src) if src else None,
                            "first_rendezvous_s": None, "reformation_s": None, "steady": None}
     try:
         hosts.wait_ready()
         out["store_before"] = store.stat()
         agents_cpu0 = hosts.cpu_s()
-        watch = StateWatch(store.port, n)
+        watch = StateWatch(store.port, n, run_id, every_s=0.5)
         go = time.time()
         hosts.tell("go")
         try:
@@ -548,10 +572,11 @@ def rendezvous_phase(n: int, store: StoreService, per_host: int, steady_s: float
             return out
         out["first_watch"] = watch.stop()
         out["first_rendezvous_s"] = max(j["at"] for j in first.values()) - go
+        out["first_round_trip_s"] = _median([j.get("round_trip_s") for j in first.values()])
         out["first_rounds"] = rounds
         out["first_ranks_distinct"] = sorted(j["rank"] for j in first.values()) == list(range(n))
         out["store_after_first"] = store.stat()
-        out["state"] = state_size(store.port, n)
+        out["state"] = state_size(store.port, n, run_id)
         # steady state: every node keeps alive and polls, as while the job trains
         before, cpu0, agents0, t0 = hosts.stats(), store.stat()["cpu_s"], hosts.cpu_s(), time.monotonic()
         time.sleep(steady_s)
@@ -576,6 +601,7 @@ def rendezvous_phase(n: int, store: StoreService, per_host: int, steady_s: float
             out["reformation_failed"] = str(exc)
             return out
         out["reformation_s"] = max(j["at"] for j in second.values()) - crash
+        out["reformation_round_trip_s"] = _median([j.get("round_trip_s") for j in second.values()])
         out["reformed_world"] = len(second)
         out["reformed_without_lost"] = lost not in second and sorted(j["rank"] for j in second.values()) == list(
             range(n - 1))
@@ -723,6 +749,77 @@ def rank_report_again(a: argparse.Namespace, say: Callable[[str], None]) -> int:
         path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
         path.with_suffix(".md").write_text(markdown(payload["results"]))
         say(f"wrote {path}")
+    return 0
+
+
+# ---- the rendezvous before and after a change ------------------------------------------------------
+ARMS = ("before", "after")
+RDZV_ROWS = {  # name -> (unit, what): one row each in the side-by-side table
+    "first_rendezvous_s": ("s", "first rendezvous: start to every node's rank"),
+    "max_participants": ("nodes", "most participants the first round had (read every 0.5 s)"),
+    "drops": ("", "times the first round's participants fell (live nodes dropped)"),
+    "reformation_s": ("s", "re-formation after a crash: to every survivor's rank"),
+    "steady_requests_per_s": ("req/s", "store requests a second while the job trains"),
+    "steady_mb_per_s": ("MB/s", "store traffic while the job trains"),
+    "agent_cpu_ms_per_s": ("ms/s", "one agent's CPU a second while the job trains"),
+}
+
+
+def rdzv_figures(r: dict[str, Any]) -> dict[str, Any]:
+    watch, steady = r.get("first_watch") or {}, r.get("steady") or {}
+    return {"first_rendezvous_s": r["first_rendezvous_s"], "max_participants": watch.get("max_participants"),
+            "drops": watch.get("drops"), "reformation_s": r["reformation_s"],
+            "steady_requests_per_s": steady.get("store_requests_per_s"),
+            "steady_mb_per_s": steady.get("store_mb_per_s"),
+            "agent_cpu_ms_per_s": None if steady.get("agent_cpu_cores_per_node") is None
+            else steady["agent_cpu_cores_per_node"] * 1e3}
+
+
+def rdzv_markdown(results: list[dict[str, Any]]) -> str:
+    ns = sorted({r["nodes"] for r in results})
+    by = {(r["nodes"], r["arm"]): rdzv_figures(r) for r in results}
+
+    def cell(v: Any, unit: str) -> str:
+        if v is None:
+            return "not formed" if unit == "s" else "-"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    head = "| measure | unit | " + " | ".join(f"N={n:,} {arm}" for n in ns for arm in ARMS) + " |"
+    lines = [head, "|---|---|" + "---:|" * (2 * len(ns))]
+    for key, (unit, what) in RDZV_ROWS.items():
+        lines.append(f"| {what} | {unit} | " + " | ".join(cell(by.get((n, arm), {}).get(key), unit)
+                                                          for n in ns for arm in ARMS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def rendezvous_before_after(a: argparse.Namespace, say: Callable[[str], None]) -> int:
+    """--only rendezvous: the first rendezvous, steady state and re-formation at each N, the code in
+    --baseline (before) and this checkout's (after) one after the other at each N, on one store service."""
+    from bench import common
+
+    began, results = time.monotonic(), []
+    store = StoreService.launch()
+    try:
+        for n in sorted(a.nodes):
+            for arm, src in zip(ARMS, (a.baseline / "src", None)):
+                say(f"N={n} {arm}: rendezvous ({math.ceil(n / a.nodes_per_host)} host processes)")
+                steady = a.steady_s or 4.0
+                r = rendezvous_phase(n, store, a.nodes_per_host, steady, a.first_limit_s, a.keep_alive_s, src,
+                                     tag=f"-{arm}") | {"arm": arm, "load_avg_1m": os.getloadavg()[0]}
+                results.append(r)
+                say(f"N={n} {arm}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                   for k, v in rdzv_figures(r).items()))
+                name = a.name if a.name != "scale_sim" else "scale_sim-rdzv"
+                payload = {"command": common.command_line(), "machine": common.machine(),
+                           "seconds": time.monotonic() - began, "baseline": str(a.baseline), "loss_s": LOSS_S,
+                           "results": results, "figures": [{"nodes": x["nodes"], "arm": x["arm"], **rdzv_figures(x)}
+                                                           for x in results]}
+                path = common.write_result(name, payload, a.out or common.RESULTS)
+                path.with_suffix(".md").write_text(rdzv_markdown(results))
+    finally:
+        store.stop()
+    say(rdzv_markdown(results))
+    say(f"wrote {path}")
     return 0
 
 
@@ -1158,8 +1255,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="no run: analyse a run's JSON again (tables, goals, plots), rewriting it and its .md")
     p.add_argument("--with", dest="with_", type=Path, action="append", default=[],
                    help="another run's JSON: its N not run here join the tables, fits and plots")
-    p.add_argument("--only", choices=["rank-report"],
-                   help="measure this part alone and put its figures into the runs named by --into")
+    p.add_argument("--only", choices=["rank-report", "rendezvous"],
+                   help="rank-report: measure it alone and put its figures into the runs named by --into; "
+                        "rendezvous: the rendezvous alone, --baseline's code and this one's side by side "
+                        "(-> bench/results/scale_sim-rdzv.json, .md)")
+    p.add_argument("--baseline", type=Path,
+                   help="with --only rendezvous: a checkout of the code before (its src/ runs the 'before' agents)")
     p.add_argument("--into", type=Path, action="append", default=[],
                    help="with --only: a run's JSON whose results at the N measured take the new figures "
                         "(its first figures are kept under \"before\"); the first one's tables and plot are made again")
@@ -1170,8 +1271,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.launcher_s = a.launcher_s or (2.0 if a.short else 5.0)
     a.first_limit_s = a.first_limit_s or (60.0 if a.short else 120.0)
     a.name = a.name or ("scale_sim-short" if a.short else "scale_sim")
-    if a.only and not a.into:
-        p.error("--only: name the runs to update with --into")
+    if a.only == "rank-report" and not a.into:
+        p.error("--only rank-report: name the runs to update with --into")
+    if a.only == "rendezvous" and not (a.baseline and (a.baseline / "src" / "ddpkit").is_dir()):
+        p.error("--only rendezvous: --baseline names a checkout with src/ddpkit")
     return a
 
 
@@ -1205,6 +1308,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.only == "rank-report":
         return rank_report_again(a, say)
+    if a.only == "rendezvous":
+        return rendezvous_before_after(a, say)
     results = []
     began = time.monotonic()
     store = StoreService.launch()
