@@ -198,3 +198,14 @@ def test_an_agent_signalled_while_its_worker_runs_is_stopped_and_leaves_no_failu
     assert agent.returncode != ExitCode.STALLED and "ddpkit.agent: node 0: SIGTERM: its worker stopped" in err, \
         err[-3000:]
     assert not (tmp_path / "rec" / "node1.run0.failed").exists()
+
+
+def test_once_the_agents_end_is_settled_a_stop_signal_cannot_change_its_exit_status() -> None:
+    """Python puts the default action back as it finalizes; srun's SIGTERM then killed an agent that had
+    decided on 13 (`srun: error: node1: task 0: Terminated`, status 143)."""
+    code = ("import os, signal, atexit; from ddpkit.agent import stopping; stopping.settled(); "
+            "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM)); os.kill(os.getpid(), signal.SIGTERM); "
+            "raise SystemExit(13)")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 13, done.stderr

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-    from . import handler, nodelog, orphaned, ownstderr, sameerror, stopping, tailing, worker, zygote
+    from . import handler, nodelog, nodestderr, orphaned, sameerror, stopping, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
     args = parse_args(argv)
@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     tailing.install()
     stopping.install(handler.a_worker_ended)
     share_cores(args.nproc_per_node, os.environ)
+    # before the zygote's fork: it and its workers write their stderr through the copier too
+    node_stderr = None if nodelog.path() is None else \
+        nodestderr.redirect(lambda line: nodelog.keep(line, "c10d, on a connection to the store"))
     started: zygote.Zygote | None = None
     why = handler.unsupported()
     if why is None and not args.no_python and not args.run_path:
@@ -150,9 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         handler.install(started)
     elif why is not None and forks(os.environ):
         print(f"ddpkit.agent: workers start as new interpreters: {why}", file=sys.stderr, flush=True)
-    # after the zygote's fork: its workers keep the job's stderr; the agent's own goes through the copier
-    own_stderr = None if nodelog.path() is None else \
-        ownstderr.start(lambda line: nodelog.keep(line, "c10d, on a connection to the store"))
+    if node_stderr is not None:
+        node_stderr.copy()  # a thread: after the zygote's fork
     try:
         try:
             record(torchrun.run)(args)
@@ -195,8 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if started is not None:
             started.close()
-        if own_stderr is not None:
-            own_stderr.close()
+        if node_stderr is not None:
+            node_stderr.close()
+        stopping.settled()
 
 
 if __name__ == "__main__":

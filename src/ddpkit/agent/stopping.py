@@ -48,6 +48,8 @@ SHUTDOWN_CHATTER = frozenset({"Received %s death signal, shutting down workers",
 # launcher reads its records (a Slurm job: __main__.report); kept in the node's log there, printed elsewhere.
 FAILURE_CHATTER = frozenset({"failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"})
 REPEAT_S = 5.0  # a stop signal this soon after the first is the same stop (see on_stop_signal)
+# What launchers and schedulers send to stop a job (the zygote's SPARED); ignored once the agent's end is decided.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 TORCH_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
 
 
@@ -274,6 +276,19 @@ def ending() -> None:
     last shutdown waiting for its log tailers, an atexit hook) instead of the
     agent's own end."""
     LAST.ending = True
+
+
+def settled() -> None:
+    """The agent's end is decided (its exit status set): a stop signal from now
+    on is ignored. Python puts the default action back for every signal it
+    handled as its interpreter finalizes, and a SIGTERM then (srun stopping
+    every node as this one ends: tens of ms with torch loaded) would kill the
+    agent, its status the signal's (143), not the one it decided."""
+    for sig in STOP_SIGNALS:
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):  # not the main thread, or a signal this system lacks
+            pass
 
 
 def exit_codes(pcontext: Any) -> list[int | None]:
