@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from ddpkit.launch.supervise import proctree
-from tests.helpers.tiers import one_case_in_ci
 from tests.helpers.elastic_gate import local_node_agent
+from tests.helpers.tiers import one_case_in_ci
 from tests.test_preamble import TUTORIAL, Job
 from tests.test_startup import ROOT
 
