@@ -205,7 +205,7 @@ def test_the_line_printer_holds_merges_and_releases_on_close() -> None:
     printer.line(nodes[1], f"[rank3]:{'x' * 3}")
     assert out.getvalue() == f"[all 4 ranks] {WARN}\n"
     # the node's tail (the summary's "first failure" cell) keeps every copy, as before
-    assert printer.tail(nodes[1]) == [f"[node1 rank2] {WARN}", f"[node1 rank3] {WARN}", "[node1 rank3] xxx"]
+    assert printer.findings.tail(nodes[1].index) == [f"[node1 rank2] {WARN}", f"[node1 rank3] {WARN}", "[node1 rank3] xxx"]
     printer.close()
     assert out.getvalue() == f"[all 4 ranks] {WARN}\n[ranks 0,3] xxx\n"
     printer.line(nodes[0], "[rank0]:after close")  # printed at once

@@ -222,7 +222,7 @@ def test_a_static_job_stopped_for_a_lost_node_names_it_and_exits_14() -> None:
     sup.printer.line(nodes[0], LOST_LINE)  # type: ignore[arg-type]  # the backup monitor's copy: told once
     assert told == [2]
     outcome = Outcome(nodes=[NodeTrack(n, NodeState.FAILED) for n in nodes],  # type: ignore[arg-type]
-                      first_failure=nodes[0], lost=list(sup.printer.recovery.lost.values()))  # type: ignore[arg-type]
+                      first_failure=nodes[0], lost=list(sup.findings.recovery.lost.values()))  # type: ignore[arg-type]
     outcome.blame_lost()  # a survivor's exit 14 reached the loop first: the lost node is still blamed
     assert outcome.first_failure is nodes[2] and outcome.code == ExitCode.NODE_LOST
     assert node_status(nodes[2], outcome) is SummaryStatus.LOST  # type: ignore[arg-type]
@@ -244,7 +244,7 @@ def test_an_elastic_job_that_went_on_says_how_long_recovery_took() -> None:
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(reformed))  # type: ignore[arg-type]
     states = [NodeState.FINISHED, NodeState.FINISHED, NodeState.EXCLUDED]
     outcome = Outcome(nodes=[NodeTrack(n, s) for n, s in zip(nodes, states, strict=True)],  # type: ignore[arg-type]
-                      lost=list(sup.printer.recovery.lost.values()))
+                      lost=list(sup.findings.recovery.lost.values()))
     assert outcome.code == ExitCode.OK
     closing = sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]
     assert ("every node finished but node 2 (h2: no heartbeat for 11s, noticed by the job's heartbeats (frozen, "
@@ -317,7 +317,7 @@ def test_a_killed_node_reported_silent_afterwards_failed_with_its_exit_status() 
         return 0
 
     sup, outcome = _elastic_run([survivor, survivor, lambda node, printer, sup: 137])
-    assert 2 in sup.printer.recovery.silent_since  # the lost record was read, after the exit
+    assert 2 in sup.findings.recovery.silent_since  # the lost record was read, after the exit
     assert outcome.code == ExitCode.OK and outcome.lost == []
     assert "every node finished but node 2 (h2: exit status 137): excluded after it failed" in _closing(sup, outcome)
     assert node_status(sup.nodes[2], outcome) is SummaryStatus.EXCLUDED

@@ -137,8 +137,8 @@ def test_the_launcher_keeps_records_off_the_console_and_cuts_the_tail_at_the_fai
     shown = out.getvalue()
     assert records.FRAME not in shown.replace(records.FRAME + '{"kind": "later"}', "")
     assert "Traceback" not in shown and "ChildFailedError" not in shown and "[node1] after the report" in shown
-    assert printer.worker_code(1) == 12  # the first failed worker's
-    assert printer.tail(node) == ["[node1 rank1] the worker's last line",  # type: ignore[arg-type]
+    assert printer.findings.worker_code(1) == 12  # the first failed worker's
+    assert printer.findings.tail(node.index) == ["[node1 rank1] the worker's last line",  # type: ignore[arg-type]
                                   "[node1] worker rank 1 (pid 9) failed (exitcode: 12)"]
 
 
@@ -196,7 +196,7 @@ def test_a_line_glued_to_an_unfinished_one_is_a_line_of_its_own() -> None:
     printer.close()
     assert out.getvalue().splitlines() == ["[node1] train: 52%|", "[node1] train:  0%|",
                                            "[node1 rank1] [W1127 reducer.cpp:1529] Warning: find_unused"]
-    assert printer.worker_code(1) == 3 and printer.worker_code(0) == 3
+    assert printer.findings.worker_code(1) == 3 and printer.findings.worker_code(0) == 3
 
 
 def test_torchs_reverse_dns_warning_stays_off_the_console() -> None:

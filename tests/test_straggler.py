@@ -318,11 +318,11 @@ def test_the_supervisor_marks_the_straggler_in_a_column_of_its_own() -> None:
     line = Work(3, 41, 10, 0.3, 1, "h1")
     [change] = at_once().observe([Work(r, 41, 10, 0.01, r // 2, f"h{r // 2}") for r in range(3)] + [line])
     sup.printer.line(nodes[0], "[rank0]:" + change.line())  # the line for people: no mark by itself
-    assert sup.printer.straggler_ranks() == []
+    assert sup.findings.straggler_ranks() == []
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(change.record()))
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(change.record()))  # named twice (two episodes): one mark
     outcome = Outcome(nodes=[NodeTrack(n, NodeState.FINISHED) for n in nodes],  # type: ignore[arg-type]
-                      stragglers=sup.printer.straggler_ranks())
+                      stragglers=sup.findings.straggler_ranks())
     rows = [sup._row(n, outcome) for n in nodes]  # type: ignore[arg-type]
     assert [r.straggler for r in rows] == ["", f"rank 3 (h1): {change.record().detail}"]
     record = Console(width=250, record=True)

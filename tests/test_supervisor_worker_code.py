@@ -179,7 +179,7 @@ def test_launch_docker_keeps_what_the_console_leaves_out_in_its_log(tmp_path: Pa
     node._pump(printer)
     assert (tmp_path / "logs" / "node1.log").read_bytes() == raw
     assert "Traceback" not in out.getvalue() and "ChildFailedError" not in out.getvalue()
-    assert printer.worker_code(1) == 12 and printer.cause_lines(1) == [CAUSE]
+    assert printer.findings.worker_code(1) == 12 and printer.findings.cause_lines(1) == [CAUSE]
 
 
 def test_the_run_folder_records_a_stall_and_a_preempted_node_as_events(tmp_path: Path) -> None:

@@ -331,7 +331,7 @@ def test_the_supervisor_reads_the_report_status_stalled_and_exit_13() -> None:
     stalled = records.StalledRank(3, 1, "h1", 77, 9, "forward", 9.0, frozen_s=9.0)
     sup.printer.line(nodes[0], "[rank0]:" + records.frame(records.Stall(9.0, 8.0, (stalled,), (), (), "stderr")))
     outcome = Outcome(nodes=[NodeTrack(n, NodeState.FAILED) for n in nodes],  # type: ignore[arg-type]
-                      first_failure=nodes[0], stalled=sup.printer.stalled_ranks())  # type: ignore[arg-type]
+                      first_failure=nodes[0], stalled=sup.findings.stalled_ranks())  # type: ignore[arg-type]
     assert outcome.code == ExitCode.STALLED
     assert [node_status(n, outcome) for n in nodes] == [SummaryStatus.STOPPED, SummaryStatus.STALLED]  # type: ignore[arg-type]
     assert "stalled rank(s): rank 3 (node 1, h1)" in sup.closing_line(outcome, type("T", (), {"title": "x"})())  # type: ignore[arg-type]

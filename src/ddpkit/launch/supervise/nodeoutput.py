@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from .recovery import Recovery
 
 NO_EXIT_STATUS = -1  # a node that ended without an exit status (a dropped connection, a removed container)
 
@@ -121,26 +120,6 @@ class LinePrinter:
             self.reader.forget(index)
             self.findings.forget(index)
 
-    # What callers that hold only the printer read: its findings'.
-
-    @property
-    def recovery(self) -> Recovery:
-        return self.findings.recovery
-
-    def worker_code(self, index: int) -> int | None:
-        return self.findings.worker_code(index)
-
-    def cause_lines(self, first: int | None) -> list[str]:
-        return self.findings.cause_lines(first)
-
-    def stalled_ranks(self) -> list[records.StalledRank]:
-        return self.findings.stalled_ranks()
-
-    def straggler_ranks(self) -> list[records.Straggler]:
-        return self.findings.straggler_ranks()
-
-    def tail(self, node: NodeHandle) -> list[str]:
-        return self.findings.tail(node.index)
 
 
 class ConsoleLines:
