@@ -118,12 +118,17 @@ def runs_env(cluster: SlurmCluster) -> dict[str, str]:
     return {"DDPKIT_RUNS_DIR": str(cluster.workdir / "runs")}
 
 
-def assert_read_as_people_read_it(run: Run, text: str) -> None:
+def assert_read_as_people_read_it(run: Run, text: str, agents: bool) -> None:
     """The job's output file, as `tail -f` shows it, holds no record: each node
     wrote its records to its own file in the job's records folder instead, where
-    `ddpkit status` reads the stop back (signal, step, checkpoint)."""
+    `ddpkit status` reads the stop back (signal, step, checkpoint). torch's stop
+    lines, off the output, are in each node's log there (`agents`: torchrun mode)."""
     assert records.FRAME not in text, text[-6000:]
     folder = records.slurm_folder(run.folder, run.script.stem, run.job)
+    if agents:
+        for node in ("node1", "node2"):
+            kept = (folder / f"{node}.log").read_text()
+            assert "torch, on the stop" in kept and "death signal" in kept, kept
     kept = records.read_folder(folder)
     stops = [s.record for s in kept if isinstance(s.record, records.Stop)]
     assert stops and all(s.time is not None for s in kept), sorted(p.name for p in folder.glob("*"))
@@ -179,7 +184,7 @@ def test_preempted_job_checkpoints_on_the_signal_requeues_and_resumes_bitwise(
     # of dying of it, which --kill-on-bad-exit would turn into a SIGKILL of every rank.
     assert "User defined signal 2" not in text, text[-6000:]
     assert_one_line_per_node(text, "SIGUSR2" if mode == "torchrun" else None)
-    assert_read_as_people_read_it(run, text)
+    assert_read_as_people_read_it(run, text, agents=mode == "torchrun")
 
     # (b) requeued: a second run of the same job
     assert info.restarts == 1, info
@@ -224,5 +229,5 @@ def test_a_users_scancel_cancels_the_job_it_does_not_requeue_it(cluster: SlurmCl
     assert "requeueing Slurm job" not in text.replace("not requeueing Slurm job", ""), text[-6000:]
     assert run.kinds("resume") == [] and f"job {run.job} run 2 " not in text
     assert_one_line_per_node(text, "SIGTERM")
-    assert_read_as_people_read_it(run, text)
+    assert_read_as_people_read_it(run, text, agents=True)
     assert processes_in(run.folder) == [], "processes of the job left running"

@@ -139,6 +139,13 @@ def test_failing_task_fails_the_whole_job(cluster: SlurmCluster, tmp_path: Path,
     text = output(script, job)
     assert info.state == "FAILED", text
     assert "PROBE-FAIL rank=3" in text
+    if mode == "torchrun":
+        # the failed rank's code, not the 143 of the node srun stopped with SIGTERM (the agents' failure
+        # files, the batch script's first failure); torch's report in the node's log, one line here
+        assert info.exit_code == "1:0", f"{info}\n{text[-6000:]}"
+        assert re.search(r"^1: ddpkit\.agent: node 1: worker rank 3 failed \(exit code 1\); torch's report: \S+/"
+                         r"fail-torchrun-\d+\.records/node2\.log$", text, re.MULTILINE), text[-6000:]
+        assert "ChildFailedError" not in text and "Traceback" not in text, text[-6000:]
 
 
 @pytest.mark.full  # a port per job: test_render_slurm.py's port rule, in bash and Python
