@@ -30,25 +30,19 @@ were in, and never past the join operation's own deadline; then it closes
 as torch's would, with the nodes that came.
 
 A node waiting for a round (in one not yet complete, or on the wait list)
-is judged silent leniently (rdzv_timing.waiting_expiry_s: 30 s, within
-first_round_timeout, where a participant of a complete round expires after
-3 keep-alives, which a re-formation waits for) and sends its keep-alives
-less often (rdzv_timing.waiting_keep_alive_s): a node still starting on a
-busy host misses keep-alives, and dropping it only made it join again, one
-more write of the whole state on which the others' compare-and-sets failed,
-until on starved CPUs no round ever formed. A round completes only with
-nodes that showed life within half that expiry: a node silent longer is
-waited for (it comes back, or expires and the round goes on without it), so
-a node dead before its first step is not given a rank that would stop every
-worker.
-
-And its polls, timed by each agent's own round trips to the store (a moving
-average: a loaded store or a starved agent backs off): a waiting agent reads
-the shared state every rdzv_timing.join_poll_s (0.1 s up to 64 nodes)
-instead of torch's second, which each step of a membership change waited
-(the dead agent's expiry seen, the last join seen); a training agent's reads
-(torchrun's num_nodes_waiting) are cached for rdzv_timing.training_poll_s,
-so the agents together read about 64 times a second at any N.
+expires after rdzv_timing.waiting_expiry_s (30 s, within first_round_timeout;
+a participant of a complete round, whose expiry a re-formation waits for,
+after 3 keep-alives) and keeps alive less often (waiting_keep_alive_s): on a
+busy host a starting node misses keep-alives, and dropping it only made it
+join again, one more write of the whole state on which the others'
+compare-and-sets failed, until on starved CPUs no round formed. A round
+completes only with nodes seen within half that expiry (one silent longer
+is waited for), so a node dead before its first step gets no rank. A failed
+compare-and-set backs off (rdzv_timing.cas_backoff_s). Polls follow each
+agent's measured round trip to the store: a waiting agent reads the state
+every rdzv_timing.join_poll_s (0.1 s up to 64 nodes; torch's is a second), a
+training one (num_nodes_waiting) every training_poll_s, about 64 reads a
+second from all agents together at any N.
 
 Registered through the `torchrun.handlers` entry point (pyproject.toml);
 torchrun calls `creator()` once and registers what it returns under the
@@ -163,10 +157,8 @@ def _silent(ctx: Any, silent_s: float) -> list[Any]:
 
 
 def _sanitize(holder: Any, timing: AgentTiming) -> None:
-    """torch's state holder's `_sanitize` (every node whose keep-alive is
-    older than the expiry is removed from the state), with this agent's
-    expiry for each node (AgentTiming.expiry_s: a waiting node's is longer)
-    instead of the settings' one for all."""
+    """torch's state holder's `_sanitize` (a node whose keep-alive is older than the expiry is removed),
+    with this agent's expiry for each node (AgentTiming.expiry_s: a waiting node's is longer)."""
     state, now = holder._state, datetime.now(timezone.utc)
     holder._dead_nodes = [node for node, beat in state.last_heartbeats.items()
                           if beat < now - timedelta(seconds=timing.expiry_s(_waiting(state, node)))]
@@ -182,13 +174,9 @@ def _sanitize(holder: Any, timing: AgentTiming) -> None:
 
 
 def _alive_from_completion(inner: Any) -> None:
-    """The node that completes a round (torch's `_mark_rendezvous_complete`,
-    at the last call or as the last joiner) counts every participant's
-    keep-alive from then: each showed life within silent_s (the executor
-    waited for the others), and its next keep-alive, from the heartbeat
-    thread of a complete round, comes an interval after it sees the round
-    complete. Its last one as a waiting node (waiting_keep_alive_s apart) may
-    be older than a complete round's expiry: it would be dropped at once."""
+    """The node that completes a round (torch's `_mark_rendezvous_complete`, at the last call or as the
+    last joiner) counts every participant's keep-alive from then: each was seen within silent_s, and its
+    last one as a waiting node (waiting_keep_alive_s apart) may be older than a complete round's expiry."""
     complete = inner._mark_rendezvous_complete
 
     def and_alive() -> None:
@@ -295,8 +283,7 @@ class _Executor:
 
 
 class _Poll(threading.local):
-    """The poll of the join operation running on this thread (its agent's
-    join_poll_s); None: the pause's own."""
+    """The poll of the join operation running on this thread (None: the pause's own)."""
 
     seconds: Callable[[], float] | None = None
 
