@@ -150,6 +150,16 @@ def _version() -> str:
 RUN_COMMANDS = ("status", "logs", "cancel", "report")
 
 
+def _lives_elsewhere(text: str) -> bool:
+    """Whether RUN is a handle on a run that lives on another host (launch ssh --detach)."""
+    from .runs import UnknownRun, resolve
+
+    try:
+        return resolve(text).record.remote is not None
+    except (UnknownRun, OSError, ValueError):
+        return False  # the command itself says why
+
+
 def _detached_ending(text: str) -> None:
     """`logs --follow` of a detached run ends as its console did: the
     summary table, any teardown problem, the closing line and the workers'
@@ -193,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     try:
         handler: Callable[[argparse.Namespace], int] = args.handler  # every command parser sets one (set_defaults)
-        if args.command in RUN_COMMANDS:
-            from .launch.ssh.remote import forwarded
+        if args.command in RUN_COMMANDS and _lives_elsewhere(getattr(args, "run", "")):
+            from .launch.ssh.remote import forwarded  # paramiko: only for such a run
 
             code = forwarded(args)  # a run detached onto another host: asked there (launch ssh --detach)
             if code is not None:
