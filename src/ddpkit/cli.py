@@ -160,28 +160,6 @@ def _lives_elsewhere(text: str) -> bool:
         return False  # the command itself says why
 
 
-def _detached_ending(text: str) -> None:
-    """`logs --follow` of a detached run ends as its console did: the
-    summary table, any teardown problem, the closing line and the workers'
-    cause (an attached run's console shows them after the ranks' last lines)."""
-    from rich.text import Text
-
-    from .launch.prelude import make_console
-    from .launch.supervise.summary import summary_table
-    from .runs import resolve
-
-    rec = resolve(text).record
-    if not rec.detached or rec.summary is None:
-        return
-    summary, console, failed = rec.summary, make_console(), bool(rec.exit_code)
-    console.print(summary_table(summary))
-    for problem in summary.problems:
-        console.print(Text(f"teardown problem: {problem}"))
-    console.print(Text(summary.closing, style="bold red" if failed else "green"), soft_wrap=True)
-    for cause in summary.causes:
-        console.print(Text(cause, style="bold red" if failed else ""), soft_wrap=True)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpkit", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -209,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             code = forwarded(args)  # a run detached onto another host: asked there (launch ssh --detach)
             if code is not None:
                 return code
-        code = handler(args)
-        if args.command == "logs" and args.follow and code == ExitCode.OK:
-            _detached_ending(args.run)
-        return code
+        return handler(args)
     except (TrainArgsError, TemplatesError, SpecError) as exc:
         return exit_on("ddpkit", exc)
     except RenderError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import yaml
 from .... import envnames
 from ....agreed import TRAIN_MODULE, is_ddpkit_module
 from ....exitcodes import ExitCode
-from ....runs import RunState, RunTarget, StoredRun, launcher_alive, shown_state
+from ....runs import RunRecord, RunState, RunTarget, StoredRun, launcher_alive, shown_state
 from ...supervise import proctree
 from ..common import ACTIVE, RunCommandError, already_ended
 from ..logs import LogRequest, launch_sources, print_files
@@ -58,7 +59,10 @@ class Launched:
 
     def logs(self, run: StoredRun, request: LogRequest) -> int:
         found, note = launch_sources(run.record, request, self.launcher)
-        return print_files(found, note, request, lambda: shown_state(run.folder.record()) in ACTIVE)
+        code = print_files(found, note, request, lambda: shown_state(run.folder.record()) in ACTIVE)
+        if request.follow and code == ExitCode.OK:
+            _detached_ending(run.folder.record())
+        return code
 
     def cancel(self, run: StoredRun, now: Now) -> int:
         rec = run.folder.record()
@@ -67,6 +71,28 @@ class Launched:
         if now.state not in ACTIVE:
             return already_ended(rec.id, now.state, now.exit_code)
         return _cancel_launcher(StoredRun(run.folder, rec))
+
+
+def _detached_ending(rec: RunRecord) -> None:
+    """A followed detached run ends as its console did: the summary table,
+    any teardown problem, the closing line and the workers' cause (an
+    attached run's console shows them after the ranks' last lines; a
+    detached one's went to its console.log, not to the node logs followed)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from ...supervise.summary import summary_table
+
+    if not rec.detached or rec.summary is None:
+        return
+    summary, failed = rec.summary, bool(rec.exit_code)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    console.print(summary_table(summary))
+    for problem in summary.problems:
+        console.print(Text(f"teardown problem: {problem}"))
+    console.print(Text(summary.closing, style="bold red" if failed else "green"), soft_wrap=True)
+    for cause in summary.causes:
+        console.print(Text(cause, style="bold red" if failed else ""), soft_wrap=True)
 
 
 def _to_stop(run: StoredRun) -> str:
