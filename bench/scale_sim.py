@@ -792,6 +792,30 @@ def rdzv_markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rdzv_plot(results: list[dict[str, Any]], path: Path, limit_s: float) -> Path:
+    """Before and after at each N: the first rendezvous's time (a cross where it never formed, at the limit)
+    and the live nodes dropped while it formed."""
+    from bench import common
+
+    plt = common.pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for arm, colour in zip(ARMS, ("tab:grey", "tab:blue")):
+        mine = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["nodes"])
+        ns = [r["nodes"] for r in mine]
+        formed = [(r["nodes"], r["first_rendezvous_s"]) for r in mine if r["first_rendezvous_s"] is not None]
+        never = [(r["nodes"], r.get("rdzv_limit_s") or limit_s) for r in mine if r["first_rendezvous_s"] is None]
+        left.plot(*zip(*formed), "o-", color=colour, label=f"{arm}: formed") if formed else None
+        left.plot(*zip(*never), "x", color=colour, markersize=9, label=f"{arm}: not formed within") if never else None
+        right.plot(ns, [rdzv_figures(r)["drops"] or 0 for r in mine], "o-", color=colour, label=arm)
+    left.set(xscale="log", yscale="log", xlabel="simulated nodes", ylabel="s", title="first rendezvous")
+    right.set(xscale="log", xlabel="simulated nodes", ylabel="times", title="live nodes dropped while it formed")
+    for ax in (left, right):
+        ax.legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    common.save_figure(fig, path)
+    return path
+
+
 def rendezvous_before_after(a: argparse.Namespace, say: Callable[[str], None]) -> int:
     """--only rendezvous: the first rendezvous, steady state and re-formation at each N, the code in
     --baseline (before) and this checkout's (after) one after the other at each N, on one store service."""
@@ -805,7 +829,8 @@ def rendezvous_before_after(a: argparse.Namespace, say: Callable[[str], None]) -
                 say(f"N={n} {arm}: rendezvous ({math.ceil(n / a.nodes_per_host)} host processes)")
                 steady = a.steady_s or 4.0
                 r = rendezvous_phase(n, store, a.nodes_per_host, steady, a.first_limit_s, a.keep_alive_s, src,
-                                     tag=f"-{arm}") | {"arm": arm, "load_avg_1m": os.getloadavg()[0]}
+                                     tag=f"-{arm}") | {"arm": arm, "load_avg_1m": os.getloadavg()[0],
+                                                       "rdzv_limit_s": a.first_limit_s}
                 results.append(r)
                 say(f"N={n} {arm}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                                    for k, v in rdzv_figures(r).items()))
@@ -819,6 +844,8 @@ def rendezvous_before_after(a: argparse.Namespace, say: Callable[[str], None]) -
     finally:
         store.stop()
     say(rdzv_markdown(results))
+    if not a.no_plots:
+        say(f"wrote {rdzv_plot(results, (a.img or IMG) / 'rdzv_before_after.png', a.first_limit_s)}")
     say(f"wrote {path}")
     return 0
 
@@ -1273,7 +1300,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.name = a.name or ("scale_sim-short" if a.short else "scale_sim")
     if a.only == "rank-report" and not a.into:
         p.error("--only rank-report: name the runs to update with --into")
-    if a.only == "rendezvous" and not (a.baseline and (a.baseline / "src" / "ddpkit").is_dir()):
+    if a.only == "rendezvous" and not a.from_ and not (a.baseline and (a.baseline / "src" / "ddpkit").is_dir()):
         p.error("--only rendezvous: --baseline names a checkout with src/ddpkit")
     return a
 
@@ -1297,6 +1324,11 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    if a.from_ is not None and a.only == "rendezvous":  # its plot and table again
+        payload = json.loads(a.from_.read_text())
+        a.from_.with_suffix(".md").write_text(rdzv_markdown(payload["results"]))
+        say(f"wrote {rdzv_plot(payload['results'], (a.img or IMG) / 'rdzv_before_after.png', a.first_limit_s)}")
+        return 0
     if a.from_ is not None:
         payload = json.loads(a.from_.read_text())
         report(payload["results"], say)

@@ -20,7 +20,8 @@ N = 8
 
 def test_both_arms_form_reform_and_are_tabled_side_by_side(tmp_path: Path) -> None:
     run_bench("bench.scale_sim", "--only", "rendezvous", "--baseline", str(ROOT), "--nodes", str(N),
-              "--steady-s", "1", "--first-limit-s", "60", "--out", str(tmp_path), "--name", "r")
+              "--steady-s", "1", "--first-limit-s", "60", "--out", str(tmp_path), "--name", "r",
+              "--img", str(tmp_path / "img"))
     data = json.loads((tmp_path / "r.json").read_text())
     assert [(f["nodes"], f["arm"]) for f in data["figures"]] == [(N, "before"), (N, "after")]
     for r in data["results"]:
@@ -28,3 +29,4 @@ def test_both_arms_form_reform_and_are_tabled_side_by_side(tmp_path: Path) -> No
         assert r["first_watch"]["max_participants"] <= N and r["polls"]["state_poll_s"] > 0
     assert data["results"][0]["src"] == str(ROOT / "src") and data["results"][1]["src"] is None
     assert f"| N={N} before | N={N} after |" in (tmp_path / "r.md").read_text()
+    assert (tmp_path / "img" / "rdzv_before_after.png").stat().st_size
