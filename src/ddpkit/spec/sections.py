@@ -132,12 +132,14 @@ class Elastic(Strict):
         description="ddpkit's rendezvous: seconds the first rendezvous, once min_nodes are in, waits for the "
                     "job's other nodes still starting, so that a slow start costs no restart (default 120; "
                     "never past rendezvous.timeout_s; 0: the last call alone, as torch's c10d); a node later "
-                    "than that joins at the next membership change")
+                    "than that joins at the next membership change; it also bounds how long a node waiting for "
+                    "a round may miss keep-alives before the others drop it (30 s at most)")
     rendezvous: Literal["ddpkit", "torchrun"] = Field(
         default="ddpkit",
         description="ddpkit: torch's c10d rendezvous with ddpkit's rule (the round after a loss starts once every "
                     "node that left the last one is back, without the last call; nodes that run a job's own "
-                    "command get plain c10d) and a keep-alive from the node count; torchrun: plain c10d with "
+                    "command get plain c10d), a keep-alive from the node count, a longer expiry for nodes waiting "
+                    "for a round and a back-off after a failed write of the state; torchrun: plain c10d with "
                     "torchrun's own keep-alive (5 s x 3) and last call (30 s), as a baseline")
     max_node_failures: int = Field(
         default=2, ge=1, le=100,
