@@ -124,7 +124,7 @@ def hosts_without_mapped_names(cluster: SlurmCluster) -> Iterator[None]:
             path.write_text(text)
 
 
-@pytest.mark.full  # tests/test_agent_nodelog.py::test_the_agents_own_stderr_keeps_c10ds_lookup_warning_in_the_node_log
+@pytest.mark.full  # tests/test_agent_nodelog.py::test_the_nodes_stderr_keeps_c10ds_lookup_warning_in_the_node_log
 def test_c10ds_lookup_warning_goes_to_the_node_log_not_the_output(cluster: SlurmCluster, tmp_path: Path) -> None:
     with hosts_without_mapped_names(cluster):
         info, text, folder = submit(cluster, tmp_path, "lookup", "ok")
