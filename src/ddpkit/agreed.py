@@ -33,6 +33,10 @@ PREAMBLE_PARTS: Final = ("interface", "rank_report", "progress", "metrics", "str
 # it to its run folder's metrics.jsonl (launch ssh, launch docker: rank 0 runs
 # where the run folder is not).
 METRICS_TO_LAUNCHER: Final = "-"
+# In a Slurm job's records folder, a node whose workers failed leaves when and
+# its exit code (agent/nodefailure.py) for the batch script, which ends the job
+# with the first failure's code (targets/slurm.SlurmPlan.failed_file).
+NODE_FAILURE_FILE: Final = "{node}.run{run}.failed"
 
 
 def metrics_to_launcher(path: object) -> bool:

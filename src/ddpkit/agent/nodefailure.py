@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .. import envnames, records
-
-# The batch script builds the same name: targets/slurm.SlurmPlan.failed_file.
-FILE = "{node}.run{run}.failed"
+from ..agreed import NODE_FAILURE_FILE
 
 
 def path_for(env: Mapping[str, str]) -> Path | None:
@@ -30,7 +28,7 @@ def path_for(env: Mapping[str, str]) -> Path | None:
     if folder is None or not env.get(envnames.SLURM_JOB_ID):
         return None
     node = records.node_file(folder, env.get(envnames.SLURMD_NODENAME)).stem
-    return folder / FILE.format(node=node, run=env.get(envnames.SLURM_RESTART_COUNT) or "0")
+    return folder / NODE_FAILURE_FILE.format(node=node, run=env.get(envnames.SLURM_RESTART_COUNT) or "0")
 
 
 def leave(code: int, failed_at: float | None, env: Mapping[str, str] | None = None) -> None:

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .. import envnames
-from ..agreed import METRICS_TO_LAUNCHER, SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN, is_ddpkit_module
+from ..agreed import METRICS_TO_LAUNCHER, NODE_FAILURE_FILE, SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN, is_ddpkit_module
 from ..contract import LaunchPlan, Target, resolve
 from ..exitcodes import ExitCode
 from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
@@ -204,9 +204,10 @@ class SlurmPlan:
     @property
     def failed_file(self) -> str:
         """Where the agent on node `$host` left when its workers failed and its
-        exit code (agent/nodefailure.FILE, in the records folder; this run's:
+        exit code (agreed.NODE_FAILURE_FILE, in the records folder; this run's:
         a requeued job keeps its id), as the batch shell expands it."""
-        return '${DDPKIT_RECORDS}/${host}.run${SLURM_RESTART_COUNT:-0}.failed'
+        name = NODE_FAILURE_FILE.format(node="${host}", run="${SLURM_RESTART_COUNT:-0}")
+        return f"${{{envnames.DDPKIT_RECORDS}}}/{name}"
 
     @property
     def left_behind_s(self) -> int:
