@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 # torch's agent's traceback and shutdown warnings, and c10d's reverse-lookup warning
-# (the test clusters' hosts resolve their mapped addresses: tests/infra/netns.py)
+# (which a Slurm job's agent moves to the node log: test_slurm_first_failure.py)
 NOISE = ("Traceback", "SignalException", "death signal", "closing signal", "hostname of the client socket")
 
 
