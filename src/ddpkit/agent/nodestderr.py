@@ -47,12 +47,14 @@ class NodeStderr:
     def __init__(self, keep: Callable[[str], object]) -> None:
         self._keep = keep
         self._original = -1
+        self._copy_to = -1  # the thread's own copy of the job's stderr: `close` may run while it copies
         self._read = -1
         self._thread: threading.Thread | None = None
 
     def redirect(self) -> None:
         """The pipe on fd 2; no thread yet (the zygote is forked from a process without one)."""
         self._original = os.dup(2)
+        self._copy_to = os.dup(2)
         self._read, write = os.pipe()
         sys.stderr.flush()
         os.dup2(write, 2)
@@ -73,8 +75,10 @@ class NodeStderr:
         except (OSError, ValueError):
             pass
         os.dup2(self._original, 2)
+        os.close(self._original)
         if self._thread is None:  # never copied: what the pipe holds is dropped with it
             os.close(self._read)
+            os.close(self._copy_to)
         else:
             self._thread.join(timeout_s)
             self._thread = None
@@ -97,6 +101,7 @@ class NodeStderr:
         if held:
             self._line(held)
         os.close(self._read)
+        os.close(self._copy_to)
 
     def _line(self, line: bytes) -> None:
         if any(noise in line for noise in NOISE) and \
@@ -107,7 +112,7 @@ class NodeStderr:
     def _write(self, data: bytes) -> None:
         while data:
             try:
-                data = data[os.write(self._original, data):]
+                data = data[os.write(self._copy_to, data):]
             except InterruptedError:
                 continue
             except OSError:  # the job's stderr is gone: nothing to copy to, but the pipe is still read
