@@ -18,17 +18,18 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import envnames, records
+from .. import envnames
 from ..agreed import NODE_FAILURE_FILE
+from . import nodelog
 
 
 def path_for(env: Mapping[str, str]) -> Path | None:
     """This node's file, where a Slurm job's records folder is; None elsewhere."""
-    folder = records.channel(dict(env))
-    if folder is None or not env.get(envnames.SLURM_JOB_ID):
+    node_file = nodelog.slurm_node_file(env)
+    if node_file is None:
         return None
-    node = records.node_file(folder, env.get(envnames.SLURMD_NODENAME)).stem
-    return folder / NODE_FAILURE_FILE.format(node=node, run=env.get(envnames.SLURM_RESTART_COUNT) or "0")
+    name = NODE_FAILURE_FILE.format(node=node_file.stem, run=env.get(envnames.SLURM_RESTART_COUNT) or "0")
+    return node_file.with_name(name)
 
 
 def leave(code: int, failed_at: float | None, env: Mapping[str, str] | None = None) -> None:

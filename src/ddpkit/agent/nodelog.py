@@ -27,13 +27,19 @@ from pathlib import Path
 from .. import envnames, records
 
 
-def path(env: Mapping[str, str] | None = None) -> Path | None:
-    """This node's log in a Slurm job's records folder; None where there is none."""
-    env = os.environ if env is None else env
+def slurm_node_file(env: Mapping[str, str]) -> Path | None:
+    """This node's records file in a Slurm job's records folder, which names
+    the node's other files there (its log, its failure file); None where there is none."""
     folder = records.channel(dict(env))
     if folder is None or not env.get(envnames.SLURM_JOB_ID):
         return None
-    return records.node_file(folder, env.get(envnames.SLURMD_NODENAME)).with_suffix(".log")
+    return records.node_file(folder, env.get(envnames.SLURMD_NODENAME))
+
+
+def path(env: Mapping[str, str] | None = None) -> Path | None:
+    """This node's log in a Slurm job's records folder; None where there is none."""
+    node_file = slurm_node_file(os.environ if env is None else env)
+    return None if node_file is None else node_file.with_suffix(".log")
 
 
 def keep(text: str, what: str, env: Mapping[str, str] | None = None) -> Path | None:
