@@ -14,7 +14,7 @@ from typing import Any
 from .exitcodes import ExitCode, exit_on
 from .launch.control.applied import record_render, recorded_target
 from .render import Rendered, RenderError, TemplatesError
-from .runs import RunsDirError
+from .runs import RunsDirError, StoredRun
 from .spec import JobSpec, doctor_mode
 from .specfile import SpecError, add_spec_arguments, spec_from_args, warn_env
 from .targets import TARGETS, render
@@ -150,14 +150,19 @@ def _version() -> str:
 RUN_COMMANDS = ("status", "logs", "cancel", "report")
 
 
-def _lives_elsewhere(text: str) -> bool:
-    """Whether RUN is a handle on a run that lives on another host (launch ssh --detach)."""
+def _detached_elsewhere(args: argparse.Namespace) -> StoredRun | None:
+    """The run a run command names, when it lives on another host (launch ssh
+    --detach); None otherwise (the command runs here, and says itself why a
+    RUN it cannot find)."""
     from .runs import UnknownRun, resolve
 
+    if args.command not in RUN_COMMANDS or not getattr(args, "run", None):
+        return None
     try:
-        return resolve(text).record.remote is not None
+        run = resolve(args.run)
     except (UnknownRun, OSError, ValueError):
-        return False  # the command itself says why
+        return None
+    return run if run.record.remote is not None else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     try:
         handler: Callable[[argparse.Namespace], int] = args.handler  # every command parser sets one (set_defaults)
-        if args.command in RUN_COMMANDS and _lives_elsewhere(getattr(args, "run", "")):
+        elsewhere = _detached_elsewhere(args)
+        if elsewhere is not None:
             from .launch.ssh.remote import forwarded  # paramiko: only for such a run
 
-            code = forwarded(args)  # a run detached onto another host: asked there (launch ssh --detach)
+            code = forwarded(args, elsewhere)  # a run detached onto another host: asked there
             if code is not None:
                 return code
         return handler(args)

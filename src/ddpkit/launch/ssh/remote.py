@@ -34,24 +34,12 @@ from typing import BinaryIO
 import paramiko
 
 from ...exitcodes import ExitCode
-from ...runs import RemoteRun, RunFolder, RunRecord, StoredRun, UnknownRun, resolve
+from ...runs import RemoteRun, RunFolder, RunRecord, StoredRun
 from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 
 # The run commands that reach a handle's run there; `report` copies the files back and runs here.
 FORWARDED = ("status", "logs", "cancel")
 COPIED = ("events.jsonl", "metrics.jsonl", "console.log")
-
-
-def handle_of(args: argparse.Namespace) -> StoredRun | None:
-    """The handle RUN names, when the command is one of a run's and the run
-    lives on another host; None otherwise (the command runs as it always does)."""
-    if getattr(args, "command", None) not in (*FORWARDED, "report") or not getattr(args, "run", None):
-        return None
-    try:
-        run = resolve(args.run)
-    except (UnknownRun, OSError):
-        return None  # the command itself says so
-    return run if run.record.remote is not None else None
 
 
 def remote_words(args: argparse.Namespace, run_id: str) -> list[str]:
@@ -66,13 +54,10 @@ def remote_words(args: argparse.Namespace, run_id: str) -> list[str]:
     return words
 
 
-def forwarded(args: argparse.Namespace) -> int | None:
-    """`status`, `logs`, `cancel` of a handle: run there, its exit code;
-    `report`: the files copied back, then None (it runs here). None for
-    every other run."""
-    run = handle_of(args)
-    if run is None:
-        return None
+def forwarded(args: argparse.Namespace, run: StoredRun) -> int | None:
+    """`status`, `logs`, `cancel` of a handle (`run`, whose record names
+    where it lives): run there, its exit code; `report`: the files copied
+    back, then None (it runs here)."""
     remote = run.record.remote
     assert remote is not None
     who = f"ddpkit {args.command}"
