@@ -37,6 +37,7 @@ kind, a newer version or a missing field is a RecordError naming it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -44,16 +45,17 @@ import sys
 import time as clock
 import types
 import typing
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import IO, Any, Union
 
+from .appending import Appender
 from .base import OMITTED_WHEN_NONE, Record, RecordError
 from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, SameError, Stall, StalledRank, Straggler, Traceback, WorkerExit
 from .lines import RANK_TAG_CLOSE, RANK_TAG_FLAG, RANK_TAG_OPEN, is_bare_tag, rank_tagged, tag_starts, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
-__all__ = ["FRAME", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_FLAG", "RANK_TAG_OPEN",
+__all__ = ["FRAME", "Appender", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE", "RANK_TAG_FLAG", "RANK_TAG_OPEN",
            "AgentReport", "Cause", "Checkpoint", "Eval",
            "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "SameError", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
@@ -85,8 +87,39 @@ class Stamped:
 
 def fields_of(record: Record) -> dict[str, Any]:
     """The record's fields as JSON values (nested records as objects, tuples as lists)."""
-    omit = {f.name for f in fields(record) if f.metadata.get(OMITTED_WHEN_NONE)}
-    return {k: v for k, v in asdict(record).items() if not (v is None and k in omit)}
+    names, omit = _shape(type(record))
+    out = {}
+    for name in names:
+        value = getattr(record, name)
+        if not (value is None and name in omit):
+            out[name] = _plain(value)
+    return out
+
+
+_SHAPES: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+
+def _shape(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A record class's field names, and those left out when None: read once per class
+    (dataclasses.fields and asdict's deep copy cost more than the encoding itself)."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = _SHAPES[cls] = (tuple(f.name for f in fields(cls)),
+                                frozenset(f.name for f in fields(cls) if f.metadata.get(OMITTED_WHEN_NONE)))
+    return shape
+
+
+def _plain(value: Any) -> Any:
+    """`value` as asdict() gives it (nested dataclasses as dicts, containers copied), for JSON."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if is_dataclass(value) and not isinstance(value, type):
+        return {name: _plain(getattr(value, name)) for name in _shape(type(value))[0]}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return copy.deepcopy(value)  # anything else, as asdict() copies it
 
 
 def to_json(record: Record, time: float | None = None) -> dict[str, Any]:
@@ -191,11 +224,14 @@ def send(record: Record, time: float | None = None) -> str | None:
     folder = channel()
     if folder is not None:
         try:
-            append(node_file(folder), record, clock.time() if time is None else time)
+            _SENT.write(node_file(folder), encode(record, clock.time() if time is None else time) + "\n")
             return None
         except OSError:
             pass
     return frame(record, time)
+
+
+_SENT = Appender()  # this process's node file, kept open (records/appending.py says what that must not lose)
 
 
 def emit(record: Record, stream: IO[str] | None = None, time: float | None = None) -> None:
@@ -212,9 +248,21 @@ def emit(record: Record, stream: IO[str] | None = None, time: float | None = Non
 # ---- building records from JSON ------------------------------------------------------------
 
 
+_HINTS: dict[type, tuple[dict[str, Any], frozenset[str]]] = {}
+
+
+def _hints(cls: type[Any]) -> tuple[dict[str, Any], frozenset[str]]:
+    """A record class's field types and the fields its constructor takes, read once per
+    class: get_type_hints evaluates every annotation's text anew on each call, which
+    was most of the launcher's cost of reading a record."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = (typing.get_type_hints(cls), frozenset(f.name for f in fields(cls) if f.init))
+    return hints
+
+
 def _build(cls: type[Any], body: dict[str, Any]) -> Any:
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in fields(cls) if f.init}
+    hints, known = _hints(cls)
     extra = sorted(set(body) - known)
     if extra:
         raise RecordError(f"{_name(cls)}: unknown field(s) {', '.join(extra)}")

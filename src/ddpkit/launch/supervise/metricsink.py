@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import records
@@ -20,18 +20,21 @@ from ... import records
 
 @dataclass
 class MetricsSink:
-    """Appends the metrics records the job sends to `path`; a file that cannot
-    be written is said once through `warn`, and the run goes on without it."""
+    """Appends the metrics records the job sends to `path` (kept open: a
+    record a second from every node); a file that cannot be written is said
+    once through `warn`, and the run goes on without it."""
 
     path: Path
     warn: Callable[[str], None]
     failed: bool = False
+    file: records.Appender = field(default_factory=records.Appender)
 
     def __call__(self, stamped: records.Stamped) -> None:
         if self.failed or not isinstance(stamped.record, records.METRICS_FILE_KINDS):
             return
         try:
-            records.append(self.path, stamped.record, time.time() if stamped.time is None else stamped.time)
+            self.file.write(self.path, records.encode(stamped.record, time.time() if stamped.time is None
+                                                      else stamped.time) + "\n")
         except OSError as exc:
             self.failed = True
             self.warn(f"the job's metrics records are no longer kept in {self.path}: {exc}")

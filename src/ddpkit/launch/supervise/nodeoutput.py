@@ -141,12 +141,14 @@ class ConsoleLines:
             if self.dedup is None:
                 self._print(Released(prefix, style, body))
                 return
+            due = self.dedup.next_due()
             for out in self.dedup.add(Source(node, rank, prefix, style), body, self.clock()):
                 self._print(out)
             if self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_loop, name="line dedup", daemon=True)
                 self._flusher.start()
-            self._wake.notify()
+            if self.dedup.next_due() != due:  # the flusher waits for the oldest group: woken only when that changed
+                self._wake.notify()
 
     def _print(self, out: Released) -> None:
         from rich.text import Text

@@ -98,7 +98,9 @@ class OutputReader:
         if rank is None:
             return [LineRead(node, rank, prefix, body)]
         # A rank's own lines that no agent copied (launch ssh, docker): its traceback, one line.
-        tracebacks = self._tracebacks.setdefault((node, rank), Tracebacks(at_exception=True))
+        tracebacks = self._tracebacks.get((node, rank))
+        if tracebacks is None:  # (made once per rank, not per line)
+            tracebacks = self._tracebacks[(node, rank)] = Tracebacks(at_exception=True)
         return self._given_out(node, rank, prefix, tracebacks.feed([body], now))
 
     def _announced(self, node: int, rank: int | None, prefix: str, stamped: records.Stamped) -> RecordRead:
@@ -153,6 +155,8 @@ def glued_apart(text: str) -> list[str]:
     without its newline, a process killed mid-line) gets the next writer's
     line glued to it: a record's frame, torch's rank-tagged warning. Each
     starts a line of its own."""
+    if "\r" not in text and text.find(records.RANK_TAG_OPEN, 1) < 0 and text.find(records.FRAME, 1) < 0:
+        return [text]  # nothing glued, nothing redrawn: nearly every line, at the cost of three scans
     pieces: list[str] = []
     for part in _split_before(text, records.FRAME):
         tag = records.rank_tagged(part)
