@@ -428,13 +428,13 @@ LEAVE = "import sys; from ddpkit.agent import nodefailure; nodefailure.leave(int
 
 
 def run_failing_step(tmp: Path, srun_status: int, failed: str, restart: int = 0,
-                     signal: str = "") -> subprocess.CompletedProcess[str]:
-    """The rendered batch script with a step whose tasks ended as `failed` says (host:code:time ...)."""
+                     signal: str = "", mode: str = "torchrun") -> subprocess.CompletedProcess[str]:
+    """The rendered batch script (slurm.mode `mode`) with a step whose tasks ended as `failed` says (host:code:time ...)."""
     for name, text in (("srun", FAILING_SRUN), ("scontrol", SCONTROL)):
         (tmp / name).write_text(text)
         (tmp / name).chmod(0o755)
     script = tmp / "job.sbatch"
-    script.write_text(script_text(spec_for("slurm.requeue=false")))
+    script.write_text(script_text(spec_for("slurm.requeue=false", f"slurm.mode={mode}")))
     env = {"PATH": f"{tmp}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[a-b]",
            "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(tmp), "SLURM_RESTART_COUNT": str(restart),
            "SRUN_STATUS": str(srun_status), "FAILED": failed, "SIGNAL_BATCH": signal,
@@ -442,9 +442,10 @@ def run_failing_step(tmp: Path, srun_status: int, failed: str, restart: int = 0,
     return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=False, timeout=60)
 
 
-def test_the_job_ends_with_the_code_of_the_node_that_failed_first(tmp_path: Path) -> None:
-    """gpu-b's workers stalled first (13); gpu-a's a moment later, or srun stopped it (143): srun's 143."""
-    done = run_failing_step(tmp_path, 143, "gpu-a:1:1700000000.9 gpu-b:13:1700000000.5")
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_the_job_ends_with_the_code_of_the_node_that_failed_first(tmp_path: Path, mode: str) -> None:
+    """gpu-b's workers (srun mode: tasks) stalled first (13); gpu-a's a moment later, or srun stopped it (143): srun's 143."""
+    done = run_failing_step(tmp_path, 143, "gpu-a:1:1700000000.9 gpu-b:13:1700000000.5", mode=mode)
     assert done.returncode == 13, done.stderr
     assert ("ddpkit: job step ended with status 143; gpu-b failed first, with exit code 13, and srun stopped "
             "the other nodes: the job's exit code is 13") in done.stderr
@@ -466,8 +467,7 @@ def test_srun_status_stands(tmp_path: Path, why: str, srun_status: int, failed: 
     assert done.returncode == srun_status and "failed first" not in done.stderr, (why, done.stderr)
 
 
-def test_an_elastic_or_srun_mode_script_reads_no_failure_files() -> None:
-    """Elastic: no --kill-on-bad-exit (nothing stops the others); srun mode: no agent writes them."""
-    assert "failed first" in script_text(spec_for())
-    for overrides in (("slurm.mode=srun",), ("elastic.min_nodes=1",)):
-        assert "failed first" not in script_text(spec_for(*overrides)), overrides
+def test_an_elastic_script_reads_no_failure_files() -> None:
+    """Elastic: no --kill-on-bad-exit (nothing stops the others); srun mode reads them (its tasks leave them)."""
+    assert "failed first" in script_text(spec_for()) and "failed first" in script_text(spec_for("slurm.mode=srun"))
+    assert "failed first" not in script_text(spec_for("elastic.min_nodes=1"))

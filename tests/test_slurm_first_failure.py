@@ -33,7 +33,8 @@ _reason = slurm_cluster.available()
 pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pytest.mark.timeout(300),
               pytest.mark.root]
 
-# Rank 1 (node2) fails once both ranks joined (mode exit: 13, raise: an exception); rank 0 stays healthy.
+# Rank 1 (node2) fails once both ranks joined (mode exit: os._exit(13), sysexit: sys.exit(13), raise: an
+# exception); rank 0 stays healthy.
 PROGRAM = """\
 import os, sys, time
 import torch, torch.distributed as dist
@@ -49,6 +50,8 @@ if rank == 1:
     time.sleep(1)
     if sys.argv[1] == "exit":
         os._exit(13)
+    if sys.argv[1] == "sysexit":
+        sys.exit(13)
     def step():
         raise RuntimeError("boom on rank 1")
     step()
@@ -62,12 +65,13 @@ def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
         yield c
 
 
-def submit(cluster: SlurmCluster, tmp: Path, name: str, mode: str) -> tuple[slurm_cluster.JobInfo, str, Path]:
+def submit(cluster: SlurmCluster, tmp: Path, name: str, mode: str,
+           slurm_mode: str = "torchrun") -> tuple[slurm_cluster.JobInfo, str, Path]:
     """The job's end, its output file as people read it, and its records folder."""
     (tmp / "program.py").write_text(PROGRAM)
     spec = {"name": name, "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
             "command": {"python": PYTHON, "script": str(tmp / "program.py"), "args": [mode]},
-            "env": {"OMP_NUM_THREADS": "1"}, "slurm": {"mode": "torchrun"}}
+            "env": {"OMP_NUM_THREADS": "1"}, "slurm": {"mode": slurm_mode}}
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
     out = cluster.run([sys.executable, "-m", "ddpkit.cli", "submit", "slurm", "-f", str(tmp / "job.yaml"),
                        "--dir", str(tmp)], cwd=ROOT, timeout=120, env={"DDPKIT_RUNS_DIR": str(tmp / "runs")})
@@ -75,7 +79,7 @@ def submit(cluster: SlurmCluster, tmp: Path, name: str, mode: str) -> tuple[slur
     job = int(out.stdout.split("submitted Slurm job ")[1].split(":")[0])
     info = cluster.wait(job, timeout=200)
     text = (tmp / f"{name}-{job}.out").read_text(errors="replace")
-    print(f"FIRST-FAILURE {mode}: {info.state} {info.exit_code}\n{text}")
+    print(f"FIRST-FAILURE {slurm_mode} {mode}: {info.state} {info.exit_code}\n{text}")
     return info, text, records.slurm_folder(tmp, name, job)
 
 
@@ -102,6 +106,28 @@ def test_a_failed_rank_ends_the_job_with_its_code_while_srun_stops_the_healthy_n
                          rf"\(its traceback: {re.escape(str(log))}\)$", text, re.MULTILINE), text[-6000:]
         assert 'raise RuntimeError("boom on rank 1")' in log.read_text()
     assert "ChildFailedError" in log.read_text()
+    assert_read_as_people_read_it(text)
+    assert processes_in(tmp_path) == []
+
+
+@pytest.mark.full  # tests/test_slurm_real.py::test_failing_task_fails_the_whole_job (the same block, torchrun mode)
+@pytest.mark.parametrize(("mode", "code"), [("sysexit", 13), ("raise", 1)])
+def test_srun_mode_a_failed_task_ends_the_job_with_its_code_and_its_traceback_in_one_line(
+        cluster: SlurmCluster, tmp_path: Path, mode: str, code: int) -> None:
+    """One srun task per process, no agent (`python -m ddpkit.run`): the task that failed
+    leaves its failure file, and its traceback is one line, as in torchrun mode."""
+    info, text, folder = submit(cluster, tmp_path, f"srun-{mode}", mode, slurm_mode="srun")
+    assert (info.state, info.exit_code) == ("FAILED", f"{code}:0"), f"{info}\n{text[-6000:]}"
+    log = folder / "node2.log"
+    assert (folder / "node2.run0.failed").read_text().split()[1] == str(code)
+    assert not (folder / "node1.run0.failed").exists(), "the task srun stopped is no failure"
+    # srun's status is the stopped task's (143: the signal killed it); the batch script says whose code it keeps
+    assert re.search(rf"^ddpkit: job step ended with status 143; node2 failed first, with exit code {code}, "
+                     rf"and srun stopped the other nodes: the job's exit code is {code}$", text, re.MULTILINE), text[-6000:]
+    if mode == "raise":
+        assert re.search(rf"^1: \[rank1\]:RuntimeError: boom on rank 1, raised at \S+program\.py:\d+ in step  "
+                         rf"\(its traceback: {re.escape(str(log))}\)$", text, re.MULTILINE), text[-6000:]
+        assert 'raise RuntimeError("boom on rank 1")' in log.read_text()
     assert_read_as_people_read_it(text)
     assert processes_in(tmp_path) == []
 

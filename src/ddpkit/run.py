@@ -11,7 +11,10 @@ program written for torchrun runs unchanged under srun.
 
 The program sees what `python PROGRAM ARGS` would give it: sys.argv,
 __main__, sys.path[0], its exit code, and a traceback that starts at its own
-frames.
+frames (in a Slurm job, kept in the node's log: one line says where). A task
+of an srun step that fails leaves its node's failure file, so that the job
+ends with the code of the first failure, not srun's highest
+(agent/nodefailure.py).
 """
 
 from __future__ import annotations
@@ -51,13 +54,16 @@ def prepare(argv: list[str], env: MutableMapping[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .agent import worker
+    from .agent import nodefailure, worker
+    from .preamble import stop
 
     line = sys.argv[1:] if argv is None else argv
     prepare(line, os.environ)
     workdir.enter(os.environ, "ddpkit.run")
     preamble.install(line)
-    sys.exit(worker.run_as_main(line))
+    code = worker.run_as_main(line)
+    nodefailure.task_ended(code, stopped=stop.STATE.request.signum is not None)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,15 @@ may end 143 (or 1), which hides the first failure's code (a stall's 13).
 The batch script (templates/slurm) reads these files after the step, by
 each host's name (no directory listing: an NFS client caches those), and
 ends the job with the code of the node that failed first. Plain text, not a
-record: the batch host may have no Python (a container job)."""
+record: the batch host may have no Python (a container job).
+
+An srun-mode task (one srun task per process, no agent: `python -m
+ddpkit.run`, `python -m ddpkit.train`) leaves the same file for its node
+when it ends with a failure of its own (`task_ended`); its node's first
+failure stands (the file is never replaced), as several tasks share a node.
+A task that a stop ended (the stop's 75, a signal's 128+N, a stop signal
+the preamble took) leaves none: srun stopped it after another failed. A task
+that ends without Python's help (os._exit, killed) leaves none either."""
 
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ from pathlib import Path
 
 from .. import envnames
 from ..agreed import NODE_FAILURE_FILE
+from ..exitcodes import ExitCode
 from . import nodelog
 
 
@@ -44,6 +53,19 @@ def leave(code: int, failed_at: float | None, env: Mapping[str, str] | None = No
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(f".{path.name}.{os.getpid()}")
         part.write_text(f"{int(at * 1_000_000)} {int(code)}\n", encoding="ascii")
-        os.replace(part, path)  # whole or absent for its reader
-    except OSError:
+        try:
+            os.link(part, path)  # whole or absent for its reader, and the node's first failure stays
+        finally:
+            part.unlink()
+    except OSError:  # FileExistsError: another process of the node failed first
         pass
+
+
+def task_ended(code: int, stopped: bool, env: Mapping[str, str] | None = None) -> None:
+    """An agent-less task (srun mode) ended with `code`: leave its node's
+    failure file when that is a failure of its own, not a stop (`stopped`: a
+    stop signal reached it). Under torchrun's agent the agent speaks for the node."""
+    env = os.environ if env is None else env
+    if code == 0 or stopped or code == ExitCode.PREEMPTED or code >= 128 or envnames.TORCHELASTIC_RUN_ID in env:
+        return
+    leave(code, None, env)

@@ -1,5 +1,10 @@
-"""`python -m ddpkit.train` is `ddpkit train`: the program torchrun starts."""
+"""`python -m ddpkit.train` is `ddpkit train`: the program torchrun starts,
+or (Slurm's srun mode) srun itself, one task per process. There, with no
+agent to fold it, an uncaught error is said as a worker's is (agent/worker.py:
+in a Slurm job one line, its traceback in the node's log) and a failure leaves
+the node's failure file (agent/nodefailure.py)."""
 
+import os
 import sys
 
 from ..exitcodes import ExitCode
@@ -17,5 +22,22 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
+def main_alone() -> int:
+    """main() as an agent-less task: its uncaught error said as a worker's, and a
+    failure left for the batch script. Under torchrun's agent, the agent does both."""
+    from ..agent import nodefailure, worker
+    from ..envnames import TORCHELASTIC_RUN_ID
+
+    if TORCHELASTIC_RUN_ID in os.environ:
+        return main()
+    try:
+        code = main()
+    except Exception:
+        worker.print_exception(skipping=(worker.__name__, __name__))
+        code = ExitCode.FAILED
+    nodefailure.task_ended(code, stopped=False)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_alone())
