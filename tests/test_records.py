@@ -279,12 +279,20 @@ def test_the_tags_on_a_line_are_read_as_torchrun_and_srun_write_them() -> None:
     assert is_frame("@@ddpkit-record {}") and not is_frame("ddpkit watchdog: STALL")
 
 
-def test_ddpkit_logs_and_submit_follow_keep_records_off_the_screen() -> None:
-    from ddpkit.launch.slurm.follow import node_prefix
+def test_ddpkit_logs_and_submit_follow_keep_records_off_the_screen(tmp_path: Path) -> None:
+    """Both print the Slurm backend's lines (launch/control/logs.slurm_source)."""
+    from ddpkit.launch.control.logs import LogRequest, slurm_source
+    from ddpkit.runs import RunFolder, RunTarget, SlurmJob
 
     frame = records.frame(records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3))
-    assert node_prefix(f"1: {frame}", ["n1", "n2"], 1) is None
-    assert node_prefix("1: people read this", ["n1", "n2"], 1) == "[n2] people read this"
+    out = tmp_path / "j-7.out"
+    out.write_text(f"1: {frame}\n1: people read this\n")
+    run = RunFolder.create(name="j", target=RunTarget.SLURM, nodes=2, nproc_per_node=1, spec_yaml="",
+                           stop_grace_s=90, root=tmp_path / "runs")
+    run.set_slurm(SlurmJob(job_id=7, script=str(tmp_path / "j.sbatch"), output=str(out), tasks_per_node=1,
+                           rank_per_task=False, signal="USR2", signal_grace_s=90))
+    source, _ = slurm_source(run.record(), LogRequest())
+    assert source.read() == ["[node1] people read this"]
 
 
 def test_where_records_have_a_folder_each_node_keeps_them_in_its_file_and_the_stream_gets_none(

@@ -4,12 +4,14 @@ The same paths run against a real cluster in tests/test_slurm_real.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ddpkit import scontrol
 from ddpkit.launch.slurm import checks as slurm_checks
 from ddpkit.launch.slurm.checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
-from ddpkit.launch.slurm.jobs import JobState
+from ddpkit.launch.slurm.jobs import Listed
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 
@@ -96,28 +98,30 @@ def test_an_unknown_partition_is_left_to_sbatch() -> None:
 
 
 def test_hopeless_reasons_are_only_limits() -> None:
-    def pending(reason: str) -> JobState:
-        return JobState("PENDING", "0:0", None, [], reason)
+    def pending(reason: str) -> Listed:
+        return Listed("PENDING", "", "", "squeue", reason)
 
     assert pending("PartitionNodeLimit").hopeless and pending("PartitionTimeLimit").hopeless
     assert not pending("Resources").hopeless and not pending("Priority").hopeless
-    assert not JobState("RUNNING", "0:0", None, [], "PartitionNodeLimit").hopeless
+    assert not Listed("RUNNING", "", "node1", "squeue", "PartitionNodeLimit").hopeless
     assert "ReqNodeNotAvail" not in slurm_checks.HOPELESS_REASONS  # nodes can come back
 
 
-def test_follow_labels_lines_by_the_allocation_the_job_ran_on() -> None:
-    """A COMPLETING job's NodeList holds only the nodes still completing (ci39: rank 1's last line,
-    read then, came out under node2 instead of node1); a requeued run's new allocation is taken."""
-    from ddpkit.launch.slurm.follow import labelling_nodes, node_prefix
+def test_follow_labels_lines_by_task_not_by_the_allocation(tmp_path: Path) -> None:
+    """`submit --follow` prints `logs`' lines: the node is the task's place in
+    the job (task // tasks_per_node), never a host of Slurm's NodeList, which
+    a COMPLETING job shrinks (ci39: rank 1's last line, read then, came out
+    under the wrong node) and a requeued run changes."""
+    from ddpkit.launch.control.logs import LogRequest, slurm_source
+    from ddpkit.runs import RunFolder, RunTarget, SlurmJob
 
-    def seen(state: str, nodes: list[str]) -> JobState:
-        return JobState(state, "", None, nodes)
-
-    nodes = labelling_nodes([], seen("PENDING", []))
-    nodes = labelling_nodes(nodes, seen("RUNNING", ["node1", "node2"]))
-    nodes = labelling_nodes(nodes, seen("COMPLETING", ["node2"]))
-    assert node_prefix("1: PROBE-FAIL rank=1", nodes, 2) == "[node1] PROBE-FAIL rank=1"
-    assert labelling_nodes(nodes, seen("FAILED", ["node2"])) == ["node1", "node2"]
-    assert labelling_nodes(nodes, seen("RUNNING", ["node3", "node4"])) == ["node3", "node4"]  # requeued elsewhere
-    # a job first seen once it ended: what Slurm lists is all there is
-    assert labelling_nodes([], seen("COMPLETED", ["node1", "node2"])) == ["node1", "node2"]
+    out = tmp_path / "j-7.out"
+    out.write_text("batch shell: 3\n1: PROBE-FAIL rank=1\n3: on the second node\n")
+    run = RunFolder.create(name="j", target=RunTarget.SLURM, nodes=2, nproc_per_node=2, spec_yaml="",
+                           stop_grace_s=90, root=tmp_path / "runs")
+    for srun_mode, want in ((True, ["[node0 rank1] PROBE-FAIL rank=1", "[node1 rank3] on the second node"]),
+                            (False, ["[node0] PROBE-FAIL rank=1", "[node1] on the second node"])):
+        run.set_slurm(SlurmJob(job_id=7, script=str(tmp_path / "j.sbatch"), output=str(out), tasks_per_node=2,
+                               rank_per_task=srun_mode, signal="USR2", signal_grace_s=90))
+        source, _ = slurm_source(run.record(), LogRequest())
+        assert source.read() == ["[batch] batch shell: 3", *want]

@@ -372,9 +372,10 @@ def test_submit_follow_streams_node_logs_and_exits_zero(cluster: SlurmCluster, t
     assert f"output {tmp_path / 'run' / f'sub-ok-{job_id}.out'}" in done.stdout
     assert (tmp_path / "run" / "sub-ok.sbatch").exists()
     lines = done.stdout.splitlines()
-    for node in ("node1", "node2"):
-        node_probes = [json.loads(x.split("PROBE ", 1)[1]) for x in lines if x.startswith(f"[{node}] PROBE {{")]
-        assert len(node_probes) == 2 and {p["host"] for p in node_probes} == {node}, done.stdout
+    # `ddpkit logs`' prefixes: the job's node index (node0 runs on host node1), not the host.
+    for index, host in enumerate(("node1", "node2")):
+        node_probes = [json.loads(x.split("PROBE ", 1)[1]) for x in lines if x.startswith(f"[node{index}] PROBE {{")]
+        assert len(node_probes) == 2 and {p["host"] for p in node_probes} == {host}, done.stdout
     assert any(x.startswith("[batch] ddpkit: job") for x in lines)
     assert f"job {job_id} ended COMPLETED" in done.stderr
     (run,) = all_runs(tmp_path / "runs")  # --follow recorded the end
@@ -421,7 +422,7 @@ def test_submit_hands_a_secret_to_every_rank_and_writes_it_nowhere(cluster: Slur
 def test_submit_follow_exits_with_the_failed_state(cluster: SlurmCluster, tmp_path: Path) -> None:
     done = submit(cluster, tmp_path, job_spec("sub-fail", mode="srun", args=["--fail-rank=1"]), "--follow")
     assert done.returncode != 0
-    assert "[node1] PROBE-FAIL rank=1" in done.stdout
+    assert "[node0 rank1] PROBE-FAIL rank=1" in done.stdout
     assert "ended FAILED" in done.stderr
 
 

@@ -1,15 +1,16 @@
 """A run's log files as `ddpkit logs` reads them: which lines of which
 files hold a node's or a rank's lines, each with the console's prefix
 (`[node0 rank1]`, `[node0]`): launch logs tagged by torchrun, Slurm output
-labelled by srun (docs/guides/runs.md); and the printing of them, once or
-followed until the run ends. Rendered jobs' logs are their tool's."""
+labelled by srun (docs/guides/runs.md); their lines, once or followed
+until the run ends (`log_iter`), and the printing of them. Rendered jobs'
+logs are their tool's."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,33 +122,41 @@ def slurm_source(rec: RunRecord, request: LogRequest) -> tuple[LogSource, str | 
     return LogSource(Tail(Path(job.output)), pick), note
 
 
-def print_files(found: list[LogSource], note: str | None, request: LogRequest, active: Callable[[], bool]) -> int:
-    """The files' lines (the last `tail` of each), then with --follow what
-    they gain until `active()` says the run has ended."""
-    if note:
-        print(f"ddpkit logs: {note}", file=sys.stderr)
-    missing = [s.tail.path for s in found if not s.tail.path.exists()]
-    if missing and not request.follow:
-        print(f"ddpkit logs: no log yet at {', '.join(map(str, missing))}", file=sys.stderr)
+def log_iter(found: list[LogSource], request: LogRequest, active: Callable[[], bool]) -> Iterator[list[str]]:
+    """The files' lines, a batch at a time: the last `tail` of each, then with
+    --follow what they gain until `active()` says the run has ended (TorchX's
+    Scheduler.log_iter with should_tail)."""
     for source in found:
         lines = source.read()
         if not request.follow:
             lines += source.rest()
         if request.tail is not None:
             lines = lines[-request.tail:] if request.tail > 0 else []
-        _out(lines)
+        yield lines
     if not request.follow:
-        return ExitCode.OK
+        return
     while True:
         ended = not active()  # asked before the files are read: no line is missed
         for source in found:
-            _out(source.read() + (source.rest() if ended else []))
+            yield source.read() + (source.rest() if ended else [])
         if ended:
-            return ExitCode.OK
+            return
         time.sleep(POLL_S)
 
 
-def _out(lines: list[str]) -> None:
+def print_files(found: list[LogSource], note: str | None, request: LogRequest, active: Callable[[], bool]) -> int:
+    """`log_iter`'s lines on stdout, after the note and the files not there yet on stderr."""
+    if note:
+        print(f"ddpkit logs: {note}", file=sys.stderr)
+    missing = [s.tail.path for s in found if not s.tail.path.exists()]
+    if missing and not request.follow:
+        print(f"ddpkit logs: no log yet at {', '.join(map(str, missing))}", file=sys.stderr)
+    for lines in log_iter(found, request, active):
+        print_lines(lines)
+    return ExitCode.OK
+
+
+def print_lines(lines: list[str]) -> None:
     if lines:
         sys.stdout.write("".join(line + "\n" for line in lines))
         sys.stdout.flush()

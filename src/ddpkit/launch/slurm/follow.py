@@ -1,96 +1,69 @@
-"""`submit slurm --follow`: the job's output streamed with a `[node]`
-prefix per line, its state changes on stderr, until it ends (requeues
-included); the exit status is the job's."""
+"""What `submit slurm --follow` says about its job on stderr while the
+Slurm backend streams the job's output (backends/slurm.py, the same lines
+`ddpkit logs RUN --follow` prints): a line each time the job's state,
+pending reason or restart count changes, its end, and the job given up
+(scancel) when Slurm holds it for a reason waiting cannot clear. Its exit
+status is the job's: 0 for COMPLETED."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from pathlib import Path
+from dataclasses import dataclass
 
-from ... import records
 from ...exitcodes import ExitCode
-from ...runs import Tail
-from ...spec import JobSpec
-from ...targets.slurm import tasks_per_node
-from .jobs import JobState, job_state
-
-POLL_S = 1.0
+from .jobs import Listed
 
 
-def node_prefix(line: str, nodes: list[str], tasks_per_node: int) -> str | None:
-    """`srun --label` starts each task's line with its task id; block
-    distribution puts task t on node t // tasks_per_node. None for a framed
-    record: it is for a launcher, not for people."""
-    labelled = records.task_labelled(line)
-    if labelled is None:
-        return f"[batch] {line}"
-    task, text = labelled
-    if records.is_frame(text):
-        return None
-    index = task // tasks_per_node
-    name = nodes[index] if index < len(nodes) else f"node{index}"
-    return f"[{name}] {text}"
+def _say(line: str) -> None:
+    print(f"ddpkit: {line}", file=sys.stderr, flush=True)
 
 
-def labelling_nodes(known: list[str], state: JobState) -> list[str]:
-    """The nodes that task labels index: the allocation as seen while the job
-    runs (a requeued run may get others). A COMPLETING job's NodeList holds
-    only the nodes still completing, so a line read then must keep the
-    running allocation (a task on node1 was labelled node2)."""
-    if state.nodes and (not known or state.state.split()[0] == "RUNNING"):
-        return state.nodes
-    return known
+@dataclass
+class JobWatch:
+    """One followed job's state as last listed, and what was said of it."""
 
+    job_id: int
+    last: Listed | None = None
+    exit_status: int | None = None  # set once following has ended
 
-def follow(job_id: int, spec: JobSpec) -> int:
-    """Stream until the job ends; its exit status (0 for COMPLETED)."""
-    per_node = tasks_per_node(spec)
-    state: JobState | None = None
-    shown: tuple[str, str, int] | None = None
-    output: Tail | None = None
-    nodes: list[str] = []
-    while True:
-        state = job_state(job_id) or state
-        if state is None:
-            print(f"ddpkit: job {job_id} is unknown to scontrol and sacct", file=sys.stderr)
-            return ExitCode.FAILED
-        nodes = labelling_nodes(nodes, state)
-        if (state.state, state.reason, state.restarts) != shown:
-            shown = _announce(job_id, state, shown)
-        if state.hopeless:
-            return _give_up(job_id, state)
-        if output is None and state.stdout:
-            output = Tail(Path(state.stdout))
-        lines = output.read() if output else []
-        if state.finished:
-            lines += output.rest() if output else []
-        for line in lines:
-            text = node_prefix(line, nodes, per_node)
-            if text is not None:
-                print(text, flush=True)
-        if state.finished:
-            print(f"ddpkit: job {job_id} ended {state.state} (exit code {state.exit_code})", file=sys.stderr)
-            return state.exit_status
-        time.sleep(POLL_S)
+    def seen(self, found: Listed | None) -> bool:
+        """Whether to keep following, after saying what changed since the
+        last poll. A job unknown at a poll keeps its last state (between
+        squeue and sacct); one never known ends the follow."""
+        if found is None:
+            if self.last is None:
+                _say(f"job {self.job_id} is unknown to squeue, sacct and scontrol")
+                self.exit_status = ExitCode.FAILED
+                return False
+            return True
+        self._announce(found)
+        self.last = found
+        if found.hopeless:
+            self.exit_status = self._give_up(found)
+            return False
+        if found.finished:
+            _say(f"job {self.job_id} ended {found.state} (exit code {found.exit_code})")
+            self.exit_status = found.exit_status
+            return False
+        return True
 
+    def _announce(self, found: Listed) -> None:
+        before = self.last
+        if before is not None and (found.state, found.reason, found.restarts) == (before.state, before.reason,
+                                                                                  before.restarts):
+            return
+        if before is not None and found.restarts > before.restarts:
+            _say(f"job {self.job_id} was requeued (restart {found.restarts})")
+        if found.state == "PENDING":
+            _say(f"job {self.job_id} PENDING ({found.reason})")
+        elif before is None or found.state != before.state:
+            _say(f"job {self.job_id} {found.state}")
 
-def _announce(job_id: int, state: JobState, before: tuple[str, str, int] | None) -> tuple[str, str, int]:
-    """One stderr line each time the job's state, pending reason or restart count changes."""
-    if before is not None and state.restarts > before[2]:
-        print(f"ddpkit: job {job_id} was requeued (restart {state.restarts})", file=sys.stderr, flush=True)
-    if state.state == "PENDING":
-        print(f"ddpkit: job {job_id} PENDING ({state.reason})", file=sys.stderr, flush=True)
-    elif before is None or state.state != before[0]:
-        print(f"ddpkit: job {job_id} {state.state}", file=sys.stderr, flush=True)
-    return state.state, state.reason, state.restarts
-
-
-def _give_up(job_id: int, state: JobState) -> int:
-    """Cancel a job that can never start, rather than leave it queued forever."""
-    subprocess.run(["scancel", str(job_id)], capture_output=True, check=False)
-    print(f"ddpkit: job {job_id} can never start: Slurm holds it with reason {state.reason} (it breaks a limit of"
-          " its partition, QOS or account); cancelled it. Fix the request (nodes, time, account) or check it"
-          " first without --no-check", file=sys.stderr, flush=True)
-    return ExitCode.PREFLIGHT
+    def _give_up(self, found: Listed) -> int:
+        """Cancel a job that can never start, rather than leave it queued forever."""
+        subprocess.run(["scancel", str(self.job_id)], capture_output=True, check=False)
+        _say(f"job {self.job_id} can never start: Slurm holds it with reason {found.reason} (it breaks a limit of"
+             " its partition, QOS or account); cancelled it. Fix the request (nodes, time, account) or check it"
+             " first without --no-check")
+        return ExitCode.PREFLIGHT

@@ -1,7 +1,7 @@
-"""What Slurm says about submitted jobs: its job states in a run's words,
-one job's state as `submit --follow` reads it (scontrol, else sacct), and
-the state of every job one `ddpkit runs` or `status` shows, asked once for
-them all (`SlurmQueue`)."""
+"""What Slurm says about submitted jobs, read in one place: its job states
+in a run's words, and the state of every job a command asks about, asked
+once for them all (`SlurmQueue`; `queue_state` for one job, asked anew each
+poll by `submit --follow`, `logs --follow` and `cancel`)."""
 
 from __future__ import annotations
 
@@ -61,46 +61,6 @@ def _slurm(*words: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-# ---- one job, as `submit slurm --follow` follows it -----------------------------------
-
-
-@dataclass(frozen=True)
-class JobState:
-    state: str
-    exit_code: str
-    stdout: str | None
-    nodes: list[str]
-    reason: str = "None"
-    restarts: int = 0
-
-    @property
-    def hopeless(self) -> bool:
-        """Pending for a reason that waiting cannot clear."""
-        return self.state == "PENDING" and self.reason in slurm_checks.HOPELESS_REASONS
-
-    @property
-    def finished(self) -> bool:
-        return is_final(self.state)
-
-    @property
-    def exit_status(self) -> int:
-        return exit_status(self.state, self.exit_code)
-
-
-def job_state(job_id: int) -> JobState | None:
-    """From scontrol while slurmctld still knows the job, else from sacct."""
-    shown = _slurm("scontrol", "show", "job", "-o", str(job_id))
-    if shown:
-        f = scontrol.fields(shown)
-        return JobState(f["JobState"], f.get("ExitCode", ""), f.get("StdOut"), hostnames(f.get("NodeList", "")),
-                        f.get("Reason", "None"), int(f.get("Restarts", "0") or 0))
-    lines = _slurm("sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,ExitCode").splitlines()
-    if not lines:
-        return None
-    state, _, code = lines[-1].partition("|")
-    return JobState(state, code, None, [])
-
-
 # ---- every job a command shows, asked once -------------------------------------------
 
 
@@ -115,6 +75,13 @@ class Listed:
     nodelist: str
     source: str  # the command that listed it: squeue, sacct or scontrol
     reason: str = "None"
+    restarts: int = 0  # how often Slurm requeued the job (squeue, scontrol; sacct lists the latest run)
+    stdout: str | None = None  # the output file, its pattern filled in (squeue, scontrol)
+
+    @property
+    def hopeless(self) -> bool:
+        """Pending for a reason that waiting cannot clear."""
+        return self.state == "PENDING" and self.reason in slurm_checks.HOPELESS_REASONS
 
     @property
     def finished(self) -> bool:
@@ -141,10 +108,20 @@ def _rows(text: str, width: int) -> Iterable[tuple[int, list[str]]]:
             yield int(job), rest
 
 
+# `-O` (not `-o`) for the restart count and the output file; `:|` ends each field with a
+# pipe and leaves it unpadded and whole.
+_SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,NodeList:|,RestartCnt:|,STDOUT:|"
+
+
 def _squeue(job_ids: Collection[int]) -> dict[int, Listed]:
     ids = ",".join(map(str, sorted(job_ids)))
-    return {job: Listed(state, "", nodelist, "squeue", reason or "None")
-            for job, (state, reason, nodelist) in _rows(_slurm("squeue", "-h", "-j", ids, "-o", "%i|%T|%r|%N"), 3)}
+    text = _slurm("squeue", "-h", "-j", ids, "-O", _SQUEUE_FIELDS)
+    return {job: Listed(state, "", nodelist, "squeue", reason or "None", _count(restarts), stdout or None)
+            for job, (state, reason, nodelist, restarts, stdout) in _rows(text, 5)}
+
+
+def _count(text: str) -> int:
+    return int(text) if text.strip().isdigit() else 0
 
 
 def _sacct(job_ids: Collection[int]) -> dict[int, Listed]:
@@ -164,7 +141,7 @@ def _scontrol(job_ids: Collection[int]) -> dict[int, Listed]:
         job = f.get("JobId", "")
         if job.isdigit() and int(job) in job_ids:
             found[int(job)] = Listed(f["JobState"], f.get("ExitCode", ""), f.get("NodeList", ""), "scontrol",
-                                     f.get("Reason", "None"))
+                                     f.get("Reason", "None"), _count(f.get("Restarts", "")), f.get("StdOut") or None)
     return found
 
 

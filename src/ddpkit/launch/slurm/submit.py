@@ -1,13 +1,16 @@
-"""`ddpkit submit slurm -f JOB.yaml [--follow]`: render, sbatch, and follow.
+"""`ddpkit submit slurm -f JOB.yaml [--follow]`: check, render, and hand
+the script to the Slurm backend (launch/control/backends/slurm.py), which
+submits it and follows it.
 
 The script is written to `--dir` (default: the current folder) as
 `<name>.sbatch`, and sbatch runs there, so the job's output file
 (slurm.output, default `%x-%j.out`) lands beside it. With --follow the
-output is streamed with a `[node]` prefix per line until the job ends
-(requeues included; follow.py), and the exit status is the job's: 0 for
-COMPLETED.
+output is streamed as `ddpkit logs RUN --follow` streams it (`[node0
+rank1]`, `[node0]`, `[batch]` per line) until the job ends (requeues
+included), its state changes on stderr (follow.py), and the exit status is
+the job's: 0 for COMPLETED.
 Each submitted job gets a run folder (`ddpkit runs`): the spec, a copy of the
-script, the job id and output file, and with --follow its end."""
+script, the job id and output file, and its end once a command saw it."""
 
 from __future__ import annotations
 
@@ -18,13 +21,12 @@ import sys
 from pathlib import Path
 
 from ...exitcodes import ExitCode
-from ...runs import RunFolder, RunTarget, SlurmJob
+from ...runs import RunTarget, SlurmJob
 from ...spec import JobSpec, doctor_mode
 from ...targets import render
+from ..control.backends.slurm import SbatchRefused, Slurm
 from ..prelude import prelude
 from . import checks as slurm_checks
-from .follow import follow
-from .jobs import job_state, run_state
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,15 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--doctor", action="store_true", help="run `ddpkit doctor` instead of the job's command")
     parser.add_argument("--no-check", action="store_true",
                         help="submit without first checking the job against the partition's nodes and limits")
-
-
-def submit(script: Path) -> tuple[int, int, str]:
-    """(sbatch's exit status, job id or 0, sbatch's stderr)."""
-    out = subprocess.run(["sbatch", "--parsable", script.name], cwd=script.parent,
-                         capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        return out.returncode, 0, out.stderr
-    return 0, int(out.stdout.strip().split(";")[0]), out.stderr
 
 
 def check_cluster(spec: JobSpec) -> int:
@@ -95,48 +88,37 @@ def run(args: argparse.Namespace) -> int:
     folder = args.dir.resolve()
     new = [name for name in rendered.files if not (folder / name).exists()]
     [script] = rendered.write(folder)
-    rc, job_id, err = submit(script)
-    if rc != 0:
+    backend = Slurm()
+    try:
+        stored = backend.schedule(run, script, slurm_job(spec, script))
+    except SbatchRefused as refused:
         for name in new:  # nothing left behind by a job that was not submitted
             (folder / name).unlink(missing_ok=True)
         shutil.rmtree(run.path, ignore_errors=True)
-        line = slurm_checks.unavailable("sbatch", err)
+        line = slurm_checks.unavailable("sbatch", refused.stderr)
         if line:
             print(line, file=sys.stderr)
             return ExitCode.PREFLIGHT
-        sys.stderr.write(err)  # sbatch's own words on the job, as they are
+        sys.stderr.write(refused.stderr)  # sbatch's own words on the job, as they are
         print(f"ddpkit: sbatch refused the job (nothing was submitted); fix what it names{_check_hint(args)}",
               file=sys.stderr)
         return ExitCode.BAD_INPUT
-    if err:
-        sys.stderr.write(err)
-    state = job_state(job_id)
-    logs = state.stdout if state and state.stdout else str(script.parent / spec.slurm.output)
-    record_job(run, spec, job_id, script, logs)
-    print(f"submitted Slurm job {job_id}: script {script}, output {logs}", flush=True)
-    print(f"ddpkit: run {run.path.name} (ddpkit status {job_id}, ddpkit logs {job_id}, ddpkit cancel {job_id})",
-          file=sys.stderr, flush=True)
+    job = stored.record.slurm
+    assert job is not None
+    print(f"submitted Slurm job {job.job_id}: script {script}, output {job.output}", flush=True)
+    print(f"ddpkit: run {run.path.name} (ddpkit status {job.job_id}, ddpkit logs {job.job_id}, "
+          f"ddpkit cancel {job.job_id})", file=sys.stderr, flush=True)
     note = spec.watchdog.script_note(spec.command, spec.preamble.progress)
     if note:
         print(f"ddpkit: {note}", file=sys.stderr, flush=True)
-    if not args.follow:
-        return ExitCode.OK
-    code = follow(job_id, spec)
-    final = job_state(job_id)
-    if final is not None and final.finished:
-        run.finish(code, state=run_state(final.state))
-    return code
+    return backend.follow(stored) if args.follow else ExitCode.OK
 
 
-def record_job(run: RunFolder, spec: JobSpec, job_id: int, script: Path, output: str) -> None:
-    """What `ddpkit status/logs/cancel` ask Slurm about, once sbatch took the job."""
+def slurm_job(spec: JobSpec, script: Path) -> SlurmJob:
+    """What `ddpkit status/logs/cancel` need of the job, known before sbatch
+    (the backend fills in its id and the output file Slurm names)."""
     from ...targets.slurm import tasks_per_node
 
-    # The output file is relative to sbatch's folder when slurm.output is: `logs` runs from anywhere.
-    # (scontrol names it with %j and %x filled in; the spec's pattern, when it could not, needs them.)
-    output = output.replace("%j", str(job_id)).replace("%x", spec.name).replace("%%", "%")
-    out = Path(output) if Path(output).is_absolute() else script.parent / output
-    run.set_slurm(SlurmJob(job_id=job_id, script=str(script), output=str(out), tasks_per_node=tasks_per_node(spec),
-                           rank_per_task=spec.slurm.mode == "srun", signal=spec.preemption.signal,
-                           signal_grace_s=spec.grace.slurm_signal_s))
-    run.event("submitted", f"Slurm job {job_id}")
+    return SlurmJob(job_id=0, script=str(script), output=spec.slurm.output, tasks_per_node=tasks_per_node(spec),
+                    rank_per_task=spec.slurm.mode == "srun", signal=spec.preemption.signal,
+                    signal_grace_s=spec.grace.slurm_signal_s)
