@@ -2,11 +2,10 @@
 a process of its own, as bench/rendezvous.py and tests/test_rendezvous.py
 drive it:
 
-  python -m bench.rdzv_node BACKEND ENDPOINT RUN_ID MIN MAX IS_HOST CONF_JSON [--torch-polls]
+  python -m bench.rdzv_node BACKEND ENDPOINT RUN_ID MIN MAX IS_HOST CONF_JSON
 
 BACKEND is looked up in torchrun's own registry (entry points included), so
-`ddpkit` is what torchrun would build. --torch-polls gives ddpkit's handler
-torch's own 1 s pause and state cache (the round-skipping rule alone).
+`ddpkit` is what torchrun would build.
 
 The node joins a round, prints one JSON line (rank, world size, when), then
 joins the next round each time a line arrives on standard input, until EOF.
@@ -27,19 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def node(argv: list[str]) -> None:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-    from ddpkit.rdzv_timing import TORCH_STATE_POLL_S
 
     backend, endpoint, run_id, min_nodes, max_nodes, is_host, conf = argv[:7]
     logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")  # levels: torch's, from LOGLEVEL
     params = RendezvousParameters(backend, endpoint, run_id, int(min_nodes), int(max_nodes),
                                   local_addr="127.0.0.1", is_host=is_host == "1", **json.loads(conf))
     handler = get_rendezvous_handler(params)
-    if "--torch-polls" in argv[7:]:
-        dyn._delay = dyn._delay.torch_delay
-        handler._state_holder._cache_duration = TORCH_STATE_POLL_S  # type: ignore[attr-defined]
     while True:
         info = handler.next_rendezvous()
         print(json.dumps({"rank": info.rank, "world_size": info.world_size, "at": time.time()}), flush=True)
@@ -49,11 +42,11 @@ def node(argv: list[str]) -> None:
 
 
 def start(backend: str, port: int, run_id: str, nodes: tuple[int, int], is_host: bool, conf: dict[str, int],
-          *, torch_polls: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+          *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """One node, its rendezvous on 127.0.0.1:`port`, `nodes` = (min, max)."""
     argv = [sys.executable, "-m", "bench.rdzv_node", backend, f"127.0.0.1:{port}", run_id, str(nodes[0]),
             str(nodes[1]), "1" if is_host else "0", json.dumps(conf)]
-    return subprocess.Popen(argv + (["--torch-polls"] if torch_polls else []), cwd=ROOT,
+    return subprocess.Popen(argv, cwd=ROOT,
                             env={**os.environ, **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

@@ -7,10 +7,9 @@ Variants, each with the timeouts ddpkit renders for loss_s 10 and 3 nodes
 (rdzv_timing.derive: keep-alive 1 s x 3, last call 5 s):
   c10d             torch's own handler (what `elastic.rendezvous: torchrun`
                    and a job's own command get)
-  ddpkit 1s polls  ddpkit's handler with torch's 1 s state polls: the rule
-                   alone (the round after a loss skips the last call)
-  ddpkit           ddpkit's handler as shipped: the rule and state polls
-                   every rdzv_timing.state_poll_s
+  ddpkit           ddpkit's handler (rendezvous.py: a key per node; the
+                   round after a loss closes once every node of the last
+                   round has joined it or is lost, without the last call)
 
 Losses:
   crash   the third agent SIGKILLed; the two others go to the next round
@@ -39,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("c10d", "ddpkit 1s polls", "ddpkit")
+VARIANTS = ("c10d", "ddpkit")
 LOSSES = ("crash", "silent")
 NODES, MIN_NODES, LOSS_S = 3, 2, 10
 RUN_ID = "bench-rendezvous"
@@ -83,8 +82,7 @@ def _trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Tr
 
     port = free_port()
     backend = "c10d" if variant == "c10d" else rendezvous.NAME
-    agents = [rdzv_node.start(backend, port, RUN_ID, (MIN_NODES, NODES), i == 0, conf,
-                              torch_polls=variant == "ddpkit 1s polls") for i in range(NODES)]
+    agents = [rdzv_node.start(backend, port, RUN_ID, (MIN_NODES, NODES), i == 0, conf) for i in range(NODES)]
     try:
         first = [rdzv_node.joined(a) for a in agents]
         if {j["world_size"] for j in first} != {NODES}:
@@ -141,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([loss, v, s, min(spread), max(spread)])
         if {"c10d", "ddpkit"} <= by_variant.keys():
             ratios[f"{loss}: c10d / ddpkit"] = by_variant["c10d"] / by_variant["ddpkit"]
-        if {"ddpkit 1s polls", "ddpkit"} <= by_variant.keys():
-            ratios[f"{loss}: ddpkit 1s polls / ddpkit"] = by_variant["ddpkit 1s polls"] / by_variant["ddpkit"]
     print(common.table(["loss", "variant", "median s", "min s", "max s"], rows))
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x")

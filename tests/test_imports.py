@@ -49,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec", "rdzv_timing"} | BASE,
     # an elastic job's rendezvous store outside the nodes: hosted by a launcher, or run as a service of its own
-    "rdzv_store": BASE,
+    "rdzv_store": {"rdzv_members"} | BASE,  # its watch reads ddpkit's membership
+    "rdzv_members": set(),  # ddpkit's rendezvous membership in the store: a key per node
     "rdzv_timing": set(),  # the rendezvous timeouts derived from watchdog.loss_s: arithmetic only
     # `python -m ddpkit.agent`: torchrun with a zygote; preloads train by name; each forked worker gets the preamble;
     # it registers ddpkit's rendezvous handler with torch (no entry point needed on the node)
@@ -57,7 +58,8 @@ ALLOWED: dict[str, set[str]] = {
     # what a program of the user's own gets before its first line: the trainer's interface, rank report and watchdog
     "preamble": {"train", "watchdog", "netif"} | BASE,
     "run": {"preamble", "agent", "train"} | BASE,  # `python -m ddpkit.run`: the preamble, then the program
-    "rendezvous": {"rdzv_timing"} | BASE,  # torchrun's handler (the torchrun.handlers entry point): torch, its poll, agreed
+    # torchrun's handler (the torchrun.handlers entry point): torch, its timing and membership, agreed
+    "rendezvous": {"rdzv_timing", "rdzv_members"} | BASE,
     "specfile": {"spec"} | BASE,
     "spec": BASE,
     "quoting": set(),

@@ -1,119 +1,91 @@
-"""ddpkit's rendezvous handler (src/ddpkit/rendezvous.py): torch's c10d
-rendezvous, with the round after a loss completed once every node that left
-the last round is back, instead of after the last call.
+"""ddpkit's rendezvous handler (src/ddpkit/rendezvous.py, its membership
+rdzv_members.py): a key per node; the round after a loss closes once every
+node of the last round has joined it or is lost, instead of after the last
+call; the first round waits for the nodes still starting.
 
-The rule's decision is checked on torch's own state objects and a real
-in-process store; the whole handler on three real processes, each one
-torchrun agent's rendezvous as torchrun builds it (the registry, through
-the entry point), one of them SIGKILLed."""
+The rule's decision (rdzv_members.decide) is checked on its own; the whole
+handler on three real processes, each one torchrun agent's rendezvous as
+torchrun builds it (the registry, through the entry point), one of them
+SIGKILLed, and on a real store in this process."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
-from datetime import datetime, timedelta, timezone
 
 import pytest
 from bench import rdzv_node
-from torch.distributed import HashStore
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
 
 from ddpkit import rendezvous, runkey
 from ddpkit.launch.local import free_port
-from ddpkit.rdzv_store import rendezvous_state
-from ddpkit.rdzv_timing import state_poll_s
+from ddpkit.rdzv_members import Membership, Rules, View, decide
+from ddpkit.rdzv_store import hosted_store
 
 RUN = "job-1"
+RULES = Rules(min_nodes=2, max_nodes=3, last_call_s=30, first_round_s=120, expiry_s=3, waiting_expiry_s=30,
+              silent_s=15)
+NOW = 1000.0
 
 
-def _node(name: str) -> dyn._NodeDesc:
-    return dyn._NodeDesc(name, 1, 0)
+def _view(joined: list[str], round_: int = 1, previous: list[str] | None = None, silent: dict[str, float] | None = None,
+          left: tuple[str, ...] = (), min_at_ago: float | None = 1.0) -> View:
+    """Round `round_` with `joined` in it, every node seen just now but the `silent` ones (seconds ago);
+    the last round (`previous`) closed 10 s ago."""
+    nodes = {*joined, *(previous or ())}
+    seen = {n: NOW - (silent or {}).get(n, 0.0) for n in nodes if n not in left}
+    return View(round_, joined, seen, frozenset(left), previous, NOW - 10,
+                None if min_at_ago is None else NOW - min_at_ago, NOW)
 
 
-def _ctx(me: str, here: list[str], round_: int = 1, waiting: tuple[str, ...] = (), min_nodes: int = 2,
-         max_nodes: int = 3, redundant: tuple[str, ...] = ()) -> dyn._RendezvousContext:
-    state = dyn._RendezvousState()
-    state.round = round_
-    state.participants = {_node(n): 0 for n in here}
-    state.wait_list = {_node(n) for n in waiting}
-    state.redundancy_list = {_node(n) for n in redundant}
-    state.deadline = datetime.now(timezone.utc) + timedelta(seconds=30) if len(here) >= min_nodes else None
-    settings = dyn.RendezvousSettings(RUN, min_nodes, max_nodes, dyn.RendezvousTimeout(),
-                                      timedelta(seconds=1), 2)
-    return dyn._RendezvousContext(_node(me), state, settings)
-
-
-def _known(*left: str, round_: int = 0) -> rendezvous._Known:
-    known = rendezvous._Known(HashStore(), RUN)
-    for name in left:
-        known.leave(round_, _node(name))
-    return known
-
-
-def test_this_torch_has_what_the_rule_wraps() -> None:
-    assert rendezvous.unsupported() is None
-
-
-@pytest.mark.parametrize(("here", "left", "waiting", "me", "complete"), [
-    (["a", "b"], ["a", "b"], (), "a", True),  # the lost node c never left: it is not waited for
-    (["a", "b"], ["a", "b", "c"], (), "a", False),  # c left and is on its way
-    (["a", "b", "d"], ["a", "b"], ("d",), "a", True),  # d was waiting and has joined
-    (["a", "b"], ["a", "b"], ("d",), "a", False),  # d was waiting and has not joined yet
-    (["a"], ["a"], (), "a", False),  # below min_nodes: no round to complete
-    (["a", "b"], ["a", "b"], (), "z", False),  # only a participant completes the round
-    (["a", "b"], [], (), "a", False),  # nobody left a round (it expired whole): the last call decides
+@pytest.mark.parametrize(("joined", "previous", "silent", "left", "closes"), [
+    (["a", "b"], ["a", "b", "c"], {"c": 4}, (), True),  # c is lost (silent past 3 s): not waited for
+    (["a", "b"], ["a", "b", "c"], {"c": 1}, (), False),  # c trains on, or is on its way
+    (["a", "b"], ["a", "b", "c"], {}, ("c",), True),  # c left
+    (["d", "a", "b"], ["a", "b"], {}, (), True),  # d was waiting and is in: max_nodes
+    (["a"], ["a", "b"], {"b": 5}, (), False),  # below min_nodes: no round to close
+    (["d", "e"], ["a", "b"], {"a": 5, "b": 5}, (), False),  # nobody of the last round came: the last call decides
 ])
-def test_a_round_is_complete_once_every_node_known_to_come_has_joined(
-        here: list[str], left: list[str], waiting: tuple[str, ...], me: str, complete: bool) -> None:
-    assert rendezvous._all_known_here(_ctx(me, here, waiting=waiting), _known(*left)) is complete
+def test_a_round_closes_once_every_node_of_the_last_round_has_joined_or_is_lost(
+        joined: list[str], previous: list[str], silent: dict[str, float], left: tuple[str, ...], closes: bool) -> None:
+    decision = decide(_view(joined, previous=previous, silent=silent, left=left), RULES)
+    assert (decision.members is not None) is closes, decision
+    if closes:
+        assert set(decision.members or ()) == set(joined) - set(left)
 
 
-def test_a_node_queued_on_the_redundancy_list_is_waited_for() -> None:
-    """Node c died and was started again at once: the last round was still full (its dead self
-    counted until its keep-alive expired), so the new c queued on the redundancy list."""
-    assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], redundant=("c2",)), _known("a", "b"))
-    assert rendezvous._all_known_here(_ctx("a", ["a", "b", "c2"], redundant=("c2",)), _known("a", "b"))
+def test_the_last_rounds_members_keep_the_first_ranks_and_max_nodes_cap_the_round() -> None:
+    decision = decide(_view(["x", "b", "y", "a", "z"], previous=["a", "b", "c"], left=("c",)), RULES)
+    assert decision.members == ["a", "b", "x"]  # y and z wait for the next round, without a restart
 
 
-def test_the_first_round_and_other_rounds_keep_the_last_call() -> None:
-    assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], round_=0), _known("a", "b"))
-    # the record read is the one of the round before, not another
-    assert not rendezvous._all_known_here(_ctx("a", ["a", "b"], round_=5), _known("a", "b", round_=3))
-
-
-def _first_round(here: list[str], min_nodes_in_s_ago: float, round_: int = 0) -> dyn._RendezvousContext:
-    """A round torch would close now: min_nodes joined `min_nodes_in_s_ago`, its last call (30 s) is over."""
-    ctx = _ctx("a", here, round_=round_)
-    ctx.state.deadline = datetime.now(timezone.utc) - timedelta(seconds=min_nodes_in_s_ago) + ctx.settings.timeout.last_call
-    return ctx
-
-
-@pytest.mark.parametrize(("here", "since_s", "round_", "op_left_s", "waits"), [
-    (["a", "b"], 40, 0, 600, True),  # the first round, a node still starting: wait, within first_round (120 s)
-    (["a", "b"], 130, 0, 600, False),  # first_round is over: it closes with the nodes that came
-    (["a", "b"], 40, 0, 5, False),  # the join operation's own deadline is near: close rather than time out
-    (["a", "b", "c"], 40, 0, 600, False),  # every node is in (torch completes it at max_nodes anyway)
-    (["a", "b"], 40, 1, 600, False),  # a later round: the last call as torch's (or the rule after a loss)
+@pytest.mark.parametrize(("joined", "min_at_ago", "round_", "near", "closes"), [
+    (["a", "b"], 40, 0, False, False),  # the first round, a node still starting: wait, within first_round (120 s)
+    (["a", "b"], 130, 0, False, True),  # first_round is over: it closes with the nodes that came
+    (["a", "b"], 40, 0, True, True),  # the join's own deadline is near: close rather than time out
+    (["a", "b", "c"], 0, 0, False, True),  # every node is in
+    (["a", "b"], 40, 1, False, True),  # a later round where nobody's membership is known: the last call (30 s)
+    (["a", "b"], None, 0, False, False),  # min_nodes just came: the last call starts
 ])
-def test_the_first_round_waits_for_the_nodes_still_starting(
-        here: list[str], since_s: float, round_: int, op_left_s: float, waits: bool) -> None:
-    ctx = _first_round(here, since_s, round_)
-    first_round = timedelta(seconds=rendezvous.FIRST_ROUND_S)
-    assert rendezvous._first_round_waits(ctx, first_round, time.monotonic() + op_left_s) is waits
+def test_the_first_round_waits_for_the_nodes_still_starting(joined: list[str], min_at_ago: float | None,
+                                                           round_: int, near: bool, closes: bool) -> None:
+    decision = decide(_view(joined, round_=round_, min_at_ago=min_at_ago), RULES, deadline_near=near)
+    assert (decision.members is not None) is closes, decision
+    assert decision.min_in
 
 
-def test_the_first_rounds_wait_keeps_the_node_alive_instead_of_closing() -> None:
-    """Where torch's join says close, the wrapped join syncs (or sends its keep-alive) and waits on."""
-    executor = rendezvous._Executor(None, _known(), timedelta(seconds=rendezvous.FIRST_ROUND_S))
-    decide = executor._join(lambda ctx, deadline: dyn._Action.MARK_RENDEZVOUS_COMPLETE)
-    ctx = _first_round(["a", "b"], 40)
-    ctx.state.last_heartbeats[ctx.node] = datetime.now(timezone.utc)  # a fresh keep-alive: no new one due
-    assert decide(ctx, time.monotonic() + 600) == dyn._Action.SYNC
-    ctx.state.last_heartbeats[ctx.node] = datetime.now(timezone.utc) - timedelta(seconds=5)
-    assert decide(ctx, time.monotonic() + 600) == dyn._Action.KEEP_ALIVE
-    assert decide(_first_round(["a", "b"], 130), time.monotonic() + 600) == dyn._Action.MARK_RENDEZVOUS_COMPLETE
+@pytest.mark.parametrize(("silent_s", "members", "waiting_for"), [
+    (20, None, ["c"]),  # held for c: it comes back, or expires and the round goes on without it
+    (5, ["a", "b", "c"], []),  # a starting node's late keep-alive: counted
+    (40, None, []),  # past the waiting expiry: c is gone, and two of three wait for the last call
+])
+def test_a_round_does_not_close_with_a_node_silent_past_half_the_waiting_expiry(
+        silent_s: float, members: list[str] | None, waiting_for: list[str]) -> None:
+    decision = decide(_view(["a", "b", "c"], round_=0, silent={"c": silent_s}), RULES)
+    assert (decision.members, decision.waiting_for) == (members, waiting_for)
 
 
 def test_the_entry_point_registers_the_handler() -> None:
@@ -126,25 +98,57 @@ def test_the_entry_point_registers_the_handler() -> None:
     assert rendezvous_handler_registry._registry.get(rendezvous.NAME) is rendezvous.create
 
 
-def test_a_waiting_agent_polls_the_state_every_state_poll_s() -> None:
-    """The executor's 1 s pause between polls, and only it, becomes the poll;
-    the state holder's cache follows, or a poll would answer from a second-old read."""
-    paused: list[object] = []
-    pause = rendezvous._Pause(lambda seconds: paused.append(seconds), 0.1)
-    pause(seconds=1)
-    pause(seconds=(0, 0.3))  # the first round's random skew stays torch's
-    assert paused == [0.1, (0, 0.3)]
-    params = dyn.RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{free_port()}", RUN, 2, 130, is_host=True,
-                                      local_addr="127.0.0.1")
-    torch_delay = dyn._delay
-    try:
-        handler = rendezvous.create(params)
-        assert isinstance(dyn._delay, rendezvous._Pause) and dyn._delay.torch_delay is torch_delay
-        assert dyn._delay.poll_s == handler._state_holder._cache_duration == state_poll_s(130) == 0.3
-        rendezvous.create(params)  # a second handler replaces the pause, it does not wrap it
-        assert dyn._delay.torch_delay is torch_delay
-    finally:
-        dyn._delay = torch_delay
+def _handlers(port: int, count: int, nodes: tuple[int, int], **conf: int) -> list[rendezvous.Handler]:
+    conf = {"keep_alive_interval": 1, "keep_alive_max_attempt": 3, "last_call_timeout": 2, "join_timeout": 40,
+            **conf}
+    return [rendezvous.create(RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{port}", RUN, *nodes,
+                                                   local_addr="127.0.0.1", is_host=False, **conf))
+            for _ in range(count)]  # type: ignore[misc]
+
+
+def _join_all(handlers: list[rendezvous.Handler], delays: list[float]) -> dict[int, tuple[int, int, int]]:
+    joined: dict[int, tuple[int, int, int]] = {}
+    errors: list[str] = []
+
+    def join(i: int) -> None:
+        time.sleep(delays[i])
+        try:
+            info = handlers[i].next_rendezvous()
+            joined[i] = (info.rank, info.world_size, handlers[i].round or 0)
+        except Exception as exc:  # said in the assertion below
+            errors.append(f"node {i}: {exc!r}")
+    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(handlers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    return joined
+
+
+@pytest.mark.timeout(60)
+def test_a_full_round_lets_a_newcomer_wait_without_restarting_the_others_and_shutdown_closes() -> None:
+    """Three of max 3 in round 0; a fourth waits in round 1, which the others do not restart for
+    (num_nodes_waiting 0); one leaves gracefully (shutdown): the rendezvous is closed for everyone, and the
+    membership keys are under the run key's id only."""
+    port = free_port()
+    with hosted_store("127.0.0.1", port) as store:
+        handlers = _handlers(port, 4, (2, 3))
+        joined = _join_all(handlers[:3], [0, 0, 0])
+        assert sorted(rank for rank, _, _ in joined.values()) == [0, 1, 2]
+        assert {(world, round_) for _, world, round_ in joined.values()} == {(3, 0)}
+        late = threading.Thread(target=lambda: pytest.raises(RendezvousClosedError, handlers[3].next_rendezvous),
+                                daemon=True)
+        late.start()
+        members = Membership(store, runkey.rdzv_run_id(RUN))
+        while members.count(1) == 0:
+            time.sleep(0.05)
+        assert [h.num_nodes_waiting() for h in handlers[:3]] == [0, 0, 0]
+        assert handlers[0].shutdown() and all(h.is_closed() for h in handlers)
+        late.join(timeout=10)
+        assert not late.is_alive()
+        for handler in handlers:
+            handler.stop_keep_alive()
 
 
 LAST_CALL_S = 30  # what the round after the loss would wait without the rule
@@ -182,17 +186,19 @@ def test_the_round_after_a_killed_node_completes_without_the_last_call() -> None
                 agent.communicate()
 
 
-def _last_call_over(port: int, run_id: str, timeout: float = 60) -> None:
-    """Wait until the first round has min_nodes in and its last call is over (torch's c10d state in the store)."""
+def _last_call_over(port: int, run_id: str, last_call_s: float, timeout: float = 60) -> None:
+    """Wait until the first round has min_nodes in and its last call is over (the membership in the store)."""
+    from datetime import timedelta
+
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False)
-    give_up = time.monotonic() + timeout
-    while (state := rendezvous_state(store, run_id)) is None or (state.deadline is None and not state.complete):
+    members, give_up = Membership(store, run_id), time.monotonic() + timeout
+    while (min_at := members.min_at(0, None)) is None and members.members(0) is None:
         assert time.monotonic() < give_up, "the two early agents never had a round of two"
         time.sleep(0.1)
-    if state.deadline is not None:  # torch clears it when it closes the round
-        time.sleep(max(0.0, (state.deadline - datetime.now(timezone.utc)).total_seconds()) + 2)
+    if min_at is not None:
+        time.sleep(max(0.0, min_at + last_call_s - time.time()) + 2)
 
 
 @pytest.mark.slow
@@ -209,7 +215,7 @@ def test_a_node_later_than_the_last_call_is_in_the_first_round(first_round_s: in
     early = [rdzv_node.start(rendezvous.NAME, port, RUN, (2, 3), i == 0, conf) for i in range(2)]
     agents = list(early)
     try:
-        _last_call_over(port, runkey.rdzv_run_id(RUN))
+        _last_call_over(port, runkey.rdzv_run_id(RUN), 2)
         agents.append(rdzv_node.start(rendezvous.NAME, port, RUN, (2, 3), False, conf))
         first = [rdzv_node.joined(a) for a in (agents if first_round_s is None else early)]
         want = 3 if first_round_s is None else 2

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from . import runkey
 from .exitcodes import ExitCode, exit_on
 from .listening import listen_fd
+from .rdzv_members import Membership
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -74,6 +75,7 @@ def hosted_store(host: str, port: int, fd: int | None = None) -> Iterator[dist.T
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 RDZV_STATE_KEY = "torch.rendezvous."  # + the run id: torch's c10d backend keeps its rendezvous state there
+# (ddpkit's handler keeps its membership beside it: rdzv_members.prefix)
 POLL_S = 2.0
 # What torch's rendezvous state is made of: the only classes its unpickling may
 # build (the state is in a store that other clients can write to).
@@ -113,6 +115,13 @@ def rendezvous_state(store: dist.Store, run_id: str) -> Any | None:
         return None  # torch's null sentinel before the first round, or not torch's state
 
 
+def job_state(store: dist.Store, run_id: str) -> Any | None:
+    """The job's rendezvous for the watch: ddpkit's membership (rdzv_members.py, `--rdzv-backend=ddpkit`),
+    else torch's c10d state (`elastic.rendezvous: torchrun`); None where neither has begun."""
+    members = Membership(store, run_id).summary()
+    return members if members is not None else rendezvous_state(store, run_id)
+
+
 def ended(state: Any | None, watch: Watch, closed_at: float | None, now: float) -> tuple[str, float | None]:
     """Why the store may stop now ('' while it may not), and since when the rendezvous is closed."""
     if state is None:
@@ -149,7 +158,7 @@ def _until_stopped(store: dist.Store, watch: Watch | None) -> str:
         got = signal.sigtimedwait(STOP_SIGNALS, POLL_S)
         if got is not None:
             return f"by {signal.Signals(got.si_signo).name}"
-        why, closed_at = ended(rendezvous_state(store, watch.run_id), watch, closed_at, time.monotonic())
+        why, closed_at = ended(job_state(store, watch.run_id), watch, closed_at, time.monotonic())
         if why:
             return why
 
