@@ -79,7 +79,7 @@ def output(script: Path, job: int) -> str:
     return path.read_text(errors="replace") if path.exists() else "(no output yet)"
 
 
-def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str) -> tuple[int, str]:
+def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str, agreed: str = AGREED) -> tuple[int, str]:
     """Once the job printed `ready`, send the time limit's warning; wait for the job's end.
     The agreed step and the whole output."""
     deadline = time.monotonic() + 240
@@ -95,7 +95,7 @@ def preempt_when(cluster: SlurmCluster, script: Path, job: int, ready: str) -> t
     assert f"requeueing Slurm job {job} (scontrol requeue)" in text, text[-6000:]
     assert f"job {job} run 1 " in text and f"job {job} run 2 " in text
     assert processes_in(script.parent) == [], "processes of the job left running"
-    found = re.search(AGREED, text)
+    found = re.search(agreed, text)
     assert found, text[-6000:]
     assert_one_line_per_node(text, "SIGUSR2")
     assert_records_kept_apart_and_reported(cluster, script, job, text)
@@ -128,3 +128,21 @@ def test_a_lightning_trainer_is_preempted_requeued_and_resumes_from_last_ckpt(
     assert f"Restoring states from the checkpoint path at {last}" in text, text[-6000:]
     said = [line for line in text.splitlines() if "ddpkit: this job was requeued by Slurm (restart 1)" in line]
     assert len(said) == 1 and str(last) in said[0] and said[0].endswith("it resumes from there"), said
+
+
+@pytest.mark.full  # a program's own stop handler pre-empted and resumed: test_own_stop.py; on Slurm: test_preempt_slurm.py
+def test_the_tutorial_script_is_preempted_requeued_resumes_and_its_run_is_reported(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    """PyTorch's multi-node tutorial script with its one line of ddpkit (`ddpkit.on_stop`): the
+    output file, read as people read it, holds one line per node for the stop and no record, torch
+    chatter or traceback; `ddpkit report JOB` draws its step times, loss and throughput."""
+    snapshot = tmp_path / "snapshot.pt"
+    script, job = submit(cluster, tmp_path / "job", "tutorial-stop", HELPERS / "tutorial_ddp.py",
+                         ["60", "1000", "--snapshot", str(snapshot), "--step-sleep", "0.05", "--on-stop"])
+    step, text = preempt_when(cluster, script, job, "ddpkit watchdog: on for this script",
+                              agreed=r"ddpkit: SIGUSR2: every rank stops after optimizer step (\d+); "
+                                     r"the program's stop handlers run before the next one")
+    print(f"TUTORIAL-PREEMPTED {len(text.splitlines())} lines\n{text}")
+    assert sorted(re.findall(rf"^(\d+): stop handler ran after step {step}$", text, re.MULTILINE)) == ["0", "1"], \
+        text[-6000:]
+    assert re.search(r"^\d+: Resuming training from snapshot at Epoch \d+$", text, re.MULTILINE), text[-6000:]
