@@ -10,9 +10,10 @@ import io
 from rich.console import Console
 
 from ddpkit import records
+from ddpkit.launch.supervise.events import LineRead, RecordRead
 from ddpkit.launch.supervise.findings import Findings, WorkerFailure
 from ddpkit.launch.supervise.nodeoutput import ConsoleLines, LinePrinter
-from ddpkit.launch.supervise.reader import LineRead, OutputReader, RecordRead
+from ddpkit.launch.supervise.reader import OutputReader
 
 EXIT = records.WorkerExit(rank=1, local_rank=1, pid=9, exitcode=12)
 
@@ -94,3 +95,75 @@ def test_the_line_printer_keeps_records_in_the_findings_it_is_given() -> None:
     printer.line(_Node(), "[rank1]:" + records.frame(EXIT))  # type: ignore[arg-type]
     printer.close()
     assert out.getvalue() == "" and findings.worker_code(1) == 12 and printer.findings is findings
+
+
+TRACE = ["Traceback (most recent call last):", '  File "/job/train.py", line 3, in <module>', "    boom()",
+         "RuntimeError: boom"]
+REPORT = ["Traceback (most recent call last):", '  File "run.py", line 9, in main', "ChildFailedError: ",
+          "=" * 20, "train.py FAILED", "=" * 20]
+
+
+def shown_in(order: list[tuple[int, str]]) -> dict[str, list[str]]:
+    """Each prefix's lines as the console showed them, for lines fed in `order` ((node, line))."""
+    out = io.StringIO()
+    printer = LinePrinter(Console(file=out, width=300))
+    for index, line in order:
+        printer.line(_Node(index), line)  # type: ignore[arg-type]
+    printer.close()
+    by_prefix: dict[str, list[str]] = {}
+    for line in out.getvalue().splitlines():
+        by_prefix.setdefault(line.split("] ", 1)[0] + "]", []).append(line)
+    return by_prefix
+
+
+class _Node:
+    def __init__(self, index: int) -> None:
+        self.index, self.host, self.label = index, f"h{index}", f"node{index}"
+
+
+def interleavings(streams: list[list[tuple[int, str]]], seeds: range) -> list[list[tuple[int, str]]]:
+    """The streams merged in several orders, each stream's own order kept."""
+    import random
+
+    out = []
+    for seed in seeds:
+        rng, left, merged = random.Random(seed), [list(s) for s in streams], []
+        while any(left):
+            merged.append(rng.choice([s for s in left if s]).pop(0))
+        out.append(merged)
+    return out
+
+
+def test_what_a_record_stands_for_is_matched_by_content_so_any_arrival_order_shows_the_same() -> None:
+    """Node 0 rank 1's traceback, copied by its agent with its record (before, amid or after
+    its lines), and node 1's agent report with other lines of node 1's agent among its lines:
+    whatever the order the two nodes' lines arrive in, the console shows the same."""
+    from ddpkit.records.tracebacks import record_of
+
+    record = "[rank1]:" + records.frame(record_of(TRACE, 3))
+    trace = [f"[rank1]:{line}" for line in TRACE]
+    rank_streams = {"before": [record, *trace], "amid": [*trace[:2], record, *trace[2:]],
+                    "after": [*trace, record]}
+    report = records.frame(records.AgentReport.of("".join(f"{line}\n" for line in REPORT)))
+    agent = [report, REPORT[0], REPORT[1], "ddpkit: node 1 goes on", *REPORT[2:], "torchrun: failed"]
+    seen = []
+    for where, stream in rank_streams.items():
+        node0 = [(0, "[rank1]:step 5"), *((0, line) for line in stream), (0, "[rank1]:after it")]
+        node1 = [(1, line) for line in agent]
+        other = [(0, "[rank0]:another rank goes on")]
+        for order in interleavings([node0, node1, other], range(6)):
+            seen.append((where, shown_in(order)))
+    first = seen[0][1]
+    assert first == {"[node0 rank1]": ["[node0 rank1] step 5",
+                                       "[node0 rank1] RuntimeError: boom  (its traceback: the node's log)",
+                                       "[node0 rank1] after it"],
+                     "[node0 rank0]": ["[node0 rank0] another rank goes on"],
+                     "[node1]": ["[node1] ddpkit: node 1 goes on", "[node1] torchrun: failed"]}
+    assert all(console == first for _, console in seen), [w for w, console in seen if console != first]
+
+
+def test_a_record_of_a_writer_that_names_no_lines_hides_the_number_it_says_follow() -> None:
+    """An older agent's report says only how many lines follow: those are hidden, as before."""
+    shown = shown_in([(1, records.frame(records.AgentReport(lines=2))), (1, "torch's report"), (1, "its box"),
+                      (1, "the agent goes on")])
+    assert shown == {"[node1]": ["[node1] the agent goes on"]}

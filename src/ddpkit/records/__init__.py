@@ -51,7 +51,21 @@ from typing import IO, Any, Union
 
 from .appending import Appender
 from .base import OMITTED_WHEN_NONE, Record, RecordError
-from .job import AgentReport, Cause, LostRank, NodeLost, Reformed, SameError, Stall, StalledRank, Straggler, Traceback, WorkerExit
+from .job import (
+    AgentReport,
+    Cause,
+    LostRank,
+    NodeLost,
+    Reformed,
+    SameError,
+    Stall,
+    StalledRank,
+    Straggler,
+    Traceback,
+    WorkerExit,
+    keys_of,
+    line_key,
+)
 from .lines import RANK_TAG_CLOSE, RANK_TAG_FLAG, RANK_TAG_OPEN, is_bare_tag, rank_tagged, tag_starts, task_labelled
 from .metrics import Checkpoint, Eval, RankRow, Resume, Startup, StepTimes, Stop, Summary, Train
 
@@ -60,7 +74,8 @@ __all__ = ["FRAME", "Appender", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE",
            "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "SameError", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
            "CHANNEL_VAR", "CONTAINER_FOLDER", "channel", "decode", "emit", "encode", "frame", "from_fields",
-           "is_bare_tag", "is_frame", "node_file", "rank_tagged", "read_file", "read_folder", "send", "slurm_folder",
+           "is_bare_tag", "is_frame",
+           "keys_of", "line_key", "node_file", "rank_tagged", "read_file", "read_folder", "send", "slurm_folder",
            "stamped_frame_pattern", "tag_starts", "task_labelled", "to_json", "unframe"]
 
 FRAME = "@@ddpkit-record "

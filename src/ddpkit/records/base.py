@@ -8,9 +8,10 @@ from typing import Any, ClassVar
 OMITTED_WHEN_NONE = "omitted when none"
 
 
-def optional() -> Any:
-    """A field that some writers of its kind never fill: left out of the JSON when None."""
-    return field(default=None, metadata={OMITTED_WHEN_NONE: True})
+def optional(compare: bool = True) -> Any:
+    """A field that some writers of its kind never fill: left out of the JSON when None;
+    `compare` False: not part of what the record says (two records equal without it)."""
+    return field(default=None, compare=compare, metadata={OMITTED_WHEN_NONE: True})
 
 
 class RecordError(ValueError):

@@ -4,6 +4,7 @@ a worker ended and what its traceback said (its agent's records)."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -184,10 +185,21 @@ class Cause(Record):
         return f"{self.who}: {self.text}"
 
 
+def line_key(line: str) -> str:
+    """What a record names one of the lines it stands for by (`hides`): a short
+    digest of the line's text, so that a reader matches those lines by their
+    content on their stream, whatever arrives between or around them."""
+    return f"{zlib.crc32(line.encode('utf-8', 'replace')):08x}"
+
+
+def keys_of(lines: list[str]) -> tuple[str, ...]:
+    return tuple(line_key(line) for line in lines)
+
+
 @dataclass(frozen=True)
 class Traceback(Record):
-    """A worker's traceback follows, `lines` lines long, on its rank's
-    output: for the node's log; a console shows `line` (its exception) instead."""
+    """A worker's traceback, `lines` lines long, on its rank's output: for
+    the node's log; a console shows `line` (its exception) instead."""
 
     kind: ClassVar[str] = "traceback"
     lines: int
@@ -196,6 +208,8 @@ class Traceback(Record):
     # Its collective lost a peer (gloo's, NCCL's or the store's connection closed): most
     # often the knock-on of another rank's failure, not a failure of its own.
     knock_on: bool | None = optional()
+    # each of its lines' `line_key`: how a reader finds them, not what the record says (a writer before them: none)
+    hides: tuple[str, ...] | None = optional(compare=False)
 
 
 @dataclass(frozen=True)
@@ -206,3 +220,11 @@ class AgentReport(Record):
 
     kind: ClassVar[str] = "agent_report"
     lines: int
+    # each of its lines' `line_key`: how a reader finds them, not what the record says (a writer before them: none)
+    hides: tuple[str, ...] | None = optional(compare=False)
+
+    @classmethod
+    def of(cls, text: str) -> AgentReport:
+        """The record for the report `text` (whole lines, each ending with a newline)."""
+        lines = text.split("\n")[:text.count("\n")]
+        return cls(lines=len(lines), hides=keys_of(lines))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 
 from .base import Record
-from .job import Traceback
+from .job import Traceback, keys_of
 
 TRACEBACK = "Traceback (most recent call last):"
 FRAME = 'File "'
@@ -79,8 +79,9 @@ def record_of(lines: list[str], at: int) -> Record:
     """The record for a traceback whose exception is lines[at]."""
     exception = lines[at].strip()
     shown = exception if len(exception) <= SHOWN_CHARS else exception[:SHOWN_CHARS] + "..."
-    return Traceback(lines=block_end(lines, at) + 1, line=shown + WHERE, at=raised_at(lines[:at]),
-                     knock_on=is_knock_on(exception) or None)
+    end = block_end(lines, at) + 1
+    return Traceback(lines=end, line=shown + WHERE, at=raised_at(lines[:at]),
+                     knock_on=is_knock_on(exception) or None, hides=keys_of(lines[:end]))
 
 
 # A frame line: `  File "/job/train.py", line 42, in training_step`.
@@ -160,6 +161,11 @@ class Tracebacks:
             else:
                 out.append((None, [line]))
         return out
+
+    def take_held(self) -> list[str]:
+        """The lines of a traceback held so far, no longer held (its record came: they are its)."""
+        held, self._held = self._held, []
+        return held
 
     def idle(self, now: float) -> list[tuple[Record | None, list[str]]]:
         """At a pause in the output: a held traceback that ends with its exception is whole."""

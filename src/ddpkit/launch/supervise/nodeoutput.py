@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from ... import records
 from .dedup import Dedup, Released, Source
+from .events import LineRead
 from .findings import Findings
-from .reader import LineRead, OutputReader, Read, noisy
+from .reader import OutputReader, Read, noisy
 
 if TYPE_CHECKING:
     from pathlib import Path

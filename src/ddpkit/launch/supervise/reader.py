@@ -8,20 +8,27 @@ node's stream:
   prefix (`[node0 rank1] `);
 - a line its writers meant as several (a bar without its newline, then a
   frame or a tagged warning) is several (`glued_apart`);
-- a record announces the lines that follow it on its stream, which the
-  node's log keeps and the console does not: an `agent_report`'s and a
-  `traceback`'s line count, and a `cause`'s own line (shown once, at the
-  run's end, by the supervisor);
+- a record names the lines it stands for, which the node's log keeps and
+  the console does not: an `agent_report`'s and a `traceback`'s lines by
+  their content (`hides`: a key of each line), matched on the record's own
+  stream (its node and rank) whatever other lines, nodes or records come
+  between them, and a `cause`'s own line (shown once, at the run's end, by
+  the supervisor); a record of a writer that named none (an older ddpkit's)
+  hides the number of lines it says follow it;
 - a rank's traceback that no agent copied (launch ssh, docker) is held until
-  whole and given out as its `traceback` record (records/tracebacks.py);
+  whole and given out as its `traceback` record (records/tracebacks.py); so
+  is one whose lines come before its record: the record then finds its
+  traceback already given out (by its exception, on its node and rank) and
+  is not given out again, so the console shows the same whichever came first;
 - torch's lines that say nothing a person can act on (`NOISE`) are dropped."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
 
 from ... import records
 from ...records.tracebacks import Tracebacks
+from .events import LineRead, RecordRead
 
 # torch's lines that say nothing a person can act on, kept off the console (the node logs
 # keep them): c10d's client looks up the name of the IPv4-mapped form of the address it
@@ -30,32 +37,7 @@ from ...records.tracebacks import Tracebacks
 NOISE = ("The hostname of the client socket cannot be retrieved.",)
 
 
-@dataclass(frozen=True)
-class LineRead:
-    """A line of node `node`'s output for people, with its console prefix
-    (`[node0 rank1] `; rank None: the node's own, its agent's)."""
-
-    node: int
-    rank: int | None
-    prefix: str
-    body: str
-
-
-@dataclass(frozen=True)
-class RecordRead:
-    """A record node `node`'s output held: framed by the job (`time`: when it
-    was written, None when not said), or a traceback the reader found in a
-    rank's lines that no agent copied (`framed` False)."""
-
-    node: int
-    rank: int | None
-    prefix: str
-    record: records.Record
-    time: float | None = None
-    framed: bool = True
-
-
-Read = LineRead | RecordRead
+Read = LineRead | RecordRead  # what one line of a node's output holds
 
 
 def noisy(body: str) -> bool:
@@ -68,8 +50,12 @@ class OutputReader:
     one line at a time."""
 
     def __init__(self) -> None:
-        # (node, rank or None: its agent) -> lines a record said follow it, still to come
+        # (node, rank or None: its agent) -> the keys of lines a record stands for, still to come
+        self._hidden: dict[tuple[int, int | None], Counter[str]] = {}
+        # (node, rank or None) -> lines a record of a writer that named none said follow it, still to come
         self._following: dict[tuple[int, int | None], int] = {}
+        # (node, rank) -> the exception lines of tracebacks given out from their lines before their record came
+        self._found: dict[tuple[int, int], list[str]] = {}
         self._causes: dict[tuple[int, str], int] = {}  # (node, cause line) -> copies still to come
         self._tracebacks: dict[tuple[int, int], Tracebacks] = {}  # (node, rank): its traceback held till whole
         self._labels: dict[int, str] = {}  # node index -> its label, for what close() gives out
@@ -86,11 +72,13 @@ class OutputReader:
         body = match[1] if match else text
         stamped = _record(body)
         if stamped is not None:
-            return [self._announced(node, rank, prefix, stamped)]
+            return self._announced(node, rank, prefix, stamped, now)
         if self._causes.get((node, body)):  # a cause line its record announced: shown once, at the end
             self._causes[(node, body)] -= 1
             return []
-        if self._following.get((node, rank)):  # an agent's report, a traceback: the node's log has it
+        if self._stood_for(node, rank, body):  # an agent's report, a traceback: the node's log has it
+            return []
+        if self._following.get((node, rank)):
             self._following[(node, rank)] -= 1
             return []
         if noisy(body):
@@ -103,23 +91,63 @@ class OutputReader:
             tracebacks = self._tracebacks[(node, rank)] = Tracebacks(at_exception=True)
         return self._given_out(node, rank, prefix, tracebacks.feed([body], now))
 
-    def _announced(self, node: int, rank: int | None, prefix: str, stamped: records.Stamped) -> RecordRead:
-        """A record, and the lines it says follow it on its stream."""
+    def _announced(self, node: int, rank: int | None, prefix: str, stamped: records.Stamped,
+                   now: float) -> list[Read]:
+        """A record, and the lines it stands for on its stream (module doc)."""
         record = stamped.record
+        read: list[Read] = [RecordRead(node, rank, prefix, record, stamped.time)]
+        if isinstance(record, records.Traceback) and rank is not None:
+            found = self._found.get((node, rank), [])
+            if record.line in found:  # its lines came first: given out from them
+                found.remove(record.line)
+                return []
+            if record.hides is None:
+                self._following[(node, rank)] = record.lines
+                return read
+            self._hide(node, rank, record.hides)
+            return self._held_lines_taken(node, rank, now) + read
         if isinstance(record, records.AgentReport):
-            self._following[(node, None)] = record.lines
-        elif isinstance(record, records.Traceback):
-            self._following[(node, rank)] = record.lines
+            if record.hides is None:
+                self._following[(node, None)] = record.lines
+            else:
+                self._hide(node, None, record.hides)
         elif isinstance(record, records.Cause):
             self._causes[(node, record.line)] = self._causes.get((node, record.line), 0) + 1
-        return RecordRead(node, rank, prefix, record, stamped.time)
+        return read
 
-    @staticmethod
-    def _given_out(node: int, rank: int, prefix: str,
+    def _hide(self, node: int, rank: int | None, keys: tuple[str, ...]) -> None:
+        self._hidden.setdefault((node, rank), Counter()).update(keys)
+
+    def _stood_for(self, node: int, rank: int | None, body: str) -> bool:
+        """Whether `body` is a line a record of its stream stands for (and is now taken off its list)."""
+        keys = self._hidden.get((node, rank))
+        if not keys:
+            return False
+        key = records.line_key(body)
+        if not keys[key]:
+            return False
+        keys[key] -= 1
+        if not keys[key]:
+            del keys[key]
+        return True
+
+    def _held_lines_taken(self, node: int, rank: int, now: float) -> list[Read]:
+        """A traceback's record that came after some of its lines: the ones held are its; any other is let go."""
+        tracebacks = self._tracebacks.get((node, rank))
+        if tracebacks is None:
+            return []
+        rest = [line for line in tracebacks.take_held() if not self._stood_for(node, rank, line)]
+        return self._given_out(node, rank, self._prefix(node, rank), tracebacks.feed(rest, now)) if rest else []
+
+    def _prefix(self, node: int, rank: int) -> str:
+        return f"[{self._labels.get(node, f'node{node}')} rank{rank}] "
+
+    def _given_out(self, node: int, rank: int, prefix: str,
                    released: list[tuple[records.Record | None, list[str]]]) -> list[Read]:
         out: list[Read] = []
         for record, lines in released:
             if isinstance(record, records.Traceback):
+                self._found.setdefault((node, rank), []).append(record.line)  # its own record may follow
                 out.append(RecordRead(node, rank, prefix, record, framed=False))
             else:
                 out += [LineRead(node, rank, prefix, line) for line in lines]
@@ -129,15 +157,15 @@ class OutputReader:
         """Every held traceback (one never finished: its lines as they came)."""
         out: list[Read] = []
         for (node, rank), tracebacks in self._tracebacks.items():
-            prefix = f"[{self._labels.get(node, f'node{node}')} rank{rank}] "
-            out += self._given_out(node, rank, prefix, tracebacks.close())
+            out += self._given_out(node, rank, self._prefix(node, rank), tracebacks.close())
         self._tracebacks.clear()
         return out
 
     def forget(self, node: int) -> None:
         """A node that comes back (elastic): no lines of its last run still to come."""
-        for key in [key for key in self._following if key[0] == node]:
-            del self._following[key]
+        self._following = {key: n for key, n in self._following.items() if key[0] != node}
+        self._hidden = {key: keys for key, keys in self._hidden.items() if key[0] != node}
+        self._found = {key: found for key, found in self._found.items() if key[0] != node}
 
 
 def _record(body: str) -> records.Stamped | None:
