@@ -332,14 +332,16 @@ class Run:
             return sum(1 for r in self.metric_records() if r.get("kind") == "train")
         return sum(1 for s in self.own_steps() if s[3] == 0)
 
-    def survivors_first_step(self, lost_at: float) -> float | None:
+    def survivors_first_step(self, lost_at: float, world: int | None = None) -> float | None:
+        """The first step after `lost_at` (ddpkit train: after its resume record; the own program: in a world
+        of `world`, N-1 unless said)."""
         if self.program == "train":
             recs = self.metric_records()
             for i, r in enumerate(recs):
                 if r.get("kind") == "resume" and r["time"] > lost_at:
                     return next((s["time"] for s in recs[i + 1:] if s.get("kind") == "train"), None)
             return None
-        after = [s[0] for s in self.own_steps() if s[2] == self.n - 1 and s[0] > lost_at]
+        after = [s[0] for s in self.own_steps() if s[2] == (world or self.n - 1) and s[0] > lost_at]
         return min(after) if after else None
 
     def phases(self, t0: float) -> dict[str, float]:
@@ -428,37 +430,10 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
             raise RuntimeError(f"the launcher exited {proc.returncode} before the first step\n{tail(out_path)}")
         if first is None:
             return _not_started(result, run, trace, t0, out_path, watch, work)
-        watch.note_cpu("first_step")
-        # what the console said up to the first step: a worker stopped, a node restarted or left out
-        start_lines = out_path.read_text(errors="replace").splitlines()
-        result["console_lines_to_first_step"] = len(start_lines)
-        result["stopped_at_start"] = [ln for ln in start_lines if any(
-            word in ln for word in ("stops now", "restart", "excluded", "left out"))][:20]
-        result["host_memory_mb"] = host_memory_mb(run.hosts)
-        result["first_step_s"] = first - t0
-        result |= run.phases(t0)
-        result["rank_hosts"] = run.rank_hosts()
-        result["first_world"] = len(result["rank_hosts"])
+        at_first_step(result, run, watch, out_path, first, t0)
         if crash:
-            wait_until(lambda: proc.poll() is not None or run.trained_steps() >= STEPS_BEFORE_CRASH, 300,
-                       f"rank 0 never reached step {STEPS_BEFORE_CRASH}")
-            lost = run.hosts[-1]
-            take_away(agents_and_workers(lost), "crash")
-            lost_at = time.time()
-            try:
-                back = wait_until(lambda: proc.poll() is not None or run.survivors_first_step(lost_at),
-                                  RECOVERY_LIMIT_S, "")
-            except TimeoutError:  # written down as such: the larger N still run
-                back = None
-                result["recovery_note"] = f"the survivors had not trained {RECOVERY_LIMIT_S:.0f} s after the loss"
-            if back is True:
-                raise RuntimeError(f"the launcher exited {proc.returncode} before the survivors trained\n"
-                                   f"{tail(out_path)}")
-            if back is not None:
-                result["recovery_s"] = back - lost_at
-                done = run.trained_steps()
-                wait_until(lambda: proc.poll() is not None or run.trained_steps() >= done + STEPS_AFTER, 300,
-                           "the survivors stopped training")
+            result |= lose_one(run, proc, run.hosts[-1], "crash", out_path)
+            lost_at = result["lost_at"]
             proc.send_signal(signal.SIGINT)  # Ctrl-C: the launcher stops every node and exits
         pid, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -472,23 +447,68 @@ def run_one(net: netns.Network, ssh: sshd.SshHosts, program: str, n: int, crash:
         if run.watcher is not None:
             run.watcher.kill()
             run.watcher.wait()
-    lines = out_path.read_text(errors="replace").splitlines()
     if trace.exists():
         result["rendezvous"] = rounds([json.loads(x) for x in trace.read_text().split("\n")[:-1]], t0)
         if crash:
             result["rendezvous"]["lost_at_s"] = round(lost_at - t0, 2)
-    result |= {
-        "exit_code": proc.returncode, "wall_s": ended - t0,
-        "launcher_cpu_s": usage.ru_utime + usage.ru_stime,
-        "launcher_cpu_to_first_step_s": watch.cpu_at.get("first_step"),
-        "launcher_peak_rss_mb": watch.peak_rss / 2**20,
-        "console_lines": len(lines), "console_lines_per_s": len(lines) / (ended - t0),
-        "trained_steps": run.trained_steps(),
-    }
+    result |= closing(run, proc.returncode, usage, ended - t0, watch, out_path)
     if keep is not None:  # the launcher's console and the nodes' logs, to read what happened at this N
         shutil.copytree(work, keep / f"{program}-{n}", ignore=shutil.ignore_patterns("ckpt"), dirs_exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def at_first_step(result: dict[str, Any], run: Run, watch: Watch, out_path: Path, first: float, t0: float) -> None:
+    """What is read at the first step: the launcher's CPU so far, what its console said up to then (a worker
+    stopped, a node restarted or left out), the hosts' memory, the start-up phases, the first world."""
+    watch.note_cpu("first_step")
+    start_lines = out_path.read_text(errors="replace").splitlines()
+    result["console_lines_to_first_step"] = len(start_lines)
+    result["stopped_at_start"] = [ln for ln in start_lines if "restart 0 of" not in ln and any(  # not the first
+        word in ln for word in ("stops now", "restart", "excluded", "left out"))][:20]
+    result["host_memory_mb"] = host_memory_mb(run.hosts)
+    result["first_step_s"] = first - t0
+    result |= run.phases(t0)
+    result["rank_hosts"] = run.rank_hosts()
+    result["first_world"] = len(result["rank_hosts"])
+
+
+def lose_one(run: Run, proc: subprocess.Popen[str], host: netns.Host, loss: str, out_path: Path,
+             world: int | None = None) -> dict[str, Any]:
+    """`host`'s agent and workers crashed (SIGKILL) or frozen (SIGSTOP, left so: `frozen` names them), a few
+    steps in; the loss to the survivors' first step in a world of `world` (N-1), then STEPS_AFTER steps of
+    theirs. A recovery not done within RECOVERY_LIMIT_S is written down as such (the larger N still run)."""
+    key = "recovery_s" if loss == "crash" else f"{loss}_recovery_s"
+    wait_until(lambda: proc.poll() is not None or run.trained_steps() >= STEPS_BEFORE_CRASH, 300,
+               f"rank 0 never reached step {STEPS_BEFORE_CRASH}")
+    pids = agents_and_workers(host)
+    take_away(pids, loss)
+    lost_at = time.time()
+    out: dict[str, Any] = {"lost_at": lost_at} | ({"frozen": pids} if loss != "crash" else {})
+    try:
+        back = wait_until(lambda: proc.poll() is not None or run.survivors_first_step(lost_at, world),
+                          RECOVERY_LIMIT_S, "")
+    except TimeoutError:
+        out[key.removesuffix("_s") + "_note"] = (f"the survivors had not trained {RECOVERY_LIMIT_S:.0f} s "
+                                                 f"after the {loss}")
+        return out
+    if back is True or back is None:
+        raise RuntimeError(f"the launcher exited {proc.returncode} before the survivors trained\n{tail(out_path)}")
+    out[key] = back - lost_at
+    done = run.trained_steps()
+    wait_until(lambda: proc.poll() is not None or run.trained_steps() >= done + STEPS_AFTER, 300,
+               "the survivors stopped training")
+    return out
+
+
+def closing(run: Run, exit_code: int | None, usage: Any, wall_s: float, watch: Watch,
+            out_path: Path) -> dict[str, Any]:
+    """The whole run's figures once the launcher exited: its rusage (os.wait4), peak memory, console."""
+    lines = out_path.read_text(errors="replace").splitlines()
+    return {"exit_code": exit_code, "wall_s": wall_s, "launcher_cpu_s": usage.ru_utime + usage.ru_stime,
+            "launcher_cpu_to_first_step_s": watch.cpu_at.get("first_step"),
+            "launcher_peak_rss_mb": watch.peak_rss / 2**20, "console_lines": len(lines),
+            "console_lines_per_s": len(lines) / wall_s, "trained_steps": run.trained_steps()}
 
 
 def _not_started(result: dict[str, Any], run: Run, trace: Path, t0: float, out_path: Path, watch: Watch,
@@ -512,11 +532,12 @@ def _not_started(result: dict[str, Any], run: Run, trace: Path, t0: float, out_p
 # name -> (unit, what it is)
 MEASURES = {
     "first_step_s": ("s", "command to rank 0's first step"),
-    "to_workers_s": ("s", "command to rank 0's worker (ssh, agents' imports, elastic rendezvous, fork)"),
+    "to_workers_s": ("s", "command to rank 0's worker (ssh or sbatch, agents' imports, elastic rendezvous, fork)"),
     "process_group_s": ("s", "ddpkit train: the process group of N (its startup record)"),
     "rank_report_s": ("s", "ddpkit train: the rank report (its startup record)"),
     "process_group_and_report_s": ("s", "own program: init_process_group with the preamble's rank report"),
     "recovery_s": ("s", "a host SIGKILLed to the survivors' first step"),
+    "freeze_recovery_s": ("s", "a host SIGSTOPped to the survivors' first step"),
     "launcher_cpu_s": ("CPU s", "the launcher's CPU over the run"),
     "launcher_cpu_to_first_step_s": ("CPU s", "the launcher's CPU to the first step"),
     "launcher_peak_rss_mb": ("MB", "the launcher's peak RSS"),
@@ -524,10 +545,10 @@ MEASURES = {
     "host_memory_mb_mean": ("MB", "one host's processes' PSS at the first step"),
 }
 PLOTS = {
-    "real_start": ("first_step_s", "to_workers_s", "process_group_s", "rank_report_s",
-                   "process_group_and_report_s", "recovery_s"),
-    "real_launcher": ("launcher_cpu_s", "launcher_cpu_to_first_step_s", "launcher_peak_rss_mb",
-                      "console_lines_per_s", "host_memory_mb_mean"),
+    "start": ("first_step_s", "to_workers_s", "process_group_s", "rank_report_s",
+              "process_group_and_report_s", "recovery_s", "freeze_recovery_s"),
+    "launcher": ("launcher_cpu_s", "launcher_cpu_to_first_step_s", "launcher_peak_rss_mb",
+              "console_lines_per_s", "host_memory_mb_mean"),
 }
 
 
@@ -566,8 +587,9 @@ def markdown(results: list[dict[str, Any]], analysis: dict[str, dict[str, Any]])
     return "\n".join(lines) + "\n"
 
 
-def plots(analysis: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per group of PLOTS: each measure against N, a line per program, with its a + b·N fit."""
+def plots(analysis: dict[str, dict[str, Any]], out_dir: Path, stem: str = "real") -> list[Path]:
+    """One PNG per group of PLOTS (STEM_GROUP.png): each measure against N, a line per program, with its
+    a + b·N fit."""
     import textwrap
 
     plt = common.pyplot()
@@ -598,7 +620,7 @@ def plots(analysis: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
             ax.set_ylim(bottom=0)
             ax.legend(fontsize=6)
             ax.grid(alpha=0.3)
-        path = out_dir / f"{group}.png"
+        path = out_dir / f"{stem}_{group}.png"
         common.save_figure(fig, path)
         paths.append(path)
     return paths
