@@ -25,18 +25,19 @@ from datetime import timedelta
 # joins again like the others; the expiry decides how soon a round after a
 # crash can start, so it is kept short rather than as long as loss_s.
 KEEP_ALIVE_FLOOR_S, EXPIRY_KEEP_ALIVES = 1, 3
-# Every keep-alive rewrites the whole rendezvous state (an entry per node) in
-# the store on node 0: the interval grows with the node count so that the
-# agents together send about this many a second.
-KEEP_ALIVES_PER_S = 64
+# A keep-alive of ddpkit's handler is one small write of the node's own key
+# (rdzv_members.py; torch's rewrote the whole state, an entry per node): the
+# interval grows with the node count above this many nodes only, so that the
+# agents together send about this many a second, and a lost node's expiry
+# (3 intervals, what a re-formation waits for) stays 3 s up to 1,024 nodes.
+KEEP_ALIVES_PER_S = 1024
 # While an agent waits in the rendezvous, torch reads the whole state once a
-# second (a 1 s pause between polls, and the state cached for 1 s): up to a
-# second at each step of a membership change (the dead agent's expiry seen,
-# the last agent's join seen). ddpkit's handler reads it this often per
-# KEEP_ALIVES_PER_S nodes instead, never slower than torch's second: a read
-# is one store get, and the agents' monitor loop reads at this rate too
-# while the job trains (num_nodes_waiting), about 640 reads a second in all.
+# second (a 1 s pause between polls, and the state cached for 1 s). ddpkit's
+# handler reads one key (is its round closed?) every STATE_POLL_S per
+# POLL_NODES nodes, never slower than torch's second; a round's evaluators
+# read its joiners and their keep-alives at the same pace.
 STATE_POLL_S, TORCH_STATE_POLL_S = 0.1, 1.0
+POLL_NODES = 512
 # A rendezvous that already has min_nodes waits this long for more at the
 # least: the nodes' own start-up spread at the first rendezvous (a node that
 # misses it joins at a further round, which costs no restart but another last call).
@@ -50,10 +51,9 @@ CLOSE_FLOOR_S = 10
 # list) is judged silent by a longer expiry than a participant of a complete
 # round: a node still starting (importing torch, its zygote forking on a busy
 # host) misses keep-alives, and dropping it only makes it join again, one
-# more write of the whole state, on which the others' compare-and-sets fail
-# (a livelock on starved CPUs: 16 hosts on 2 cores never formed a first
-# round at 3 s, formed with none dropped at torchrun's 15 s; 64 simulated
-# agents the same, at the first round and again at a re-formation). A
+# more join (torch's c10d: a write of the whole state, on which the others'
+# compare-and-sets failed, a livelock on starved CPUs: 16 hosts on 2 cores
+# never formed a first round at 3 s expiry). A
 # waiting node is kept WAITING_EXPIRY_S, never past the first round's own
 # wait (elastic.first_round_s, the bound the spec sets) and never less than
 # the usual expiry; a node silent for half of it is not counted in a round
@@ -61,32 +61,18 @@ CLOSE_FLOOR_S = 10
 # step costs no restart). A participant of a complete round (training) has
 # the usual expiry: a re-formation waits for the lost node's, so it stays fast.
 WAITING_EXPIRY_S = 30
-# A waiting node's keep-alive is a compare-and-set of the whole state, which
-# fails on any other node's write since its last read and is sent again at
-# once: N writers at once starve one another (64 simulated agents on 2 cores:
-# some sent none for 15 s). Waiting nodes, whose expiry is long, together send
-# about this many a second (each at most one per keep-alive interval, and at
-# least 4 within the waiting expiry).
-WAITING_KEEP_ALIVES_PER_S = 8
-# A compare-and-set that failed (another node wrote since this one's read)
-# is sent again at once by torch; with many writers each retry mostly fails
-# too (128 simulated agents: a waiting node's keep-alive failed for 30 s).
-# After k failures in a row an agent waits a random time up to CAS_BACKOFF_S
-# (or its round trip, where longer) x 2^(k-1), at most CAS_BACKOFF_MAX_S,
-# before its next read: the writers spread out and most attempts succeed.
-CAS_BACKOFF_S, CAS_BACKOFF_MAX_S = 0.02, 2.0
-# Each agent times its own reads and compare-and-sets of the state (a moving
+# Each agent times its own requests to the store (a moving
 # average): on a loaded store, or an agent's own starved CPU, a round trip
 # is slow, and so are its keep-alives. A silent node expires no sooner than
 # EXPIRY_ROUND_TRIPS of them, and a waiting agent polls no more often than
 # one every POLL_ROUND_TRIPS of them (it backs off as the store slows).
 EXPIRY_ROUND_TRIPS, POLL_ROUND_TRIPS = 10, 10
 LATENCY_WEIGHT = 0.2  # the moving average's weight of a new round trip
-# While the job trains, an agent reads the state only to see a node waiting
-# to join (num_nodes_waiting, from torchrun's monitor loop, answered from a
-# cache of this age): the agents together read it about this many times a
-# second at most, so the reads' bytes grow as N (the state's size), not N².
-# A node that waits is noticed within TRAINING_POLL_MAX_S at most.
+# While the job trains, an agent reads the next round's counter only to see a
+# node waiting to join (num_nodes_waiting, from torchrun's monitor loop,
+# answered from a cache of this age): the agents together read it about this
+# many times a second at most. A node that waits is noticed within
+# TRAINING_POLL_MAX_S at most.
 TRAINING_READS_PER_S, TRAINING_POLL_MAX_S = 64, 10.0
 
 
@@ -120,13 +106,13 @@ def torchrun_defaults(last_call_floor_s: int = LAST_CALL_FLOOR_S, close_floor_s:
 
 
 def state_poll_s(nodes: int) -> float:
-    """Seconds between two reads of the rendezvous state by one waiting agent
-    of ddpkit's handler (rendezvous.py), for a job of up to `nodes` nodes."""
-    return min(TORCH_STATE_POLL_S, round(STATE_POLL_S * math.ceil(max(1, nodes) / KEEP_ALIVES_PER_S), 3))
+    """Seconds between two polls of one waiting agent of ddpkit's handler
+    (rendezvous.py), for a job of up to `nodes` nodes."""
+    return min(TORCH_STATE_POLL_S, round(STATE_POLL_S * math.ceil(max(1, nodes) / POLL_NODES), 3))
 
 
 def join_poll_s(nodes: int, round_trip_s: float = 0.0) -> float:
-    """Seconds between two reads of the state by an agent waiting in a
+    """Seconds between two polls of an agent waiting in a
     rendezvous: state_poll_s, or POLL_ROUND_TRIPS of the agent's measured
     round trip to the store where that is longer, never slower than torch's
     second."""
@@ -134,7 +120,7 @@ def join_poll_s(nodes: int, round_trip_s: float = 0.0) -> float:
 
 
 def training_poll_s(nodes: int, round_trip_s: float = 0.0) -> float:
-    """Seconds a training agent's read of the state is kept (its
+    """Seconds a training agent's read of the next round is kept (its
     num_nodes_waiting answered from it): the agents together read about
     TRAINING_READS_PER_S a second, each no faster than it would poll waiting."""
     return round(min(TRAINING_POLL_MAX_S, max(join_poll_s(nodes, round_trip_s), nodes / TRAINING_READS_PER_S)), 3)
@@ -154,26 +140,14 @@ def waiting_expiry_s(expiry: float, first_round_s: float, round_trip_s: float = 
     return usual if first_round_s <= 0 else max(usual, min(float(first_round_s), WAITING_EXPIRY_S))
 
 
-def waiting_keep_alive_s(interval: float, nodes: int, waiting_expiry: float) -> float:
-    """Seconds between a waiting node's keep-alives (WAITING_KEEP_ALIVES_PER_S)."""
-    return max(float(interval), min(waiting_expiry / 4, nodes / WAITING_KEEP_ALIVES_PER_S))
-
-
-def cas_backoff_s(failures: int, round_trip_s: float = 0.0) -> float:
-    """The longest pause after `failures` failed compare-and-sets in a row (0: none)."""
-    if failures <= 0:
-        return 0.0
-    return min(CAS_BACKOFF_MAX_S, max(CAS_BACKOFF_S, round_trip_s) * float(2 ** min(failures - 1, 16)))
-
-
 def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S,
            close_floor_s: int = CLOSE_FLOOR_S, last_call_s: int | None = None) -> RdzvTiming:
     """- keep-alive: once a second up to KEEP_ALIVES_PER_S nodes, slower
       above (the store's load), and never slower than a third of loss_s, so
       a silent agent's entry is gone (interval x EXPIRY_KEEP_ALIVES) by the
       time the survivors act on its silence. After a crash the survivors
-      re-form at once, and the new round starts when the dead agent's entry
-      expires: 3 s up to 64 nodes (torchrun's default 5 s x 3 = 15 s).
+      re-form at once, and the new round closes when the dead agent's entry
+      expires: 3 s up to 1,024 nodes (torchrun's default 5 s x 3 = 15 s).
     - last call: half of loss_s (the floor, or the target's floor, at
       least). ddpkit's rendezvous (rendezvous.py) skips it after a loss, once
       every node that left the last round is back; it is paid at the first
@@ -189,8 +163,8 @@ def derive(loss_s: float, nodes: int, last_call_floor_s: int = LAST_CALL_FLOOR_S
 
 class AgentTiming:
     """One agent's timing in ddpkit's rendezvous (rendezvous.py): its
-    measured round trip to the store (a moving average of every read and
-    compare-and-set of the state), and the expiries, keep-alive and polls
+    measured round trip to the store (a moving average of its requests),
+    and the expiries and polls
     that follow from it. `expiry` is the settings' (keep-alive interval x
     attempts), `first_round` the first round's wait (first_round_timeout)."""
 
@@ -210,9 +184,6 @@ class AgentTiming:
         if waiting:
             return waiting_expiry_s(self.expiry, self.first_round, self.round_trip_s)
         return expiry_s(self.expiry, self.round_trip_s)
-
-    def waiting_keep_alive_s(self) -> float:
-        return waiting_keep_alive_s(self.interval, self.nodes, self.expiry_s(waiting=True))
 
     def silent_s(self) -> float:
         """A participant of a round not yet complete silent this long is not counted in its completion."""
