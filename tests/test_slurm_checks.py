@@ -125,3 +125,29 @@ def test_follow_labels_lines_by_task_not_by_the_allocation(tmp_path: Path) -> No
                                rank_per_task=srun_mode, signal="USR2", signal_grace_s=90))
         source, _ = slurm_source(run.record(), LogRequest())
         assert source.read() == ["[batch] batch shell: 3", *want]
+
+
+def test_follow_says_each_state_change_a_requeue_and_the_end_after_the_last_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """JobWatch, fed what the one Slurm reader lists poll after poll: one stderr line per
+    change of state, pending reason or restart count; the closing line only once the
+    backend has printed the job's last lines (close), and the job's exit status."""
+    from ddpkit.launch.slurm.follow import JobWatch
+
+    watch = JobWatch(7)
+    polls = [Listed("PENDING", "", "", "squeue", "Priority"), Listed("PENDING", "", "", "squeue", "Priority"),
+             Listed("RUNNING", "", "node[1-2]", "squeue"),
+             Listed("PENDING", "", "", "squeue", "BeginTime", restarts=1),
+             Listed("RUNNING", "", "node[2-3]", "squeue", restarts=1)]
+    assert all(watch.seen(found) for found in polls)
+    assert watch.seen(None)  # between squeue and sacct: the last state holds
+    assert not watch.seen(Listed("FAILED", "3:0", "node[2-3]", "scontrol", "NonZeroExitCode", restarts=1))
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["ddpkit: job 7 PENDING (Priority)", "ddpkit: job 7 RUNNING",
+                    "ddpkit: job 7 was requeued (restart 1)", "ddpkit: job 7 PENDING (BeginTime)",
+                    "ddpkit: job 7 RUNNING", "ddpkit: job 7 FAILED"]
+    assert watch.close() == 3
+    assert capsys.readouterr().err == "ddpkit: job 7 ended FAILED (exit code 3:0)\n"
+    unknown = JobWatch(8)
+    assert not unknown.seen(None) and unknown.close() == 1
+    assert "job 8 is unknown to squeue, sacct and scontrol" in capsys.readouterr().err

@@ -1,9 +1,9 @@
 """What `submit slurm --follow` says about its job on stderr while the
 Slurm backend streams the job's output (backends/slurm.py, the same lines
 `ddpkit logs RUN --follow` prints): a line each time the job's state,
-pending reason or restart count changes, its end, and the job given up
-(scancel) when Slurm holds it for a reason waiting cannot clear. Its exit
-status is the job's: 0 for COMPLETED."""
+pending reason or restart count changes, the job given up (scancel) when
+Slurm holds it for a reason waiting cannot clear, and its end after its
+last output line. Its exit status is the job's: 0 for COMPLETED."""
 
 from __future__ import annotations
 
@@ -43,10 +43,16 @@ class JobWatch:
             self.exit_status = self._give_up(found)
             return False
         if found.finished:
-            _say(f"job {self.job_id} ended {found.state} (exit code {found.exit_code})")
             self.exit_status = found.exit_status
             return False
         return True
+
+    def close(self) -> int:
+        """The closing line, once the job's last output lines are out; the exit status."""
+        last = self.last
+        if last is not None and last.finished:
+            _say(f"job {self.job_id} ended {last.state} (exit code {last.exit_code})")
+        return ExitCode.FAILED if self.exit_status is None else self.exit_status
 
     def _announce(self, found: Listed) -> None:
         before = self.last

@@ -114,7 +114,7 @@ class Slurm:
             print_lines(lines)
         if watch.exit_status == ExitCode.PREFLIGHT:  # given up: its end (CANCELLED) is recorded once Slurm says so
             _polled(run, job)
-        return ExitCode.FAILED if watch.exit_status is None else watch.exit_status
+        return watch.close()
 
     def cancel(self, run: StoredRun, now: Now) -> int:
         rec = run.folder.record()
