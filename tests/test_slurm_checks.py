@@ -11,7 +11,7 @@ import pytest
 from ddpkit import scontrol
 from ddpkit.launch.slurm import checks as slurm_checks
 from ddpkit.launch.slurm.checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
-from ddpkit.launch.slurm.jobs import Listed
+from ddpkit.launch.slurm.jobs import JobState
 from ddpkit.spec import JobSpec
 from ddpkit.specfile import load_spec
 
@@ -98,12 +98,12 @@ def test_an_unknown_partition_is_left_to_sbatch() -> None:
 
 
 def test_hopeless_reasons_are_only_limits() -> None:
-    def pending(reason: str) -> Listed:
-        return Listed("PENDING", "", "", "squeue", reason)
+    def pending(reason: str) -> JobState:
+        return JobState("PENDING", "", "", "squeue", reason)
 
     assert pending("PartitionNodeLimit").hopeless and pending("PartitionTimeLimit").hopeless
     assert not pending("Resources").hopeless and not pending("Priority").hopeless
-    assert not Listed("RUNNING", "", "node1", "squeue", "PartitionNodeLimit").hopeless
+    assert not JobState("RUNNING", "", "node1", "squeue", "PartitionNodeLimit").hopeless
     assert "ReqNodeNotAvail" not in slurm_checks.HOPELESS_REASONS  # nodes can come back
 
 
@@ -135,13 +135,13 @@ def test_follow_says_each_state_change_a_requeue_and_the_end_after_the_last_line
     from ddpkit.launch.slurm.follow import JobWatch
 
     watch = JobWatch(7)
-    polls = [Listed("PENDING", "", "", "squeue", "Priority"), Listed("PENDING", "", "", "squeue", "Priority"),
-             Listed("RUNNING", "", "node[1-2]", "squeue"),
-             Listed("PENDING", "", "", "squeue", "BeginTime", restarts=1),
-             Listed("RUNNING", "", "node[2-3]", "squeue", restarts=1)]
+    polls = [JobState("PENDING", "", "", "squeue", "Priority"), JobState("PENDING", "", "", "squeue", "Priority"),
+             JobState("RUNNING", "", "node[1-2]", "squeue"),
+             JobState("PENDING", "", "", "squeue", "BeginTime", restarts=1),
+             JobState("RUNNING", "", "node[2-3]", "squeue", restarts=1)]
     assert all(watch.seen(found) for found in polls)
     assert watch.seen(None)  # between squeue and sacct: the last state holds
-    assert not watch.seen(Listed("FAILED", "3:0", "node[2-3]", "scontrol", "NonZeroExitCode", restarts=1))
+    assert not watch.seen(JobState("FAILED", "3:0", "node[2-3]", "scontrol", "NonZeroExitCode", restarts=1))
     said = capsys.readouterr().err.splitlines()
     assert said == ["ddpkit: job 7 PENDING (Priority)", "ddpkit: job 7 RUNNING",
                     "ddpkit: job 7 was requeued (restart 1)", "ddpkit: job 7 PENDING (BeginTime)",

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from ...exitcodes import ExitCode
-from .jobs import Listed
+from .jobs import JobState
 
 
 def _say(line: str) -> None:
@@ -24,10 +24,10 @@ class JobWatch:
     """One followed job's state as last listed, and what was said of it."""
 
     job_id: int
-    last: Listed | None = None
+    last: JobState | None = None
     exit_status: int | None = None  # set once following has ended
 
-    def seen(self, found: Listed | None) -> bool:
+    def seen(self, found: JobState | None) -> bool:
         """Whether to keep following, after saying what changed since the
         last poll. A job unknown at a poll keeps its last state (between
         squeue and sacct); one never known ends the follow."""
@@ -54,7 +54,7 @@ class JobWatch:
             _say(f"job {self.job_id} ended {last.state} (exit code {last.exit_code})")
         return ExitCode.FAILED if self.exit_status is None else self.exit_status
 
-    def _announce(self, found: Listed) -> None:
+    def _announce(self, found: JobState) -> None:
         before = self.last
         if before is not None and (found.state, found.reason, found.restarts) == (before.state, before.reason,
                                                                                   before.restarts):
@@ -66,7 +66,7 @@ class JobWatch:
         elif before is None or found.state != before.state:
             _say(f"job {self.job_id} {found.state}")
 
-    def _give_up(self, found: Listed) -> int:
+    def _give_up(self, found: JobState) -> int:
         """Cancel a job that can never start, rather than leave it queued forever."""
         subprocess.run(["scancel", str(self.job_id)], capture_output=True, check=False)
         _say(f"job {self.job_id} can never start: Slurm holds it with reason {found.reason} (it breaks a limit of"

@@ -65,10 +65,11 @@ def _slurm(*words: str) -> str:
 
 
 @dataclass(frozen=True)
-class Listed:
-    """One job as squeue, sacct or scontrol listed it. The node list stays
-    compressed (`node[1-2]`): expanding it costs a subprocess, spent only
-    where it is shown (`hostnames`)."""
+class JobState:
+    """One Slurm job's state as Slurm reports it: squeue while it is queued
+    or running, then sacct or scontrol (`list_jobs`, the one reader). The
+    node list stays compressed (`node[1-2]`): expanding it costs a
+    subprocess, spent only where it is shown (`hostnames`)."""
 
     state: str
     exit_code: str
@@ -113,10 +114,10 @@ def _rows(text: str, width: int) -> Iterable[tuple[int, list[str]]]:
 _SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,NodeList:|,RestartCnt:|,STDOUT:|"
 
 
-def _squeue(job_ids: Collection[int]) -> dict[int, Listed]:
+def _squeue(job_ids: Collection[int]) -> dict[int, JobState]:
     ids = ",".join(map(str, sorted(job_ids)))
     text = _slurm("squeue", "-h", "-j", ids, "-O", _SQUEUE_FIELDS)
-    return {job: Listed(state, "", nodelist, "squeue", reason or "None", _count(restarts), stdout or None)
+    return {job: JobState(state, "", nodelist, "squeue", reason or "None", _count(restarts), stdout or None)
             for job, (state, reason, nodelist, restarts, stdout) in _rows(text, 5)}
 
 
@@ -124,14 +125,14 @@ def _count(text: str) -> int:
     return int(text) if text.strip().isdigit() else 0
 
 
-def _sacct(job_ids: Collection[int]) -> dict[int, Listed]:
+def _sacct(job_ids: Collection[int]) -> dict[int, JobState]:
     """The last row of each job: a requeued job's latest run."""
     ids = ",".join(map(str, sorted(job_ids)))
     text = _slurm("sacct", "-n", "-X", "-P", "-j", ids, "-o", "JobID,State,ExitCode,NodeList")
-    return {job: Listed(state, code, nodelist, "sacct") for job, (state, code, nodelist) in _rows(text, 3)}
+    return {job: JobState(state, code, nodelist, "sacct") for job, (state, code, nodelist) in _rows(text, 3)}
 
 
-def _scontrol(job_ids: Collection[int]) -> dict[int, Listed]:
+def _scontrol(job_ids: Collection[int]) -> dict[int, JobState]:
     """`scontrol show job` takes one id: more are read from its list of every job it knows."""
     one = [str(j) for j in job_ids] if len(job_ids) == 1 else []
     text = _slurm("scontrol", "show", "job", "-o", *one)
@@ -140,12 +141,12 @@ def _scontrol(job_ids: Collection[int]) -> dict[int, Listed]:
         f = scontrol.fields(line)
         job = f.get("JobId", "")
         if job.isdigit() and int(job) in job_ids:
-            found[int(job)] = Listed(f["JobState"], f.get("ExitCode", ""), f.get("NodeList", ""), "scontrol",
+            found[int(job)] = JobState(f["JobState"], f.get("ExitCode", ""), f.get("NodeList", ""), "scontrol",
                                      f.get("Reason", "None"), _count(f.get("Restarts", "")), f.get("StdOut") or None)
     return found
 
 
-def list_jobs(job_ids: Collection[int]) -> dict[int, Listed]:
+def list_jobs(job_ids: Collection[int]) -> dict[int, JobState]:
     """Each job's state: squeue while it is queued or running; once it has
     left the queue, sacct when the cluster keeps accounting, else scontrol
     (which forgets a job MinJobAge after it ended). A job no source knows is
@@ -170,14 +171,14 @@ class SlurmQueue:
     def __init__(self, job_ids: Iterable[int], *, shows_nodes: bool = False) -> None:
         self.job_ids = frozenset(job_ids)
         self.shows_nodes = shows_nodes
-        self._found: dict[int, Listed] | None = None
+        self._found: dict[int, JobState] | None = None
         self._missing: FileNotFoundError | None = None
 
     def asks(self, job_id: int) -> bool:
         """Whether the command asks Slurm about this job (`runs`: only the active ones)."""
         return job_id in self.job_ids
 
-    def get(self, job_id: int) -> Listed | None:
+    def get(self, job_id: int) -> JobState | None:
         if self._missing is not None:
             raise self._missing
         if self._found is None:
@@ -189,6 +190,6 @@ class SlurmQueue:
         return self._found.get(job_id)
 
 
-def queue_state(job_id: int) -> Listed | None:
+def queue_state(job_id: int) -> JobState | None:
     """One job's state, asked now (a command that waits on it asks again each poll)."""
     return SlurmQueue([job_id]).get(job_id)

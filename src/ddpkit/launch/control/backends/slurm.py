@@ -22,7 +22,7 @@ from .... import records
 from ....exitcodes import ExitCode
 from ....runs import RunFolder, RunState, RunTarget, SlurmJob, StoredRun
 from ...slurm.follow import JobWatch
-from ...slurm.jobs import Listed, SlurmQueue, hostnames, queue_state, run_state
+from ...slurm.jobs import JobState, SlurmQueue, hostnames, queue_state, run_state
 from ..common import ACTIVE, POLL_S, RunCommandError, already_ended
 from ..logs import LogRequest, log_iter, print_files, print_lines, slurm_source
 from .base import Now, log_lines
@@ -125,7 +125,7 @@ class Slurm:
         return _cancel(StoredRun(run.folder, rec), rec.slurm, now)
 
 
-def _now(run: StoredRun, job: SlurmJob, found: Listed | None, with_nodes: bool) -> Now:
+def _now(run: StoredRun, job: SlurmJob, found: JobState | None, with_nodes: bool) -> Now:
     """The run's state from Slurm's listing; a final one is recorded in the
     run folder (only here: Slurm forgets the job after MinJobAge, the
     record does not)."""
@@ -145,7 +145,7 @@ def _now(run: StoredRun, job: SlurmJob, found: Listed | None, with_nodes: bool) 
     return Now(rec.state, rec.exit_code, detail, rec.ended)
 
 
-def _polled(run: StoredRun, job: SlurmJob) -> tuple[Listed | None, Now]:
+def _polled(run: StoredRun, job: SlurmJob) -> tuple[JobState | None, Now]:
     """Slurm asked anew and the record read anew: a command that waits on
     the job (a follower, cancel) polls."""
     found = queue_state(job.job_id)
@@ -178,7 +178,7 @@ def queue_for(runs: list[StoredRun], *, ended_too: bool = True, shows_nodes: boo
                       shows_nodes=shows_nodes)
 
 
-def _detail(found: Listed, with_nodes: bool) -> str:
+def _detail(found: JobState, with_nodes: bool) -> str:
     detail = f"Slurm {found.state}"
     if found.state == "PENDING":
         detail += f" ({found.reason})"
@@ -231,7 +231,7 @@ def _checkpoint_first(run: StoredRun, job: SlurmJob) -> None:
     run.folder.event("stop", f"still running {job.signal_grace_s} s after SIG{job.signal}: scancel")
 
 
-def _scancel_until_final(job_id: int) -> Listed | None:
+def _scancel_until_final(job_id: int) -> JobState | None:
     found = queue_state(job_id)
     if found is not None and found.finished:
         return found
