@@ -1,8 +1,14 @@
-"""The life of a run after its launch, as one backend per target answers
-for it, in the shape of TorchX's Scheduler (describe, log_iter, cancel):
-what state the run is in and where that came from, its logs, and how it is
-stopped. The launcher that starts the run (`launcher`) is not ddpkit's for
-a rendered job: ddpkit then names the tool's command instead of running it."""
+"""The life of a run, as one backend per target answers for it, in the
+shape of TorchX's Scheduler (schedule, describe, log_iter, cancel): what
+state the run is in and where that came from, its logs, and how it is
+stopped. Where the backend starts the run it schedules it too: Slurm's
+(`Slurm.schedule`: sbatch; `Slurm.follow`: `submit --follow`). A launch's
+own supervisor starts and watches a local, docker or ssh run (launch/);
+the run folder holds what it recorded. The launcher that starts the run
+(`launcher`) is not ddpkit's for a rendered job: ddpkit then names the
+tool's command instead of running it. The backends whose logs are files
+(`Launched`, `Slurm`) also give them as lines (`log_iter`), which `logs`
+prints; a rendered job's logs are its tool's stream, printed as it comes."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import yaml
@@ -23,7 +24,7 @@ from ....exitcodes import ExitCode
 from ....runs import RunRecord, RunState, RunTarget, StoredRun, launcher_alive, shown_state
 from ...supervise import proctree
 from ..common import ACTIVE, RunCommandError, already_ended
-from ..logs import LogRequest, launch_sources, print_files
+from ..logs import LogRequest, launch_sources, log_iter, print_files
 from .base import Now, log_lines
 
 STOP_MARGIN_S = 60.0  # beyond the nodes' grace: the launcher's own teardown and summary
@@ -57,9 +58,17 @@ class Launched:
     def status_lines(self, run: StoredRun) -> list[str]:
         return log_lines(run.record)
 
+    def log_iter(self, run: StoredRun, request: LogRequest,
+                 active: Callable[[], bool] | None = None) -> Iterator[list[str]]:
+        """The node logs' lines a batch at a time, with the console's
+        prefixes; with --follow until `active()` (by default: the launcher
+        has not recorded the run's end) says the run has ended."""
+        found, _ = launch_sources(run.record, request, self.launcher)
+        return log_iter(found, request, active or (lambda: _active(run)))
+
     def logs(self, run: StoredRun, request: LogRequest) -> int:
         found, note = launch_sources(run.record, request, self.launcher)
-        code = print_files(found, note, request, lambda: shown_state(run.folder.record()) in ACTIVE)
+        code = print_files(found, note, request, lambda: _active(run))
         if request.follow and code == ExitCode.OK:
             _detached_ending(run.folder.record())
         return code
@@ -71,6 +80,11 @@ class Launched:
         if now.state not in ACTIVE:
             return already_ended(rec.id, now.state, now.exit_code)
         return _cancel_launcher(StoredRun(run.folder, rec))
+
+
+def _active(run: StoredRun) -> bool:
+    """Asked anew each poll: the launcher records the run's end."""
+    return shown_state(run.folder.record()) in ACTIVE
 
 
 def _detached_ending(rec: RunRecord) -> None:
