@@ -267,3 +267,27 @@ def test_a_slurm_runs_records_folder_is_its_metrics_when_it_has_no_metrics_file(
     assert data.metrics_path == kept
     assert [p["step"] for p in data.train] == [1, 2, 3] and [p["step"] for p in data.step_times] == [1, 2, 3]
     assert [m.kind for m in data.marks] == ["start", "preempted"]
+
+
+def test_a_compose_runs_copied_records_are_drawn(tmp_path: Path) -> None:
+    """A program of the user's own from the rendered compose file keeps its records in each
+    container; `ddpkit report` copies them into the run folder (`records/<service>.jsonl`).
+    Once the containers are gone (`docker compose down`, or no daemon here) the copy made
+    before is drawn, and one line says so. With real containers: tests/test_report_compose.py."""
+    from ddpkit.runs import Applied
+
+    folder = RunFolder.create(name="own", target="compose", nodes=2, nproc_per_node=1, spec_yaml="name: own\n",
+                              root=tmp_path)
+    folder.update(applied=Applied(tool="compose", files=[str(tmp_path / "compose.yaml")], project="own-gone"))
+    t0 = folder.record().started
+    for node in ("node0", "node1"):
+        for i in range(1, 4):
+            records.append(folder.records_folder / f"{node}.jsonl", records.StepTimes(step=i, step_s=(0.01, 0.02)),
+                           t0 + i)
+    records.append(folder.records_folder / "node0.jsonl", records.Train(step=3, loss=1.5, images_per_s=40.0), t0 + 3)
+    done = ddpkit(tmp_path, "report", "own")
+    assert done.returncode == ExitCode.OK, done.stderr
+    assert "(1 train and 6 step-time records" in done.stdout, done.stdout
+    [said] = done.stderr.splitlines()
+    assert said.startswith("ddpkit report: ") and said.endswith("; using the records copied from them before"), said
+    assert (folder.path / "report.html").is_file()

@@ -1,15 +1,18 @@
 """`ddpkit report RUN [-o FILE] [--metrics FILE]`: the run's page and its
 PNGs (docs/guides/runs.md, "ddpkit report"). RUN is found the way `ddpkit status`
 finds it (ddpkit.runs.resolve); the page goes into the run folder unless -o
-names a file, and the PNGs beside it (<stem>-curves.png, ...)."""
+names a file, and the PNGs beside it (<stem>-curves.png, ...). A rendered
+compose job's records are in its containers: they are copied into the run
+folder first, while `docker compose down` has not removed them."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..exitcodes import ExitCode, exit_on
-from ..runs import UnknownRun, resolve
+from ..runs import RunTarget, StoredRun, UnknownRun, resolve
 
 WHO = "ddpkit report"
 DEFAULT_NAME = "report.html"
@@ -46,6 +49,8 @@ def _report(args: argparse.Namespace) -> int:
     from . import data, page, plots  # matplotlib: only when a report is made
 
     stored = resolve(args.run)
+    if args.metrics is None:
+        _copy_records(stored)
     found = data.load(stored, args.metrics)
     html_path: Path = args.output or stored.folder.path / DEFAULT_NAME
     figures = {"curves": plots.curves(found), "heatmap": plots.heatmap(found), "timeline": plots.timeline(found)}
@@ -56,3 +61,20 @@ def _report(args: argparse.Namespace) -> int:
     print(f"ddpkit report: wrote {html_path} ({len(found.train)} train and {len(found.step_times)} step-time "
           f"records, {len(found.marks)} events; PNGs beside it)")
     return ExitCode.OK
+
+
+def _copy_records(stored: StoredRun) -> None:
+    """A rendered compose job's records, brought from its containers into the run
+    folder; where they cannot be (the containers removed), an earlier copy serves."""
+    if stored.record.target is not RunTarget.COMPOSE or stored.record.applied is None:
+        return
+    from ..launch.control.backends.compose import NoRecords, copy_records
+
+    try:
+        copy_records(stored)
+    except NoRecords as exc:
+        if not any(stored.folder.records_folder.glob("*.jsonl")):
+            from .data import NoMetrics
+
+            raise NoMetrics(f"{exc}; `ddpkit report` copies them while the containers are there") from None
+        print(f"{WHO}: {exc}; using the records copied from them before", file=sys.stderr)

@@ -8,8 +8,9 @@ The metrics file is, first found: the one given (`ddpkit report --metrics`),
 `metrics.jsonl` in the run folder (where `launch local` has ddpkit train
 write them, and a program of the user's own has them under launch local,
 ssh and docker), the `--metrics` path in the job's command as the run
-recorded it (spec.yaml), or a Slurm job's records folder (one file per
-node: ddpkit.records' channel)."""
+recorded it (spec.yaml), a Slurm job's records folder (one file per
+node: ddpkit.records' channel), or the records a rendered compose job's
+containers kept, copied into the run folder (RunFolder.records_folder)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import yaml
 
 from .. import records
 from ..agreed import METRICS_FLAG, flag_value
-from ..runs import RunEvent, StoredRun
+from ..runs import RunEvent, RunTarget, StoredRun
 
 IMAGES = "images"  # the unit of a `train` record that names none: ddpkit train's
 
@@ -81,6 +82,8 @@ def metrics_file(run: StoredRun, given: Path | None = None) -> Path:
     job = run.record.slurm
     if job is not None:
         candidates.append(job.records_folder)
+    if run.record.target is RunTarget.COMPOSE:
+        candidates.append(run.folder.records_folder)
     for path in candidates:
         if path.is_file() and path.stat().st_size > 0 or path.is_dir() and any(path.glob("*.jsonl")):
             return path

@@ -9,6 +9,7 @@
         console.log     a detached run's console: what its supervisor printed (the summary, the closing line)
         metrics.jsonl   the job's metrics records: launch local's ddpkit train (unless the job names its own
                         file), a program of the user's own under launch local, ssh and docker
+        records/        a rendered compose job's records, one file per node, copied from its containers
 
 The runs root is $DDPKIT_RUNS_DIR, else ~/.ddpkit/runs, so `ddpkit runs`
 finds every run from any directory."""
@@ -39,6 +40,7 @@ SPEC = "spec.yaml"
 RENDERED = "rendered"
 LOGS = "logs"
 METRICS = "metrics.jsonl"
+RECORDS = "records"
 CONSOLE = "console.log"
 
 
@@ -97,6 +99,11 @@ class RunFolder:
     @property
     def metrics_file(self) -> Path:
         return self.path / METRICS
+
+    @property
+    def records_folder(self) -> Path:
+        """A rendered job's records, copied here from where its nodes kept them (compose's containers)."""
+        return self.path / RECORDS
 
     @property
     def spec_file(self) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from .. import envnames, runkey
-from ..agreed import RDZV_STORE_MODULE
+from ..agreed import METRICS_TO_LAUNCHER, RDZV_STORE_MODULE, is_ddpkit_module
 from ..contract import COMPOSE_STORE_SERVICE, Arg, LaunchPlan, Target, one_host_gpus, resolve
 from ..quoting import compose_unliteral
 from ..render import OutputFile, Rendered, RenderError
@@ -54,8 +54,11 @@ def cpu_test(spec: JobSpec) -> bool:
 
 def compose_env(spec: JobSpec, plan: LaunchPlan) -> dict[str, str]:
     """The job env of every service (its records in the container:
-    mounts.records_in_container); a cuda job's CPU test runs gloo."""
+    mounts.records_in_container, where `ddpkit report` copies them from, a
+    program of the user's own's metrics among them); a cuda job's CPU test runs gloo."""
     env = mounts.records_in_container(plan.env)
+    if not is_ddpkit_module(spec.command.module):
+        env |= {envnames.DDPKIT_METRICS: METRICS_TO_LAUNCHER}
     if spec.device == "cuda" and spec.compose.cpu_test:
         return env | {envnames.DDPKIT_BACKEND: "gloo"}
     return env

@@ -2,14 +2,22 @@
 `docker compose up`): `docker compose ps` knows its containers' states and
 `docker compose logs` their output (services are `node<I>`,
 templates/compose). ddpkit did not start it and does not stop it: cancel
-names the `docker compose down` that does."""
+names the `docker compose down` that does. Its records (a program's
+metrics, a stop's checkpoint) are in each container's records folder
+(records.CONTAINER_FOLDER), not in the output people read: `copy_records`
+brings them into the run folder for `ddpkit report`, from the containers,
+running or exited, that `down` has not removed yet."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from .... import records
 from ....runs import Applied, RunState, RunTarget, StoredRun
 from ....targets.compose import RDZV_SERVICE
 from ..applied import compose_cli, last_error, print_tool_logs, run_tool
@@ -69,6 +77,46 @@ class Compose:
         stop = shlex.join([*_base(a, compose_cli() or ["docker", "compose"]), "down", "--timeout", "90"])
         raise RunCommandError(f"run {run.record.id} was rendered for {self.launcher}, which started it, not ddpkit; "
                               f"stop it with: {stop}")
+
+
+class NoRecords(LookupError):
+    """The run's records could not be brought here; the message is one line."""
+
+
+def copy_records(run: StoredRun) -> Path:
+    """Copy each node container's records into the run folder's records folder
+    (`<service>.jsonl`: a container's hostname is its id, which `down` and
+    `up` change), replacing an earlier copy of the same node; that folder."""
+    a = run.record.applied
+    cli = compose_cli()
+    if a is None or not cli:
+        raise NoRecords("docker compose is not installed here" if a is not None else "the run was never rendered")
+    done = run_tool(_base(a, cli) + ["ps", "--all", "--format", "json"])
+    services = sorted({str(r.get("Service")) for r in _json_rows(done.stdout) if done.returncode == 0}
+                      - {RDZV_SERVICE}, key=_order)
+    if not services:
+        why = last_error(done) if done.returncode != 0 else "its containers are gone (`docker compose down`)"
+        raise NoRecords(f"no containers of run {run.record.id} to copy its records from: {why}")
+    folder = run.folder.records_folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for service in services:
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            # `cp` reads an exited container too; a node that kept no record has no folder: nothing to copy
+            got = run_tool(_base(a, cli) + ["cp", f"{service}:{records.CONTAINER_FOLDER}/.", tmp])
+            if got.returncode == 0:
+                _gather(Path(tmp), folder / f"{service}.jsonl")
+    return folder
+
+
+def _gather(copied: Path, into: Path) -> None:
+    """A node's records files (one, unless its hostname changed in a restart) as one file."""
+    parts = sorted(copied.glob("*.jsonl"))
+    if not parts:
+        return
+    with into.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as src:
+                shutil.copyfileobj(src, out)
 
 
 def _base(a: Applied, cli: list[str]) -> list[str]:
