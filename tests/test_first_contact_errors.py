@@ -113,6 +113,16 @@ def test_submit_without_slurm_on_path_is_one_line(tmp_path: Path, capsys: pytest
     assert list(folder.iterdir()) == []
 
 
+def test_submit_follow_without_squeue_is_one_line_before_sbatch(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--follow asks squeue how the job is doing: a host without it is told before anything is submitted."""
+    folder = fake_path(tmp_path, monkeypatch, {"sbatch": ("", 0)})
+    code, out, err = run_cli(["submit", "slurm", "-f", SPEC, "--dir", str(folder), "--no-check", "--follow"], capsys)
+    assert (code, out) == (ExitCode.PREFLIGHT, "")
+    assert one_line(err).startswith("ddpkit: squeue is not on PATH: this host has no Slurm client ")
+    assert list(folder.iterdir()) == [] and not (tmp_path / "called").exists()  # sbatch never ran
+
+
 @pytest.mark.parametrize("flags", [[], ["--no-check"]], ids=["checked", "no-check"])
 def test_submit_where_slurm_is_not_configured_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> None:

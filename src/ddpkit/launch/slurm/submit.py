@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     # Refused by render, below. The secrets are read to refuse an unset one: sbatch exports
     # this environment to the job, and a secret unset here would be unset on every rank.
     ready = prelude(spec, "submit slurm", None)
-    for tool in ("sbatch",) if args.no_check else ("scontrol", "sbatch"):
+    # --follow asks squeue (then sacct or scontrol) how the job is doing.
+    for tool in (*(() if args.no_check else ("scontrol",)), "sbatch", *(("squeue",) if args.follow else ())):
         if shutil.which(tool) is None:
             print(slurm_checks.missing_tool(tool), file=sys.stderr)
             return ExitCode.PREFLIGHT

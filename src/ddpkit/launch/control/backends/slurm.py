@@ -59,7 +59,10 @@ class Slurm:
             raise SbatchRefused(done.returncode, done.stderr)
         sys.stderr.write(done.stderr)  # sbatch's warnings on a job it took
         job_id = int(done.stdout.strip().split(";")[0])
-        found = queue_state(job_id)
+        try:
+            found = queue_state(job_id)
+        except FileNotFoundError:  # no squeue here (submit --no-check): the spec's pattern names the file
+            found = None
         # Slurm's own name for the file, its pattern filled in; the spec's pattern where it
         # did not say (%j and %x filled in here). Relative to sbatch's folder: `logs` runs from anywhere.
         output = found.stdout if found is not None and found.stdout else job.output
