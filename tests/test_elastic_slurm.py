@@ -43,8 +43,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddpkit import records
 from ddpkit.launch.supervise import proctree
 from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
+from tests.helpers.stop_output import NOISE
 from tests.infra import netns, slurm_cluster
 from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import JobInfo, SlurmCluster
@@ -140,9 +142,13 @@ def test_a_failed_step_is_relaunched_on_the_nodes_that_are_up(cluster: SlurmClus
 @pytest.mark.timeout(900)
 def test_a_lost_node_leaves_two_that_complete_the_job(cluster: SlurmCluster, tmp_path: Path) -> None:
     step, text, info = run_with_a_loss(cluster, tmp_path, take_node3_down)
+    print(f"LOST-NODE OUTPUT {len(text.splitlines())} lines\n{text}")
     assert info.state == "COMPLETED", text[-6000:]
     assert f"ckpt-{step:08d}.pt at step {step}" in text, text[-6000:]
     assert "world size 3 -> 2 (the checkpoint was written by 3 ranks)" in text, text[-6000:]
+    # the output file as people read it: ddpkit's lines above, no record, no traceback, no torch chatter
+    for noise in (*NOISE, records.FRAME):
+        assert noise not in text, f"{noise!r} in the output\n{text[-6000:]}"
 
 
 @pytest.mark.full  # a lost host on Slurm: the lost batch host below; a silent node: test_elastic_compose.py[paused]
