@@ -6,7 +6,8 @@ stopped (agent/stopping.py holds a stop signal that comes after a worker
 failed; agent/nodefailure.py and the batch script's first-failure block).
 The job's output file, read as a user does, holds the program's lines and
 ddpkit's: a traceback is one line that names the node's log where it is whole,
-and torch's report box is not there."""
+and torch's report box is not there. The same in srun mode (one srun task per
+process, no agent: the task that failed leaves its node's failure file)."""
 
 from __future__ import annotations
 
