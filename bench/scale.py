@@ -332,6 +332,14 @@ class Run:
             return sum(1 for r in self.metric_records() if r.get("kind") == "train")
         return sum(1 for s in self.own_steps() if s[3] == 0)
 
+    def rounds_since(self, t: float) -> float:
+        """How many times the workers were started since `t`: ddpkit train's resume records; the own program's
+        first lines (a world of w starts w of them). 1 after a loss: the survivors re-formed once."""
+        if self.program == "train":
+            return sum(1 for r in self.metric_records() if r.get("kind") == "resume" and r["time"] > t)
+        started = [path.read_text().split() for path in self.stamps.glob("init.*")]
+        return sum(1 / int(world) for before, _, world in started if float(before) > t)
+
     def survivors_first_step(self, lost_at: float, world: int | None = None) -> float | None:
         """The first step after `lost_at` (ddpkit train: after its resume record; the own program: in a world
         of `world`, N-1 unless said)."""
@@ -498,6 +506,7 @@ def lose_one(run: Run, proc: subprocess.Popen[str], host: netns.Host, loss: str,
     done = run.trained_steps()
     wait_until(lambda: proc.poll() is not None or run.trained_steps() >= done + STEPS_AFTER, 300,
                "the survivors stopped training")
+    out[key.removesuffix("_s") + "_rounds"] = run.rounds_since(lost_at)  # more than 1: the survivors restarted again
     return out
 
 
@@ -607,11 +616,11 @@ def plots(analysis: dict[str, dict[str, Any]], out_dir: Path, stem: str = "real"
         for ax, name in zip(axes.flat, names):
             unit, what = MEASURES[name]
             ax.set_title("\n".join(textwrap.wrap(what, 44)), fontsize=8)
-            for program, measures in analysis.items():
+            for i, (program, measures) in enumerate(analysis.items()):  # a program's colour in every panel
                 g = measures.get(name)
                 if not g or not g["values"]:
                     continue
-                line = ax.plot(g["n"], g["values"], "o-", label=program)[0]
+                line = ax.plot(g["n"], g["values"], "o-", label=program, color=f"C{i}")[0]
                 if len(g["values"]) >= 2:
                     ax.plot(g["n"], [g["a"] + g["b"] * n for n in g["n"]], "--", color=line.get_color(),
                             alpha=0.5, label=f"{program}: {g['a']:.2g} + {g['b']:.2g}·N")

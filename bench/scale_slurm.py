@@ -5,15 +5,16 @@ host, root), one process a host, torchrun mode. Once with `ddpkit train` (the
 tiny model) and once with the program of the user's own (bench/scale.py's
 OWN_PROGRAM: the tutorials' DDP loop, watched through ddpkit's preamble).
 
-Each run, as bench/scale.py's: `elastic.min_nodes` N-1 (N-2 when a node is
-also frozen), 8 steps in the last host's agent and workers are SIGKILLed and
-the survivors' first step timed; 5 steps later (N >= 3) the next host's are
-SIGSTOPped and the survivors' first step without it timed (the others' watch
-declares it lost after watchdog.loss_s); 5 steps later the job is cancelled
-(scancel) and `--follow` exits with its state. The launcher is `submit slurm
+Each run, as bench/scale.py's: 8 steps in, the last host's agent and
+workers are SIGKILLed and the survivors' first step timed; 5 steps later
+(N >= 3) the next host's are SIGSTOPped and the survivors' first step without
+it timed (the others' watch declares it lost after watchdog.loss_s); 5 steps
+later the job is cancelled (scancel) and `--follow` exits with its state. The launcher is `submit slurm
 --follow` on the controller's host: its CPU (os.wait4), its peak RSS, its
 console lines. The figures are bench/scale.py's (its MEASURES), read the same
 way (the own program's preamble records from the job's records folder).
+`elastic.min_nodes` is N-2 so that the job outlives both losses; --no-freeze
+keeps bench/scale.py's N-1 (the crash alone), for a like-for-like crash.
 
 With --ssh (the default) each N then runs bench/scale.py's `launch ssh` half
 on as many sshd hosts, one cluster or network up at a time, and the table
@@ -21,6 +22,7 @@ gives slurm/ssh for each figure both have.
 
     .venv/bin/python -m bench.scale_slurm                 # N = 4, 8, 16 -> bench/results/scale-slurm.json, .md
     .venv/bin/python -m bench.scale_slurm --short         # N = 2, Slurm only (tests/test_bench_scale_slurm.py)
+    .venv/bin/python -m bench.scale_slurm --nodes 4,8 --no-freeze --name scale-slurm-crash   # min_nodes N-1, as ssh
 
 Writes bench/results/<name>.json, .md and docs/img/scale/slurm_*.png (--no-plots: none).
 """
@@ -209,14 +211,14 @@ def ssh_runs(n: int, programs: tuple[str, ...], say: Callable[[str], None], keep
 
 
 def slurm_runs(n: int, programs: tuple[str, ...], say: Callable[[str], None], keep: Path | None,
-               crash: bool) -> list[dict[str, Any]]:
+               crash: bool, freeze: bool) -> list[dict[str, Any]]:
     folder = Path(tempfile.mkdtemp(prefix="ddpkit-bench-scale-slurm-cluster-"))
     out = []
     try:
         with slurm_cluster.SlurmCluster(folder, nodes=n, prefix=f"sq{os.getpid() % 10000}") as cluster:
             for program in programs:
                 say(f"N={n} {scale.PROGRAMS[program]} (slurm) ...")
-                out.append(run_one(cluster, program, n, crash, crash and n >= FREEZE_FROM, say, keep))
+                out.append(run_one(cluster, program, n, crash, crash and freeze and n >= FREEZE_FROM, say, keep))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return out
@@ -230,8 +232,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--short", action="store_true", help="N = 2, Slurm only (the smoke test)")
     p.add_argument("--programs", type=lambda t: tuple(t.split(",")), default=tuple(scale.PROGRAMS))
     p.add_argument("--no-crash", action="store_true", help="no host lost or frozen: the job is cancelled at once")
+    p.add_argument("--freeze", action=argparse.BooleanOptionalAction, default=True,
+                   help="after the crash, freeze a second node (N >= 3; min_nodes N-2): --no-freeze keeps "
+                        "bench/scale.py's min_nodes N-1")
     p.add_argument("--ssh", action=argparse.BooleanOptionalAction, default=None,
                    help="launch ssh at each N too, side by side (default: on, off with --short)")
+    p.add_argument("--with-ssh", type=Path, default=None,
+                   help="another run's JSON (of this bench): its launch ssh results join the tables and ratios")
+    p.add_argument("--from", dest="from_", type=Path, default=None,
+                   help="run nothing: an earlier run's JSON, its tables and plots drawn again (after a stop)")
     p.add_argument("--budget-s", type=float, default=3600, help="stop before an N that would pass this")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     p.add_argument("--name", default="scale-slurm")
@@ -256,6 +265,11 @@ def why_not(n: int, results: list[dict[str, Any]], started: float, budget_s: flo
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    if a.from_ is not None:
+        earlier = json.loads(a.from_.read_text())
+        stopped = {int(k): v for k, v in earlier["stopped"].items()}
+        print(f"wrote {write(a, earlier['results'], stopped, not a.no_plots, earlier)}")
+        return 0
     reason = slurm_cluster.available() or (sshd.available() if a.ssh else None)
     if reason:
         print(f"bench/scale_slurm.py: {reason}", file=sys.stderr)
@@ -265,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as Ctrl-C: the cluster torn down
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = [] if a.with_ssh is None else [
+        r for r in json.loads(a.with_ssh.read_text())["results"] if r.get("launcher") == "ssh"]
     stopped: dict[int, str] = {}
     started = time.time()
     for n in a.nodes:
@@ -274,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"N={n}: not run: {why}")
             break
         try:
-            done = slurm_runs(n, a.programs, say, a.keep, not a.no_crash)
+            done = slurm_runs(n, a.programs, say, a.keep, not a.no_crash, a.freeze)
             if a.ssh:
                 done += ssh_runs(n, a.programs, say, a.keep)
         except (TimeoutError, RuntimeError) as exc:  # this N did not start: the larger ones will not
@@ -292,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write(a: argparse.Namespace, results: list[dict[str, Any]], stopped: dict[int, str], plot: bool) -> Path:
+def write(a: argparse.Namespace, results: list[dict[str, Any]], stopped: dict[int, str], plot: bool,
+          earlier: dict[str, Any] | None = None) -> Path:
+    """The results so far (or `earlier`'s, --from, keeping its command and machine): JSON, tables, plots."""
     analysis = scale.analyse(results)
     side = ratios(results)
     text = scale.markdown(results, analysis) + ("\n" + ratio_table(side) if side else "")
@@ -300,9 +317,11 @@ def write(a: argparse.Namespace, results: list[dict[str, Any]], stopped: dict[in
     pngs = scale.plots(analysis, a.img, stem="slurm") if plot else []
     if plot:
         print(text)
-    path = common.write_result(a.name, {
+    data = earlier or {
         "command": common.command_line(), "machine": common.machine(), "nodes": list(a.nodes),
-        "programs": [scale.PROGRAMS[p] for p in a.programs], "crash": not a.no_crash, "ssh": a.ssh,
+        "programs": [scale.PROGRAMS[p] for p in a.programs], "crash": not a.no_crash, "freeze": a.freeze,
+        "ssh": a.ssh, "with_ssh": str(a.with_ssh) if a.with_ssh else None}
+    path = common.write_result(a.name, data | {
         "results": results, "stopped": {str(k): v for k, v in stopped.items()}, "analysis": analysis,
         "slurm_over_ssh": side,
         "plots": [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in pngs]}, a.out)
