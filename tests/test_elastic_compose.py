@@ -39,6 +39,7 @@ from ddpkit import records as records_
 from ddpkit.launch.control.applied import compose_cli
 from tests.helpers.elastic_gate import GATE_DIR, GATE_WORLD, held_step, release
 from tests.helpers.matrix import DDPKIT, run_ok
+from tests.helpers.stop_output import NOISE
 from tests.helpers.tiers import one_case_in_ci
 from tests.infra import docker_daemon as daemon_infra
 from tests.infra.docker_daemon import REPO, Docker
@@ -184,7 +185,8 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
     assert f"ckpt-{step:08d}.pt at step {step}" in output, said
     # `docker compose logs` as people read it: the nodes' records stayed in their containers
     # (DDPKIT_RECORDS), none framed among the lines, the lost node's verdict included
-    assert records_.FRAME not in output, said
+    for noise in (*NOISE, records_.FRAME):  # nor a traceback or torch chatter of the survivors' re-forming
+        assert noise not in output, f"{noise!r} in the logs\n{said}"
     assert re.search(r"elastic: restart \d of at most 2; world size 3 -> 2", output), said
     recs = records(tmp_path)
     assert not [r for r in recs if r["kind"] == "stall"], recs
