@@ -57,6 +57,7 @@ import json
 import math
 import os
 import queue
+import shutil
 import signal
 import statistics
 import subprocess
@@ -141,6 +142,18 @@ def _count_store_requests(counts: Counts) -> None:
         return out
 
     C10dRendezvousBackend._call_store = counted_call  # type: ignore[method-assign]
+    if hasattr(rendezvous, "_Known"):  # torch's handler wrapped (the code before the membership of its own)
+        _count_leaving_record(rendezvous, counts)
+    build = api.RendezvousStoreInfo.build
+
+    def counted_build(rank: int, store: Any, local_addr: str | None, server_port: int | None = None) -> Any:
+        counts.add("bootstrap keys", 4 if rank == 0 else 2)
+        return build(rank, store, local_addr, server_port)
+
+    api.RendezvousStoreInfo.build = staticmethod(counted_build)  # type: ignore[method-assign]
+
+
+def _count_leaving_record(rendezvous: Any, counts: Counts) -> None:
     leave, left = rendezvous._Known.leave, rendezvous._Known.left
 
     def counted_leave(self: Any, round_: int, node: object) -> None:
@@ -152,15 +165,50 @@ def _count_store_requests(counts: Counts) -> None:
         counts.add("check+get (left)", 2 if out else 1)
         return out
 
-    rendezvous._Known.leave = counted_leave  # type: ignore[method-assign]
-    rendezvous._Known.left = counted_left  # type: ignore[method-assign]
-    build = api.RendezvousStoreInfo.build
+    rendezvous._Known.leave = counted_leave
+    rendezvous._Known.left = counted_left
 
-    def counted_build(rank: int, store: Any, local_addr: str | None, server_port: int | None = None) -> Any:
-        counts.add("bootstrap keys", 4 if rank == 0 else 2)
-        return build(rank, store, local_addr, server_port)
 
-    api.RendezvousStoreInfo.build = staticmethod(counted_build)  # type: ignore[method-assign]
+class CountedStore:
+    """A handler's store as ddpkit's membership calls it (rdzv_members.Membership.store), each request
+    counted by kind with the bytes it sends and gets."""
+
+    def __init__(self, store: Any, counts: Counts) -> None:
+        self._store, self._counts = store, counts
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def call(*args: Any) -> Any:
+            out = method(*args)
+            flat = [x for a in args for x in (a if isinstance(a, list) else [a])]
+            got = out if isinstance(out, list) else [out]
+            size = sum(len(x) for x in (*flat, *got) if isinstance(x, (str, bytes)))
+            self._counts.add(name, 1, size)
+            return out
+        return call
+
+
+def count_handler(handler: Any, counts: Counts) -> Any:
+    """`handler` with its membership's requests counted (ddpkit's own handler; torch's is counted at its
+    backend's call site)."""
+    members = getattr(handler, "_members", None)
+    if members is not None:
+        members.store = CountedStore(members.store, counts)
+    return handler
+
+
+def handler_round(handler: Any) -> tuple[int, float | None]:
+    """The round a handler is in and its measured round trip to the store (ddpkit's handler, or torch's
+    wrapped one: the code before)."""
+    if hasattr(handler, "_members"):
+        return handler.round, handler.timing.round_trip_s
+    timing = getattr(handler._op_executor, "_timing", None)
+    return handler._state_holder.state.round, getattr(timing, "round_trip_s", None)
+
+
+def stop_keep_alive(handler: Any) -> None:
+    (handler.stop_keep_alive if hasattr(handler, "stop_keep_alive") else handler._stop_heartbeats)()
 
 
 class SimNode:
@@ -180,20 +228,16 @@ class SimNode:
             except Exception as exc:  # say it: the driver counts it as a failure
                 self.say({"node": self.index, "error": f"{type(exc).__name__}: {exc}"})
                 return
-            state = handler._state_holder.state
-            timing = getattr(handler._op_executor, "_timing", None)  # the agent's measured round trip (after)
-            self.say({"node": self.index, "rank": info.rank, "world": info.world_size, "round": state.round,
-                      "at": time.time(), "round_trip_s": getattr(timing, "round_trip_s", None)})
+            round_, round_trip_s = handler_round(handler)
+            self.say({"node": self.index, "rank": info.rank, "world": info.world_size, "round": round_,
+                      "at": time.time(), "round_trip_s": round_trip_s})
             while True:
                 try:
                     order = self.orders.get(timeout=MONITOR_S)
                 except queue.Empty:
                     order = ""
-                if order == "die":  # a crash: no more keep-alives, no goodbye
-                    handler._stop_heartbeats()
-                    return
-                if order == "quit":
-                    handler._stop_heartbeats()
+                if order in ("die", "quit"):  # die: a crash, no more keep-alives, no goodbye
+                    stop_keep_alive(handler)
                     return
                 if order == "next":
                     break
@@ -232,7 +276,7 @@ def host(argv: Sequence[str]) -> None:
         params = RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{port}", run_id, min_nodes,
                                       max_nodes,
                                       local_addr="127.0.0.1", is_host=False, **conf)
-        nodes.append(SimNode(index, rendezvous.create(params), say))
+        nodes.append(SimNode(index, count_handler(rendezvous.create(params), counts), say))
     by_index = {n.index: n for n in nodes}
     say({"ready": count})
     for line in sys.stdin:
@@ -423,7 +467,14 @@ def state_size(port: int, n: int, run_id: str = "") -> dict[str, float]:
     from ddpkit.rdzv_store import RDZV_STATE_KEY
 
     store = client(port)
-    raw = bytes(store.get(RDZV_STATE_KEY + runkey.rdzv_run_id(run_id or RUN_ID.format(n=n))))
+    rdzv_id = runkey.rdzv_run_id(run_id or RUN_ID.format(n=n))
+    members = membership(store, rdzv_id)
+    if members is not None:  # ddpkit's own: a key per node, and round 0's joiners and members
+        closed = members.members(0)
+        keys = ["0/list", "0/members"]
+        size = sum(len(bytes(store.get(members.p + k))) for k in keys if store.check([members.p + k]))
+        return {"state_kb": size / 1024, "participants": len(closed[1]) if closed else 0, "keys_per_node": 1}
+    raw = bytes(store.get(RDZV_STATE_KEY + rdzv_id))
     t = time.perf_counter()
     for _ in range(5):
         state = pickle.loads(base64.b64decode(raw))
@@ -487,6 +538,34 @@ def commit_chain(n: int, store: StoreService) -> dict[str, Any]:
             "state_kb_at_n": costs[-1]["state_kb"], "store_cpu_s_per_commit": costs[-1]["store_cpu_s"]}
 
 
+def membership(store: Any, rdzv_id: str) -> Any | None:
+    """ddpkit's membership of `rdzv_id` where its handlers keep one (None: torch's state, the code before)."""
+    from ddpkit import rdzv_members
+
+    members = rdzv_members.Membership(store, rdzv_id)
+    return members if members.count(0) > 0 else None
+
+
+def live_participants(store: Any, rdzv_id: str, expiry_s: float = 30.0) -> int | None:
+    """How many nodes the round being formed has, for either handler (None: no rendezvous yet): torch's
+    participants, or the live joiners of ddpkit's open round (the last closed round's members once it
+    closed and nobody joined the next)."""
+    from ddpkit.rdzv_store import rendezvous_state
+
+    members = membership(store, rdzv_id)
+    if members is None:
+        state = rendezvous_state(store, rdzv_id)
+        return None if state is None else len(state.participants)
+    latest = members.latest()
+    if latest > 0 and members.count(latest) == 0:
+        closed = members.members(latest - 1)
+        return len(closed[1]) if closed else 0
+    joined = members.joined(latest)
+    seen, left = members.seen(joined)
+    now = time.time()
+    return sum(1 for node in joined if node not in left and now - seen.get(node, float("-inf")) <= expiry_s)
+
+
 class StateWatch:
     """The rendezvous state read every second while a round forms: how many
     participants it had, and how often that number fell (nodes expired by
@@ -494,10 +573,9 @@ class StateWatch:
 
     def __init__(self, port: int, n: int, run_id: str = "", every_s: float = 1.0) -> None:
         from ddpkit import runkey
-        from ddpkit.rdzv_store import rendezvous_state
 
-        run_id = run_id or RUN_ID.format(n=n)
-        self._read = lambda store: rendezvous_state(store, runkey.rdzv_run_id(run_id))
+        rdzv_id = runkey.rdzv_run_id(run_id or RUN_ID.format(n=n))
+        self._read = lambda store: live_participants(store, rdzv_id)
         self._every_s = every_s
         self._store = client(port)
         self.trace: list[tuple[float, int]] = []
@@ -508,9 +586,9 @@ class StateWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self._every_s):
-            state = self._read(self._store)
-            if state is not None:
-                self.trace.append((round(time.monotonic() - self._began, 1), len(state.participants)))
+            count = self._read(self._store)
+            if count is not None:
+                self.trace.append((round(time.monotonic() - self._began, 1), count))
 
     def stop(self) -> dict[str, Any]:
         self._stop.set()
@@ -836,13 +914,16 @@ def rendezvous_before_after(a: argparse.Namespace, say: Callable[[str], None]) -
                                                    for k, v in rdzv_figures(r).items()))
                 name = a.name if a.name != "scale_sim" else "scale_sim-rdzv"
                 payload = {"command": common.command_line(), "machine": common.machine(),
-                           "seconds": time.monotonic() - began, "baseline": str(a.baseline), "loss_s": LOSS_S,
+                           "seconds": time.monotonic() - began, "baseline": str(a.baseline_named),
+                           "loss_s": LOSS_S,
                            "results": results, "figures": [{"nodes": x["nodes"], "arm": x["arm"], **rdzv_figures(x)}
                                                            for x in results]}
                 path = common.write_result(name, payload, a.out or common.RESULTS)
                 path.with_suffix(".md").write_text(rdzv_markdown(results))
     finally:
         store.stop()
+        if str(a.baseline_named).startswith("git:"):
+            shutil.rmtree(a.baseline, ignore_errors=True)
     say(rdzv_markdown(results))
     if not a.no_plots:
         say(f"wrote {rdzv_plot(results, (a.img or IMG) / 'rdzv_before_after.png', a.first_limit_s)}")
@@ -1263,6 +1344,15 @@ def plots(results: list[dict[str, Any]], out_dir: Path, groups: Sequence[str] = 
 
 
 # ---- the command ------------------------------------------------------------------------------------
+def git_export(rev: str) -> Path:
+    """`rev`'s src/ from this checkout's git history in a folder of its own (the before arm's code, whatever
+    the working tree holds now); removed when the run ends."""
+    out = Path(tempfile.mkdtemp(prefix="ddpkit-baseline-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", help=f"node counts, comma-separated (default {','.join(map(str, FULL))})")
@@ -1286,8 +1376,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="rank-report: measure it alone and put its figures into the runs named by --into; "
                         "rendezvous: the rendezvous alone, --baseline's code and this one's side by side "
                         "(-> bench/results/scale_sim-rdzv.json, .md)")
-    p.add_argument("--baseline", type=Path,
-                   help="with --only rendezvous: a checkout of the code before (its src/ runs the 'before' agents)")
+    p.add_argument("--baseline",
+                   help="with --only rendezvous: the code before, a checkout (its src/ runs the 'before' agents) "
+                        "or git:REV (that commit's src/ from this checkout's history, exported for the run)")
     p.add_argument("--into", type=Path, action="append", default=[],
                    help="with --only: a run's JSON whose results at the N measured take the new figures "
                         "(its first figures are kept under \"before\"); the first one's tables and plot are made again")
@@ -1300,8 +1391,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.name = a.name or ("scale_sim-short" if a.short else "scale_sim")
     if a.only == "rank-report" and not a.into:
         p.error("--only rank-report: name the runs to update with --into")
+    a.baseline_named = a.baseline
+    if a.baseline and a.baseline.startswith("git:") and a.only == "rendezvous" and not a.from_:
+        try:
+            a.baseline = git_export(a.baseline.removeprefix("git:"))
+        except subprocess.CalledProcessError as exc:
+            p.error(f"--baseline {a.baseline}: git archive failed: {exc.stderr.decode().strip()}")
+    elif a.baseline:
+        a.baseline = Path(a.baseline)
     if a.only == "rendezvous" and not a.from_ and not (a.baseline and (a.baseline / "src" / "ddpkit").is_dir()):
-        p.error("--only rendezvous: --baseline names a checkout with src/ddpkit")
+        p.error("--only rendezvous: --baseline names a checkout with src/ddpkit, or git:REV")
     return a
 
 

@@ -225,3 +225,23 @@ def test_a_node_later_than_the_last_call_is_in_the_first_round(first_round_s: in
             if agent.poll() is None:
                 agent.kill()
                 agent.communicate()
+
+
+@pytest.mark.timeout(60)
+def test_a_round_whose_first_joiners_died_is_closed_by_a_later_one() -> None:
+    """The three first joiners of round 0 (the nodes that close it) died right after their join: a later
+    joiner sees them silent past the waiting expiry (first_round_timeout 4 s) and closes the round itself."""
+    port = free_port()
+    with hosted_store("127.0.0.1", port) as store:
+        members = Membership(store, runkey.rdzv_run_id(RUN))
+        for i in range(3):
+            members.keep_alive(f"dead-{i}", time.time() - 100)
+            members.join(0, f"dead-{i}")
+        handlers = _handlers(port, 2, (2, 2), **{rendezvous.FIRST_ROUND_KEY: 4})
+        joined = _join_all(handlers, [0, 0])
+        closed = members.members(0)
+        for handler in handlers:
+            handler.stop_keep_alive()
+    assert sorted(rank for rank, _, _ in joined.values()) == [0, 1]
+    assert {(world, round_) for _, world, round_ in joined.values()} == {(2, 0)}
+    assert closed is not None and not any(n.startswith("dead-") for n in closed[1])

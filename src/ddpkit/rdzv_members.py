@@ -9,7 +9,8 @@ Under the run's rendezvous id (runkey.rdzv_run_id), prefix `P` =
   small `set`, never a rewrite of everyone's.
 - `P <r>/count`: round r's joiners so far (an atomic `add`: a join never
   collides with another); `P <r>/list`: their names, one a line (an atomic
-  `append`, in the order the store took them).
+  `append`, in the order the store took them); `P <r>/evaluator/<k>`: the
+  k-th joiner's name, for the first EVALUATORS (the nodes that close it).
 - `P <r>/min_at`: when round r first had min_nodes live joiners (the last
   call counts from it), written once (compare-and-set on an absent key).
 - `P <r>/members`: the closed round: its close time, then its members in rank
@@ -30,6 +31,7 @@ from typing import Any
 
 LEFT = "left"
 BATCH = 256  # keys a multi_get reads at once (as the watchdog reads heartbeats)
+EVALUATORS = 3  # a round's first joiners, each of which reads its membership at every poll
 
 
 def prefix(run_id: str) -> str:
@@ -195,7 +197,15 @@ class Membership:
         """Join round `round_` (this node's keep-alive is written first); its place among the joiners (1: first)."""
         place = int(self.store.add(self.p + f"{round_}/count", 1))
         self.store.append(self.p + f"{round_}/list", f"{node}\n")
+        if place <= EVALUATORS:
+            self.store.set(self.p + f"{round_}/evaluator/{place}", node)
         return place
+
+    def evaluator_alive(self, round_: int, expiry_s: float, now: float) -> bool:
+        """Whether one of round `round_`'s evaluators has kept alive within `expiry_s` (a few small reads)."""
+        names = [name for k in range(1, EVALUATORS + 1) if (name := self._get(f"{round_}/evaluator/{k}"))]
+        seen, left = self.seen(names)
+        return any(n not in left and now - seen.get(n, float("-inf")) <= expiry_s for n in names)
 
     def close(self, round_: int, members: Sequence[str], now: float) -> tuple[float, list[str]]:
         """Close round `round_` with `members` unless another evaluator closed it first; the round as closed."""

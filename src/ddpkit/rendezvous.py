@@ -12,9 +12,9 @@ another's compare-and-sets fail. Here:
 - a join is one `add` on the round's counter and one `append` of the
   node's name (no collision, O(1)); a keep-alive is a `set` of the node's
   own key; a waiting node polls one key (is its round closed?);
-- one of the first joiners of a round (its evaluators: the first three,
-  any other once it has waited past half the waiting expiry) reads the
-  joiners and their keep-alives (`multi_get`s) and closes the round
+- one of the first joiners of a round (its evaluators: the first three;
+  any other only once none of them has kept alive within the waiting
+  expiry) reads the joiners and their keep-alives (`multi_get`s) and closes the round
   (rdzv_members.decide) with one compare-and-set that only the first
   succeeds at; ranks are the closed list's order;
 - while the job trains, `num_nodes_waiting` reads the next round's counter
@@ -65,7 +65,7 @@ from torch.distributed.elastic.utils.logging import get_logger
 from . import runkey
 from .agreed import RDZV_FIRST_ROUND_KEY as FIRST_ROUND_KEY
 from .agreed import RDZV_HANDLER as NAME
-from .rdzv_members import Decision, Membership, Rules, View, decide
+from .rdzv_members import EVALUATORS, Decision, Membership, Rules, View, decide
 from .rdzv_timing import AgentTiming
 
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rounds' lines
@@ -76,7 +76,6 @@ FIRST_ROUND_S = 120  # its default: a node whose start is slower than this joins
 JOIN_MARGIN_S = 10.0
 # A waiting node checks whether the job's rendezvous was closed this often (one small read).
 CLOSED_POLL_S = 2.0
-EVALUATORS = 3  # a round's first joiners, each of which reads its membership at every poll
 _NODE_IDS = itertools.count()  # several handlers in one process (the simulation) are distinct nodes
 
 
@@ -175,8 +174,9 @@ class Handler(RendezvousHandler):
         """Join round `round_` and wait until it closes; its members."""
         self._members.keep_alive(self.node, time.time())
         place = self._timed(lambda: self._members.join(round_, self.node))
-        joined_at = time.monotonic()
-        evaluated = closed_seen = float("-inf")
+        # a node past the first joiners reads the whole round only where they are gone (all three dead)
+        lonely_check, lonely = time.monotonic() + self.timing.expiry_s(waiting=True) / 2, False
+        closed_seen = float("-inf")
         while True:
             got: tuple[float, list[str]] | None = self._timed(lambda: self._members.members(round_))
             if got is not None:
@@ -189,9 +189,10 @@ class Handler(RendezvousHandler):
             if now >= deadline:
                 raise RendezvousTimeoutError(f"round {round_} of the rendezvous {self._run_id} did not close "
                                              f"within join_timeout ({self.join_timeout_s:.0f} s)")
-            late = now - joined_at >= self.timing.expiry_s(waiting=True) / 2
-            if place <= EVALUATORS or (late and now - evaluated >= self.timing.expiry_s(waiting=True) / 2):
-                evaluated = now
+            if place > EVALUATORS and not lonely and now >= lonely_check:
+                lonely_check = now + random.uniform(0.5, 1.0) * self.timing.expiry_s(waiting=True) / 2
+                lonely = self._evaluators_gone(round_)
+            if place <= EVALUATORS or lonely:
                 closed: list[str] | None = self._evaluate(round_, deadline)
                 if closed is not None:
                     return closed
@@ -217,6 +218,12 @@ class Handler(RendezvousHandler):
         if closed == decision.members:
             log.info("rendezvous round %d: %s; closed with %d nodes", round_, decision.why, len(closed))
         return closed
+
+    def _evaluators_gone(self, round_: int) -> bool:
+        gone = not self._members.evaluator_alive(round_, self.timing.expiry_s(waiting=True), time.time())
+        if gone:
+            log.info("rendezvous round %d: its first joiners are gone; node %s reads it", round_, self.node)
+        return gone
 
     def _rules(self) -> Rules:
         timing = self.timing
