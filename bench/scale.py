@@ -338,7 +338,7 @@ class Run:
         if self.program == "train":
             return sum(1 for r in self.metric_records() if r.get("kind") == "resume" and r["time"] > t)
         started = [path.read_text().split() for path in self.stamps.glob("init.*")]
-        return sum(1 / int(world) for before, _, world in started if float(before) > t)
+        return round(sum(1 / int(world) for before, _, world in started if float(before) > t), 2)
 
     def survivors_first_step(self, lost_at: float, world: int | None = None) -> float | None:
         """The first step after `lost_at` (ddpkit train: after its resume record; the own program: in a world

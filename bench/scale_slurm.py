@@ -181,7 +181,8 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
     ns = sorted({r["nodes"] for r in rows})
     lines = ["| program | measure | " + " | ".join(f"N={n} slurm / ssh" for n in ns) + " |",
              "|" + "---|" * (len(ns) + 2)]
-    for key in dict.fromkeys((r["program"], r["measure"]) for r in rows):
+    order = list(scale.MEASURES)
+    for key in sorted(dict.fromkeys((r["program"], r["measure"]) for r in rows), key=lambda k: (k[0], order.index(k[1]))):
         by_n = {r["nodes"]: r for r in rows if (r["program"], r["measure"]) == key}
         cells = [f"{by_n[n]['slurm']:.3g} / {by_n[n]['ssh']:.3g} = x{by_n[n]['slurm_over_ssh']:.2f}"
                  if n in by_n else "-" for n in ns]
