@@ -99,7 +99,7 @@ def report(text: str, what: str) -> None:
 
     kept = nodelog.keep(text, f"torch's report: {what}")
     if kept is None:
-        records.emit(records.AgentReport(lines=text.count("\n")))
+        records.emit(records.AgentReport.of(text))
         sys.stderr.write(text)
         return
     node = "" if stopping.LAST.node is None else f" node {stopping.LAST.node}:"
