@@ -43,8 +43,9 @@ ALLOWED: dict[str, set[str]] = {
     "launch": {"targets", "render", "contract", "quoting", "specfile", "spec", "train", "runs", "rdzv_store"} | BASE,
     # runs: the run folders' layout and records; below launch, it starts and signals nothing.
     "runs": BASE,
-    # report: a run's page (`ddpkit report`); it reads run folders and draws, and starts nothing.
-    "report": {"runs"} | BASE,
+    # report: a run's page (`ddpkit report`); it reads run folders and draws, and starts nothing;
+    # a run whose records live elsewhere (a compose file's containers) has its backend bring them.
+    "report": {"runs", "launch"} | BASE,
     "targets": {"render", "contract", "quoting", "specfile", "spec"} | BASE,
     "render": {"contract", "quoting", "spec"} | BASE,
     "contract": {"quoting", "spec", "rdzv_timing"} | BASE,
@@ -64,7 +65,9 @@ ALLOWED: dict[str, set[str]] = {
     "spec": BASE,
     "quoting": set(),
     "doctor": {"train", "netif"} | BASE,
-    "train": {"netif"} | BASE,  # agreed, never the contract: `ddpkit train` starts without the spec
+    # agreed, never the contract: `ddpkit train` starts without the spec. Its `__main__` as an srun
+    # task (no agent) says an uncaught error and leaves the node's failure file as the agent would.
+    "train": {"netif", "agent"} | BASE,
     "watchdog": {"train"} | BASE,  # the public API for users' own scripts: train.stall_model and train.stall
     "netif": BASE,
     "agreed": LEAVES,
@@ -106,7 +109,8 @@ INSIDE: dict[str, dict[str, set[str]]] = {
         "local": {"supervise", "runargs", "secrets", "prelude", "forkedagents", "detach"},
         "docker": {"supervise", "runargs", "secrets", "prelude"},
         "ssh": {"supervise", "runargs", "secrets", "prelude"},
-        "slurm": {"secrets", "prelude"},
+        # `submit slurm` hands its script to control's Slurm backend, which reads the queue through slurm/jobs.py
+        "slurm": {"secrets", "prelude", "control"},
         "control": {"slurm", "supervise"},
         "supervise": set(),
         "prelude": {"secrets"},  # the checks and pieces every launcher starts with

@@ -10,10 +10,10 @@ import io
 from rich.console import Console
 
 from ddpkit import records
-from ddpkit.launch.supervise.events import LineRead, RecordRead
 from ddpkit.launch.supervise.findings import Findings, WorkerFailure
 from ddpkit.launch.supervise.nodeoutput import ConsoleLines, LinePrinter
 from ddpkit.launch.supervise.reader import OutputReader
+from ddpkit.launch.supervise.reads import LineRead, RecordRead
 
 EXIT = records.WorkerExit(rank=1, local_rank=1, pid=9, exitcode=12)
 

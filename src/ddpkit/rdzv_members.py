@@ -118,7 +118,7 @@ def decide(view: View, rules: Rules, deadline_near: bool = False) -> Decision:
 
 
 @dataclass
-class Summary:
+class RendezvousSummary:
     """What the store service's watch reads (rdzv_store.ended): the shape of torch's state it reads."""
 
     closed: bool
@@ -217,7 +217,7 @@ class Membership:
     def set_closed(self) -> None:
         self.store.set(self.p + "closed", "1")
 
-    def summary(self) -> Summary | None:
+    def summary(self) -> RendezvousSummary | None:
         """The job's rendezvous as the store service watches it (None: no node joined yet)."""
         latest = self.latest()
         closed_round = self.members(latest - 1) if latest > 0 else None
@@ -226,7 +226,7 @@ class Membership:
             return None
         seen, _ = self.seen(list(dict.fromkeys(nodes)))
         beats = {n: datetime.fromtimestamp(t, timezone.utc) for n, t in seen.items()}
-        return Summary(self.is_closed(), latest, beats)
+        return RendezvousSummary(self.is_closed(), latest, beats)
 
 
 def _parse_members(value: str) -> tuple[float, list[str]]:

@@ -4,9 +4,7 @@ post them (`EventSource`, `Reviver`), and an elastic run's rules
 (a hang watchdog, say) is an `EventSource` that posts `StopRequested` with its
 reason and exit code; the job's watchdog reporting a node silent posts
 `NodeReportedLost`; a `Reviver` bringing a failed node of an elastic run back posts
-`NodeReturned`. What a node's output holds, as its reader
-(launch/supervise/reader.py) gives it out: lines for people (`LineRead`) and
-records (`RecordRead`), each decoded once."""
+`NodeReturned`."""
 
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ... import records
 from ...exitcodes import ExitCode
 
 if TYPE_CHECKING:
@@ -53,29 +50,6 @@ class NodeReportedLost:
 
 
 Event = NodeExited | StopRequested | NodeReturned | NodeReportedLost
-@dataclass(frozen=True)
-class LineRead:
-    """A line of node `node`'s output for people, with its console prefix
-    (`[node0 rank1] `; rank None: the node's own, its agent's)."""
-
-    node: int
-    rank: int | None
-    prefix: str
-    body: str
-
-
-@dataclass(frozen=True)
-class RecordRead:
-    """A record node `node`'s output held: framed by the job (`time`: when it
-    was written, None when not said), or a traceback the reader found in a
-    rank's lines that no agent copied (`framed` False)."""
-
-    node: int
-    rank: int | None
-    prefix: str
-    record: records.Record
-    time: float | None = None
-    framed: bool = True
 
 
 class EventSource(Protocol):

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ... import records
-from .events import RecordRead
 from .exceptions import Exceptions, RankException
+from .reads import RecordRead
 from .recovery import Recovery
 
 TAIL_LINES = 100  # kept per node for the summary: torchrun's own failure report alone is ~35

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from ... import records
 from .dedup import Dedup, Released, Source
-from .events import LineRead
 from .findings import Findings
 from .reader import OutputReader, Read, noisy
+from .reads import LineRead
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -28,7 +28,7 @@ from collections import Counter
 
 from ... import records
 from ...records.tracebacks import Tracebacks
-from .events import LineRead, RecordRead
+from .reads import LineRead, RecordRead
 
 # torch's lines that say nothing a person can act on, kept off the console (the node logs
 # keep them): c10d's client looks up the name of the IPv4-mapped form of the address it
