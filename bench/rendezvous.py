@@ -77,8 +77,8 @@ def trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Tri
 def _trial(variant: str, loss: str, conf: dict[str, int], expiry_s: float) -> Trial:
     from bench import rdzv_node
 
-    from ddpkit import rendezvous
     from ddpkit.launch.local import free_port
+    from ddpkit.rendezvous import handler as rendezvous
 
     port = free_port()
     backend = "c10d" if variant == "c10d" else rendezvous.NAME
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from bench import common
 
-    from ddpkit.rdzv_timing import derive, state_poll_s
+    from ddpkit.rendezvous.timing import derive, state_poll_s
 
     a = parse(argv)
     timing = derive(LOSS_S, NODES)

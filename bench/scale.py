@@ -137,8 +137,8 @@ WATCH_PERIOD_S = 0.25
 def rendezvous_id(host: netns.Host) -> str | None:
     """The id torch's rendezvous state is kept under, from node 0's agent's environment (the run key
     tags the rendered id: runkey.rdzv_run_id), once the agent runs."""
-    from ddpkit import runkey
-    from ddpkit.envnames import DDPKIT_RDZV_ID
+    from ddpkit.rendezvous import runkey
+    from ddpkit.shared.envnames import DDPKIT_RDZV_ID
 
     for pid in agents_and_workers(host):
         try:

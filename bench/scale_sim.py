@@ -6,7 +6,7 @@ Per N, one after the other:
 
   first rendezvous  the real store service (`python -m ddpkit.rdzv_store`, a
                     process of its own) and N real rendezvous handlers
-                    (`ddpkit.rendezvous.create`, what `--rdzv-backend=ddpkit`
+                    (`ddpkit.rendezvous.handler.create`, what `--rdzv-backend=ddpkit`
                     builds in every agent: one TCPStore client each), spread
                     over a few host processes (--nodes-per-host threads each).
                     Each node does what torchrun's agent does with it:
@@ -106,6 +106,16 @@ MEASURES: dict[str, tuple[str, str, float | None, str]] = {
 }
 
 
+def rendezvous_handler() -> Any:
+    """ddpkit's rendezvous handler module in the code this process imports: the
+    rendezvous package's handler, or the one module it was before the package (a
+    --baseline arm may run such a commit's src/)."""
+    try:
+        return importlib.import_module("ddpkit.rendezvous.handler")
+    except ModuleNotFoundError:
+        return importlib.import_module("ddpkit.rendezvous")
+
+
 # ---- a host of simulated nodes (a process of its own) -----------------------------------------
 class Counts:
     """The store requests this process's handlers make, by kind, and the bytes they move."""
@@ -131,8 +141,7 @@ def _count_store_requests(counts: Counts) -> None:
     from torch.distributed.elastic.rendezvous import api
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    from ddpkit import rendezvous
-
+    rendezvous = rendezvous_handler()
     call_store = C10dRendezvousBackend._call_store
 
     def counted_call(self: Any, store_op: str, *args: Any, **kwargs: Any) -> Any:
@@ -259,7 +268,7 @@ def host(argv: Sequence[str]) -> None:
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # what ddpkit renders for every elastic job
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from ddpkit import rendezvous
+    rendezvous = rendezvous_handler()
 
     counts = Counts()
     _count_store_requests(counts)
@@ -463,8 +472,8 @@ def state_size(port: int, n: int, run_id: str = "") -> dict[str, float]:
     import base64
     import pickle
 
-    from ddpkit import runkey
     from ddpkit.rdzv_store import RDZV_STATE_KEY
+    from ddpkit.rendezvous import runkey
 
     store = client(port)
     rdzv_id = runkey.rdzv_run_id(run_id or RUN_ID.format(n=n))
@@ -540,7 +549,7 @@ def commit_chain(n: int, store: StoreService) -> dict[str, Any]:
 
 def membership(store: Any, rdzv_id: str) -> Any | None:
     """ddpkit's membership of `rdzv_id` where its handlers keep one (None: torch's state, the code before)."""
-    from ddpkit import rdzv_members
+    from ddpkit.rendezvous import members as rdzv_members
 
     members = rdzv_members.Membership(store, rdzv_id)
     return members if members.count(0) > 0 else None
@@ -572,7 +581,7 @@ class StateWatch:
     the others while they waited)."""
 
     def __init__(self, port: int, n: int, run_id: str = "", every_s: float = 1.0) -> None:
-        from ddpkit import runkey
+        from ddpkit.rendezvous import runkey
 
         rdzv_id = runkey.rdzv_run_id(run_id or RUN_ID.format(n=n))
         self._read = lambda store: live_participants(store, rdzv_id)
@@ -606,8 +615,10 @@ def _median(values: list[float | None]) -> float | None:
 def arm_timing(n: int, src: Path | None = None) -> dict[str, Any]:
     """The rendezvous timeouts and polls of the code in `src` (another checkout's src/, as `--baseline`
     names it; None: this one) at N nodes: its rdzv_timing, imported in a process of its own."""
-    code = ("import json, sys; from dataclasses import asdict; from ddpkit import rdzv_timing as t;"
-            " n, loss = int(sys.argv[1]), float(sys.argv[2]); timing = t.derive(loss, n);"
+    code = ("import json, sys; from dataclasses import asdict\n"
+            "try:\n    from ddpkit.rendezvous import timing as t\n"
+            "except ImportError:  # a commit from before the rendezvous package\n    from ddpkit import rdzv_timing as t\n"
+            "n, loss = int(sys.argv[1]), float(sys.argv[2]); timing = t.derive(loss, n);"
             " polls = {k: getattr(t, k)(n) for k in ('state_poll_s', 'join_poll_s', 'training_poll_s')"
             " if hasattr(t, k)}; print(json.dumps({'conf': asdict(timing), 'polls': polls}))")
     env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
@@ -1084,7 +1095,7 @@ def schedule_load(n: int, state_kb: float) -> dict[str, float]:
     and the state's size: every agent reads the state once per state_poll_s
     (num_nodes_waiting, cached that long) and rewrites it once per keep-alive
     interval (a compare-and-set: the state sent, the state returned)."""
-    from ddpkit.rdzv_timing import derive, state_poll_s
+    from ddpkit.rendezvous.timing import derive, state_poll_s
 
     poll, interval = state_poll_s(n), derive(LOSS_S, n).keep_alive_interval
     return {"requests_per_s": n * (1 / poll + 1 / interval),
@@ -1094,7 +1105,7 @@ def schedule_load(n: int, state_kb: float) -> dict[str, float]:
 def one_n(n: int, store: StoreService, per_host: int, steady_s: float, launcher_s: float, first_limit_s: float,
           say: Callable[[str], None], keep_alive_s: int | None = None) -> dict[str, Any]:
     """Every measure at N nodes, on the run's store service (launched: the first N waits for it)."""
-    from ddpkit.rdzv_timing import state_poll_s
+    from ddpkit.rendezvous.timing import state_poll_s
 
     say(f"N={n}: rendezvous ({math.ceil(n / per_host)} host processes of simulated agents)")
     rdzv = rendezvous_phase(n, store, per_host, steady_s, first_limit_s, keep_alive_s)
@@ -1416,7 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "src"))
     from bench import common
 
-    from ddpkit.rdzv_timing import derive
+    from ddpkit.rendezvous.timing import derive
 
     a = parse(argv)
 

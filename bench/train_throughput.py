@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 from bench.common import Workload  # noqa: E402
 
-from ddpkit.agreed import AGENT_MODULE  # noqa: E402
+from ddpkit.shared.agreed import AGENT_MODULE  # noqa: E402
 
 CPU_SET = (Workload("resnet18", 32, 32, 2, warmup=2, measure=8),
            Workload("resnet50", 224, 4, 2, warmup=1, measure=2))

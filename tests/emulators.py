@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from ddpkit import contract
-from ddpkit.agreed import slurm_port_for_job
-from ddpkit.contract import Target, hosts_for, master_port, sources, torchrun_argv
+from ddpkit.contract import RowKey, hosts_for, master_port, sources, torchrun_argv
+from ddpkit.shared.agreed import slurm_port_for_job
 from ddpkit.spec import JobSpec
 
 JOB_ID = 4242  # the Slurm job id the emulated controller hands out
@@ -53,7 +53,7 @@ class ProcessView:
     master_port: int
 
 
-def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = JOB_ID,
+def controller_env(spec: JobSpec, target: RowKey, index: int, *, job_id: int = JOB_ID,
                    hosts: list[str] | None = None) -> dict[str, str]:
     """The variables a controller or launcher injects on node `index`, per
     the contract table (docs/CONTRACT.md)."""
@@ -62,7 +62,7 @@ def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = J
     names = hosts_for(spec, target, hosts)
     port = master_port(spec, target)
     n, p = spec.nodes, spec.nproc_per_node
-    if target in (Target.SLURM, Target.SLURM_SRUN):
+    if target in (RowKey.SLURM, RowKey.SLURM_SRUN):
         return {
             "SLURM_JOB_ID": str(job_id),
             "SLURM_NODEID": str(index),
@@ -72,7 +72,7 @@ def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = J
             "MASTER_ADDR": names[0],
             "MASTER_PORT": str(port if port is not None else slurm_port_for_job(job_id)),
         }
-    if target == Target.PYTORCHJOB:
+    if target == RowKey.PYTORCHJOB:
         # training-operator release-1.9, controller.v1/pytorch/envvar.go and
         # master.go: PET_MASTER_* mirror MASTER_*; PET_NPROC_PER_NODE only
         # because the rendered job sets spec.nprocPerNode.
@@ -88,10 +88,10 @@ def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = J
             "PET_NPROC_PER_NODE": str(p),
             "PYTHONUNBUFFERED": "1",
         }
-    if target in (Target.INDEXED_JOB, Target.JOBSET):
+    if target in (RowKey.INDEXED_JOB, RowKey.JOBSET):
         # JobSet's pods are an Indexed Job's: the Job controller sets the index.
         return {"JOB_COMPLETION_INDEX": str(index)}
-    assert target == Target.TRAINJOB, target
+    assert target == RowKey.TRAINJOB, target
     return {
         "PET_NNODES": str(n),
         "PET_NPROC_PER_NODE": str(p),
@@ -104,7 +104,7 @@ def controller_env(spec: JobSpec, target: Target, index: int, *, job_id: int = J
 _FLAG = re.compile(r"^--(node-rank|master-addr|master-port|rdzv-endpoint)=(.*)$")
 
 
-def node_view(spec: JobSpec, target: Target, index: int, *, job_id: int = JOB_ID,
+def node_view(spec: JobSpec, target: RowKey, index: int, *, job_id: int = JOB_ID,
               hosts: list[str] | None = None) -> NodeView:
     """Resolve the launch line with node `index`'s injected environment, the
     way the node itself would."""
@@ -129,7 +129,7 @@ def node_view(spec: JobSpec, target: Target, index: int, *, job_id: int = JOB_ID
     )
 
 
-def node_views(spec: JobSpec, target: Target, *, job_id: int = JOB_ID,
+def node_views(spec: JobSpec, target: RowKey, *, job_id: int = JOB_ID,
                hosts: list[str] | None = None) -> list[NodeView]:
     return [node_view(spec, target, i, job_id=job_id, hosts=hosts) for i in range(spec.nodes)]
 

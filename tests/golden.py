@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets import render
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from ddpkit.agent import handler
-from ddpkit.exitcodes import WORKER_CODES
 from ddpkit.launch.local import free_port
+from ddpkit.shared.exitcodes import WORKER_CODES
 from tests.helpers.runs import ROOT
 from tests.helpers.tiers import full_case
 

@@ -27,8 +27,8 @@ from torch.distributed.elastic.multiprocessing import api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from ddpkit.agent import handler, nodefailure, stopping
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import ROOT
 
 

@@ -1,5 +1,7 @@
 """Rules that keep the code's shape, checked on the source (nothing is imported):
 
+- the top of src/ddpkit holds only what people run or import by name
+  (TOP_LEVEL); every other module lives in the folder of its concern;
 - no module under src/ddpkit passes MAX_LINES lines (split it by concern);
 - one name, one meaning (docs/ARCHITECTURE.md's glossary): no two classes
   under src/ddpkit share a name (but those in SHARED_CLASS_NAMES, with why),
@@ -29,6 +31,17 @@ MAX_LINES = 400
 
 def modules() -> dict[str, Path]:
     return {".".join(p.relative_to(PACKAGE).with_suffix("").parts): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+# `ddpkit` (cli), `python -m ddpkit.run`, `python -m ddpkit.rdzv_store` (rendered manifests run it),
+# `from ddpkit import watchdog`, `ddpkit.on_stop` (__init__).
+TOP_LEVEL = {"__init__", "cli", "run", "rdzv_store", "watchdog"}
+
+
+# ---- the tree --------------------------------------------------------------------------------
+def test_the_top_of_the_package_holds_only_what_people_run_or_import() -> None:
+    loose = sorted({p.stem for p in PACKAGE.glob("*.py")} - TOP_LEVEL)
+    assert not loose, f"modules at the top of src/ddpkit (move each into the folder of its concern): {loose}"
 
 
 # ---- size ------------------------------------------------------------------------------------

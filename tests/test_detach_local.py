@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddpkit import envnames
-from ddpkit.exitcodes import ExitCode
 from ddpkit.runs import RunState, all_runs
+from ddpkit.shared import envnames
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import TINY
 from tests.test_runs import ROOT, ddpkit
 

@@ -13,8 +13,8 @@ import torch
 import yaml
 from pydantic import ValidationError
 
-from ddpkit.agreed import DeviceBlock, device_block
 from ddpkit.launch.docker import _gpu_requests
+from ddpkit.shared.agreed import DeviceBlock, device_block
 from ddpkit.spec import JobSpec
 from ddpkit.targets import kubernetes, render, slurm
 from ddpkit.train.model.strategy import StrategyError, cuda_devices

@@ -29,7 +29,7 @@ import yaml
 
 from ddpkit.cli import build_parser
 from ddpkit.docs_reference.examples import is_job_spec
-from ddpkit.specfile import SpecError, build_spec
+from ddpkit.spec.yamlfile import SpecError, build_spec
 from ddpkit.targets import render
 
 ROOT = Path(__file__).resolve().parents[1]

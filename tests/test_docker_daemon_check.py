@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
 HINT = "start it (sudo systemctl start docker, or sudo dockerd &) or set DOCKER_HOST to a running daemon"

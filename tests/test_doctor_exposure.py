@@ -12,7 +12,7 @@ import pytest
 from ddpkit.doctor.exposure import check_exposure, listen_addresses
 from ddpkit.doctor.network import Master
 from ddpkit.doctor.results import Status
-from ddpkit.netif import Interface
+from ddpkit.host.netif import Interface
 
 JOB, OTHER = Interface("eth0", "10.0.0.1"), Interface("docker0", "172.17.0.1")
 

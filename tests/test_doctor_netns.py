@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.agreed import AGENT_MODULE
+from ddpkit.shared.agreed import AGENT_MODULE
 from tests.infra import netns
 from tests.test_doctor_real import base_env
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.agreed import AGENT_MODULE
 from ddpkit.doctor.sizes import KIB
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
+from ddpkit.shared.agreed import AGENT_MODULE
+from ddpkit.shared.exitcodes import ExitCode
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

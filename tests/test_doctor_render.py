@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ddpkit.spec import doctor_mode
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets import TARGETS, render
 from ddpkit.targets.compose import FILENAME as COMPOSE_FILE
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit import netif
 from ddpkit.doctor import local, network
 from ddpkit.doctor.report import merged, print_tables, rank_ranges
 from ddpkit.doctor.results import BenchRow, Check, DoctorResult, Status
 from ddpkit.doctor.sizes import GIB, KIB, MIB, algbw, bus_factor, busbw, message_sizes, parse_size
-from ddpkit.exitcodes import ExitCode
+from ddpkit.host import netif
+from ddpkit.shared.exitcodes import ExitCode
 from ddpkit.train.startup import netlocal, netproblem
 from ddpkit.train.startup.launchinfo import LaunchInfo
 
@@ -138,7 +138,7 @@ def test_tables_merge_ranks_and_show_every_fix() -> None:
     assert result.verdict == "FAIL" and result.to_json()["verdict"] == "FAIL"
 
 
-# ---- pre-join network checks (ddpkit.train.startup.netcheck) and interface auto (ddpkit.netif) ----
+# ---- pre-join network checks (ddpkit.train.startup.netcheck) and interface auto (ddpkit.host.netif) ----
 
 LO = netif.Interface("lo", "127.0.0.1")
 ETH_DOWN = netif.Interface("eth0", "10.0.0.5", up=False)

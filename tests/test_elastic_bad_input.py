@@ -16,7 +16,7 @@ import yaml
 
 from ddpkit.cli import main as cli_main
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import SpecError
+from ddpkit.spec.yamlfile import SpecError
 from ddpkit.targets import render
 
 ELASTIC = {"min_nodes": 2, "max_restarts": 4}

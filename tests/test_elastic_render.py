@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit import runkey
-from ddpkit.contract import CONTRACT, Target, rdzv_conf, sources, target_env, torchrun_argv
-from ddpkit.rdzv_timing import derive, state_poll_s
-from ddpkit.render import RenderError
+from ddpkit.contract import CONTRACT, RowKey, rdzv_conf, sources, target_env, torchrun_argv
+from ddpkit.render.engine import RenderError
+from ddpkit.rendezvous import runkey
+from ddpkit.rendezvous.timing import derive, state_poll_s
 from ddpkit.spec import JobSpec, doctor_mode
 from ddpkit.targets import compose, kubernetes, render
 from ddpkit.targets.sshnode import RDZV_ID, new_rdzv_id, node_command
@@ -54,27 +54,27 @@ def test_elastic_implies_c10d_and_keeps_the_join_timeout() -> None:
 
 # ---- the contract: one launch line per target ----------------------------------------
 
-ELASTIC_TARGETS = [t for t in Target if CONTRACT[t].elastic.rdzv_id is not None]
-REFUSED = [t for t in Target if t not in ELASTIC_TARGETS]
+ELASTIC_TARGETS = [t for t in RowKey if CONTRACT[t].elastic.rdzv_id is not None]
+REFUSED = [t for t in RowKey if t not in ELASTIC_TARGETS]
 
 
 def test_which_targets_run_elastic() -> None:
-    assert set(ELASTIC_TARGETS) == {Target.SLURM, Target.PYTORCHJOB, Target.SSH, Target.COMPOSE, Target.LOCAL}
+    assert set(ELASTIC_TARGETS) == {RowKey.SLURM, RowKey.PYTORCHJOB, RowKey.SSH, RowKey.COMPOSE, RowKey.LOCAL}
     assert all(CONTRACT[t].elastic.refusal for t in REFUSED)
 
 
 # The rendezvous id each node resolves: the Slurm job id, the job's name on
 # Kubernetes and compose, the run's id that the SSH launchers and launch local pass.
-RDZV_IDS = {Target.SLURM: "4242", Target.PYTORCHJOB: "el", Target.COMPOSE: "el", Target.SSH: "el-run1",
-            Target.LOCAL: "el-run1"}
+RDZV_IDS = {RowKey.SLURM: "4242", RowKey.PYTORCHJOB: "el", RowKey.COMPOSE: "el", RowKey.SSH: "el-run1",
+            RowKey.LOCAL: "el-run1"}
 
 
 # The targets that render the store as a service of its own: its endpoint (PyTorchJob: the operator's MASTER_PORT).
-STORE_OUTSIDE = {Target.COMPOSE: "rdzv:29500", Target.PYTORCHJOB: "el-rdzv:23456"}
+STORE_OUTSIDE = {RowKey.COMPOSE: "rdzv:29500", RowKey.PYTORCHJOB: "el-rdzv:23456"}
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
-def test_launch_line(target: Target) -> None:
+def test_launch_line(target: RowKey) -> None:
     spec = make()
     argv = torchrun_argv(spec, sources(spec, target))
     for index in range(spec.nodes):
@@ -114,11 +114,11 @@ TORCHRUN_RDZV = {"elastic": {**ELASTIC, "rendezvous": "torchrun"}}
     (TORCHRUN_RDZV, "c10d"),
 ])
 def test_every_program_gets_ddpkits_rendezvous_unless_torchruns_is_asked_for(
-        target: Target, fields: dict[str, Any], backend: str) -> None:
+        target: RowKey, fields: dict[str, Any], backend: str) -> None:
     spec = make(**fields)
     env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
     assert flags([a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))])["rdzv-backend"] == backend
-    if target is Target.PYTORCHJOB:
+    if target is RowKey.PYTORCHJOB:
         assert pytorchjob(spec)["spec"]["elasticPolicy"]["rdzvBackend"] == backend
 
 
@@ -126,7 +126,7 @@ def test_every_program_gets_ddpkits_rendezvous_unless_torchruns_is_asked_for(
 @pytest.mark.parametrize("program", [{}, OWN["script"], OWN["module"], TORCHRUN_RDZV],
                          ids=["ddpkit-train", "own-script", "own-module", "torchrun-rendezvous"])
 def test_every_elastic_rendezvous_is_stored_under_an_id_no_rendered_file_holds(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: Target, program: dict[str, Any]) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: RowKey, program: dict[str, Any]) -> None:
     """torch's rendezvous state lives under `torch.rendezvous.<id>` in the
     store on node 0. From node 1's launch line, ddpkit's agent parses
     torchrun's arguments, torchrun builds its configuration and the handler
@@ -144,7 +144,7 @@ def test_every_elastic_rendezvous_is_stored_under_an_id_no_rendered_file_holds(
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
-def test_the_torchrun_rendezvous_has_torchruns_own_timeouts(target: Target) -> None:
+def test_the_torchrun_rendezvous_has_torchruns_own_timeouts(target: RowKey) -> None:
     row = CONTRACT[target].elastic
     conf = rdzv_conf(make(elastic={**ELASTIC, "rendezvous": "torchrun"}), target)
     assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"]) == (5, 3)
@@ -155,7 +155,7 @@ def test_the_torchrun_rendezvous_has_torchruns_own_timeouts(target: Target) -> N
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
-def test_last_call_is_the_specs_when_set(target: Target) -> None:
+def test_last_call_is_the_specs_when_set(target: RowKey) -> None:
     spec = make(elastic={**ELASTIC, "last_call_s": 7})
     env = controller_env(spec, target, 0, job_id=4242) | {RDZV_ID: "el-run1"}
     conf = dict(kv.split("=") for kv in flags([a.resolve(env) for a in torchrun_argv(spec, sources(spec, target))])
@@ -165,7 +165,7 @@ def test_last_call_is_the_specs_when_set(target: Target) -> None:
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
-def test_rendezvous_timeouts_follow_loss_s(target: Target) -> None:
+def test_rendezvous_timeouts_follow_loss_s(target: RowKey) -> None:
     """A lost agent's keep-alive expires (interval x attempts) within 3 s on a
     small job, within loss_s on any; the last call is half of loss_s and the
     close twice it, each with its floor, in whole seconds (torchrun's get_as_int)."""
@@ -204,7 +204,7 @@ def test_torchs_rendezvous_handler_reads_every_key() -> None:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     source = inspect.getsource(dynamic_rendezvous.create_handler)
-    for key in rdzv_conf(make(), Target.SSH):
+    for key in rdzv_conf(make(), RowKey.SSH):
         name = key.removesuffix("_timeout")
         assert f'"{key}"' in source or f'params, "{name}")' in source, key
 
@@ -220,7 +220,7 @@ def test_last_call_below_one_second_is_refused() -> None:
 
 
 @pytest.mark.parametrize("target", ELASTIC_TARGETS)
-def test_workers_get_a_fresh_store_per_restart(target: Target) -> None:
+def test_workers_get_a_fresh_store_per_restart(target: RowKey) -> None:
     # torchrun's shared store keeps the previous world's keys (tests/test_elastic_train.py fails without it)
     assert target_env(make(), target)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in target_env(make(elastic=None), target)
@@ -228,16 +228,16 @@ def test_workers_get_a_fresh_store_per_restart(target: Target) -> None:
 
 def test_static_jobs_keep_their_launch_line() -> None:
     spec = JobSpec.model_validate({"name": "el", "nodes": 3})
-    words = [a.resolve(controller_env(spec, Target.SLURM, 1)) for a in torchrun_argv(spec, sources(spec, Target.SLURM))]
+    words = [a.resolve(controller_env(spec, RowKey.SLURM, 1)) for a in torchrun_argv(spec, sources(spec, RowKey.SLURM))]
     assert "--nnodes=3" in words and "--max-restarts=0" in words and not any("rdzv" in w for w in words)
 
 
 def test_keep_global_batch_tells_train_the_full_world() -> None:
     spec = make(elastic={**ELASTIC, "keep_global_batch": True}, command={"args": ["--epochs", "1"]})
-    words = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"}) for a in torchrun_argv(spec, sources(spec, Target.SSH))]
+    words = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"}) for a in torchrun_argv(spec, sources(spec, RowKey.SSH))]
     assert words[-4:] == ["--epochs", "1", "--keep-global-batch-of", "6"]
     doctor = [a.resolve({"DDPKIT_MASTER_ADDR": "h1", RDZV_ID: "r"})
-              for a in torchrun_argv(doctor_mode(spec), sources(spec, Target.SSH))]
+              for a in torchrun_argv(doctor_mode(spec), sources(spec, RowKey.SSH))]
     assert "--keep-global-batch-of" not in doctor
 
 

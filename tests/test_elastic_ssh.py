@@ -42,8 +42,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise import proctree
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.elastic_gate import LAST_CALL_S, agents_and_workers, held_step, release
 from tests.helpers.runs import ROOT, TINY, assert_bitwise_equal, final_model, run_ok, torchrun
 from tests.infra import netns, sshd

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode, code_of, exit_on
-from ddpkit.render import RenderError, TemplatesError
-from ddpkit.specfile import SpecError, SpecFileError
+from ddpkit.render.engine import RenderError, TemplatesError
+from ddpkit.shared.exitcodes import ExitCode, code_of, exit_on
+from ddpkit.spec.yamlfile import SpecError, SpecFileError
 from ddpkit.train.argcheck import TrainArgsError
 from ddpkit.train.startup.netproblem import NetCheckError, Problem
 from ddpkit.train.stop.faults import CheckpointDirError, DataMissing, ResumeMismatch, TrainFault

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import TINY
 from tests.helpers.tiers import full_case
 from tests.infra import netns

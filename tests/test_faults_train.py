@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import TINY, processes_in, torchrun
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cli import main
-from ddpkit.exitcodes import ExitCode
-from ddpkit.render import default_template_dir
+from ddpkit.render.engine import default_template_dir
+from ddpkit.shared.exitcodes import ExitCode
 from tests.test_startup import ROOT
 
 SPEC = str(ROOT / "examples" / "cpu-smoke.yaml")

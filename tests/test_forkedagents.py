@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddpkit import envnames
 from ddpkit.launch.forkedagents import AgentServer, ForkedAgent
+from ddpkit.shared import envnames
 
 pytestmark = pytest.mark.slow
 

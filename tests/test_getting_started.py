@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.test_launch_local import clean_env
 from tests.test_launch_summary import summary_table
 from tests.test_startup import ROOT

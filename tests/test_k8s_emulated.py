@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit import envnames, records
+from ddpkit import records
 from ddpkit.contract import hosts_for
+from ddpkit.shared import envnames
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets import kubernetes, render
 from tests.emulators import controller_env
 from tests.expansion import kubelet_container_env, kubelet_expand

@@ -15,9 +15,9 @@ import yaml
 from pydantic import ValidationError
 
 from ddpkit.cli import main as cli_main
-from ddpkit.render import RenderError
+from ddpkit.render.engine import RenderError
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets import kubernetes, podsecurity, render
 from ddpkit.targets.podsecurity import Level
 from tests.test_render_k8s import (

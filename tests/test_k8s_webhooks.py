@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit.render import Rendered, RenderError
-from ddpkit.specfile import SpecError
+from ddpkit.render.engine import Rendered, RenderError
+from ddpkit.spec.yamlfile import SpecError
 from ddpkit.targets import kubernetes, render
 from tests.test_render_k8s import full_spec, make_spec
 

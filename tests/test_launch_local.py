@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cli import build_parser
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import AGENT_LOG, build_nodes, local_spec
 from ddpkit.launch.supervise import proctree
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import TINY
 from tests.test_startup import ROOT, report_lines
 

@@ -39,7 +39,7 @@ from ddpkit.launch.ssh.preflight import (
 )
 from ddpkit.launch.ssh.storesite import Answerer, node0_hosts_line, open_answerer, route_address
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import SpecError, build_spec
+from ddpkit.spec.yamlfile import SpecError, build_spec
 from ddpkit.targets import sshnode as remote
 
 RECORDER = """#!{python}

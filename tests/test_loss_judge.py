@@ -19,11 +19,11 @@ import torch.distributed as dist
 from bench.recovery import wait_until
 
 from ddpkit import records
-from ddpkit.exitcodes import WORKER_CODES, ExitCode
 from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
 from ddpkit.launch.supervise.outcome import Outcome
 from ddpkit.launch.supervise.summary import SummaryStatus, node_status
 from ddpkit.launch.supervise.supervisor import Supervisor
+from ddpkit.shared.exitcodes import WORKER_CODES, ExitCode
 from ddpkit.train.watchdog import node_loss as loss_judge
 from ddpkit.train.watchdog import stall
 from ddpkit.train.watchdog.stall_model import PULSE, Beat, Judge, Phase, Settings

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from ddpkit.cli import main
-from ddpkit.quoting import compose_unliteral
+from ddpkit.render.quoting import compose_unliteral
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import SpecError
+from ddpkit.spec.yamlfile import SpecError
 from ddpkit.targets import kubernetes, render, slurm
 
 # A hostile host path: quotes, a space, `$(...)`: every file must carry it as given.

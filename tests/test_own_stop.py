@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit import processes
-from ddpkit.exitcodes import ExitCode
+from ddpkit.host import processes
 from ddpkit.launch.supervise import proctree
 from ddpkit.runs import resolve
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.rank_table import pid_of
 from tests.test_preamble import TUTORIAL, Job
 from tests.test_startup import ROOT

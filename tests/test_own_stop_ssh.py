@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.rank_table import pid_of
 from tests.infra import netns, sshd
 from tests.infra.shared import SSH_NODES, SshPool

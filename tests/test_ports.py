@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.agreed import SLURM_PORT_SKIPS, SLURM_PORT_SPAN, quiet_port
 from ddpkit.launch import local
+from ddpkit.shared.agreed import SLURM_PORT_SKIPS, SLURM_PORT_SPAN, quiet_port
 
 
 def ephemeral_range() -> tuple[int, int]:

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit.agreed import slurm_port_for_job
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.local import free_port
 from ddpkit.launch.supervise import proctree
 from ddpkit.run import torchrun_env
+from ddpkit.shared.agreed import slurm_port_for_job
+from ddpkit.shared.exitcodes import ExitCode
 from ddpkit.train.watchdog.straggler import SUSTAIN_STEPS
 from tests.helpers.rank_table import pid_of
 from tests.test_launch_local import _gone, clean_env, launch_argv

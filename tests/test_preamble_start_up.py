@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.test_preamble import Job, run_folder, stacks_are_in_files_and_the_console_says_where
 from tests.test_startup import ROOT
 

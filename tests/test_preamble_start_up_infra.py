@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import processes_in
 from tests.infra import netns, slurm_cluster, sshd
 from tests.infra.shared import SlurmPool, SshPool

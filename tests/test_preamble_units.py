@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ddpkit import processes, watchdog
+from ddpkit import watchdog
+from ddpkit.host import processes
 from ddpkit.preamble import interface, progress, startup, stragglers
 from ddpkit.train.watchdog import liveness
 from ddpkit.train.watchdog.straggler import WorkWindow

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from ddpkit.agreed import TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
 from ddpkit.launch import local
+from ddpkit.shared.agreed import TORCHRUN_DEFAULT_SIGNALS, TRAINER_STOP_SIGNALS
 from ddpkit.spec import JobSpec
 from ddpkit.targets import kubernetes, render, slurm
 from ddpkit.train.stop import signals

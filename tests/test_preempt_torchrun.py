@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit import envnames
-from ddpkit.contract import Target, sources, stop_args, torchrun_argv
-from ddpkit.exitcodes import ExitCode
+from ddpkit.contract import RowKey, sources, stop_args, torchrun_argv
 from ddpkit.launch.local import free_port
+from ddpkit.shared import envnames
+from ddpkit.shared.exitcodes import ExitCode
 from ddpkit.spec import JobSpec
 from tests.helpers.runs import ROOT, TINY, cmdline, metrics, orphans_in, processes_in
 
@@ -42,7 +42,7 @@ def job(tmp: Path, *, checkpoint_s: int = 20) -> JobSpec:
 def launch_line(spec: JobSpec, *, with_stop_args: bool) -> list[str]:
     """The local target's rendered torchrun line, resolved as node 0 would;
     without stop_args it is the line before this change."""
-    argv = torchrun_argv(spec, sources(spec, Target.LOCAL))
+    argv = torchrun_argv(spec, sources(spec, RowKey.LOCAL))
     if not with_stop_args:
         argv = [a for a in argv if a not in stop_args(spec)]
     return [a.resolve({envnames.DDPKIT_NODE_RANK: "0"}) for a in argv]

@@ -1,4 +1,4 @@
-"""ddpkit/processes.py on real processes: the start ticks are the kernel's
+"""ddpkit/host/processes.py on real processes: the start ticks are the kernel's
 own count (field 22 of /proc/PID/stat, what a run's launcher record keeps),
 and an environment variable is found only where it is set."""
 
@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from ddpkit import processes
+from ddpkit.host import processes
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

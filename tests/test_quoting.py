@@ -1,4 +1,4 @@
-"""ddpkit.quoting: every escaping rule round-trips hostile text, through its
+"""ddpkit.render.quoting: every escaping rule round-trips hostile text, through its
 own inverse and through the real consumer (bash, the kubelet's expansion,
 compose's interpolation)."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit import quoting
+from ddpkit.render import quoting
 from tests.expansion import InterpolationError, compose_interpolate, kubelet_expand
 
 FRAGMENTS = ["'", '"', "\\", "$(id)", "`id`", "$$", "${HOME}", "$HOME", "$", "\n", "\r", "\t", " ", "#", "!",

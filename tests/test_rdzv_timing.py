@@ -1,4 +1,4 @@
-"""The timing rules of ddpkit's rendezvous (src/ddpkit/rdzv_timing.py): how
+"""The timing rules of ddpkit's rendezvous (src/ddpkit/rendezvous/timing.py): how
 often an agent polls and keeps alive, and when it judges another silent, as
 the node count and its measured round trip to the store grow. Arithmetic
 only: no store, no torch."""
@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from ddpkit import rdzv_timing as t
+from ddpkit.rendezvous import timing as t
 
 
 @pytest.mark.parametrize(("nodes", "round_trip_s", "poll_s"), [

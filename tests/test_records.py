@@ -14,10 +14,10 @@ from rich.console import Console
 
 from ddpkit import records
 from ddpkit.agent.handler import Watched
-from ddpkit.agreed import METRICS_TO_LAUNCHER
 from ddpkit.launch.supervise.dedup import Dedup
 from ddpkit.launch.supervise.metricsink import MetricsSink
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
+from ddpkit.shared.agreed import METRICS_TO_LAUNCHER
 from ddpkit.train.outputs.progress import Metrics
 
 STALLED = records.StalledRank(3, 1, "h1", 77, 9, "forward", 61.0, None, frame="model.py:30 in forward")
@@ -300,7 +300,7 @@ def test_where_records_have_a_folder_each_node_keeps_them_in_its_file_and_the_st
     """The channel the job's environment names (the rendered Slurm job's folder): every
     record goes to this node's file there, with its time; stderr, which people read, gets
     none; the folder's reader merges the nodes' files by time."""
-    from ddpkit import envnames
+    from ddpkit.shared import envnames
 
     assert records.CHANNEL_VAR == envnames.DDPKIT_RECORDS
     folder = tmp_path / "job-7.records"
@@ -352,7 +352,7 @@ def test_the_rendered_slurm_job_names_the_records_folder_its_readers_look_in(tmp
     (what `ddpkit status` and `ddpkit report` read), whatever the shell that ran sbatch exported."""
     import subprocess
 
-    from ddpkit.specfile import build_spec
+    from ddpkit.spec.yamlfile import build_spec
     from ddpkit.targets import render
 
     spec = build_spec({"name": "tiny-job", "nodes": 2, "command": {"script": "train.py"}})

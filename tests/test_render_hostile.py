@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ddpkit.contract import job_env, sources, torchrun_argv
-from ddpkit.render import Rendered
+from ddpkit.render.engine import Rendered
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import SpecError, load_spec
+from ddpkit.spec.yamlfile import SpecError, load_spec
 from ddpkit.targets import TARGETS, TargetRenderer, compose, kubernetes, render
 from tests.emulators import controller_env
 from tests.expansion import compose_interpolate, kubelet_container_env, kubelet_expand

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit import runkey
 from ddpkit.cli import main as cli_main
-from ddpkit.contract import Target, sources, torchrun_argv
-from ddpkit.render import RenderError
+from ddpkit.contract import RowKey, sources, torchrun_argv
+from ddpkit.render.engine import RenderError
+from ddpkit.rendezvous import runkey
 from ddpkit.spec import JobSpec, doctor_mode
-from ddpkit.specfile import SpecError, load_spec
+from ddpkit.spec.yamlfile import SpecError, load_spec
 from ddpkit.targets import kubernetes, render
 from ddpkit.targets.kubernetes import pod as k8s_pod
 from tests.emulators import check_views, controller_env, node_views
@@ -273,7 +273,7 @@ def test_indexed_job_service_names_the_pods() -> None:
     assert job["spec"]["backoffLimit"] == 2 and job["spec"]["ttlSecondsAfterFinished"] == 600
     assert pod["spec"]["restartPolicy"] == "Never"
     assert job["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
-    hosts = [v.host for v in node_views(spec, Target.INDEXED_JOB)]
+    hosts = [v.host for v in node_views(spec, RowKey.INDEXED_JOB)]
     assert hosts == [f"demo-{i}.{svc['metadata']['name']}" for i in range(3)]
 
 

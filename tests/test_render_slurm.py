@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpkit.agreed import slurm_port_for_job
-from ddpkit.contract import Target
-from ddpkit.render import RenderError
+from ddpkit.contract import RowKey
+from ddpkit.render.engine import RenderError
+from ddpkit.shared.agreed import slurm_port_for_job
 from ddpkit.spec import JobSpec, doctor_mode
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets import render, slurm
 from tests.emulators import check_views, node_views
 
@@ -171,7 +171,7 @@ def test_each_task_gets_its_own_node_rank(stand_ins: Path, node: int) -> None:
 
 
 def test_contract_views_for_slurm() -> None:
-    for target in (Target.SLURM, Target.SLURM_SRUN):
+    for target in (RowKey.SLURM, RowKey.SLURM_SRUN):
         views = node_views(spec_for(), target)
         assert check_views(views) == []
         assert [v.node_rank for v in views] == [0, 1]
@@ -211,10 +211,10 @@ def test_hostile_values_arrive_byte_for_byte(stand_ins: Path, args: list[str], v
 
 # ---- images per runtime, resources, ports, placement options ------------
 
-from ddpkit import quoting  # noqa: E402
-from ddpkit.agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SKIPS, SLURM_PORT_SPAN  # noqa: E402
+from ddpkit.render import quoting  # noqa: E402
+from ddpkit.shared.agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SKIPS, SLURM_PORT_SPAN  # noqa: E402
 from ddpkit.spec import apptainer_image, enroot_image  # noqa: E402
-from ddpkit.specfile import SpecError  # noqa: E402
+from ddpkit.spec.yamlfile import SpecError  # noqa: E402
 
 # enroot's own parser of `docker://[USER@][REGISTRY#]IMAGE[:TAG]` (src/docker.sh, docker::import)
 ENROOT_DOCKER_URI = r"^docker://(([[:alnum:]_.!~*\'()%\;:\&=+$,-@]+)@)?(([^#]+)#)?([[:lower:][:digit:]/._-]+)(:([[:alnum:]._:-]+))?$"

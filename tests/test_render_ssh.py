@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddpkit.spec import JobSpec, doctor_mode
-from ddpkit.specfile import build_spec, load_spec
+from ddpkit.spec.yamlfile import build_spec, load_spec
 from ddpkit.targets import render
 from ddpkit.targets import sshnode as remote
 

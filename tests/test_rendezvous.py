@@ -1,4 +1,4 @@
-"""ddpkit's rendezvous handler (src/ddpkit/rendezvous.py, its membership
+"""ddpkit's rendezvous handler (src/ddpkit/rendezvous/handler.py, its membership
 rdzv_members.py): a key per node; the round after a loss closes once every
 node of the last round has joined it or is lost, instead of after the last
 call; the first round waits for the nodes still starting.
@@ -20,10 +20,11 @@ from bench import rdzv_node
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
 
-from ddpkit import rendezvous, runkey
 from ddpkit.launch.local import free_port
-from ddpkit.rdzv_members import Membership, Rules, View, decide
 from ddpkit.rdzv_store import hosted_store
+from ddpkit.rendezvous import handler as rendezvous
+from ddpkit.rendezvous import runkey
+from ddpkit.rendezvous.members import Membership, Rules, View, decide
 
 RUN = "job-1"
 RULES = Rules(min_nodes=2, max_nodes=3, last_call_s=30, first_round_s=120, expiry_s=3, waiting_expiry_s=30,

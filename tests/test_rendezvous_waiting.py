@@ -1,4 +1,4 @@
-"""ddpkit's rendezvous (src/ddpkit/rendezvous.py) with nodes that wait for
+"""ddpkit's rendezvous (src/ddpkit/rendezvous/handler.py) with nodes that wait for
 a round: a waiting node is judged silent by a longer expiry than a training
 one, and a round closes only with nodes that showed life lately.
 
@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from ddpkit import rendezvous, runkey
 from ddpkit.launch.local import free_port
-from ddpkit.rdzv_members import Membership
 from ddpkit.rdzv_store import hosted_store, job_state
+from ddpkit.rendezvous import handler as rendezvous
+from ddpkit.rendezvous import runkey
+from ddpkit.rendezvous.members import Membership
 
 RUN = "job-waiting"
 STALL_S = 5  # past the usual expiry (1 s x 3), within the waiting one

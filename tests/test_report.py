@@ -21,10 +21,10 @@ from matplotlib import colormaps
 from PIL import Image
 
 from ddpkit import records
-from ddpkit.exitcodes import ExitCode
 from ddpkit.report import data as report_data
 from ddpkit.report import plots
 from ddpkit.runs import RunFolder, StoredRun, all_runs
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.chromium import CHROMIUM, HEADLESS, needs_chromium
 from tests.helpers.runs import TINY
 from tests.test_runs import ddpkit

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit.contract import Target, target_env
+from ddpkit.contract import RowKey, target_env
 from ddpkit.launch.docker import _limits
 from ddpkit.spec import JobSpec, docker_size, slurm_size
-from ddpkit.specfile import SpecError, dump_yaml, load_spec
+from ddpkit.spec.yamlfile import SpecError, dump_yaml, load_spec
 from ddpkit.targets import compose, kubernetes, render, slurm, sshnode
 from ddpkit.targets.kubernetes import pod
 from tests.golden import K8S_KINDS, ROOT
@@ -88,8 +88,8 @@ def test_the_default_shm_is_the_same_everywhere() -> None:
     assert "--cpus-per-task" not in directives(spec) and "--mem" not in directives(spec)
 
 
-@pytest.mark.parametrize("target", list(Target))
-def test_omp_num_threads_is_cpus_per_process_on_every_target(target: Target) -> None:
+@pytest.mark.parametrize("target", list(RowKey))
+def test_omp_num_threads_is_cpus_per_process_on_every_target(target: RowKey) -> None:
     assert target_env(spec_for("resources.cpus_per_process=3"), target)["OMP_NUM_THREADS"] == "3"
 
 
@@ -127,8 +127,8 @@ def test_target_only_fields_win_on_their_target() -> None:
     assert all(r["limits"]["cpu"] == "500m" for r in k8s_containers(spec))
     assert directives(spec)["--mem"] == "0"  # Slurm's "all of the node's memory"
     assert compose_service(spec)["cpus"] == 1.5
-    assert target_env(spec, Target.SLURM)["OMP_NUM_THREADS"] == "8"
-    assert target_env(spec, Target.COMPOSE)["OMP_NUM_THREADS"] == "1"  # 1.5 CPUs for 2 processes
+    assert target_env(spec, RowKey.SLURM)["OMP_NUM_THREADS"] == "8"
+    assert target_env(spec, RowKey.COMPOSE)["OMP_NUM_THREADS"] == "1"  # 1.5 CPUs for 2 processes
 
 
 def test_launch_docker_shm_size_flag_still_wins_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit import runkey
-from ddpkit.contract import Target
+from ddpkit.contract import RowKey
 from ddpkit.launch.docker import plan as docker_plan
 from ddpkit.launch.secrets import stdin_payload, with_run_key
+from ddpkit.rendezvous import runkey
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets import TARGETS, render, sshnode
 from tests.helpers.rdzv_id import KEYED, as_run, meets_under
 
@@ -62,7 +62,7 @@ def test_the_rendezvous_id_is_tagged_with_the_key() -> None:
 @pytest.mark.parametrize("target", KEYED)
 @pytest.mark.parametrize("backend", ["static", "c10d"])
 def test_a_fixed_size_jobs_rendezvous_is_under_an_id_only_the_key_forms(monkeypatch: pytest.MonkeyPatch,
-                                                                        tmp_path: Path, target: Target,
+                                                                        tmp_path: Path, target: RowKey,
                                                                         backend: str) -> None:
     """A job of fixed size meets in torchrun's static rendezvous (its rank
     assignment and exit barrier under a prefix the id names, torchrun's

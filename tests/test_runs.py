@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from ddpkit import records
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.control.backends import launched
 from ddpkit.launch.supervise import proctree
 from ddpkit.runs import (
@@ -35,6 +34,7 @@ from ddpkit.runs import (
     resolve,
     shown_state,
 )
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import TINY
 
 ROOT = Path(__file__).resolve().parents[1]

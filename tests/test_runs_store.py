@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.control.common import RunCommandError, ToolMissing, exit_line
 from ddpkit.runs import NodeLog, NodeRow, RunFolder, RunSummary, RunTarget, SlurmJob, StoredRun, Tail, UnknownRun
 from ddpkit.runs import folder as run_folder
+from ddpkit.shared.exitcodes import ExitCode
 
 ROUNDS = 150
 E_ACUTE = "\u00e9".encode()  # two bytes in UTF-8

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit import envnames, records
+from ddpkit import records
 from ddpkit.agent import sameerror
 from ddpkit.agent.sameerror import Failure, Memory
+from ddpkit.shared import envnames
 
 WORLD = "2/2"
 

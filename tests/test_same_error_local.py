@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import ROOT, TINY
 from tests.helpers.tiers import one_case_in_ci
 from tests.test_launch_local import clean_env, launch_argv

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.infra import slurm_cluster
 from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.infra import netns, sshd
 from tests.infra.shared import SshPool
 from tests.test_launch_ssh import DDPKIT, hostfile, job_processes, launch

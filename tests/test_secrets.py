@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.docker import plan as docker_plan
 from ddpkit.launch.secrets import secret_values, stdin_payload, with_run_key
-from ddpkit.quoting import compose_unliteral
+from ddpkit.render.quoting import compose_unliteral
+from ddpkit.shared.exitcodes import ExitCode
 from ddpkit.spec import JobSpec, env_warnings, token_like_env
-from ddpkit.specfile import SpecError, SpecFileError, load_spec
+from ddpkit.spec.yamlfile import SpecError, SpecFileError, load_spec
 from ddpkit.targets import TARGETS, render, sshnode
 from tests.helpers.rank_records import records
 from tests.helpers.runs import TINY

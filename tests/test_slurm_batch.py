@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit import envnames
+from ddpkit.shared import envnames
 from ddpkit.train.stop import slurm_batch
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit import scontrol
+from ddpkit.host import scontrol
 from ddpkit.launch.slurm import checks as slurm_checks
 from ddpkit.launch.slurm.checks import Cluster, gpu_count, megabytes, problems, read_cluster, slurm_seconds
 from ddpkit.launch.slurm.jobs import JobState
 from ddpkit.spec import JobSpec
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 
 PARTITIONS = """\
 PartitionName=cpu AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A DefaultTime=NONE \

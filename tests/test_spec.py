@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ddpkit.cli import main
-from ddpkit.specfile import SpecError, load_spec
+from ddpkit.spec.yamlfile import SpecError, load_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 
@@ -118,7 +118,7 @@ def _volume_spec(volume: dict[str, object]) -> dict[str, object]:
 ])
 def test_kubernetes_spelling_of_a_volume_is_the_same_volume(kubernetes: dict[str, object],
                                                             ours: dict[str, object]) -> None:
-    from ddpkit.specfile import build_spec
+    from ddpkit.spec.yamlfile import build_spec
     from ddpkit.targets import render
 
     a, b = build_spec(_volume_spec(kubernetes)), build_spec(_volume_spec(ours))
@@ -133,7 +133,7 @@ def test_kubernetes_spelling_of_a_volume_is_the_same_volume(kubernetes: dict[str
 ])
 def test_a_volume_spelt_both_ways_or_with_an_unknown_inner_key_is_one_line(volume: dict[str, object],
                                                                           problem: str) -> None:
-    from ddpkit.specfile import build_spec
+    from ddpkit.spec.yamlfile import build_spec
 
     with pytest.raises(SpecError) as err:
         build_spec(_volume_spec(volume))
@@ -142,7 +142,7 @@ def test_a_volume_spelt_both_ways_or_with_an_unknown_inner_key_is_one_line(volum
 
 def test_unknown_field_in_a_list_item_names_the_valid_fields() -> None:
     """The list of valid fields was empty for a field of a list's item."""
-    from ddpkit.specfile import build_spec
+    from ddpkit.spec.yamlfile import build_spec
 
     with pytest.raises(SpecError) as err:
         build_spec(_volume_spec({"name": "d", "mount_path": "/d", "host_path": "/x", "bogus": 1}))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit import netif
-from ddpkit.agreed import slurm_port_for_job
-from ddpkit.contract import Target
+from ddpkit.contract import RowKey
+from ddpkit.host import netif
 from ddpkit.launch.local import free_port
+from ddpkit.shared.agreed import slurm_port_for_job
 from ddpkit.spec import JobSpec
 from ddpkit.train.startup.distributed import add_startup_arguments
 from ddpkit.train.startup.launchinfo import LaunchInfo, StartupError, detect_launch, parse_hostlist
@@ -37,7 +37,7 @@ def fake_expand(nodelist: str) -> list[str]:
 
 
 SLURM_SPEC = JobSpec(name="j", nodes=2, nproc_per_node=4)
-SLURM_NODE1 = {k: v for k, v in controller_env(SLURM_SPEC, Target.SLURM_SRUN, 1, job_id=777).items()
+SLURM_NODE1 = {k: v for k, v in controller_env(SLURM_SPEC, RowKey.SLURM_SRUN, 1, job_id=777).items()
                if k not in ("MASTER_ADDR", "MASTER_PORT")}
 
 # (case, env, argv, expected LaunchInfo)
@@ -67,7 +67,7 @@ CASES = [
      LaunchInfo("mpi", 3, 1, 4, 2, 1, "h0", 29500, "env://")),
     ("openmpi-mpi-backend", {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, ["--backend", "mpi"],
      LaunchInfo("mpi", 0, 0, 2, 1, 0, None, 29500, "env://")),
-    ("pytorchjob-no-torchrun", {**controller_env(JobSpec(name="j", nodes=3), Target.PYTORCHJOB, 2)}, [],
+    ("pytorchjob-no-torchrun", {**controller_env(JobSpec(name="j", nodes=3), RowKey.PYTORCHJOB, 2)}, [],
      LaunchInfo("pytorchjob", 2, 0, 3, 1, 2, "j-master-0", 23456, "env://")),
     ("manual-tcp", {}, ["--init-method", "tcp://10.0.0.1:23456", "--rank", "1", "--world-size", "2"],
      LaunchInfo("manual", 1, 0, 2, 1, None, "10.0.0.1", 23456, "tcp://10.0.0.1:23456")),
@@ -100,7 +100,7 @@ BAD = [
     ("mpirun-gloo-no-master", {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, [],
      "mpirun -x MASTER_ADDR"),
     ("pytorchjob-nproc-without-torchrun", {**controller_env(JobSpec(name="j", nodes=2, nproc_per_node=4),
-                                                            Target.PYTORCHJOB, 1)}, [],
+                                                            RowKey.PYTORCHJOB, 1)}, [],
      "start the container with torchrun"),
     ("slurm-no-nodelist", {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, [],
      "export MASTER_ADDR"),

@@ -22,11 +22,11 @@ import pytest
 from rich.console import Console
 
 from ddpkit import records
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
 from ddpkit.launch.supervise.summary import RunText
 from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.runs import RunFolder, RunState, all_runs
+from ddpkit.shared.exitcodes import ExitCode
 from tests.test_supervisor_rejoin import WAIT_S, ScriptedNode
 
 ROOT = Path(__file__).resolve().parents[1]

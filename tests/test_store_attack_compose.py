@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from ddpkit import runkey
 from ddpkit.launch.control.applied import compose_cli
+from ddpkit.rendezvous import runkey
 from tests.helpers.store_stranger import EVIL, in_container
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon  # noqa: F401  (fixture)
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from ddpkit import runkey
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.docker import LABEL_JOB, LABEL_RUN
+from ddpkit.rendezvous import runkey
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.followed import Followed
 from tests.helpers.store_stranger import EVIL, in_container
 from tests.infra.docker_daemon import REPO, Docker, docker_daemon, remove_leftover_jobs  # noqa: F401  (fixture)

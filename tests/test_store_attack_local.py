@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit import runkey
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise import proctree
+from ddpkit.rendezvous import runkey
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers import store_stranger as stranger
 from tests.helpers.elastic_gate import LAST_CALL_S, held_step, release
 from tests.helpers.followed import Followed

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit import runkey
+from ddpkit.rendezvous import runkey
 from tests.helpers.store_stranger import EVIL
 from tests.infra.shared import SlurmPool
 from tests.infra.slurm_cluster import SlurmCluster

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpkit import runkey
-from ddpkit.exitcodes import ExitCode
+from ddpkit.rendezvous import runkey
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.followed import Followed
 from tests.helpers.store_stranger import EVIL
 from tests.infra import netns, sshd

@@ -74,7 +74,7 @@ def test_a_keyed_manual_job_forms_its_group_through_the_keyed_store() -> None:
     """With a run key the process group's own keys are under the key's
     prefix (runkey.group_prefix): every rank wraps the store alike and the
     group forms."""
-    from ddpkit import runkey
+    from ddpkit.rendezvous import runkey
     from tests.test_startup import free_port as startup_port
     from tests.test_startup import report_lines, run_ranks
 

@@ -16,13 +16,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddpkit import envnames, records
-from ddpkit.contract import Target, target_env
+from ddpkit import records
+from ddpkit.contract import RowKey, target_env
 from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
 from ddpkit.launch.supervise.outcome import Outcome
 from ddpkit.launch.supervise.summary import summary_table
 from ddpkit.launch.supervise.supervisor import Supervisor
 from ddpkit.runs import NodeRow, RunSummary
+from ddpkit.shared import envnames
 from ddpkit.spec import JobSpec
 from ddpkit.train.watchdog import straggler
 from ddpkit.train.watchdog.straggler import (
@@ -195,9 +196,9 @@ def test_the_record_line_and_settings() -> None:
 
 
 def test_the_spec_field_reaches_the_job_only_when_it_is_not_the_default() -> None:
-    default = target_env(JobSpec.model_validate({"name": "j"}), Target.SSH)
+    default = target_env(JobSpec.model_validate({"name": "j"}), RowKey.SSH)
     assert envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR not in default  # rendered files unchanged
-    env = target_env(JobSpec.model_validate({"name": "j", "watchdog": {"straggler_factor": 1.5}}), Target.SSH)
+    env = target_env(JobSpec.model_validate({"name": "j", "watchdog": {"straggler_factor": 1.5}}), RowKey.SSH)
     assert env[envnames.DDPKIT_WATCHDOG_STRAGGLER_FACTOR] == "1.5"
     with pytest.raises(ValueError, match="give a factor above 1"):
         JobSpec.model_validate({"name": "j", "watchdog": {"straggler_factor": 1.0}})

@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 
 from ddpkit import records
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise.summary import RunText
 from ddpkit.launch.supervise.supervisor import Supervisor
+from ddpkit.shared.exitcodes import ExitCode
 from tests.test_supervisor_rejoin import WAIT_S, ScriptedNode
 
 CAUSE_RECORD = records.Cause("ddpkit train", "--data imagefolder --data-dir /x is missing on host h0 (rank 0), host h1 "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets import render
 from tests.helpers.matrix import IN_IMAGE, NODES, NPROC, check, write_spec
 from tests.helpers.rank_records import records

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ddpkit.launch import local
 from ddpkit.launch.supervise import proctree
-from ddpkit.specfile import load_spec
+from ddpkit.spec.yamlfile import load_spec
 from ddpkit.targets.sshnode import stop_script
 
 # An "agent" that starts a "worker" in a new session; the worker ignores

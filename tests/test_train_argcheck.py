@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cli import main
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from ddpkit.train.argcheck import train_args_problem
 from tests.test_startup import ROOT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.runs import TINY, metrics, processes_in, run_ok, torchrun
 from tests.helpers.tiers import one_case_in_ci
 

@@ -189,7 +189,7 @@ def test_the_summary_repeats_the_progress_lines_throughput_and_counts_in_words()
 
 
 def test_plural_counts() -> None:
-    from ddpkit.wording import plural
+    from ddpkit.shared.wording import plural
 
     assert [plural(1, "epoch"), plural(2, "epoch"), plural(3, "process"), plural(0, "node")] == [
         "1 epoch", "2 epochs", "3 processes", "0 nodes"]

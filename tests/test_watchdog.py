@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from ddpkit import envnames, records
-from ddpkit.contract import Target, target_env
-from ddpkit.exitcodes import ExitCode
+from ddpkit import records
+from ddpkit.contract import RowKey, target_env
 from ddpkit.launch.supervise.nodeoutput import LinePrinter
 from ddpkit.launch.supervise.nodestate import NodeState, NodeTrack
 from ddpkit.launch.supervise.outcome import Outcome
 from ddpkit.launch.supervise.summary import SummaryStatus, node_status
 from ddpkit.launch.supervise.supervisor import Supervisor
+from ddpkit.shared import envnames
+from ddpkit.shared.exitcodes import ExitCode
 from ddpkit.spec import JobSpec
 from ddpkit.train.watchdog import stacks, stall, stall_report
 from ddpkit.train.watchdog.stall_model import FACTOR, PULSE, Beat, Judge, Phase, Settings, in_phase, monitors, progress
@@ -166,14 +167,14 @@ def test_settings_from_env() -> None:
 
 def test_job_env_carries_the_spec_and_turns_the_flight_recorder_on_with_nccl() -> None:
     spec = JobSpec.model_validate({"name": "j", "watchdog": {"stall_s": 30, "first_step_s": 600}})
-    env = target_env(spec, Target.SLURM)
+    env = target_env(spec, RowKey.SLURM)
     assert env[envnames.DDPKIT_WATCHDOG_STALL_S] == "30" and env[envnames.DDPKIT_WATCHDOG_FIRST_STEP_S] == "600"
     assert env[envnames.TORCH_NCCL_TRACE_BUFFER_SIZE] == "2000" and env[envnames.TORCH_NCCL_DUMP_ON_TIMEOUT] == "1"
     cpu = JobSpec.model_validate({"name": "j", "device": "cpu", "watchdog": {"enabled": False}})
-    env = target_env(cpu, Target.LOCAL)
+    env = target_env(cpu, RowKey.LOCAL)
     assert env[envnames.DDPKIT_WATCHDOG_STALL_S] == "0" and envnames.TORCH_NCCL_TRACE_BUFFER_SIZE not in env
     mine = JobSpec.model_validate({"name": "j", "env": {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}})
-    assert target_env(mine, Target.SLURM)[envnames.TORCH_NCCL_TRACE_BUFFER_SIZE] == "50"  # the user's value wins
+    assert target_env(mine, RowKey.SLURM)[envnames.TORCH_NCCL_TRACE_BUFFER_SIZE] == "50"  # the user's value wins
 
 
 def test_spec_refuses_a_stall_limit_below_a_second() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.exitcodes import ExitCode
 from ddpkit.launch.supervise import proctree
+from ddpkit.shared.exitcodes import ExitCode
 from tests.helpers.rank_table import pid_of
 from tests.test_launch_local import _gone, clean_env, launch_argv
 from tests.test_startup import ROOT

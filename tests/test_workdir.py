@@ -1,5 +1,5 @@
 """command.workdir: every process starts in it on every target, made if
-missing (ddpkit/workdir.py, entered by the agent and by `python -m
+missing (ddpkit/host/workdir.py, entered by the agent and by `python -m
 ddpkit.run`); on Kubernetes an emptyDir holds it where no volume does, with a
 warning that it goes with the pod; a folder that cannot be made ends the
 process with one line and exit 3."""
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit import envnames
 from ddpkit.contract import target_env
-from ddpkit.exitcodes import ExitCode
+from ddpkit.shared import envnames
+from ddpkit.shared.exitcodes import ExitCode
 from ddpkit.spec import JobSpec
 from ddpkit.targets import kubernetes, render
 from tests.test_startup import ROOT

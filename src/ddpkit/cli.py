@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .exitcodes import ExitCode, exit_on
 from .launch.control.applied import record_render, recorded_target
-from .render import Rendered, RenderError, TemplatesError
+from .render.engine import Rendered, RenderError, TemplatesError
 from .runs import RunsDirError, StoredRun
+from .shared.exitcodes import ExitCode, exit_on
 from .spec import JobSpec, doctor_mode
-from .specfile import SpecError, add_spec_arguments, spec_from_args, warn_env
+from .spec.yamlfile import SpecError, add_spec_arguments, spec_from_args, warn_env
 from .targets import TARGETS, render
 from .train.argcheck import TrainArgsError, check_command, unknown_options_line
 

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from . import runkey
-from .exitcodes import ExitCode, exit_on
-from .listening import listen_fd
-from .rdzv_members import Membership
+from .rendezvous import runkey
+from .rendezvous.listening import listen_fd
+from .rendezvous.members import Membership
+from .shared.exitcodes import ExitCode, exit_on
 
 if TYPE_CHECKING:
     import torch.distributed as dist

@@ -23,8 +23,10 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from . import envnames, preamble, workdir
-from .exitcodes import ExitCode, exit_on
+from . import preamble
+from .host import workdir
+from .shared import envnames
+from .shared.exitcodes import ExitCode, exit_on
 from .train.startup import launchinfo
 
 USAGE = "usage: python -m ddpkit.run PROGRAM [ARGS] | -m MODULE [ARGS]"

@@ -25,8 +25,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import envnames
-from .agreed import metrics_to_launcher
+from .shared import envnames
+from .shared.agreed import metrics_to_launcher
 from .train.watchdog import stall
 from .train.watchdog import stall_model as _wd
 

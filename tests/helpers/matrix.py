@@ -162,7 +162,7 @@ def _result_path(target: str) -> Path:
 
 
 def kept_results() -> dict[str, tuple[list[dict[str, Any]], float]]:
-    """Target -> (records, seconds) of every target that has passed so far."""
+    """RowKey -> (records, seconds) of every target that has passed so far."""
     out = {}
     for path in sorted(folder().glob("result-*.json")):
         data = json.loads(path.read_text())

@@ -14,25 +14,25 @@ from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.registry import _register_out_of_tree_handlers
 from torch.distributed.run import config_from_args
 
-from ddpkit import runkey
 from ddpkit.agent import __main__ as agent_main
-from ddpkit.contract import Target, sources, torchrun_argv
+from ddpkit.contract import RowKey, sources, torchrun_argv
 from ddpkit.launch.local import build_nodes, free_port
+from ddpkit.rendezvous import runkey
 from ddpkit.spec import JobSpec
 from ddpkit.targets import render
 from ddpkit.targets.sshnode import RDZV_ID
 from tests.emulators import controller_env
 
 # The targets whose nodes hold a run key (docs/guides/security.md, threat model), and the CLI target that renders each.
-KEYED = {Target.SLURM: "slurm", Target.SSH: "ssh", Target.COMPOSE: "compose", Target.LOCAL: None}
+KEYED = {RowKey.SLURM: "slurm", RowKey.SSH: "ssh", RowKey.COMPOSE: "compose", RowKey.LOCAL: None}
 CANARY = "5e1f" * 16  # a run key, as the nodes of a keyed target hold one
 
 
-def as_run(spec: JobSpec, target: Target, tmp_path: Path) -> tuple[list[str], str, str]:
+def as_run(spec: JobSpec, target: RowKey, tmp_path: Path) -> tuple[list[str], str, str]:
     """Node 1's launch line as it runs, its run key, and everything a stranger
     may read about the job: the rendered files and the launch lines (launch
     local renders no file; its agents' command lines are what `ps` shows)."""
-    if target is Target.LOCAL:
+    if target is RowKey.LOCAL:
         nodes = build_nodes(spec, tmp_path)
         return nodes[1].argv, nodes[1].env[runkey.ENV], "\n".join(" ".join(n.argv) for n in nodes)
     files = render(spec, str(KEYED[target])).files

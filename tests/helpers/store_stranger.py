@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpkit import records, runkey
+from ddpkit import records
+from ddpkit.rendezvous import runkey
 from ddpkit.train.watchdog import node_loss as loss_judge
 from ddpkit.train.watchdog.stall_model import Beat, Phase
 from ddpkit.train.watchdog.straggler import Work

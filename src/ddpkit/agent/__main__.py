@@ -7,9 +7,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from .. import envnames, runkey, workdir
-from ..agreed import RDZV_HANDLER, threads_per_process
-from ..exitcodes import WORKER_CODES, ExitCode
+from ..host import workdir
+from ..rendezvous import runkey
+from ..shared import envnames
+from ..shared.agreed import RDZV_HANDLER, threads_per_process
+from ..shared.exitcodes import WORKER_CODES, ExitCode
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     workdir.enter(os.environ, "ddpkit.agent")
     args = parse_args(argv)
     if args.rdzv_backend == RDZV_HANDLER:
-        from .. import rendezvous
+        from ..rendezvous import handler as rendezvous
 
         rendezvous.register()
     name_control_store(args, os.environ)

@@ -35,14 +35,14 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle
 from typing import NoReturn, cast
 
-from .. import processes
+from ..host import processes
 from . import worker, zygote
 
 AGENT_MODULE = "ddpkit.agent"
 # What every agent imports before it forks its zygote: torchrun and the agent's own modules.
 AGENT_IMPORTS = ("torch.distributed.run", "torch.distributed.elastic.agent.server.local_elastic_agent",
                  "ddpkit.agent.handler", "ddpkit.agent.orphaned", "ddpkit.agent.tailing", "ddpkit.agent.stopping",
-                 "ddpkit.agent.sameerror", "ddpkit.rendezvous", "ddpkit.records")
+                 "ddpkit.agent.sameerror", "ddpkit.rendezvous.handler", "ddpkit.records")
 MAIN = f"{AGENT_MODULE}.__main__"
 
 

@@ -35,8 +35,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from .. import envnames, processes, records
-from ..agreed import RUN_MODULE, is_ddpkit_module
+from .. import records
+from ..host import processes
+from ..shared import envnames
+from ..shared.agreed import RUN_MODULE, is_ddpkit_module
 from . import sameerror
 from .worker import WorkerRequest
 from .zygote import Zygote

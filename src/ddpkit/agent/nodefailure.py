@@ -26,9 +26,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import envnames
-from ..agreed import NODE_FAILURE_FILE
-from ..exitcodes import ExitCode
+from ..shared import envnames
+from ..shared.agreed import NODE_FAILURE_FILE
+from ..shared.exitcodes import ExitCode
 from . import nodelog
 
 

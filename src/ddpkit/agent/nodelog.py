@@ -24,7 +24,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import envnames, records
+from .. import records
+from ..shared import envnames
 
 
 def slurm_node_file(env: Mapping[str, str]) -> Path | None:

@@ -30,7 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import envnames, scontrol
+from ..host import scontrol
+from ..shared import envnames
 
 CONNECT_S = 5.0
 ASK_TRIES, ASK_PAUSE_S = 4, 3.0

@@ -32,8 +32,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
-from .. import envnames, records
-from ..exitcodes import ExitCode
+from .. import records
+from ..shared import envnames
+from ..shared.exitcodes import ExitCode
 
 FILE_NAME = "ddpkit-failure.json"  # beside torchrun's error file for the worker, where it has one
 MESSAGE_CHARS = 300  # of the normalised message, compared and shown

@@ -224,7 +224,7 @@ def _looked_at(monitor: Callable[..., Any]) -> Callable[..., Any]:
 def stopped_by(sig: int, result: Any) -> bool:
     """Whether every failed worker of a monitor's `result` ended on `sig` itself:
     killed by it, its shell's 128+N, or checkpointed and exited 75 (a stop, not a failure)."""
-    from ..exitcodes import ExitCode
+    from ..shared.exitcodes import ExitCode
 
     codes = [getattr(failure, "exitcode", None) for failure in (getattr(result, "failures", None) or {}).values()]
     return bool(codes) and all(code in (-sig, 128 + sig, int(ExitCode.PREEMPTED)) for code in codes)

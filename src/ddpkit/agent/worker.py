@@ -24,9 +24,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
-from .. import envnames, preamble, processes
+from .. import preamble
+from ..host import processes
 from ..records import tracebacks
 from ..records.lines import RANK_TAG_CLOSE, RANK_TAG_OPEN
+from ..shared import envnames
 from . import nodelog, sameerror
 
 

@@ -43,7 +43,8 @@ import time
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import cast
 
-from .. import envnames, processes
+from ..host import processes
+from ..shared import envnames
 from . import worker
 from .worker import WorkerRequest
 

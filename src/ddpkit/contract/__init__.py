@@ -15,7 +15,7 @@ rule, stop signals, flag names, the device rule) lives in agreed.py, which
 `ddpkit train` imports without this package and the spec behind it.
 
 The package, by concern:
-  parts.py  Target, FromNode, Arg, Sources: the launch line's parts
+  parts.py  RowKey, FromNode, Arg, Sources: the launch line's parts
   rows.py   the contract table (one row per target) and what reads a row
   env.py    the job environment on a target
   argv.py   the torchrun line (rendezvous, stop flags, the program)
@@ -34,7 +34,7 @@ from .argv import (
     torchrun_argv,
 )
 from .env import cpus_per_process, elastic_env, interface_env, job_env, omp_env, target_env, watchdog_env
-from .parts import Arg, FromNode, Part, Sources, Target
+from .parts import Arg, FromNode, Part, RowKey, Sources
 from .plan import LaunchPlan, resolve
 from .rows import (
     COMPOSE_STORE_SERVICE,
@@ -58,7 +58,7 @@ from .rows import (
 
 __all__ = [
     "COMPOSE_STORE_SERVICE", "CONTRACT", "DDPKIT", "Arg", "ContractRow", "ElasticRow", "Fixed", "FromNode",
-    "LaunchPlan", "Origin", "Part", "Sources", "Target", "controller_env", "cpus_per_process", "elastic_env",
+    "LaunchPlan", "Origin", "Part", "Sources", "RowKey", "controller_env", "cpus_per_process", "elastic_env",
     "elastic_rdzv_backend", "elastic_refusal", "elastic_train_args", "hosts_for", "interface_env", "job_env",
     "k8s_service_name", "master_port", "nnodes", "omp_env", "one_host_gpus", "process_argv",
     "pytorchjob_store_service", "rdzv_conf", "rendezvous_args", "resolve", "sources", "stop_args", "target_env",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..agreed import (
+from ..shared.agreed import (
     AGENT_MODULE,
     KEEP_GLOBAL_BATCH_FLAG,
     RUN_MODULE,

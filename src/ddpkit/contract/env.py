@@ -4,10 +4,10 @@ watchdog, OpenMP threads, unbuffered output)."""
 
 from __future__ import annotations
 
-from .. import envnames
-from ..agreed import STRAGGLER_FACTOR
+from ..shared import envnames
+from ..shared.agreed import STRAGGLER_FACTOR
 from ..spec import JobSpec
-from .parts import Target
+from .parts import RowKey
 from .rows import CONTRACT
 
 
@@ -21,7 +21,7 @@ def interface_env(spec: JobSpec) -> dict[str, str]:
     return dict.fromkeys(envnames.SOCKET_IFNAMES, value)
 
 
-def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
+def target_env(spec: JobSpec, target: RowKey | None = None) -> dict[str, str]:
     """The environment every process of the job gets on `target` (None: a
     launcher that is no render target), in a stable order: the user's
     variables, then what ddpkit owns. PYTHONUNBUFFERED=1, because a log line
@@ -46,24 +46,24 @@ def target_env(spec: JobSpec, target: Target | None = None) -> dict[str, str]:
     return env
 
 
-def cpus_per_process(spec: JobSpec, target: Target | None) -> int | None:
+def cpus_per_process(spec: JobSpec, target: RowKey | None) -> int | None:
     """The CPUs one training process gets, where the spec says:
     resources.cpus_per_process, or where a target's own field overrides it
     (a Kubernetes pod's cpu, compose's cpus_per_node) that shared by the
     node's processes (at least 1); None where it does not."""
     per_node: float | None = None
-    if target in (Target.PYTORCHJOB, Target.INDEXED_JOB, Target.TRAINJOB, Target.JOBSET) and spec.k8s.cpu:
+    if target in (RowKey.PYTORCHJOB, RowKey.INDEXED_JOB, RowKey.TRAINJOB, RowKey.JOBSET) and spec.k8s.cpu:
         cpu = spec.k8s.cpu.strip()
         try:
             per_node = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
         except ValueError:
             return None
-    elif target is Target.COMPOSE:
+    elif target is RowKey.COMPOSE:
         per_node = spec.compose.cpus_per_node
     return spec.resources.cpus_per_process if per_node is None else max(1, int(per_node // spec.nproc_per_node))
 
 
-def omp_env(spec: JobSpec, target: Target | None) -> dict[str, str]:
+def omp_env(spec: JobSpec, target: RowKey | None) -> dict[str, str]:
     """OMP_NUM_THREADS for every process, unless the user's `env:` sets it:
     the CPUs per process where the spec knows them, else 1 where torchrun
     runs more than one process per node (what torchrun itself would set,
@@ -75,7 +75,7 @@ def omp_env(spec: JobSpec, target: Target | None) -> dict[str, str]:
     cpus = cpus_per_process(spec, target)
     if cpus is not None:
         return {envnames.OMP_NUM_THREADS: str(cpus)}
-    if spec.nproc_per_node > 1 and target is not Target.SLURM_SRUN:
+    if spec.nproc_per_node > 1 and target is not RowKey.SLURM_SRUN:
         return {envnames.OMP_NUM_THREADS: "1"}
     return {}
 

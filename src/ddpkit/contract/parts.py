@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class Target(str, Enum):
+class RowKey(str, Enum):
     SLURM = "slurm"  # one srun task per node, running torchrun
     SLURM_SRUN = "slurm-srun"  # one srun task per process; the entrypoint reads SLURM_*
     SSH = "ssh"
@@ -52,7 +52,7 @@ class Sources:
     master_addr: Part
     master_port: Part
     rdzv_id: Part | None = None  # the elastic rendezvous id (None: the target cannot run elastic)
-    target: Target | None = None  # whose row these came from (elastic: its rendezvous timeouts)
+    target: RowKey | None = None  # whose row these came from (elastic: its rendezvous timeouts)
     # "1" on the node that hosts the c10d store, "0" elsewhere: only where every
     # agent sees its own host in the endpoint (launch local), so each would try to host it.
     store_host: Part | None = None

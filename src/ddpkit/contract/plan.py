@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..spec import JobSpec
 from .argv import process_argv, torchrun_argv
 from .env import target_env
-from .parts import Arg, Part, Sources, Target
+from .parts import Arg, Part, RowKey, Sources
 from .rows import CONTRACT, controller_env, hosts_for, master_port, rdzv_conf, sources
 
 
@@ -21,7 +21,7 @@ class LaunchPlan:
     parts each node (or the launcher, for the node) fills in; nothing here
     is edited afterwards."""
 
-    target: Target
+    target: RowKey
     hosts: list[str]  # the name each node is reachable by, node-rank order
     port: int | None  # the master / rendezvous port; None: derived on the nodes (Slurm)
     sources: Sources
@@ -32,7 +32,7 @@ class LaunchPlan:
     rdzv_conf: dict[str, int] | None  # an elastic job's c10d timeouts; None when not elastic
 
 
-def resolve(spec: JobSpec, target: Target, hosts: list[str] | None = None, *, master_addr: Part | None = None,
+def resolve(spec: JobSpec, target: RowKey, hosts: list[str] | None = None, *, master_addr: Part | None = None,
             store_host: Part | None = None, agent_flags: Sequence[Arg] = ()) -> LaunchPlan:
     """The plan for `spec` on `target`. `hosts`: node-rank order, instead of
     the target's default names (an SSH hostfile). The rest is what a
@@ -44,7 +44,7 @@ def resolve(spec: JobSpec, target: Target, hosts: list[str] | None = None, *, ma
         src = dataclasses.replace(src, master_addr=master_addr)
     if store_host is not None:
         src = dataclasses.replace(src, store_host=store_host)
-    argv = process_argv(spec) if target is Target.SLURM_SRUN else torchrun_argv(spec, src, agent_flags)
+    argv = process_argv(spec) if target is RowKey.SLURM_SRUN else torchrun_argv(spec, src, agent_flags)
     names = hosts_for(spec, target, hosts)
     row = CONTRACT[target]
     injected = tuple(controller_env(spec, target, i) for i in range(len(names))) if row.ddpkit_controls else ()

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from .. import envnames
-from ..agreed import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_FIRST_ROUND_KEY, RDZV_HANDLER
-from ..rdzv_timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive, torchrun_defaults
+from ..rendezvous.timing import CLOSE_FLOOR_S, LAST_CALL_FLOOR_S, derive, torchrun_defaults
+from ..shared import envnames
+from ..shared.agreed import DEFAULT_PORT, PYTORCHJOB_DEFAULT_PORT, RDZV_FIRST_ROUND_KEY, RDZV_HANDLER
 from ..spec import JobSpec
-from .parts import FromNode, Part, Sources, Target
+from .parts import FromNode, Part, RowKey, Sources
 
 
 class Fixed(str, Enum):
@@ -116,20 +116,20 @@ def _ssh_hosts(spec: JobSpec) -> list[str]:
 
 
 # The rank contract, one row per target (docs/CONTRACT.md prints it).
-CONTRACT: dict[Target, ContractRow] = {
-    Target.SLURM: ContractRow(
+CONTRACT: dict[RowKey, ContractRow] = {
+    RowKey.SLURM: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=None, hosts=_numbered(1),
         elastic=ElasticRow(FromNode(envnames.SLURM_JOB_ID), max_nodes=FromNode(envnames.SLURM_NNODES))),
-    Target.SLURM_SRUN: ContractRow(
+    RowKey.SLURM_SRUN: ContractRow(
         controller="slurm", node_rank=FromNode(envnames.SLURM_NODEID),
         master_addr=_BATCH_ADDR, master_port=_BATCH_PORT,
         world_size=f"srun: {envnames.SLURM_NTASKS}, read by the entrypoint", interface=SPEC_INTERFACE,
         default_port=None, hosts=_numbered(1),
         elastic=ElasticRow(None, "slurm.mode: srun starts every process itself and has no torchrun agent to "
                                  "re-form the job after a node loss; set slurm.mode: torchrun")),
-    Target.PYTORCHJOB: ContractRow(
+    RowKey.PYTORCHJOB: ContractRow(
         controller="kubeflow training-operator", node_rank=FromNode(envnames.PET_NODE_RANK),
         master_addr=FromNode(envnames.MASTER_ADDR), master_port=FromNode(envnames.MASTER_PORT),
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=PYTORCHJOB_DEFAULT_PORT,
@@ -142,7 +142,7 @@ CONTRACT: dict[Target, ContractRow] = {
         # restart twice; 90 s to close, as the operator's own examples.
         elastic=ElasticRow(Fixed.JOB_NAME, last_call_floor_s=90, close_floor_s=90,
                            store_service=pytorchjob_store_service)),
-    Target.INDEXED_JOB: ContractRow(
+    RowKey.INDEXED_JOB: ContractRow(
         controller="kubernetes job controller", node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
@@ -150,7 +150,7 @@ CONTRACT: dict[Target, ContractRow] = {
         elastic=ElasticRow(None, "ddpkit's Indexed Job fails as a whole on a pod failure and completes only "
                                  "when every index succeeds (keeping survivors would need successPolicy, "
                                  "Kubernetes 1.31+, not rendered yet); use k8s.kind: pytorchjob (elasticPolicy)")),
-    Target.TRAINJOB: ContractRow(
+    RowKey.TRAINJOB: ContractRow(
         controller="kubeflow trainer", node_rank=FromNode(envnames.PET_NODE_RANK),
         master_addr=FromNode(envnames.PET_MASTER_ADDR), master_port=FromNode(envnames.PET_MASTER_PORT),
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
@@ -161,7 +161,7 @@ CONTRACT: dict[Target, ContractRow] = {
     # Job; with network.enableDNSHostnames the pod host name is
     # <jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>, the subdomain
     # defaults to the JobSet's name and JobSet creates that headless Service.
-    Target.JOBSET: ContractRow(
+    RowKey.JOBSET: ContractRow(
         controller="jobset controller + kubernetes job controller",
         node_rank=FromNode(envnames.JOB_COMPLETION_INDEX),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
@@ -171,13 +171,13 @@ CONTRACT: dict[Target, ContractRow] = {
                                  "the survivors; use k8s.kind: pytorchjob (elasticPolicy)")),
     # ssh, compose, local: ddpkit writes each node's rank into that node's
     # command as DDPKIT_NODE_RANK, and node 0's host and the port literally.
-    Target.SSH: ContractRow(
+    RowKey.SSH: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT, hosts=_ssh_hosts,
         # a fresh id per run: the launcher (launch ssh, launch.sh) passes it on every node's env prefix
         elastic=ElasticRow(FromNode(envnames.DDPKIT_RDZV_ID))),
-    Target.COMPOSE: ContractRow(
+    RowKey.COMPOSE: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE + "; compose.cpu_test: gloo on CPU",
@@ -185,7 +185,7 @@ CONTRACT: dict[Target, ContractRow] = {
         # the store is the rdzv service's, fresh after every `down`; a fresh
         # run key (the header says so) makes the id fresh for each run
         elastic=ElasticRow(Fixed.JOB_NAME, store_service=lambda spec: COMPOSE_STORE_SERVICE)),
-    Target.LOCAL: ContractRow(
+    RowKey.LOCAL: ContractRow(
         controller=DDPKIT, node_rank=FromNode(envnames.DDPKIT_NODE_RANK),
         master_addr=Fixed.NODE0_HOST, master_port=Fixed.PORT,
         world_size=TORCHRUN_WORLD, interface=SPEC_INTERFACE, default_port=DEFAULT_PORT,
@@ -195,7 +195,7 @@ CONTRACT: dict[Target, ContractRow] = {
 }
 
 
-def master_port(spec: JobSpec, target: Target) -> int | None:
+def master_port(spec: JobSpec, target: RowKey) -> int | None:
     """The fixed master port for a target, or None when it is derived at run
     time (Slurm: from SLURM_JOB_ID)."""
     if spec.master_port is not None:
@@ -215,12 +215,12 @@ def one_host_gpus(spec: JobSpec, node: int) -> list[int]:
     return list(range(node * per_node, (node + 1) * per_node))
 
 
-def hosts_for(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> list[str]:
+def hosts_for(spec: JobSpec, target: RowKey, hosts: list[str] | None = None) -> list[str]:
     """The name each node is reachable by, in node-rank order."""
     return list(hosts) if hosts is not None else CONTRACT[target].hosts(spec)
 
 
-def sources(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> Sources:
+def sources(spec: JobSpec, target: RowKey, hosts: list[str] | None = None) -> Sources:
     """The target's row as launch-line parts. `hosts` (node-rank order)
     overrides the target's default names, e.g. the lines of an SSH hostfile."""
     row = CONTRACT[target]
@@ -240,7 +240,7 @@ def sources(spec: JobSpec, target: Target, hosts: list[str] | None = None) -> So
     return dataclasses.replace(src, master_addr=service(spec), store_host="0")
 
 
-def elastic_refusal(spec: JobSpec, target: Target) -> str | None:
+def elastic_refusal(spec: JobSpec, target: RowKey) -> str | None:
     """Why `target` cannot render this elastic job (None: it can, or the
     job is not elastic). The target raises it as an input error (exit 2)
     before any file is written."""
@@ -259,7 +259,7 @@ def elastic_rdzv_backend(spec: JobSpec) -> str:
     return RDZV_HANDLER if ddpkit else "c10d"
 
 
-def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
+def rdzv_conf(spec: JobSpec, target: RowKey) -> dict[str, int]:
     """torchrun's c10d --rdzv-conf for an elastic job on `target`: the
     spec's join timeout, then the keep-alive, last call (the spec's when
     set) and close timeout derived from watchdog.loss_s and the node count
@@ -279,7 +279,7 @@ def rdzv_conf(spec: JobSpec, target: Target) -> dict[str, int]:
     return conf
 
 
-def controller_env(spec: JobSpec, target: Target, index: int) -> dict[str, str]:
+def controller_env(spec: JobSpec, target: RowKey, index: int) -> dict[str, str]:
     """The variables ddpkit injects on node `index` of a target it controls
     (ssh, compose, local). Other targets' controllers inject their own; the
     tests emulate those (tests/emulators.py)."""

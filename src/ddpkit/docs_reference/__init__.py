@@ -1,7 +1,7 @@
 """The documentation site's reference pages, generated from the code they
 describe: the job spec's fields (its JSON Schema), the commands and flags
-(the CLI's parser), the exit codes (ddpkit.exitcodes) and the environment
-variables (ddpkit.envnames). `pages(root)` returns each page's Markdown;
+(the CLI's parser), the exit codes (ddpkit.shared.exitcodes) and the environment
+variables (ddpkit.shared.envnames). `pages(root)` returns each page's Markdown;
 mkdocs_hook adds them to the site when `mkdocs build` runs, so they are
 never files in docs/ that could drift."""
 

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from ..spec import JobSpec
-from ..specfile import SpecError, build_spec
+from ..spec.yamlfile import SpecError, build_spec
 from .schema_walk import NO_DEFAULT, REQUIRED, SchemaField
 
 YAML_BLOCK = re.compile(r"^```ya?ml[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)

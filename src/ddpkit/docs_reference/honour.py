@@ -12,11 +12,11 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from ..render import environment
+from ..render.engine import environment
+from ..render.templatedir import default_template_dir
 from ..spec import JobSpec
-from ..specfile import SpecError, build_spec
+from ..spec.yamlfile import SpecError, build_spec
 from ..targets import TARGETS
-from ..templatedir import default_template_dir
 
 
 class Effect(str, Enum):

@@ -1,5 +1,5 @@
 """reference/exit-codes.md and reference/environment.md, from their one
-owners (ddpkit.exitcodes, ddpkit.envnames). What each value means is the
+owners (ddpkit.shared.exitcodes, ddpkit.shared.envnames). What each value means is the
 comment its owner writes beside it (or in the lines just above it), read
 from the source: the owner stays the only place that says it."""
 
@@ -13,9 +13,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import envnames, exitcodes
-from ..exitcodes import WORKER_CODES, ExitCode
-from ..templatedir import default_template_dir
+from ..render.templatedir import default_template_dir
+from ..shared import envnames, exitcodes
+from ..shared.exitcodes import WORKER_CODES, ExitCode
 from .markdown import cell, code, generated_note, table
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def exit_codes_page() -> str:
              "yes" if code_ in WORKER_CODES else "")
             for code_ in ExitCode]
     return "\n".join([
-        "# Exit codes", "", generated_note("ddpkit.exitcodes.ExitCode"), "",
+        "# Exit codes", "", generated_note("ddpkit.shared.exitcodes.ExitCode"), "",
         "Every code a `ddpkit` command ends with. The numbers follow sysexits(3) and the shell's 128+signal "
         "convention where one fits, so that a scheduler or a script can tell a fault of the input from a "
         "fault of the job.", "",
@@ -135,7 +135,7 @@ USES = _find_uses()
 def environment_page() -> str:
     path = Path(envnames.__file__)
     names = [c for c in commented_names(path) if isinstance(getattr(envnames, c.name), str)]
-    lines = ["# Environment variables", "", generated_note("ddpkit.envnames"), "",
+    lines = ["# Environment variables", "", generated_note("ddpkit.shared.envnames"), "",
              "Every environment variable ddpkit sets or reads, grouped as its one owner groups them; "
              "**Used in** lists the modules of `ddpkit` and the shipped "
              "templates that name it (the renderers, templates and launchers set; the trainer and its preamble read).", ""]

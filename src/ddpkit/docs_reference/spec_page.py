@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from ..spec import JobSpec
-from ..specfile import build_spec
+from ..spec.yamlfile import build_spec
 from ..targets import TARGETS
 from .examples import Example, found_examples, made_examples
 from .honour import Effect, Probe, probe_all

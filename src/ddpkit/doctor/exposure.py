@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import psutil
 
-from .. import netif
+from ..host import netif
 from .network import SECTION, Master
 from .results import Check, Status
 

@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import netif
-from ..exitcodes import ExitCode, exit_on
+from ..host import netif
+from ..shared.exitcodes import ExitCode, exit_on
 from ..train.startup.distributed import (
     DistContext,
     add_startup_arguments,

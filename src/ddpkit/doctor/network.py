@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import netif
+from ..host import netif
 from ..train.startup import netlocal, netproblem
 from .results import Check, Status
 

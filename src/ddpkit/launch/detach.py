@@ -36,8 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..exitcodes import ExitCode
 from ..runs import RunFolder
+from ..shared.exitcodes import ExitCode
 
 READY_WAIT_S = 300.0  # a supervisor that has not said it is ready by then is left to go on without this command
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

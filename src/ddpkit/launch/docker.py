@@ -1,7 +1,7 @@
 """`ddpkit launch docker`: N containers of the job's image act as N nodes.
 
 Same rank contract as docker compose (contract.torchrun_argv with
-Target.COMPOSE sources): container i is reachable as `node<i>` on a
+RowKey.COMPOSE sources): container i is reachable as `node<i>` on a
 user-defined network made for this run, gets DDPKIT_NODE_RANK=i, and node0
 hosts the rendezvous. Output is streamed live with a `[nodeI]` prefix (see supervisor). Fail
 fast: the first container that exits non-zero stops the others; every
@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import envnames
-from ..agreed import METRICS_TO_LAUNCHER
-from ..contract import Target, job_env, one_host_gpus, resolve
-from ..exitcodes import ExitCode
+from ..contract import RowKey, job_env, one_host_gpus, resolve
 from ..runs import LineBuffer, NodeLog, RunTarget
+from ..shared import envnames
+from ..shared.agreed import METRICS_TO_LAUNCHER
+from ..shared.exitcodes import ExitCode
+from ..shared.wording import plural
 from ..spec import JobSpec
-from ..specfile import add_spec_arguments, spec_from_args
+from ..spec.yamlfile import add_spec_arguments, spec_from_args
 from ..targets import mounts
 from ..targets.limits import Limits, limits
-from ..wording import plural
 from .prelude import make_console, prelude
 from .runargs import add_train_args, metrics_from_output, with_train_args
 from .secrets import with_run_key
@@ -152,7 +152,7 @@ def plan(spec: JobSpec, secrets: dict[str, str] | None = None, metrics: bool = F
     """secrets: their values (launch.secrets) and the run key, handed to the
     Docker API with the rest of each container's environment; no file holds them.
     metrics: a program of the user's own frames its metrics records for the launcher."""
-    launch = resolve(spec, Target.COMPOSE)  # compose's nodes and launch line, one container each
+    launch = resolve(spec, RowKey.COMPOSE)  # compose's nodes and launch line, one container each
     # job_env, not compose's: compose.cpus_per_node (its OpenMP count) is a limit launch docker does not set
     base_env = job_env(spec) | {envnames.PYTHONUNBUFFERED: "1"} | (secrets or {})
     if metrics:
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     import docker.client
     import docker.errors
 
-    ready = prelude(docker_spec(args), "launch docker", Target.COMPOSE)  # the containers run compose's launch line
+    ready = prelude(docker_spec(args), "launch docker", RowKey.COMPOSE)  # the containers run compose's launch line
     spec, secrets = ready.spec, with_run_key(ready.secrets)
     console = make_console()
     try:

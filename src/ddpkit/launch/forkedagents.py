@@ -26,7 +26,7 @@ from multiprocessing.reduction import send_handle
 from pathlib import Path
 from typing import IO, cast
 
-from .. import envnames
+from ..shared import envnames
 
 SERVER_MODULE = "ddpkit.agent.forkserver"
 # How long a spawn waits for the server's answer: its imports (a few seconds;

@@ -1,7 +1,7 @@
 """`ddpkit launch local`: N torchrun agents on this machine acting as N nodes.
 
 Each agent gets the launch line every per-node target runs
-(contract.torchrun_argv with Target.LOCAL sources: static rendezvous on
+(contract.torchrun_argv with RowKey.LOCAL sources: static rendezvous on
 127.0.0.1, node rank from DDPKIT_NODE_RANK), gloo on the CPU. Output is
 streamed live with one `[nodeI rankR]` prefix (see supervisor). Fail fast: the first agent that exits
 non-zero stops the others (each agent leads its own process group, so its
@@ -34,15 +34,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import envnames, records, runkey
-from ..agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
-from ..contract import Arg, LaunchPlan, Target, resolve
+from .. import records
+from ..contract import Arg, LaunchPlan, RowKey, resolve
 from ..rdzv_store import hosted_store
+from ..rendezvous import runkey
 from ..runs import NodeLog, RunFolder, RunTarget
+from ..shared import envnames
+from ..shared.agreed import SLURM_PORT_BASE, SLURM_PORT_LAST, SLURM_PORT_SPAN, is_ddpkit_module, quiet_port, threads_per_process
+from ..shared.wording import plural
 from ..spec import Command, JobSpec
-from ..specfile import add_spec_arguments, spec_from_args
+from ..spec.yamlfile import add_spec_arguments, spec_from_args
 from ..targets.sshnode import new_rdzv_id
-from ..wording import plural
 from .detach import absolute, detach
 from .forkedagents import AgentServer, ForkedAgent
 from .prelude import (
@@ -216,7 +218,7 @@ def node_plan(spec: JobSpec, node: int, log_root: Path) -> LaunchPlan:
     whichever starts first would win: each is told it does not, since the
     launcher hosts it."""
     store_host = "0" if spec.elastic is not None else None
-    return resolve(spec, Target.LOCAL, store_host=store_host, agent_flags=tee_flags(log_root / f"node{node}"))
+    return resolve(spec, RowKey.LOCAL, store_host=store_host, agent_flags=tee_flags(log_root / f"node{node}"))
 
 
 def build_nodes(spec: JobSpec, log_root: Path, run_id: str | None = None, metrics: Path | None = None) -> list[LocalNode]:
@@ -292,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         supervising.hand_over(os.getpid(), detached=True)  # status and cancel reach this process
         say_ready(args.ready_fd)  # the launching command returns now: its checks were these
     # The secrets are read to refuse an unset one: the agents inherit them with the rest of this environment.
-    ready = prelude(local_spec(args), "launch local", Target.LOCAL)
+    ready = prelude(local_spec(args), "launch local", RowKey.LOCAL)
     run = supervising or ready.run_folder(RunTarget.LOCAL)
     if args.detach:
         options = ["--grace", f"{args.grace!r}", *([] if args.dedup else ["--no-dedup"])]

@@ -24,7 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..runs import RunFolder, RunTarget
-from ..specfile import dump_yaml, warn_env
+from ..spec.yamlfile import dump_yaml, warn_env
 from ..targets.refusals import refuse
 from ..train.argcheck import check_command
 from .secrets import secret_values
@@ -32,8 +32,8 @@ from .secrets import secret_values
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..contract import Target
-    from ..render import Rendered
+    from ..contract import RowKey
+    from ..render.engine import Rendered
     from ..spec import JobSpec
 
 
@@ -71,7 +71,7 @@ class Prelude:
         return None if note is None else f"{self.who}: {note}"
 
 
-def prelude(spec: JobSpec, who: str, target: Target | None, read_secrets: bool = True) -> Prelude:
+def prelude(spec: JobSpec, who: str, target: RowKey | None, read_secrets: bool = True) -> Prelude:
     """The checks every launcher makes first. `target`: whose refusals apply;
     None where the launcher renders the job, and rendering refuses it (submit
     slurm). `read_secrets` False: a dry run, which sends no value."""

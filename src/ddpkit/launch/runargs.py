@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..agreed import METRICS_FLAG, TRAIN_MODULE, flag_value, is_ddpkit_module
+from ..shared.agreed import METRICS_FLAG, TRAIN_MODULE, flag_value, is_ddpkit_module
 from ..spec import JobSpec
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .. import runkey
+from ..rendezvous import runkey
 from ..spec import JobSpec
-from ..specfile import SpecFileError
+from ..spec.yamlfile import SpecFileError
 
 
 def unset_line(names: list[str], who: str) -> str:

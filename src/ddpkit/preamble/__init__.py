@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from ..agreed import is_ddpkit_module, preamble_parts
+from ..shared.agreed import is_ddpkit_module, preamble_parts
 
 
 def is_own_program(argv: Sequence[str]) -> bool:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from .. import envnames, netif
-from ..exitcodes import ExitCode, exit_on
+from ..host import netif
+from ..shared import envnames
+from ..shared.exitcodes import ExitCode, exit_on
 
 
 def install(env: Mapping[str, str]) -> None:

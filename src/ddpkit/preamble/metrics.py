@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import envnames
 from ..records import StepTimes, Train
+from ..shared import envnames
 from .store import group_store
 
 LOG_EVERY = 10

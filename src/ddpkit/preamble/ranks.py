@@ -22,10 +22,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import envnames, netif
-from ..agreed import metrics_to_launcher
-from ..exitcodes import ExitCode
+from ..host import netif
 from ..records import RankRow
+from ..shared import envnames
+from ..shared.agreed import metrics_to_launcher
+from ..shared.exitcodes import ExitCode
 from ..train.startup import process_env
 from ..train.startup.rank_report import ReportOutputs, check_rows, publish, versions
 from ..train.startup.rank_table import print_table

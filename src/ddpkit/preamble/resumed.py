@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .. import envnames
+from ..shared import envnames
 
 SHOWN_FILES = 3
 

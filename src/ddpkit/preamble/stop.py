@@ -190,8 +190,9 @@ def record_stop(env: Mapping[str, str] = os.environ, step: int | None = None) ->
     import time
     from pathlib import Path
 
-    from .. import envnames, records
-    from ..agreed import metrics_to_launcher
+    from .. import records
+    from ..shared import envnames
+    from ..shared.agreed import metrics_to_launcher
 
     saved_by = "saved by the program's Trainer" if STATE.framework else "saved by the program's stop handlers"
     name = signal.Signals(STATE.agreed).name if STATE.agreed else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import runkey
+from ..rendezvous import runkey
 
 
 def group_store(part: str, env: Mapping[str, str] | None = None) -> Any:

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from .. import envnames
-from ..exitcodes import ExitCode, exit_on
+from ..shared import envnames
+from ..shared.exitcodes import ExitCode, exit_on
 from ..train.watchdog.stall_model import Settings
 from ..train.watchdog.straggler import WORK as WINDOW
 from ..train.watchdog.straggler import WorkWindow, factor_from_env

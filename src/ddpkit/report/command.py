@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..exitcodes import ExitCode, exit_on
 from ..runs import RunTarget, StoredRun, UnknownRun, resolve
+from ..shared.exitcodes import ExitCode, exit_on
 
 WHO = "ddpkit report"
 DEFAULT_NAME = "report.html"

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from .. import records
-from ..agreed import METRICS_FLAG, flag_value
 from ..runs import RunEvent, RunTarget, StoredRun
+from ..shared.agreed import METRICS_FLAG, flag_value
 
 IMAGES = "images"  # the unit of a `train` record that names none: ddpkit train's
 

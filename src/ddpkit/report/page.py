@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 
-from ..templatedir import default_template_dir
+from ..render.templatedir import default_template_dir
 from .data import Mark, ReportData
 from .plots import color
 

@@ -27,9 +27,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from ..envnames import DDPKIT_RUNS_DIR
-from ..processes import start_ticks
-from ..wording import plural
+from ..host.processes import start_ticks
+from ..shared.envnames import DDPKIT_RUNS_DIR
+from ..shared.wording import plural
 from .record import Launcher, NodeLog, RunEvent, RunRecord, RunState, RunSummary, RunTarget, SlurmJob, state_for_code
 
 RUN_JSON = "run.json"

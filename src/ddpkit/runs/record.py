@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from .. import records
-from ..exitcodes import ExitCode
+from ..shared.exitcodes import ExitCode
 
 
 class RunState(str, Enum):
@@ -29,7 +29,7 @@ class RunTarget(str, Enum):
     it: one word per way ddpkit starts a job or hands it over, each the key of
     the one backend that follows the run after its launch
     (launch/control/backends/). `ddpkit render`'s words (targets.TARGETS) are
-    four of them. The rank contract's rows (contract.Target) are finer: a
+    four of them. The rank contract's rows (contract.RowKey) are finer: a
     Slurm run takes `slurm` or `slurm-srun` by its mode, a Kubernetes run its
     kind's row, and `launch docker`'s containers take compose's row, yet its
     run is docker's: its own launcher supervises it, as it does local's and

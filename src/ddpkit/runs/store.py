@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..processes import start_ticks
+from ..host.processes import start_ticks
 from .folder import RUN_JSON, RunFolder, runs_root
 from .record import RunRecord, RunState
 

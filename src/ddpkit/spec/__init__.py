@@ -21,7 +21,7 @@ Every name other modules use is imported from here (`from ddpkit.spec import
 JobSpec`), never from a submodule, so the files can move again.
 """
 
-from ..agreed import TRAIN_MODULE
+from ..shared.agreed import TRAIN_MODULE
 from .compose import ComposeNetworkName, ComposeOptions
 from .doctor_mode import DOCTOR_MODULE, doctor_mode
 from .environment import JOB_ENV_SETTINGS, RESERVED_ENV_EXACT, RESERVED_ENV_PREFIXES

@@ -6,7 +6,7 @@ problems in words; JobSpec's validators raise them.
 
 from __future__ import annotations
 
-from ..agreed import DEVICES_PER_PROCESS_FLAG, STRATEGY_FLAG, TRAIN_MODULE, flag_value
+from ..shared.agreed import DEVICES_PER_PROCESS_FLAG, STRATEGY_FLAG, TRAIN_MODULE, flag_value
 from .sections import MAX_GPUS_PER_NODE, Command, Elastic, Rendezvous
 
 

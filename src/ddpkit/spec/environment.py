@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import envnames
+from ..shared import envnames
 from .fields import ENV_NAME, no_nul
 from .secrets import Secret, duplicate_names
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from ..agreed import DEVICES_PER_PROCESS_FLAG, TRAIN_MODULE, flag_value
+from ..shared.agreed import DEVICES_PER_PROCESS_FLAG, TRAIN_MODULE, flag_value
 from .compose import ComposeOptions
 from .consistency import elastic_problems, export_problem, layout_problems
 from .environment import checked_env, checked_secrets, env_numbers

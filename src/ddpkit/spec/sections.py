@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..agreed import LOSS_FLOOR_S, LOSS_S, PREAMBLE_PARTS, STRAGGLER_FACTOR, TRAIN_MODULE
+from ..shared.agreed import LOSS_FLOOR_S, LOSS_S, PREAMBLE_PARTS, STRAGGLER_FACTOR, TRAIN_MODULE
 from .fields import IFNAME, Argv, NodePath, PythonModule, Strict
 
 MAX_GPUS_PER_NODE = 64

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from ..render import OutputFile, Rendered, render_files
+from ..render.engine import OutputFile, Rendered, render_files
 from ..spec import JobSpec
 from . import compose, kubernetes, slurm, ssh
 

@@ -17,13 +17,14 @@ from typing import Any
 
 import yaml
 
-from .. import envnames, runkey
-from ..agreed import METRICS_TO_LAUNCHER, RDZV_STORE_MODULE, is_ddpkit_module
-from ..contract import COMPOSE_STORE_SERVICE, Arg, LaunchPlan, Target, one_host_gpus, resolve
-from ..quoting import compose_unliteral
-from ..render import OutputFile, Rendered, RenderError
+from ..contract import COMPOSE_STORE_SERVICE, Arg, LaunchPlan, RowKey, one_host_gpus, resolve
+from ..render.engine import OutputFile, Rendered, RenderError
+from ..render.quoting import compose_unliteral
+from ..rendezvous import runkey
+from ..shared import envnames
+from ..shared.agreed import METRICS_TO_LAUNCHER, RDZV_STORE_MODULE, is_ddpkit_module
+from ..shared.wording import plural
 from ..spec import JobSpec
-from ..wording import plural
 from . import mounts
 from .limits import compose_limits
 from .refusals import refuse
@@ -90,7 +91,7 @@ class StoreService:
 
 
 def store_service(spec: JobSpec) -> StoreService | None:
-    plan = resolve(spec, Target.COMPOSE)
+    plan = resolve(spec, RowKey.COMPOSE)
     if spec.elastic is None or plan.sources.rdzv_id is None:
         return None
     return StoreService(RDZV_SERVICE, [spec.command.python, "-m", RDZV_STORE_MODULE, "--port", str(plan.port),
@@ -98,7 +99,7 @@ def store_service(spec: JobSpec) -> StoreService | None:
 
 
 def services(spec: JobSpec) -> list[Service]:
-    plan = resolve(spec, Target.COMPOSE)  # elastic: every agent a client of the rdzv service's store
+    plan = resolve(spec, RowKey.COMPOSE)  # elastic: every agent a client of the rdzv service's store
     env = compose_env(spec, plan)
     out = []
     for index, host in enumerate(plan.hosts):
@@ -119,7 +120,7 @@ def elastic_restart(spec: JobSpec) -> str | None:
 
 
 def build(spec: JobSpec) -> list[OutputFile]:
-    refuse(spec, Target.COMPOSE)
+    refuse(spec, RowKey.COMPOSE)
     variables = {"spec": spec, "services": services(spec), "store": store_service(spec), "volumes": mounts.binds(spec),
                  "limits": compose_limits(spec), "rdzv_stop_s": RDZV_STOP_S}
     return [OutputFile(FILENAME, "compose/compose.yaml.j2", variables, "yaml",

@@ -20,9 +20,10 @@ import shlex
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
-from .. import envnames, records
-from ..agreed import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
-from ..contract import Target
+from .. import records
+from ..contract import RowKey
+from ..shared import envnames
+from ..shared.agreed import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value
 from ..spec import JobSpec
 from ..spec.fields import MountParts
 from .program_paths import ContainerView, mount_fix, program_warnings
@@ -32,19 +33,19 @@ def parts(spec: JobSpec) -> list[MountParts]:
     return [MountParts.of(m) for m in spec.mounts]
 
 
-K8S_TARGETS = frozenset({Target.PYTORCHJOB, Target.INDEXED_JOB, Target.TRAINJOB, Target.JOBSET})
+K8S_TARGETS = frozenset({RowKey.PYTORCHJOB, RowKey.INDEXED_JOB, RowKey.TRAINJOB, RowKey.JOBSET})
 
 
-def refusal(spec: JobSpec, target: Target) -> str | None:
+def refusal(spec: JobSpec, target: RowKey) -> str | None:
     """Why `target` cannot honour the job's mounts (None: it can), raised by
     the target or launcher as an input error before anything is written or started."""
     if target in K8S_TARGETS:
         return k8s_unmatched(spec)
-    if target in (Target.SLURM, Target.SLURM_SRUN) and spec.slurm.container.runtime == "none":
+    if target in (RowKey.SLURM, RowKey.SLURM_SRUN) and spec.slurm.container.runtime == "none":
         return remap_refusal(spec, "Slurm without slurm.container.runtime")
-    if target == Target.SSH and not spec.ssh.docker:
+    if target == RowKey.SSH and not spec.ssh.docker:
         return remap_refusal(spec, "SSH without ssh.docker")
-    if target == Target.LOCAL:
+    if target == RowKey.LOCAL:
         return remap_refusal(spec, "launch local")
     return None
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..agreed import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value, is_ddpkit_module
+from ..shared.agreed import CHECKPOINT_DIR_FLAG, RESUME_FLAG, flag_value, is_ddpkit_module
 from ..spec import JobSpec
 
 # Flags by which programs name the folder their checkpoints and outputs go to:

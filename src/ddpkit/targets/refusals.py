@@ -6,13 +6,13 @@ error (exit 2) before any file is written or any process started."""
 
 from __future__ import annotations
 
-from ..contract import Target, elastic_refusal
+from ..contract import RowKey, elastic_refusal
 from ..spec import JobSpec
-from ..specfile import SpecError
+from ..spec.yamlfile import SpecError
 from . import mounts
 
 
-def refusals(spec: JobSpec, target: Target) -> list[str]:
+def refusals(spec: JobSpec, target: RowKey) -> list[str]:
     """Each reason `target` refuses the job; empty when it can run it. The
     elastic refusal comes alone: without an elastic rendezvous nothing
     else can build the job's launch line to be checked."""
@@ -23,7 +23,7 @@ def refusals(spec: JobSpec, target: Target) -> list[str]:
     return [mount] if mount else []
 
 
-def refuse(spec: JobSpec, target: Target) -> None:
+def refuse(spec: JobSpec, target: RowKey) -> None:
     """`refusals` raised as the input error targets and launchers report (exit 2)."""
     problems = refusals(spec, target)
     if problems:

@@ -14,12 +14,19 @@ import math
 import subprocess
 from dataclasses import dataclass
 
-from .. import envnames
-from ..agreed import METRICS_TO_LAUNCHER, NODE_FAILURE_FILE, SLURM_PORT_BASE, SLURM_PORT_SKIPS, SLURM_PORT_SPAN, is_ddpkit_module
-from ..contract import LaunchPlan, Target, resolve
-from ..exitcodes import ExitCode
-from ..quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
-from ..render import OutputFile, Rendered, RenderError, shell_argv
+from ..contract import LaunchPlan, RowKey, resolve
+from ..render.engine import OutputFile, Rendered, RenderError, shell_argv
+from ..render.quoting import bash_c, sbatch_word, sbatch_words_of, shell_word, single_quoted
+from ..shared import envnames
+from ..shared.agreed import (
+    METRICS_TO_LAUNCHER,
+    NODE_FAILURE_FILE,
+    SLURM_PORT_BASE,
+    SLURM_PORT_SKIPS,
+    SLURM_PORT_SPAN,
+    is_ddpkit_module,
+)
+from ..shared.exitcodes import ExitCode
 from ..spec import JobSpec, container_image, slurm_size
 from . import mounts
 from .refusals import refuse
@@ -32,8 +39,8 @@ def filename(spec: JobSpec) -> str:
     return f"{spec.name}.sbatch"
 
 
-def target_for(spec: JobSpec) -> Target:
-    return Target.SLURM if spec.slurm.mode == "torchrun" else Target.SLURM_SRUN
+def target_for(spec: JobSpec) -> RowKey:
+    return RowKey.SLURM if spec.slurm.mode == "torchrun" else RowKey.SLURM_SRUN
 
 
 def tasks_per_node(spec: JobSpec) -> int:
@@ -156,7 +163,7 @@ def task_argv(launch: LaunchPlan) -> str:
     """The task command as shell text. torchrun mode wraps the launch line in
     `bash -c '<line>'` so "${SLURM_NODEID}" expands in each task; srun mode
     runs the process line itself."""
-    if launch.target is Target.SLURM:
+    if launch.target is RowKey.SLURM:
         return bash_c("exec " + shell_argv(launch.argv))
     return shell_argv(launch.argv)
 

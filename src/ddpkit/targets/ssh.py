@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 
 from .. import records
-from ..contract import Target
-from ..exitcodes import ExitCode
-from ..quoting import first_shell_word
-from ..render import OutputFile, Rendered, RenderError
+from ..contract import RowKey
+from ..render.engine import OutputFile, Rendered, RenderError
+from ..render.quoting import first_shell_word
+from ..shared.exitcodes import ExitCode
 from ..spec import JobSpec
 from . import mounts
 from .refusals import refuse
@@ -38,7 +38,7 @@ def variables(spec: JobSpec) -> dict[str, object]:
 
 
 def build(spec: JobSpec) -> list[OutputFile]:
-    refuse(spec, Target.SSH)
+    refuse(spec, RowKey.SSH)
     warnings = mounts.container_warnings(spec, "ssh.docker") if spec.ssh.docker else []
     return [OutputFile(FILENAME, "ssh/launch.sh.j2", variables(spec), "shell", 0o755, notes=tuple(warnings))]
 

@@ -6,7 +6,7 @@ One node script serves every node and both launchers: the node rank and the
 master address arrive as DDPKIT_NODE_RANK / DDPKIT_MASTER_ADDR on the `env`
 prefix (an elastic job adds DDPKIT_RDZV_ID, fresh per run), so the only
 per-node text is a few shell-quoted words. Every value is
-quoted by ddpkit.quoting; only the node-side variables of the rank contract
+quoted by ddpkit.render.quoting; only the node-side variables of the rank contract
 expand remotely. The values of `secrets:` are on no command line: the script
 reads them from its stdin, where each launcher writes them (launch ssh after
 the preflight's GO, launch.sh from its own environment), and after them the
@@ -19,11 +19,12 @@ import math
 import secrets
 from dataclasses import dataclass
 
-from .. import envnames, runkey
-from ..agreed import METRICS_TO_LAUNCHER
-from ..contract import Arg, FromNode, LaunchPlan, Target, resolve
-from ..quoting import bash_c, shell_word
-from ..render import shell_argv, template
+from ..contract import Arg, FromNode, LaunchPlan, RowKey, resolve
+from ..render.engine import shell_argv, template
+from ..render.quoting import bash_c, shell_word
+from ..rendezvous import runkey
+from ..shared import envnames
+from ..shared.agreed import METRICS_TO_LAUNCHER
 from ..spec import JobSpec
 from . import mounts
 from .limits import limits
@@ -58,7 +59,7 @@ class NodeCommand:
 def launch_plan(spec: JobSpec) -> LaunchPlan:
     """The contract on SSH hosts: the launcher hands each node the master's
     address in its env prefix (env_prefix), so the line reads it there."""
-    return resolve(spec, Target.SSH, master_addr=FromNode(MASTER_ADDR))
+    return resolve(spec, RowKey.SSH, master_addr=FromNode(MASTER_ADDR))
 
 
 def node_env(spec: JobSpec) -> dict[str, str]:

@@ -7,7 +7,7 @@ the node's failure file (agent/nodefailure.py)."""
 import os
 import sys
 
-from ..exitcodes import ExitCode
+from ..shared.exitcodes import ExitCode
 from .argcheck import train_parser, unknown_options_line
 from .main import run
 
@@ -26,7 +26,7 @@ def main_alone() -> int:
     """main() as an agent-less task: its uncaught error said as a worker's, and a
     failure left for the batch script. Under torchrun's agent, the agent does both."""
     from ..agent import nodefailure, worker
-    from ..envnames import TORCHELASTIC_RUN_ID
+    from ..shared.envnames import TORCHELASTIC_RUN_ID
 
     if TORCHELASTIC_RUN_ID in os.environ:
         return main()

@@ -23,8 +23,8 @@ import difflib
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ..agreed import TRAIN_MODULE
-from ..exitcodes import ExitCode
+from ..shared.agreed import TRAIN_MODULE
+from ..shared.exitcodes import ExitCode
 from .config.options import static_problems
 
 SHELL_CHARS = ("$", "`")

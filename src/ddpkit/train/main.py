@@ -3,7 +3,7 @@
 The command line is parsed once into a frozen TrainConfig (config.py), which
 every later step and every --spawn child receives.
 
-Exit codes (ddpkit.exitcodes.ExitCode): 0 OK; 2 BAD_INPUT bad flags, data,
+Exit codes (ddpkit.shared.exitcodes.ExitCode): 0 OK; 2 BAD_INPUT bad flags, data,
 checkpoint or launch environment (nothing trained); 75 PREEMPTED stopped by
 SIGTERM/SIGUSR2 after writing a checkpoint: run again with --resume auto.
 """
@@ -19,9 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import envnames, records
-from ..agreed import metrics_to_launcher
-from ..exitcodes import ExitCode, code_of, exit_on
+from .. import records
+from ..shared import envnames
+from ..shared.agreed import metrics_to_launcher
+from ..shared.exitcodes import ExitCode, code_of, exit_on
 from .config.options import DefaultsFormatter, add_training_arguments, problems
 from .config.values import TrainConfig
 from .startup.clock import CLOCK

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from ...exitcodes import ExitCode
-from ...render import Rendered
+from ...render.engine import Rendered
 from ...runs import Applied, RunFolder, RunRecord, RunsDirError, RunState, RunTarget, all_runs
+from ...shared.exitcodes import ExitCode
 from ...spec import JobSpec
-from ...specfile import dump_yaml
+from ...spec.yamlfile import dump_yaml
 from ...targets.kubernetes import KINDS
 from ...targets.kubernetes.base import Controller
 from .common import ToolMissing

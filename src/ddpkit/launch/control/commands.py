@@ -15,9 +15,9 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ...exitcodes import ExitCode
 from ...runs import RunRecord, RunState, StoredRun, all_runs, resolve
-from ...wording import plural
+from ...shared.exitcodes import ExitCode
+from ...shared.wording import plural
 from ..supervise.summary import summary_table
 from .backends import Backends, Now, RunBackend
 from .backends.slurm import queue_for

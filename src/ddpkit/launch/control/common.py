@@ -9,8 +9,8 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...exitcodes import ExitCode, exit_on
 from ...runs import RunState, UnknownRun
+from ...shared.exitcodes import ExitCode, exit_on
 
 POLL_S = 0.5  # how often a command that waits (cancel, logs --follow) asks again
 ACTIVE = (RunState.RUNNING, RunState.PENDING)

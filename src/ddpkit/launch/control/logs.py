@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import records
-from ...exitcodes import ExitCode
 from ...runs import NodeLog, RunRecord, Tail
+from ...shared.exitcodes import ExitCode
 from .common import POLL_S, RunCommandError
 
 Pick = Callable[[str], str | None]  # the line to print, or None to leave it out

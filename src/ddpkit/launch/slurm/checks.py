@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ...scontrol import fields
+from ...host.scontrol import fields
 from ...spec import JobSpec
 from ...targets.slurm import cpus_per_task, tasks_per_node
 from ...targets.slurm import mem as slurm_mem

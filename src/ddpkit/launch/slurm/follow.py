@@ -11,7 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ...exitcodes import ExitCode
+from ...shared.exitcodes import ExitCode
 from .jobs import JobState
 
 

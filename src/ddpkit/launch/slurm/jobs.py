@@ -9,9 +9,9 @@ import subprocess
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from ... import scontrol
-from ...exitcodes import ExitCode
+from ...host import scontrol
 from ...runs import RunState
+from ...shared.exitcodes import ExitCode
 from . import checks as slurm_checks
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

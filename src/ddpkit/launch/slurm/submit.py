@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ...exitcodes import ExitCode
 from ...runs import RunTarget, SlurmJob
+from ...shared.exitcodes import ExitCode
 from ...spec import JobSpec, doctor_mode
 from ...targets import render
 from ..control.backends.slurm import SbatchRefused, Slurm
@@ -30,7 +30,7 @@ from . import checks as slurm_checks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...specfile import add_spec_arguments
+    from ...spec.yamlfile import add_spec_arguments
 
     add_spec_arguments(parser)
     parser.add_argument("--dir", type=Path, default=Path("."),
@@ -68,7 +68,7 @@ def _check_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...specfile import spec_from_args
+    from ...spec.yamlfile import spec_from_args
 
     spec = spec_from_args(args)
     if args.doctor:

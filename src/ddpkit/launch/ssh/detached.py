@@ -42,8 +42,8 @@ from typing import Any
 
 import paramiko
 
-from ...exitcodes import ExitCode
 from ...runs import Launcher, RemoteRun, RunFolder, RunTarget
+from ...shared.exitcodes import ExitCode
 from ..prelude import READY, READY_FLAG, SUPERVISE_FLAG, supervised_run
 from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 from .hostfile import HostEntry

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import JobSpec
-from ...specfile import SpecError
+from ...spec.yamlfile import SpecError
 
 # A host token: optional user@, a name/IPv4 or [IPv6], optional :port.
 _HOST = re.compile(

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ...contract import Target, master_port
-from ...exitcodes import ExitCode
-from ...quoting import shell_word
+from ...contract import RowKey, master_port
 from ...rdzv_store import hosted_store
+from ...render.quoting import shell_word
 from ...runs import NodeLog, RunFolder, RunTarget
+from ...shared.exitcodes import ExitCode
 from ...spec import JobSpec, doctor_mode
 from ...targets.sshnode import NodeCommand, env_prefix, launch_line, new_rdzv_id, node_command, node_env
 from ..prelude import (
@@ -74,7 +74,7 @@ PROBE_S = 5.0  # how often a failed node's host is tried again (elastic)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...specfile import add_spec_arguments
+    from ...spec.yamlfile import add_spec_arguments
 
     add_spec_arguments(parser)
     parser.add_argument("--hostfile", type=Path, help="lines '[user@]host[:port] [slots=N]'; default: ssh.hosts")
@@ -157,7 +157,7 @@ def settings_from(args: argparse.Namespace, spec: JobSpec) -> SshSettings:
 def make_plan(spec: JobSpec, args: argparse.Namespace, settings: SshSettings) -> SshPlan:
     entries = load_hosts(spec, args.hostfile)
     endpoints = [endpoint_for(e, settings) for e in entries]
-    port = master_port(spec, Target.SSH)
+    port = master_port(spec, RowKey.SSH)
     assert port is not None  # SSH always has a fixed port
     return SshPlan(spec, endpoints, args.master_addr or endpoints[0].hostname, port, new_rdzv_id(spec))
 
@@ -313,7 +313,7 @@ def _launch(ready: Prelude, plan: SshPlan, settings: SshSettings, answerer: Answ
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...specfile import spec_from_args
+    from ...spec.yamlfile import spec_from_args
 
     supervising = supervised_run(args)
     payload: dict[str, Any] = {}
@@ -334,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     if supervising is not None:  # rank 0 runs on this host, beside the run folder: ddpkit train's metrics go there
         spec = with_metrics_into(spec, supervising.metrics_file)
     # a dry run shows commands, which hold the secrets' names only
-    ready = prelude(spec, "launch ssh", Target.SSH, read_secrets=not args.dry_run)
+    ready = prelude(spec, "launch ssh", RowKey.SSH, read_secrets=not args.dry_run)
     settings = settings_from(args, spec)
     plan = make_plan(spec, args, settings)
     if args.dry_run:
@@ -357,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _detach(args: argparse.Namespace, ready: Prelude, plan: SshPlan, settings: SshSettings) -> int:
     """The run's handle here, and its supervisor started on the first host (detached.py)."""
-    from ...specfile import dump_yaml
+    from ...spec.yamlfile import dump_yaml
 
     spec = plan.spec
     run = ready.run_folder(RunTarget.SSH, nodes=len(plan.endpoints))

@@ -33,8 +33,8 @@ from typing import BinaryIO
 
 import paramiko
 
-from ...exitcodes import ExitCode
 from ...runs import RemoteRun, RunFolder, RunRecord, StoredRun
+from ...shared.exitcodes import ExitCode
 from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, connect
 
 # The run commands that reach a handle's run there; `report` copies the files back and runs here.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ...exitcodes import ExitCode
+from ...shared.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from ...spec import Elastic

@@ -8,7 +8,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...exitcodes import WORKER_CODES, ExitCode
+from ...shared.exitcodes import WORKER_CODES, ExitCode
 from .nodestate import NodeState, NodeTrack
 
 if TYPE_CHECKING:

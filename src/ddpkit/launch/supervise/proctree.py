@@ -12,7 +12,7 @@ import signal
 
 import psutil
 
-from ... import processes
+from ...host import processes
 
 
 def descendants(root: int) -> list[int]:

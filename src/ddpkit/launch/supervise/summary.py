@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from ...exitcodes import ExitCode
 from ...runs import NO_EXIT_STATUS_CELL
+from ...shared.exitcodes import ExitCode
 from .nodeoutput import NO_EXIT_STATUS
 from .nodestate import NodeState
 

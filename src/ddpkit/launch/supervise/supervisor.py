@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ...exitcodes import ExitCode
 from ...runs import NodeRow, RunFolder, RunSummary
+from ...shared.exitcodes import ExitCode
 from .dedup import Dedup
 from .events import ElasticPolicy, Event, EventSource, NodeExited, NodeReportedLost, NodeReturned, StopRequested
 from .findings import Findings

@@ -24,10 +24,10 @@ from typing import Any, Protocol
 
 import yaml
 
-from ...contract import CONTRACT, Target, resolve
-from ...render import OutputFile, Rendered, RenderError
+from ...contract import CONTRACT, RowKey, resolve
+from ...render.engine import OutputFile, Rendered, RenderError
 from ...spec import DNS1035, JobSpec
-from ...specfile import SpecError
+from ...spec.yamlfile import SpecError
 from ..refusals import refuse
 from . import gang, indexed_job, jobset, pod, pytorchjob, trainjob
 from .base import DNS_LABEL_MAX, Kind, KindInfo, filename, labels, meta, name_problems
@@ -67,7 +67,7 @@ def _kinds(*modules: KindModule) -> dict[str, KindModule]:
 
 
 KINDS: dict[str, KindModule] = _kinds(pytorchjob, indexed_job, trainjob, jobset)
-KIND_TARGET: dict[str, Target] = {kind: m.INFO.target for kind, m in KINDS.items()}
+KIND_TARGET: dict[str, RowKey] = {kind: m.INFO.target for kind, m in KINDS.items()}
 
 __all__ = [
     "GPU_RESOURCE", "KINDS", "KIND_TARGET", "NAME", "TRAINJOB_RESERVED_ENV", "Kind", "build", "check_spec",
@@ -131,7 +131,7 @@ def verify(spec: JobSpec, rendered: Rendered) -> None:
         raise RenderError(f"{name}: " + "; ".join(problems))
 
 
-def _metadata_problems(docs: list[dict[str, Any]], spec: JobSpec, target: Target) -> list[str]:
+def _metadata_problems(docs: list[dict[str, Any]], spec: JobSpec, target: RowKey) -> list[str]:
     """Every object is named for the job (an elastic job's store, where the kind renders one, for its store)."""
     service = CONTRACT[target].elastic.store_service
     names = {spec.name} | ({service(spec)} if service is not None and spec.elastic is not None else set())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ...contract import LaunchPlan, Target, hosts_for, k8s_service_name
+from ...contract import LaunchPlan, RowKey, hosts_for, k8s_service_name
 from ...spec import JobSpec
 
 Kind = Literal["pytorchjob", "indexed-job", "trainjob", "jobset"]
@@ -49,7 +49,7 @@ class KindInfo:
     """What the shared code needs to know about one kind."""
 
     kind: Kind
-    target: Target  # its row in the rank contract
+    target: RowKey  # its row in the rank contract
     container: str  # the training container's name (the controllers look for it)
     volcano: VolcanoVia
     controller: Controller  # what `ddpkit status` and `logs` ask kubectl for

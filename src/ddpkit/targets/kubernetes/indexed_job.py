@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...contract import Target
+from ...contract import RowKey
 from ...spec import JobSpec
 from .base import Controller, KindInfo
 from .pod import Container, check_container
 
-INFO = KindInfo("indexed-job", Target.INDEXED_JOB, container="trainer", volcano="pod-group",
+INFO = KindInfo("indexed-job", RowKey.INDEXED_JOB, container="trainer", volcano="pod-group",
                 controller=Controller("Job", "batch", "batch.kubernetes.io/job-name",
                                       "batch.kubernetes.io/job-completion-index"))
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...contract import Target
+from ...contract import RowKey
 from ...spec import JobSpec
 from .base import DNS_LABEL_MAX, Controller, KindInfo, backoff_limit, single
 from .pod import Container, check_container
 
 # The one replicated Job, whose name is also the training container's.
 RJOB = "node"
-INFO = KindInfo("jobset", Target.JOBSET, container=RJOB, volcano="pod-group",
+INFO = KindInfo("jobset", RowKey.JOBSET, container=RJOB, volcano="pod-group",
                 controller=Controller("JobSet", "jobset.x-k8s.io", "jobset.sigs.k8s.io/jobset-name",
                                       "batch.kubernetes.io/job-completion-index"))
 # The webhook checks that the longest pod name, <jobset>-<rjob>-<jobIndex>-<podIndex>

@@ -9,10 +9,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import runkey
-from ...contract import Arg, LaunchPlan, Target, resolve
-from ...quoting import kubelet_unliteral
-from ...render import RenderError, k8s_arg
+from ...contract import Arg, LaunchPlan, RowKey, resolve
+from ...render.engine import RenderError, k8s_arg
+from ...render.quoting import kubelet_unliteral
+from ...rendezvous import runkey
 from ...spec import JobSpec, K8sVolume
 from .. import mounts, podsecurity, program_paths
 from . import gang
@@ -72,10 +72,10 @@ class FieldEnv:
 # The label the Job controller puts on every pod of a Job (Kubernetes 1.27+): the Job's uid.
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 # The kinds whose pods all belong to one batch Job (a JobSet's and a TrainJob's one replicated Job "node").
-_ONE_JOB = frozenset({Target.INDEXED_JOB, Target.JOBSET, Target.TRAINJOB})
+_ONE_JOB = frozenset({RowKey.INDEXED_JOB, RowKey.JOBSET, RowKey.TRAINJOB})
 
 
-def run_key_env(target: Target) -> list[FieldEnv]:
+def run_key_env(target: RowKey) -> list[FieldEnv]:
     """The run key on Kubernetes (runkey.py): the uid of the Job that owns
     the pods, read from the pod's labels. The API server assigns it when the
     Job is created, so no manifest holds it and every submission is a new

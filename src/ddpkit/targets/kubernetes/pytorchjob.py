@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...agreed import RDZV_STORE_MODULE
-from ...contract import Target, elastic_rdzv_backend, pytorchjob_store_service, resolve
-from ...quoting import kubelet_literal
+from ...contract import RowKey, elastic_rdzv_backend, pytorchjob_store_service, resolve
+from ...render.quoting import kubelet_literal
+from ...shared.agreed import RDZV_STORE_MODULE
 from ...spec import JobSpec
 from .base import Controller, KindInfo, labels, single
 from .pod import Container, check_container
 
-INFO = KindInfo("pytorchjob", Target.PYTORCHJOB, container="pytorch", volcano="scheduling-policy",
+INFO = KindInfo("pytorchjob", RowKey.PYTORCHJOB, container="pytorch", volcano="scheduling-policy",
                 controller=Controller("PyTorchJob", "kubeflow.org", "training.kubeflow.org/job-name",
                                       "training.kubeflow.org/replica-index",
                                       roles=("training.kubeflow.org/replica-type", "master", "worker")),

@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ... import envnames
-from ...contract import Target
+from ...contract import RowKey
+from ...shared import envnames
 from ...spec import JobSpec
 from .base import Controller, KindInfo, single
 from .pod import Container, check_container, container
 
 # The runtime's replicated job and its container are both named "node".
 NODE = "node"
-INFO = KindInfo("trainjob", Target.TRAINJOB, container=NODE, volcano="refused",
+INFO = KindInfo("trainjob", RowKey.TRAINJOB, container=NODE, volcano="refused",
                 controller=Controller("TrainJob", "trainer.kubeflow.org", "jobset.sigs.k8s.io/jobset-name",
                                       "batch.kubernetes.io/job-completion-index"))
 # The torch plugin refuses these names in trainer.env.

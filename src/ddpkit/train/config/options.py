@@ -11,7 +11,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from ...agreed import CHECKPOINT_DIR_FLAG, DEVICES_PER_PROCESS_FLAG, KEEP_GLOBAL_BATCH_FLAG, RESUME_FLAG, STRATEGY_FLAG
+from ...shared.agreed import CHECKPOINT_DIR_FLAG, DEVICES_PER_PROCESS_FLAG, KEEP_GLOBAL_BATCH_FLAG, RESUME_FLAG, STRATEGY_FLAG
 
 MODELS = ("resnet18", "resnet34", "resnet50", "tiny")  # tiny: models.BUILT_IN
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

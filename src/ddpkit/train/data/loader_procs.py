@@ -26,7 +26,8 @@ import sys
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
-from ... import envnames, processes
+from ...host import processes
+from ...shared import envnames
 
 TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
 

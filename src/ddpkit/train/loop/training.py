@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ... import records
-from ...exitcodes import ExitCode
+from ...shared.exitcodes import ExitCode
 from ..checkpoint.checkpointer import Checkpointer, Position, TrainState, check_checkpoint_dir, seed_all
 from ..checkpoint.last_step import LastStep, failure_reason
 from ..config.values import TrainConfig

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...agreed import device_block
+from ...shared.agreed import device_block
 from ..config.values import TrainConfig
 from .balanced_dp import BalancedDataParallel
 from .build import StagedModel

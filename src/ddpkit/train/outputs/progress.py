@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ... import records
-from ...agreed import metrics_to_launcher
-from ...wording import plural
+from ...shared.agreed import metrics_to_launcher
+from ...shared.wording import plural
 
 if TYPE_CHECKING:
     from .tensorboard import TensorBoardScalars

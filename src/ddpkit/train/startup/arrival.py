@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from ... import records, runkey
-from ...exitcodes import ExitCode
-from ...listening import listen_fd
+from ... import records
+from ...rendezvous import runkey
+from ...rendezvous.listening import listen_fd
+from ...shared.exitcodes import ExitCode
 from .netlocal import port_in_use_problem, unreachable_problem
 from .netproblem import ACK_WAIT_S, RETRY_S, STORE_REPLY_S, WINDOW_VAR, NetCheckError, Peers, Problem
 

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ... import processes
+from ...host import processes
 
 _IMPORTED_AT = time.time()  # fallback process start where /proc cannot tell
 

@@ -24,8 +24,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ... import envnames, netif, runkey
-from ...agreed import device_block
+from ...host import netif
+from ...rendezvous import runkey
+from ...shared import envnames
+from ...shared.agreed import device_block
 from ..config.values import Options
 from . import netcheck
 from .clock import CLOCK, StartupClock, process_start

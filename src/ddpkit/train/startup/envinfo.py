@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from ...exitcodes import ExitCode, exit_on
+from ...shared.exitcodes import ExitCode, exit_on
 from .distributed import add_startup_arguments
 
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve(args: argparse.Namespace) -> Resolved:
-    from ... import netif
+    from ...host import netif
     from .distributed import detect_launch, hostname, resolve_backend, resolve_device
     from .rank_report import versions
 
@@ -74,7 +74,7 @@ def print_table(resolved: Resolved) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...netif import InterfaceError
+    from ...host.netif import InterfaceError
     from .distributed import StartupError
 
     try:

@@ -15,9 +15,9 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ... import envnames as E
-from ... import scontrol
-from ...agreed import DEFAULT_PORT, slurm_port_for_job
+from ...host import scontrol
+from ...shared import envnames as E
+from ...shared.agreed import DEFAULT_PORT, slurm_port_for_job
 from ..config.values import Options
 
 HostlistExpander = Callable[[str], list[str]]

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ... import netif
+from ...host import netif
 from .arrival import arrival
 from .launchinfo import LaunchInfo
 from .netlocal import auto_choice, connect_problem, interface_settings, local_problems

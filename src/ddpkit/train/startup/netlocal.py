@@ -10,8 +10,8 @@ import socket
 import time
 from collections.abc import Mapping
 
-from ... import netif
-from ...envnames import SOCKET_IFNAMES
+from ...host import netif
+from ...shared.envnames import SOCKET_IFNAMES
 from .netproblem import RETRY_S, Peers, Problem
 
 # ---- interfaces ------------------------------------------------------------------

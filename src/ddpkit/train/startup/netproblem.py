@@ -10,9 +10,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ... import netif
-from ...envnames import DDPKIT_RENDEZVOUS_WINDOW
-from ...exitcodes import ExitCode
+from ...host import netif
+from ...shared.envnames import DDPKIT_RENDEZVOUS_WINDOW
+from ...shared.exitcodes import ExitCode
 from .launchinfo import LaunchInfo, StartupError
 
 WINDOW_VAR = DDPKIT_RENDEZVOUS_WINDOW

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ... import envnames
+from ...shared import envnames
 
 
 def socket_ifnames() -> dict[str, str | None]:

@@ -26,10 +26,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import envnames, netif, records
-from ...agreed import metrics_to_launcher
-from ...exitcodes import ExitCode
+from ... import records
+from ...host import netif
 from ...records import RankRow
+from ...shared import envnames
+from ...shared.agreed import metrics_to_launcher
+from ...shared.exitcodes import ExitCode
 from . import process_env
 from .distributed import DistContext
 from .rank_table import print_table, write_atomically

@@ -1,5 +1,5 @@
 """Faults of a training job that every rank detects together and that end
-the job with their own exit code (ddpkit.exitcodes.ExitCode) and one line
+the job with their own exit code (ddpkit.shared.exitcodes.ExitCode) and one line
 naming the host, the path and the fix.
 
 Each check gathers every rank's finding (agree()), so all ranks raise at the
@@ -9,7 +9,7 @@ until its timeout.
 
 from __future__ import annotations
 
-from ...exitcodes import ExitCode
+from ...shared.exitcodes import ExitCode
 
 
 class TrainFault(RuntimeError):

@@ -32,9 +32,10 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from ... import envnames, records
-from ...agreed import TRAINER_STOP_SIGNALS
-from ...exitcodes import ExitCode
+from ... import records
+from ...shared import envnames
+from ...shared.agreed import TRAINER_STOP_SIGNALS
+from ...shared.exitcodes import ExitCode
 
 EXIT_PREEMPTED = ExitCode.PREEMPTED  # stopped on request after a checkpoint; run again with --resume auto
 # The renderers tell torchrun to forward exactly these (contract.stop_args).

@@ -18,7 +18,8 @@ import os
 import signal
 from collections.abc import Mapping
 
-from ... import envnames, processes
+from ...host import processes
+from ...shared import envnames
 
 
 def batch_shell_pid(env: Mapping[str, str]) -> int | None:

@@ -10,7 +10,8 @@ import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ... import envnames, runkey
+from ...rendezvous import runkey
+from ...shared import envnames
 
 if TYPE_CHECKING:
     import torch.distributed as dist

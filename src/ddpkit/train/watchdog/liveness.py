@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 
-from ... import processes
+from ...host import processes
 from . import stall
 from . import stall_model as _wd
 

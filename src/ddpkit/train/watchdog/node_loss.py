@@ -25,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from ... import envnames, records
-from ...agreed import LOSS_FLOOR_S, LOSS_S
-from ...exitcodes import ExitCode
+from ... import records
 from ...records import LostRank, NodeLost
+from ...shared import envnames
+from ...shared.agreed import LOSS_FLOOR_S, LOSS_S
+from ...shared.exitcodes import ExitCode
 from ..startup.launchinfo import AgentRestarts
 from .stall_model import UNJUDGED, Judge, Phase
 

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from ... import envnames
+from ...shared import envnames
 from .stall_report import STACKS_FOLDER, Ack
 
 PYSPY_TIMEOUT_S = 10.0  # under load a native dump takes seconds; the job must still stop within a minute

@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import records, runkey
-from ...agreed import LOSS_S
-from ...exitcodes import ExitCode
+from ... import records
+from ...rendezvous import runkey
+from ...shared.agreed import LOSS_S
+from ...shared.exitcodes import ExitCode
 from . import node_loss as loss_judge
 from .control_store import open_store
 from .stacks import dump_stacks

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ... import envnames
+from ...shared import envnames
 
 
 class Phase(str, Enum):

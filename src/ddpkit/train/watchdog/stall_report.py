@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import records
-from ...exitcodes import ExitCode
+from ...shared.exitcodes import ExitCode
 from .stall_model import Beat, Suspect, Verdict
 
 # The report's per-rank line, for people; launchers read the `stall` record instead.

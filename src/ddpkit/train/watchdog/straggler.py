@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ... import envnames, records
-from ...agreed import STRAGGLER_FACTOR
+from ... import records
+from ...shared import envnames
+from ...shared.agreed import STRAGGLER_FACTOR
 from .stall_model import PULSE
 
 if TYPE_CHECKING:

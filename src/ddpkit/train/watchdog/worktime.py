@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ... import envnames
+from ...shared import envnames
 from .straggler import WORK, WorkWindow
 
 Mark = float | torch.cuda.Event

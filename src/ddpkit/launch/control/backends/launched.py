@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import yaml
 
-from .... import envnames
-from ....agreed import TRAIN_MODULE, is_ddpkit_module
-from ....exitcodes import ExitCode
 from ....runs import RunRecord, RunState, RunTarget, StoredRun, launcher_alive, shown_state
+from ....shared import envnames
+from ....shared.agreed import TRAIN_MODULE, is_ddpkit_module
+from ....shared.exitcodes import ExitCode
 from ...supervise import proctree
 from ..common import ACTIVE, RunCommandError, already_ended
 from ..logs import LogRequest, launch_sources, log_iter, print_files

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .... import records
-from ....exitcodes import ExitCode
 from ....runs import RunFolder, RunState, RunTarget, SlurmJob, StoredRun
+from ....shared.exitcodes import ExitCode
 from ...slurm.follow import JobWatch
 from ...slurm.jobs import JobState, SlurmQueue, hostnames, queue_state, run_state
 from ..common import ACTIVE, POLL_S, RunCommandError, already_ended

@@ -5,7 +5,7 @@ lives in ddpkit.targets (which imports this module, never the reverse).
 Rules (docs/ARCHITECTURE.md): StrictUndefined, so a missing variable is an
 error; every value reaching a shell goes through `shq` or is a node-side
 `FromNode` part; every YAML scalar goes through `tojson`; every escaping
-rule is a function of ddpkit.quoting. Rendered text is checked before it is
+rule is a function of ddpkit.render.quoting. Rendered text is checked before it is
 returned: shell with `bash -n`, YAML parsed back.
 
 Convention for shell templates: the job environment is exported as
@@ -27,11 +27,11 @@ from typing import Any, Literal
 import jinja2
 import yaml
 
+from ..contract import Arg, FromNode
+from ..shared.exitcodes import ExitCode
+from ..shared.wording import plural
 from . import quoting
-from .contract import Arg, FromNode
-from .exitcodes import ExitCode
 from .templatedir import default_template_dir
-from .wording import plural
 
 FileKind = Literal["shell", "yaml", "text"]
 

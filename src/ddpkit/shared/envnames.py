@@ -106,7 +106,7 @@ DDPKIT_AGENT_PRELOAD: Final = "DDPKIT_AGENT_PRELOAD"
 # What a program of the user's own gets before its first line (ddpkit/preamble): "off", or the parts
 # to leave out, comma-separated (agreed.PREAMBLE_PARTS).
 DDPKIT_PREAMBLE: Final = "DDPKIT_PREAMBLE"
-DDPKIT_WORKDIR: Final = "DDPKIT_WORKDIR"  # command.workdir: made and entered on every node (ddpkit/workdir.py)
+DDPKIT_WORKDIR: Final = "DDPKIT_WORKDIR"  # command.workdir: made and entered on every node (ddpkit/host/workdir.py)
 # Where the preamble's rank 0 appends a program's metrics records (launch local: the run folder's metrics.jsonl;
 # launch ssh and docker: agreed.METRICS_TO_LAUNCHER, framed on stderr for the launcher; submit slurm: the same
 # value, its records then in the job's records folder: DDPKIT_RECORDS).

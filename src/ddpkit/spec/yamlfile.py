@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from .exitcodes import ExitCode
-from .spec import JobSpec, env_warnings
+from ..shared.exitcodes import ExitCode
+from . import JobSpec, env_warnings
 
 NOTHING_DONE = "nothing was written or started"
 

@@ -13,8 +13,8 @@ import os
 import sys
 from collections.abc import Mapping
 
-from . import envnames
-from .exitcodes import ExitCode, exit_on
+from ..shared import envnames
+from ..shared.exitcodes import ExitCode, exit_on
 
 
 def enter(env: Mapping[str, str], who: str) -> None:

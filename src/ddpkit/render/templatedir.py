@@ -14,4 +14,4 @@ def default_template_dir() -> Path:
     packaged = resources.files("ddpkit") / "templates"
     if packaged.is_dir():
         return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "templates"
+    return Path(__file__).resolve().parents[3] / "templates"

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .envnames import SOCKET_IFNAMES
+from ..shared.envnames import SOCKET_IFNAMES
 
 SIOCGIFFLAGS = 0x8913  # linux/sockios.h
 SIOCGIFADDR = 0x8915

@@ -28,7 +28,7 @@ import os
 import secrets
 from collections.abc import Mapping
 
-from . import envnames
+from ..shared import envnames
 
 ENV = envnames.DDPKIT_RUN_KEY
 KEY_BYTES = 32  # 256 bits; a key nobody can guess needs at least 128

@@ -62,11 +62,11 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 from torch.distributed.elastic.utils.logging import get_logger
 
+from ..shared.agreed import RDZV_FIRST_ROUND_KEY as FIRST_ROUND_KEY
+from ..shared.agreed import RDZV_HANDLER as NAME
 from . import runkey
-from .agreed import RDZV_FIRST_ROUND_KEY as FIRST_ROUND_KEY
-from .agreed import RDZV_HANDLER as NAME
-from .rdzv_members import EVALUATORS, Decision, Membership, Rules, View, decide
-from .rdzv_timing import AgentTiming
+from .members import EVALUATORS, Decision, Membership, Rules, View, decide
+from .timing import AgentTiming
 
 # torch's elastic loggers' level (LOGLEVEL, WARNING by default): with LOGLEVEL=INFO the rounds' lines
 # stand beside torch's own in the agent's output
