@@ -140,7 +140,7 @@ class DevTools:
 
     def _on_event(self, event: dict[str, Any]) -> None:
         method, params, session = event.get("method"), event.get("params", {}), event.get("sessionId", "")
-        if method == "RowKey.attachedToTarget":
+        if method == "Target.attachedToTarget":
             # a worker, held until its requests are recorded too (waitForDebuggerOnStart)
             worker = params["sessionId"]
             self.workers.append(params["targetInfo"]["url"])
@@ -221,11 +221,11 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
     os.close(from_browser_w)
     tools = DevTools(process, to_browser_w, from_browser_r)
     try:
-        target = tools.call("RowKey.createTarget", url="about:blank")["targetId"]
-        tools.session = tools.call("RowKey.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        target = tools.call("Target.createTarget", url="about:blank")["targetId"]
+        tools.session = tools.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         tools.call("Page.enable")
         tools.call("Network.enable")
-        tools.call("RowKey.setAutoAttach", autoAttach=True, waitForDebuggerOnStart=True, flatten=True)
+        tools.call("Target.setAutoAttach", autoAttach=True, waitForDebuggerOnStart=True, flatten=True)
         tools.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
         yield tools
     finally:
