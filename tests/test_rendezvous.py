@@ -63,6 +63,13 @@ def test_the_last_rounds_members_keep_the_first_ranks_and_max_nodes_cap_the_roun
     assert decision.members == ["a", "b", "x"]  # y and z wait for the next round, without a restart
 
 
+def test_a_first_rounds_ranks_follow_the_node_names_not_the_order_they_joined_in() -> None:
+    decision = decide(_view(["c", "a", "b"], round_=0, min_at_ago=0), RULES)
+    assert decision.members == ["a", "b", "c"]  # torch's order: its participants' sorted node descriptors
+    later = decide(_view(["z", "b", "y"], previous=["b"], round_=1), RULES)
+    assert later.members == ["b", "y", "z"]  # the survivor keeps rank 0; the newcomers ranked by name
+
+
 @pytest.mark.parametrize(("joined", "min_at_ago", "round_", "near", "closes"), [
     (["a", "b"], 40, 0, False, False),  # the first round, a node still starting: wait, within first_round (120 s)
     (["a", "b"], 130, 0, False, True),  # first_round is over: it closes with the nodes that came

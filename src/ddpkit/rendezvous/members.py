@@ -85,13 +85,19 @@ def decide(view: View, rules: Rules, deadline_near: bool = False) -> Decision:
       node): the nodes that will come are known, no last call waits;
     - else once min_nodes are in and the last call is over (round 0: the
       first round's wait, or `deadline_near`: the join's own deadline).
-    The last round's members come first, then the others as they joined;
+    The last round's members keep the first ranks, in their order; the
+    others are let in as they joined and ranked by name (torch's order:
+    a first round's ranks follow the hosts, not who started first);
     a node silent past `silent_s` holds a closing round (it comes back, or
     expires and the round goes on without it)."""
     previous = list(view.previous or ())
     live = [n for n in view.joined if n not in view.left and _age(view, n) <= rules.waiting_expiry_s]
     old = set(previous)
-    chosen = ([n for n in previous if n in live] + [n for n in live if n not in old])[:rules.max_nodes]
+    kept = [n for n in previous if n in live][:rules.max_nodes]
+    # newcomers are let in as they joined, and ranked by name, as torch ranks its participants
+    # (sorted node descriptors): a job's first round gives node ranks in host order, whatever
+    # order its agents started in
+    chosen = kept + sorted([n for n in live if n not in old][:rules.max_nodes - len(kept)])
     if len(chosen) < rules.min_nodes:
         return Decision(None)
     why = ""
