@@ -7,6 +7,9 @@ stop ended. On the real cluster: tests/test_slurm_first_failure.py."""
 from __future__ import annotations
 
 import io
+import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import pytest
 
 from ddpkit.agent import nodefailure
 from ddpkit.train import __main__ as train_main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def slurm_env(tmp: Path, node: str = "node2", restarts: str = "0") -> dict[str, str]:
@@ -90,3 +95,70 @@ def test_ddpkit_train_under_torchruns_agent_leaves_its_error_to_the_agent(
     with pytest.raises(RuntimeError):  # the worker's own handler (agent/worker.become) says it
         train_main.main_alone()
     assert not (tmp_path / "job-7.records").exists()
+
+
+# Two srun-mode tasks (no agent); both report steps to the hang watchdog, then rank 1 stops reporting:
+# the watchdog's verdict ends both with os._exit(13) (train/watchdog/stall.py).
+STALLING = """\
+import time
+import torch.distributed as dist
+from ddpkit import watchdog
+dist.init_process_group("gloo")
+for step in range(1, 4):
+    watchdog.progress(step)
+    dist.barrier()
+if dist.get_rank() == 1:
+    time.sleep(120)
+dist.barrier()
+"""
+
+
+def srun_task_env(tmp: Path, rank: int, port: int) -> dict[str, str]:
+    """What srun gives task `rank` of a step of 2 tasks on node2 (run.py derives torchrun's variables from it)."""
+    inherited = {k: v for k, v in os.environ.items()
+                 if not k.startswith(("SLURM", "TORCHELASTIC", "DDPKIT", "PET_"))
+                 and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")}
+    return {**inherited, **slurm_env(tmp), "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+            "SLURM_NODEID": "0", "SLURM_LOCALID": str(rank), "SLURM_NTASKS_PER_NODE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DDPKIT_WATCHDOG_STALL_S": "2",
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_an_srun_task_the_hang_watchdog_ends_leaves_its_nodes_failure_file(tmp_path: Path) -> None:
+    """The watchdog ends a stuck task with os._exit, which skips the task's last lines:
+    its verdict's code still reaches the node's failure file (nodefailure.exit_now), so the
+    batch script ends the job 13, not the 143 of a task srun stopped."""
+    (tmp_path / "stalling.py").write_text(STALLING)
+    port = free_port()
+    tasks = [subprocess.Popen([sys.executable, "-m", "ddpkit.run", str(tmp_path / "stalling.py")], cwd=tmp_path,
+                              env=srun_task_env(tmp_path, rank, port), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [task.communicate(timeout=150)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [13, 13], "\n".join(outputs)
+    assert "no progress for 2s (limit 2s); stalled rank(s): 1;" in "".join(outputs), "\n".join(outputs)
+    found = left(tmp_path)
+    assert found is not None and found[1] == 13, f"{found}\n" + "\n".join(outputs)
+
+
+def test_an_srun_task_that_ends_before_its_program_leaves_its_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m ddpkit.run` in an srun task whose launch environment is wrong (no master to
+    be found) ends with one line and exit 2 before the program's first line: its node's file too."""
+    from ddpkit import run
+
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT", "RANK", "MASTER_ADDR", "SLURM_JOB_NODELIST",
+                 "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**slurm_env(tmp_path), "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as ended:
+        run.main([str(tmp_path / "program.py")])
+    assert ended.value.code == 2
+    assert left(tmp_path) is not None and left(tmp_path)[1] == 2  # type: ignore[index]

@@ -35,7 +35,8 @@ pytestmark = [pytest.mark.skipif(_reason is not None, reason=_reason or ""), pyt
               pytest.mark.root]
 
 # Rank 1 (node2) fails once both ranks joined (mode exit: os._exit(13), sysexit: sys.exit(13), raise: an
-# exception); rank 0 stays healthy.
+# exception; stall: it stops reporting its steps to the hang watchdog, whose verdict ends every rank with
+# os._exit(13)); rank 0 stays healthy.
 PROGRAM = """\
 import os, sys, time
 import torch, torch.distributed as dist
@@ -47,6 +48,14 @@ if sys.argv[1] == "ok":
     dist.barrier()
     dist.destroy_process_group()
     sys.exit(0)
+if sys.argv[1] == "stall":
+    from ddpkit import watchdog
+    for step in range(1, 4):
+        watchdog.progress(step)
+        dist.barrier()
+    if rank == 1:
+        time.sleep(300)
+    dist.barrier()
 if rank == 1:
     time.sleep(1)
     if sys.argv[1] == "exit":
@@ -66,13 +75,15 @@ def cluster(slurm_pool: SlurmPool) -> Iterator[SlurmCluster]:
         yield c
 
 
-def submit(cluster: SlurmCluster, tmp: Path, name: str, mode: str,
-           slurm_mode: str = "torchrun") -> tuple[slurm_cluster.JobInfo, str, Path]:
+def submit(cluster: SlurmCluster, tmp: Path, name: str, mode: str, slurm_mode: str = "torchrun",
+           stall_s: int | None = None) -> tuple[slurm_cluster.JobInfo, str, Path]:
     """The job's end, its output file as people read it, and its records folder."""
     (tmp / "program.py").write_text(PROGRAM)
     spec = {"name": name, "nodes": 2, "nproc_per_node": 1, "device": "cpu", "backend": "gloo",
             "command": {"python": PYTHON, "script": str(tmp / "program.py"), "args": [mode]},
             "env": {"OMP_NUM_THREADS": "1"}, "slurm": {"mode": slurm_mode}}
+    if stall_s is not None:
+        spec["watchdog"] = {"stall_s": stall_s}
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
     out = cluster.run([sys.executable, "-m", "ddpkit.cli", "submit", "slurm", "-f", str(tmp / "job.yaml"),
                        "--dir", str(tmp)], cwd=ROOT, timeout=120, env={"DDPKIT_RUNS_DIR": str(tmp / "runs")})
@@ -129,6 +140,21 @@ def test_srun_mode_a_failed_task_ends_the_job_with_its_code_and_its_traceback_in
         assert re.search(rf"^1: \[rank1\]:RuntimeError: boom on rank 1, raised at \S+program\.py:\d+ in step  "
                          rf"\(its traceback: {re.escape(str(log))}\)$", text, re.MULTILINE), text[-6000:]
         assert 'raise RuntimeError("boom on rank 1")' in log.read_text()
+    assert_read_as_people_read_it(text)
+    assert processes_in(tmp_path) == []
+
+
+@pytest.mark.full  # tests/test_agent_nodefailure.py::test_an_srun_task_the_hang_watchdog_ends_leaves_its_nodes_failure_file
+def test_srun_mode_a_stall_the_watchdog_ended_ends_the_job_with_13(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The hang watchdog ends every task with os._exit(13), which skips the task's last lines:
+    each still leaves its node's failure file first, so the job ends 13 whatever srun's status
+    (143 where srun stopped a task before its own verdict ended it)."""
+    info, text, folder = submit(cluster, tmp_path, "srun-stall", "stall", slurm_mode="srun", stall_s=8)
+    assert (info.state, info.exit_code) == ("FAILED", "13:0"), f"{info}\n{text[-6000:]}"
+    assert "stalled rank(s): 1;" in text, text[-6000:]
+    left = {host: (folder / f"{host}.run0.failed").read_text().split()[1]
+            for host in ("node1", "node2") if (folder / f"{host}.run0.failed").exists()}
+    assert left and set(left.values()) == {"13"}, f"{left}\n{text[-6000:]}"
     assert_read_as_people_read_it(text)
     assert processes_in(tmp_path) == []
 

@@ -56,16 +56,27 @@ def prepare(argv: list[str], env: MutableMapping[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .agent import nodefailure, worker
+    from .agent import nodefailure
     from .preamble import stop
 
-    line = sys.argv[1:] if argv is None else argv
-    prepare(line, os.environ)
-    workdir.enter(os.environ, "ddpkit.run")
-    preamble.install(line)
-    code = worker.run_as_main(line)
+    code = _run(sys.argv[1:] if argv is None else argv)
     nodefailure.task_ended(code, stopped=stop.STATE.request.signum is not None)
     sys.exit(code)
+
+
+def _run(line: list[str]) -> int:
+    """The task's exit code: the program's, or that of the check that ended it
+    before the program's first line (a bad line, workdir, preamble part), so
+    that those too leave the node's failure file."""
+    from .agent import worker
+
+    try:
+        prepare(line, os.environ)
+        workdir.enter(os.environ, "ddpkit.run")
+        preamble.install(line)
+    except SystemExit as exc:
+        return worker.exit_status(exc)
+    return worker.run_as_main(line)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,12 @@ ddpkit.run`, `python -m ddpkit.train`) leaves the same file for its node
 when it ends with a failure of its own (`task_ended`); its node's first
 failure stands (the file is never replaced), as several tasks share a node.
 A task that a stop ended (the stop's 75, a signal's 128+N, a stop signal
-the preamble took) leaves none: srun stopped it after another failed. A task
-that ends without Python's help (os._exit, killed) leaves none either."""
+the preamble took) leaves none: srun stopped it after another failed.
+ddpkit's own verdicts that end a process at once with os._exit, skipping
+the task's last lines (the hang watchdog's 13 and 14, a start-up check-in's
+4), go through `exit_now`, which leaves the file first. A task that a signal
+killed, or the program's own os._exit, leaves none: the batch script then
+keeps srun's status."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from ..shared import envnames
 from ..shared.agreed import NODE_FAILURE_FILE
@@ -69,3 +74,13 @@ def task_ended(code: int, stopped: bool, env: Mapping[str, str] | None = None) -
     if code == 0 or stopped or code == ExitCode.PREEMPTED or code >= 128 or envnames.TORCHELASTIC_RUN_ID in env:
         return
     leave(code, None, env)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process at once with `code` (os._exit: no atexit handlers, no
+    waiting for threads; for a verdict taken while the main thread is stuck),
+    leaving the node's failure file first where this is an srun task."""
+    try:
+        task_ended(code, stopped=False)
+    finally:
+        os._exit(code)

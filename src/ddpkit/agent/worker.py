@@ -206,7 +206,7 @@ def run_program(argv: Sequence[str]) -> int:
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")  # __file__ absolute, as `python SCRIPT` makes it
     except SystemExit as exc:
-        return _exit_status(exc)
+        return exit_status(exc)
     except KeyboardInterrupt:
         print_exception()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -214,7 +214,9 @@ def run_program(argv: Sequence[str]) -> int:
     return 0
 
 
-def _exit_status(exc: SystemExit) -> int:
+def exit_status(exc: SystemExit) -> int:
+    """The status `python` exits with on `exc`: None is 0, a number its low
+    byte, anything else printed and 1."""
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import errno
 import ipaddress
-import os
 import socket
 import sys
 import threading
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ... import records
+from ...agent import nodefailure
 from ...rendezvous import runkey
 from ...rendezvous.listening import listen_fd
 from ...shared.exitcodes import ExitCode
@@ -45,7 +45,7 @@ def _watchdog(seconds: float, problem: Problem) -> Iterator[None]:
         cause = records.Cause("ddpkit train", problem.line(), ExitCode.STARTUP)
         records.emit(cause)
         print(cause.line, file=sys.stderr, flush=True)
-        os._exit(ExitCode.STARTUP)
+        nodefailure.exit_now(ExitCode.STARTUP)  # the node's failure file first, in an srun task
 
     timer = threading.Timer(seconds, fire)
     timer.daemon = True

@@ -10,15 +10,15 @@ with the frame its main thread is in, and waits for `released`; the
 declaring monitor collects the acknowledgements, prints the report (lines
 for people, and the `stall` record a launcher reads: stall_report.py),
 writes the record to the metrics file, and releases everyone. Every rank
-then exits with ExitCode.STALLED; the ranks' launchers (torchrun, srun, a
-pod) see a failed worker and stop the rest. The stacks themselves: stacks.py.
+then exits with ExitCode.STALLED (os._exit, where an srun task leaves its
+node's failure file first: agent/nodefailure.py); the ranks' launchers
+(torchrun, srun, a pod) see a failed worker and stop the rest. The stacks themselves: stacks.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import threading
 import time
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import records
+from ...agent import nodefailure
 from ...rendezvous import runkey
 from ...shared.agreed import LOSS_S
 from ...shared.exitcodes import ExitCode
@@ -84,7 +85,7 @@ class Watchdog:
     """One rank's watchdog thread (see the module docstring)."""
 
     def __init__(self, store: dist.Store, ident: Identity, settings: Settings, outputs: Outputs,
-                 exit: Callable[[int], None] = os._exit, loss_s: float = LOSS_S) -> None:
+                 exit: Callable[[int], None] = nodefailure.exit_now, loss_s: float = LOSS_S) -> None:
         self.store, self.ident, self.settings, self.outputs = store, ident, settings, outputs
         # A node silent this long is lost (train/watchdog/node_loss.py); with stall_s
         # no longer than loss_s the stall verdict comes first, and alone.
