@@ -1,9 +1,10 @@
 """What people read in a Slurm job's output file, as the agent writes it
 (agent/nodelog.py): a failed worker's traceback, torch's report on it and
 torch's stop and failure lines go to the node's log in the job's records
-folder, and the output keeps one line each that says where. Outside a Slurm
-job (no records folder, or no SLURM_JOB_ID: a launcher reads the stream, a
-container's folder dies with it) everything is printed as before. The same
+folder, and the output keeps one line each that says where. A Kubernetes job's
+pods whose records folder is on a shared volume keep theirs there the same
+way. Elsewhere (no records folder: a launcher reads the stream; a container's
+own folder dies with it) everything is printed as before. The same
 on the real cluster: tests/test_slurm_first_failure.py, tests/test_preempt_slurm.py."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +31,11 @@ def slurm_env(tmp: Path, node: str = "node2") -> dict[str, str]:
 def test_the_node_log_is_a_slurm_jobs_and_holds_each_piece_under_a_heading(tmp_path: Path) -> None:
     env = slurm_env(tmp_path)
     assert nodelog.path(env) == tmp_path / "job-7.records" / "node2.log"
-    assert nodelog.path({k: v for k, v in env.items() if k != "SLURM_JOB_ID"}) is None  # compose, Kubernetes
+    # compose, or Kubernetes without a shared volume: the folder in the container dies with it
+    assert nodelog.path({"DDPKIT_RECORDS": "/tmp/ddpkit-records", "HOSTNAME": "x"}) is None
+    # a Kubernetes job's folder on the volume its pods share: the pod's log beside its records
+    shared = {"DDPKIT_RECORDS": str(tmp_path / "claim" / "job")}
+    assert nodelog.path(shared) == tmp_path / "claim" / "job" / f"{socket.gethostname()}.log"
     assert nodelog.path({"SLURM_JOB_ID": "7"}) is None  # a launcher reads the stream
     kept = nodelog.keep("line one\nline two", "rank 3: its traceback", env)
     nodelog.keep("more\n", "torch, on the stop", env)
@@ -69,10 +75,12 @@ def test_a_workers_traceback_in_a_slurm_job_is_one_line_and_the_node_log(tmp_pat
     assert "in raise_in_step\n" in kept and kept.endswith("ValueError: bad shape (3, 4)\n")
 
 
-def test_outside_a_slurm_job_the_traceback_is_printed_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = printed_exception(monkeypatch, {"DDPKIT_RECORDS": str(tmp_path / "rec"), "RANK": "3"})
+def test_where_the_records_folder_dies_with_the_container_the_traceback_is_printed_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """compose, or a Kubernetes job without a shared volume: kept in the container, the traceback would go
+    with it; on the output it stays as long as the pod's output does."""
+    out = printed_exception(monkeypatch, {"DDPKIT_RECORDS": "/tmp/ddpkit-records", "RANK": "3"})
     assert out.startswith("Traceback (most recent call last):\n") and out.endswith("ValueError: bad shape (3, 4)\n")
-    assert not (tmp_path / "rec").exists()
 
 
 @pytest.mark.parametrize(("msg", "args", "printed_elsewhere"), [

@@ -11,11 +11,18 @@ failed worker (its ChildFailedError and summary box), torch's shutdown
 warnings on a stop, and c10d's warning that it could not look up a peer's
 name. The output keeps one line for each, which says where the rest is.
 
+A Kubernetes job whose pods share a volume (targets/kubernetes/pod.py:
+`records_folder`) has no launcher either: `kubectl logs` of each pod is what
+people read. Its records folder is then on that volume, and each pod's log
+beside its records there (`<pod's hostname>.log`), as a Slurm node's.
+
 One file per node, each piece in one append (O_APPEND keeps the writes of a
 host's processes whole; nothing on another host writes to it). Where no
-Slurm job's records folder is set (a ddpkit launcher reads the stream, a
-compose or Kubernetes job's folder in each container dies with it), `path`
-is None and everything is printed as before."""
+records folder outlives the node (a ddpkit launcher reads the stream; a
+compose job's, or a Kubernetes job's without a shared volume, is in each
+container: records.CONTAINER_FOLDER, gone with it), `path` is None and
+everything is printed as before: a traceback kept in a folder that dies with
+its pod would be lost with the pod's output."""
 
 from __future__ import annotations
 
@@ -37,9 +44,19 @@ def slurm_node_file(env: Mapping[str, str]) -> Path | None:
     return records.node_file(folder, env.get(envnames.SLURMD_NODENAME))
 
 
+def kept_node_file(env: Mapping[str, str]) -> Path | None:
+    """This node's records file where its folder outlives the node: a Slurm
+    job's, or one on a volume a Kubernetes job's pods share (any folder but a
+    container's own, records.CONTAINER_FOLDER); None where there is none."""
+    folder = records.channel(dict(env))
+    if folder is None or folder == Path(records.CONTAINER_FOLDER):
+        return None
+    return records.node_file(folder, env.get(envnames.SLURMD_NODENAME))
+
+
 def path(env: Mapping[str, str] | None = None) -> Path | None:
-    """This node's log in a Slurm job's records folder; None where there is none."""
-    node_file = slurm_node_file(os.environ if env is None else env)
+    """This node's log in a records folder that outlives it; None where there is none."""
+    node_file = kept_node_file(os.environ if env is None else env)
     return None if node_file is None else node_file.with_suffix(".log")
 
 
