@@ -32,7 +32,8 @@ from ..refusals import refuse
 from . import gang, indexed_job, jobset, pod, pytorchjob, trainjob
 from .base import DNS_LABEL_MAX, Kind, KindInfo, filename, labels, meta, name_problems
 from .gang import job_object
-from .pod import GPU_RESOURCE, Container, resume_warning
+from .pod import GPU_RESOURCE, Container
+from .storage import resume_warning
 from .trainjob import RESERVED_ENV as TRAINJOB_RESERVED_ENV
 
 NAME = "k8s"

@@ -13,16 +13,16 @@ from ...contract import Arg, LaunchPlan, RowKey, resolve
 from ...render.engine import RenderError, k8s_arg
 from ...render.quoting import kubelet_unliteral
 from ...rendezvous import runkey
+from ...shared import envnames
 from ...spec import JobSpec, K8sVolume
-from .. import mounts, podsecurity, program_paths
+from .. import podsecurity, program_paths
 from . import gang
 from .base import KindInfo, pss_comment
+from .storage import SHARED_SOURCES, records_folder, resume_warning
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
 WORKDIR_VOLUME = "ddpkit-workdir"  # command.workdir, where no volume of the spec holds it
-# Shared storage that outlives a pod: where a checkpoint for `--resume auto` can live.
-SHARED_SOURCES = frozenset({"persistent_volume_claim", "nfs"})
 # spec field -> Kubernetes volume source key.
 VOLUME_KEYS = {
     "persistent_volume_claim": "persistentVolumeClaim", "host_path": "hostPath", "nfs": "nfs",
@@ -265,7 +265,7 @@ def container(spec: JobSpec, info: KindInfo, launch: LaunchPlan | None = None) -
         image=spec.image,
         pull_policy=spec.k8s.image_pull_policy,
         command=launch.argv,
-        env=mounts.records_in_container(launch.env),
+        env=launch.env | {envnames.DDPKIT_RECORDS: records_folder(spec)},
         resources=resources(spec),
         port=Port(info.port_name, int(port)) if info.port_name and port is not None else None,
         mounts=container_mounts(spec),
@@ -290,22 +290,6 @@ def security_level(p: Pod) -> podsecurity.Level:
     view = {**p.fields, "volumes": p.volumes,
             "containers": [{"name": p.container.name, "securityContext": p.container.security_context}]}
     return podsecurity.level(view)
-
-
-def resume_warning(spec: JobSpec) -> str | None:
-    """`--resume auto` needs the checkpoint directory on storage that outlives
-    the pod; without one a restarted pod starts again from step 0."""
-    shared = [v.mount_path for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only]
-    ckpt = mounts.unmounted_checkpoint(spec, shared)
-    if ckpt is None:
-        return None
-    parent = mounts.checkpoint_parent(ckpt)
-    return (
-        f"warning: k8s: --resume auto but no shared writable volume is mounted at or above "
-        f"--checkpoint-dir {shlex.quote(ckpt)}: a restarted pod finds no checkpoint and starts again. "
-        f"Fix: add to k8s.volumes {{name: ckpt, mount_path: {parent}, persistent_volume_claim: <claim>}} "
-        f"(a ReadWriteMany PVC or nfs)"
-    )
 
 
 def storage_warnings(spec: JobSpec) -> list[str]:

@@ -1,0 +1,52 @@
+"""What a Kubernetes job keeps on the storage its pods share (a claim or
+NFS that outlives a pod): its checkpoints for `--resume auto`, and its
+records folder with each pod's records and log."""
+
+from __future__ import annotations
+
+import shlex
+
+from ... import records
+from ...spec import JobSpec, K8sVolume
+from .. import mounts
+
+# Shared storage that outlives a pod: where a checkpoint for `--resume auto` can live.
+SHARED_SOURCES = frozenset({"persistent_volume_claim", "nfs"})
+# The job's records and its pods' logs, under a volume they share (records_folder).
+RECORDS_SUBFOLDER = "ddpkit-records"
+
+
+def shared_volume(spec: JobSpec) -> K8sVolume | None:
+    """The first volume of k8s.volumes that every pod shares and may write (a
+    claim or NFS: the checkpoint's, in the examples), or None."""
+    return next((v for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only), None)
+
+
+def records_folder(spec: JobSpec) -> str:
+    """The job's records folder (DDPKIT_RECORDS): on its shared volume,
+    `<mount>/ddpkit-records/<job>`, where each pod appends its records and its
+    log (`<pod's hostname>.jsonl`, `.log`: agent/nodelog.py), which outlive
+    the pod and `ddpkit report` reads (backends/kubectl.copy_records). Without
+    one, a folder in each container (records.CONTAINER_FOLDER): its records go
+    with the pod, and the agent keeps tracebacks on the pod's output."""
+    volume = shared_volume(spec)
+    if volume is None:
+        return records.CONTAINER_FOLDER
+    return f"{volume.mount_path.rstrip('/')}/{RECORDS_SUBFOLDER}/{spec.name}"
+
+
+def resume_warning(spec: JobSpec) -> str | None:
+    """`--resume auto` needs the checkpoint directory on storage that outlives
+    the pod; without one a restarted pod starts again from step 0."""
+    shared = [v.mount_path for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only]
+    ckpt = mounts.unmounted_checkpoint(spec, shared)
+    if ckpt is None:
+        return None
+    parent = mounts.checkpoint_parent(ckpt)
+    return (
+        f"warning: k8s: --resume auto but no shared writable volume is mounted at or above "
+        f"--checkpoint-dir {shlex.quote(ckpt)}: a restarted pod finds no checkpoint and starts again. "
+        f"Fix: add to k8s.volumes {{name: ckpt, mount_path: {parent}, persistent_volume_claim: <claim>}} "
+        f"(a ReadWriteMany PVC or nfs)"
+    )
+
