@@ -64,17 +64,20 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _copy_records(stored: StoredRun) -> None:
-    """A rendered compose job's records, brought from its containers into the run
-    folder; where they cannot be (the containers removed), an earlier copy serves."""
-    if stored.record.target is not RunTarget.COMPOSE or stored.record.applied is None:
+    """A rendered job's records, brought into the run folder: a compose job's
+    from its containers, a Kubernetes job's from its shared volume; where they
+    cannot be (the containers removed), an earlier copy serves."""
+    if stored.record.target not in (RunTarget.COMPOSE, RunTarget.K8S) or stored.record.applied is None:
         return
-    from ..launch.control.backends.compose import NoRecords, copy_records
+    from ..launch.control.backends import compose, kubectl
 
+    k8s = stored.record.target is RunTarget.K8S
     try:
-        copy_records(stored)
-    except NoRecords as exc:
+        (kubectl.copy_records if k8s else compose.copy_records)(stored)
+    except compose.NoRecords as exc:
         if not any(stored.folder.records_folder.glob("*.jsonl")):
             from .data import NoMetrics
 
-            raise NoMetrics(f"{exc}; `ddpkit report` copies them while the containers are there") from None
+            where = "the job's volume is readable" if k8s else "the containers are there"
+            raise NoMetrics(f"{exc}; `ddpkit report` copies them while {where}") from None
         print(f"{WHO}: {exc}; using the records copied from them before", file=sys.stderr)

@@ -10,7 +10,8 @@ write them, and a program of the user's own has them under launch local,
 ssh and docker), the `--metrics` path in the job's command as the run
 recorded it (spec.yaml), a Slurm job's records folder (one file per
 node: ddpkit.records' channel), or the records a rendered compose job's
-containers kept, copied into the run folder (RunFolder.records_folder)."""
+containers or a Kubernetes job's shared volume kept, copied into the run
+folder (RunFolder.records_folder)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def metrics_file(run: StoredRun, given: Path | None = None) -> Path:
     job = run.record.slurm
     if job is not None:
         candidates.append(job.records_folder)
-    if run.record.target is RunTarget.COMPOSE:
+    if run.record.target in (RunTarget.COMPOSE, RunTarget.K8S):
         candidates.append(run.folder.records_folder)
     for path in candidates:
         if path.is_file() and path.stat().st_size > 0 or path.is_dir() and any(path.glob("*.jsonl")):
