@@ -67,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
+from bench.rdzv_trace import rounds  # noqa: E402
 from bench.recovery import end_launcher, tail, take_away, wait_until  # noqa: E402
 from bench.scale_sim import growth  # noqa: E402
 from tests.infra import netns, sshd  # noqa: E402
@@ -114,29 +115,13 @@ dist.destroy_process_group()
 """
 
 
-# Runs on the launcher's host (the store is the launcher's, on its private network): torch's rendezvous state
-# read every PERIOD s, one JSON line each: [time, round, complete, participants, wait list, heartbeats].
-WATCH_RENDEZVOUS = """\
-import json, sys, time
-from datetime import timedelta
-import torch.distributed as dist
-from ddpkit.rdzv_store import rendezvous_state
-addr, port, run_id, out, period = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
-store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False)
-with open(out, "a", buffering=1) as file:
-    while True:
-        s = rendezvous_state(store, run_id)
-        if s is not None:
-            file.write(json.dumps([time.time(), s.round, s.complete, len(s.participants), len(s.wait_list),
-                                   len(s.last_heartbeats)]) + "\\n")
-        time.sleep(period)
-"""
+# How often --watch-rendezvous reads the rendezvous from the store (bench/rdzv_trace.py).
 WATCH_PERIOD_S = 0.25
 
 
 def rendezvous_id(host: netns.Host) -> str | None:
-    """The id torch's rendezvous state is kept under, from node 0's agent's environment (the run key
-    tags the rendered id: runkey.rdzv_run_id), once the agent runs."""
+    """The rendezvous' id in the store (ddpkit's membership and torch's state alike), from node 0's agent's
+    environment (the run key tags the rendered id: runkey.rdzv_run_id), once the agent runs."""
     from ddpkit.rendezvous import runkey
     from ddpkit.shared.envnames import DDPKIT_RDZV_ID
 
@@ -148,23 +133,6 @@ def rendezvous_id(host: netns.Host) -> str | None:
         if DDPKIT_RDZV_ID in env:
             return runkey.rdzv_run_id(env[DDPKIT_RDZV_ID], env)
     return None
-
-
-def rounds(trace: list[list[Any]], t0: float) -> dict[str, Any]:
-    """What the state did: when each round completed (s from the command), and how often a round in the
-    making lost participants (nodes the others removed as dead while they waited) or heartbeats."""
-    completed: list[dict[str, Any]] = []
-    for row in trace:
-        if row[2] and row[1] not in {c["round"] for c in completed}:  # first seen complete (to WATCH_PERIOD_S)
-            completed.append({"round": row[1], "at_s": round(row[0] - t0, 2), "participants": row[3]})
-    drops = sum(1 for prev, cur in zip(trace, trace[1:]) if cur[1] == prev[1] and not cur[2] and cur[3] < prev[3])
-    dead = sum(1 for prev, cur in zip(trace, trace[1:]) if cur[1] == prev[1] and cur[5] < prev[5])
-    peak: dict[int, int] = {}
-    for row in trace:
-        if not row[2]:
-            peak[row[1]] = max(peak.get(row[1], 0), row[3])
-    return {"completed": completed, "participant_drops": drops, "heartbeat_drops": dead,
-            "max_participants_while_forming": peak, "samples": len(trace)}
 
 
 # ---- one run ------------------------------------------------------------------------------------
@@ -387,17 +355,16 @@ class Run:
 
 
 def watch_rendezvous(net: netns.Network, run: Run, proc: subprocess.Popen[str], trace: Path) -> None:
-    """Start the state's reader on the launcher's host once node 0's agent is there (a thread: the start
-    is not held up)."""
+    """Start the rendezvous' reader (bench/rdzv_trace.py) on the launcher's host, where the store is on
+    its private network, once node 0's agent is there (a thread: the start is not held up)."""
     def start() -> None:
         found = wait_until(lambda: proc.poll() is not None or rendezvous_id(run.hosts[0]), 600, "no agent")
         if found is True:
             return
-        script = run.work / "watch_rendezvous.py"
-        script.write_text(WATCH_RENDEZVOUS)
-        watcher = net["login"].popen([sys.executable, str(script), net["login"].addr, "29500", str(found),
-                                      str(trace), str(WATCH_PERIOD_S)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        watcher = net["login"].popen([sys.executable, "-m", "bench.rdzv_trace", net["login"].addr, "29500",
+                                      str(found), str(trace), str(WATCH_PERIOD_S)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL,
+                                     env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"})
         run.watcher = watcher
 
     threading.Thread(target=start, daemon=True).start()
@@ -656,7 +623,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-limit-s", type=float, default=START_LIMIT_S, help="a first step later than this "
                    "stops the bench at this N")
     p.add_argument("--watch-rendezvous", action="store_true",
-                   help="read torch's rendezvous state every 0.25 s from the launcher's host: rounds, drops")
+                   help="read the rendezvous from the store every 0.25 s on the launcher's host (ddpkit's membership, "
+                        "or torch's state with elastic.rendezvous torchrun): rounds, drops")
     p.add_argument("--keep", type=Path, default=None, help="copy each run's folder (console, logs) here")
     p.add_argument("--baseline", type=Path, default=None,
                    help="a checkout of the code before a change: each N and program runs with this checkout's "
