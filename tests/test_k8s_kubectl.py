@@ -126,3 +126,15 @@ def test_log_iter_gives_the_pods_lines_logs_prints(world: Path, tmp_path: Path,
     assert followed == everything  # kubectl's own -f ends once every pod's container has (here: at once)
     asked = [c for c in calls(world) if c[0] == "logs"]
     assert "-f" in asked[-1] and not any("-f" in c for c in asked[:-1]), asked
+
+
+def test_the_records_folder_is_on_the_shared_volume_else_in_the_container() -> None:
+    """The example's first volume is read-only data, its second the checkpoint claim: the folder goes there."""
+    from ddpkit.spec.yamlfile import load_spec
+    from ddpkit.targets.kubernetes.storage import records_env
+
+    example = REPO / "examples" / "cpu-smoke.yaml"
+    assert records_env(load_spec(example)) == {"DDPKIT_RECORDS": f"/ckpt/{FOLDER_ON_CLAIM}"}  # ddpkit train
+    assert records_env(load_spec(example, overrides=["k8s.volumes=[]"])) == {"DDPKIT_RECORDS": records.CONTAINER_FOLDER}
+    own = load_spec(example, overrides=['command={"script": "/app/train.py"}'])
+    assert records_env(own) == {"DDPKIT_RECORDS": f"/ckpt/{FOLDER_ON_CLAIM}", "DDPKIT_METRICS": "-"}

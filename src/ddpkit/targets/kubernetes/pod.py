@@ -13,12 +13,11 @@ from ...contract import Arg, LaunchPlan, RowKey, resolve
 from ...render.engine import RenderError, k8s_arg
 from ...render.quoting import kubelet_unliteral
 from ...rendezvous import runkey
-from ...shared import envnames
 from ...spec import JobSpec, K8sVolume
 from .. import podsecurity, program_paths
 from . import gang
 from .base import KindInfo, pss_comment
-from .storage import SHARED_SOURCES, records_folder, resume_warning
+from .storage import SHARED_SOURCES, records_env, resume_warning
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
@@ -265,7 +264,7 @@ def container(spec: JobSpec, info: KindInfo, launch: LaunchPlan | None = None) -
         image=spec.image,
         pull_policy=spec.k8s.image_pull_policy,
         command=launch.argv,
-        env=launch.env | {envnames.DDPKIT_RECORDS: records_folder(spec)},
+        env=launch.env | records_env(spec),
         resources=resources(spec),
         port=Port(info.port_name, int(port)) if info.port_name and port is not None else None,
         mounts=container_mounts(spec),

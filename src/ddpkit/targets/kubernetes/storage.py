@@ -7,6 +7,8 @@ from __future__ import annotations
 import shlex
 
 from ... import records
+from ...shared import envnames
+from ...shared.agreed import METRICS_TO_LAUNCHER, is_ddpkit_module
 from ...spec import JobSpec, K8sVolume
 from .. import mounts
 
@@ -33,6 +35,15 @@ def records_folder(spec: JobSpec) -> str:
     if volume is None:
         return records.CONTAINER_FOLDER
     return f"{volume.mount_path.rstrip('/')}/{RECORDS_SUBFOLDER}/{spec.name}"
+
+
+def records_env(spec: JobSpec) -> dict[str, str]:
+    """What the training container adds to the job env for its records: the
+    folder, and for a program of the user's own its metrics on that channel
+    (its preamble's step times, loss, throughput, as compose's services;
+    ddpkit train writes where its --metrics names: `--metrics -` is the channel)."""
+    own = {} if is_ddpkit_module(spec.command.module) else {envnames.DDPKIT_METRICS: METRICS_TO_LAUNCHER}
+    return {envnames.DDPKIT_RECORDS: records_folder(spec), **own}
 
 
 def resume_warning(spec: JobSpec) -> str | None:
