@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -102,6 +103,51 @@ def test_ssh_detach_survives_its_launcher_host(cluster: Cluster, tmp_path: Path)
     print(f"DETACH ssh: returned in {returned:.1f} s; the login host cut off; the run finished "
           f"{ended_after_cut:.1f} s after the cut, exit 0; status and logs from the login host took "
           f"{time.monotonic() - asked:.1f} s")
+
+
+LATE_STDIN = """
+import sys, time
+from pathlib import Path
+import paramiko
+from ddpkit.launch.ssh.detached import SETSID, supervisor_command
+host, key, known, python, folder, release = sys.argv[1:]
+client = paramiko.SSHClient()
+client.load_host_keys(known)
+client.connect(host, username="root", key_filename=key, look_for_keys=False, allow_agent=False)
+channel = client.get_transport().open_session()
+channel.exec_command(supervisor_command(python, SETSID, folder, []))
+time.sleep(2)  # the payload arrives after the keeper's first process has exited
+try:
+    channel.sendall(b'{"payload": "all of it"}')
+    channel.shutdown_write()
+except OSError:  # the session already ended: the payload never reached it
+    pass
+print(b"".join(iter(lambda: channel.recv(65536), b"")).decode(), end="")
+# the session ends while the supervisor goes on (it waits for the release file)
+print("session ended" if channel.status_event.wait(60) else "session still open", flush=True)
+Path(release).touch()
+"""
+
+
+def test_the_supervisor_there_reads_its_whole_stdin_and_outlives_the_session(cluster: Cluster,
+                                                                             tmp_path: Path) -> None:
+    """The supervisor's start over ssh: its payload (spec, hosts, secrets) must
+    reach it whole however late the connection delivers it (sshd passes no
+    more stdin on once the command's first process has exited), and the
+    session must end once it said it is ready, while it goes on."""
+    net, hosts = cluster
+    got, release = tmp_path / "payload", tmp_path / "release"
+    python = tmp_path / "python-that-reads-stdin"
+    python.write_text(f"#!/bin/sh\ncat > {got}\necho ready $$\nexec >&- 2>&-\n"  # as take_over: its console elsewhere
+                      f"i=0; while [ ! -e {release} ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done\n")
+    python.chmod(0o755)
+    script = tmp_path / "late_stdin.py"
+    script.write_text(LATE_STDIN)
+    done = net["login"].run([sys.executable, str(script), net["node1"].addr, str(hosts.client_key),
+                             str(hosts.known_hosts), str(python), str(tmp_path / "run"), str(release)], timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("ready "), done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "session ended", done.stdout
+    assert got.read_text() == '{"payload": "all of it"}'
 
 
 def long_job(tmp_path: Path, name: str, **ssh: object) -> Path:

@@ -31,7 +31,7 @@ def checks_here(runs_dir: str | None, python: str = PYTHON) -> str:
 def test_a_first_host_with_what_a_detached_run_needs_passes(tmp_path: Path) -> None:
     first = judge_first_host(checks_here(str(tmp_path / "runs")), PYTHON, str(tmp_path / "runs"))
     assert first.problems == [] and first.runs_dir == str((tmp_path / "runs").resolve())
-    assert first.keeper[-1] == "setsid" and first.hostname
+    assert first.keeper[-2:] == ["setsid", "--fork"] and first.hostname
 
 
 def test_each_missing_need_is_one_line_naming_its_fix(tmp_path: Path) -> None:
@@ -46,20 +46,20 @@ def test_each_missing_need_is_one_line_naming_its_fix(tmp_path: Path) -> None:
     assert judge_first_host(said, "python3", None).problems == [
         "python3 cannot import ddpkit and paramiko there; the detached supervisor runs ddpkit on the first host: "
         "pip install ddpkit there",
-        "no setsid there (util-linux): nothing would keep the supervisor running once this session closes; "
-        "install util-linux, or launch without --detach"]
+        "no setsid --fork there (util-linux 2.31 or newer): nothing would keep the supervisor running once this "
+        "session closes; install util-linux, or launch without --detach"]
 
 
 def test_systemd_run_keeps_the_supervisor_where_the_user_manager_answers() -> None:
     said = "folder /r\npython ok\nddpkit ok\nsetsid ok\nsystemd ok\n"
     assert judge_first_host(said, "python3", None).keeper == ["systemd-run", "--user", "--scope", "--quiet", "--",
-                                                              "setsid"]
+                                                              "setsid", "--fork"]
 
 
 def test_the_supervisors_command_there_quotes_every_word() -> None:
-    command = supervisor_command("/opt/my env/python", ["setsid"], "/runs/a b-123456", ["-i", "/k/id x"])
-    words = shlex.split(command.removeprefix("cd / && exec "))
-    assert words[:2] == ["setsid", "/opt/my env/python"]
+    command = supervisor_command("/opt/my env/python", ["setsid", "--fork"], "/runs/a b-123456", ["-i", "/k/id x"])
+    words = shlex.split(command.removeprefix("cd / && cat | "))
+    assert words[:3] == ["setsid", "--fork", "/opt/my env/python"]
     assert words[words.index(SUPERVISE_FLAG) + 1] == "/runs/a b-123456"
     assert words[words.index(READY_FLAG) + 1] == "1" and words[-2:] == ["-i", "/k/id x"]
 

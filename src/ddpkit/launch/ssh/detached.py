@@ -49,6 +49,7 @@ from .connect import SSH_ERRORS, ConnectError, Endpoint, SshSettings, close, con
 from .hostfile import HostEntry
 
 HOSTFILE = "hostfile"  # in the run folder there: the hosts as this machine resolved them
+SETSID = ["setsid", "--fork"]  # a session of its own, in a process the command's shell does not wait for
 START_WAIT_S = 600.0  # the supervisor's preflight there has this long to say it is ready
 PAYLOAD_KEYS = ("id", "name", "nodes", "nproc_per_node", "stop_grace_s", "spec", "hosts", "secrets", "log_dir_set")
 
@@ -75,7 +76,7 @@ def detach_checks(python: str, runs_dir: str | None) -> str:
         'else echo "folder unwritable $root"; fi',
         f"if command -v {py} >/dev/null 2>&1; then echo 'python ok'; else echo 'python missing'; fi",
         f"{py} -c 'import ddpkit, paramiko' >/dev/null 2>&1 && echo 'ddpkit ok' || echo 'ddpkit missing'",
-        "command -v setsid >/dev/null 2>&1 && echo 'setsid ok' || echo 'setsid missing'",
+        "setsid --fork true >/dev/null 2>&1 && echo 'setsid ok' || echo 'setsid missing'",
         "systemd-run --user --scope --quiet true >/dev/null 2>&1 && echo 'systemd ok' || echo 'systemd no'",
     ]) + "\n"
 
@@ -94,20 +95,25 @@ def judge_first_host(said: str, python: str, runs_dir: str | None) -> FirstHost:
         problems.append(f"{python} cannot import ddpkit and paramiko there; the detached supervisor runs ddpkit "
                         "on the first host: pip install ddpkit there")
     if facts.get("setsid") != "ok":
-        problems.append("no setsid there (util-linux): nothing would keep the supervisor running once this "
-                        "session closes; install util-linux, or launch without --detach")
-    keeper = ["setsid"]
+        problems.append("no setsid --fork there (util-linux 2.31 or newer): nothing would keep the supervisor "
+                        "running once this session closes; install util-linux, or launch without --detach")
+    keeper = list(SETSID)
     if facts.get("systemd") == "ok":
-        keeper = ["systemd-run", "--user", "--scope", "--quiet", "--", "setsid"]
+        keeper = ["systemd-run", "--user", "--scope", "--quiet", "--", *SETSID]
     return FirstHost(folder if not problems else "", facts.get("hostname", ""), keeper, problems)
 
 
 def supervisor_command(python: str, keeper: list[str], folder: str, options: list[str]) -> str:
     """The supervisor's start there: a session of its own, its ready word on
-    the session's stdout (fd 1, which it keeps until then)."""
+    the session's stdout (fd 1, which it keeps until then). Its payload comes
+    through `cat`: setsid's first process exits at once (--fork), and sshd
+    passes no more of the session's stdin on once the command's shell has
+    exited; the shell waits for `cat`, which reads stdin to its end, so the
+    session lasts until the whole payload is in the pipe the supervisor
+    reads, and no longer: the supervisor's run is not the session's."""
     argv = [*keeper, python, "-m", "ddpkit.cli", "launch", "ssh", "-f", f"{folder}/spec.yaml",
             "--hostfile", f"{folder}/{HOSTFILE}", SUPERVISE_FLAG, folder, READY_FLAG, "1", *options]
-    return f"cd / && exec {shlex.join(argv)}"
+    return f"cd / && cat | {shlex.join(argv)}"
 
 
 def host_line(ep: Endpoint) -> str:
