@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping
@@ -115,11 +116,24 @@ def report(env: Mapping[str, str], say: Callable[[str], None] | None = None) -> 
     else:
         problems = _verdict(store)
     if problems:
+        _settle()
         for problem in problems:
             (say or _say)(f"ddpkit: rank report: {problem}")
         _all_said(store, row.world_size)
         sys.exit(ExitCode.STARTUP)
     return problems
+
+
+def _settle() -> None:
+    """This rank's end is decided (exit 4): a stop signal from now on is
+    ignored. The first rank to exit makes torchrun SIGTERM the others, and on
+    a busy machine one still saying why or shutting its interpreter down
+    would end as -15, not with the exit code every rank agreed on."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:  # not the main thread: the signal keeps its action
+            pass
 
 
 def _gather(store: Any, world: int) -> tuple[list[RankRow], list[str]]:
