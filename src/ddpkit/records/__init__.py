@@ -239,7 +239,7 @@ def send(record: Record, time: float | None = None) -> str | None:
     folder = channel()
     if folder is not None:
         try:
-            _SENT.write(node_file(folder), encode(record, clock.time() if time is None else time) + "\n")
+            append(node_file(folder), record, clock.time() if time is None else time, kept=_SENT)
             return None
         except OSError:
             pass
@@ -312,12 +312,18 @@ def _value(hint: Any, value: Any, where: str) -> Any:
 
 
 
-def append(path: Path, record: Record, time: float | None = None) -> None:
+def append(path: Path, record: Record, time: float | None = None, kept: Appender | None = None) -> None:
     """Append the record to a JSON Lines file (made with its folder), in one
-    write: O_APPEND keeps lines from several processes whole."""
+    write: O_APPEND keeps lines from several processes whole. `kept`: the
+    Appender that keeps the file open for a writer of many records; without
+    it the file is opened for this record alone. OSError when it cannot be written."""
+    line = encode(record, time) + "\n"
+    if kept is not None:
+        kept.write(path, line)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as out:
-        out.write(encode(record, time) + "\n")
+        out.write(line)
 
 
 def read_file(path: Path) -> list[Stamped]:

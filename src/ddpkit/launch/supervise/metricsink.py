@@ -33,8 +33,8 @@ class MetricsSink:
         if self.failed or not isinstance(stamped.record, records.METRICS_FILE_KINDS):
             return
         try:
-            self.file.write(self.path, records.encode(stamped.record, time.time() if stamped.time is None
-                                                      else stamped.time) + "\n")
+            records.append(self.path, stamped.record, time.time() if stamped.time is None else stamped.time,
+                           kept=self.file)
         except OSError as exc:
             self.failed = True
             self.warn(f"the job's metrics records are no longer kept in {self.path}: {exc}")

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from ... import records
 from ...shared.agreed import metrics_to_launcher
@@ -46,12 +46,14 @@ class Metrics:
     records folder)."""
 
     def __init__(self, path: Path | None, enabled: bool, tensorboard: Path | None = None) -> None:
-        self.file: TextIO | None = None
         self.board: TensorBoardScalars | None = None
         self.framed = enabled and metrics_to_launcher(path)
-        if path is not None and enabled and not self.framed:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115  open for the whole run; close() ends it
+        # Kept open for the whole run, each record one unbuffered write: a killed run keeps every line it wrote.
+        self.path = path if path is not None and enabled and not self.framed else None
+        self.file = records.Appender()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch()
         if tensorboard is not None and enabled:
             from .tensorboard import TensorBoardScalars
 
@@ -61,9 +63,8 @@ class Metrics:
         now = time.time()
         if self.framed:
             records.emit(record, time=now)
-        if self.file is not None:
-            self.file.write(records.encode(record, now) + "\n")
-            self.file.flush()  # a killed run keeps every line it wrote
+        if self.path is not None:
+            records.append(self.path, record, now, kept=self.file)
         if self.board is not None:
             self.board.record(record, now)
 
@@ -72,8 +73,7 @@ class Metrics:
         self.put(records.from_fields({"kind": kind, **fields}).record)
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
+        self.file.close()
         if self.board is not None:
             self.board.close()
 
