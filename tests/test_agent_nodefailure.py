@@ -145,6 +145,8 @@ def test_an_srun_task_the_hang_watchdog_ends_leaves_its_nodes_failure_file(tmp_p
     assert "no progress for 2s (limit 2s); stalled rank(s): 1;" in "".join(outputs), "\n".join(outputs)
     found = left(tmp_path)
     assert found is not None and found[1] == 13, f"{found}\n" + "\n".join(outputs)
+    # rank 0's process held the store: it left last, and rank 1 never asked a store that was gone
+    assert "recvValue failed" not in outputs[1] and "Exception raised from" not in outputs[1], outputs[1]
 
 
 def test_an_srun_task_that_ends_before_its_program_leaves_its_failure(

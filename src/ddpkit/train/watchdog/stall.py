@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 STALL_KEY, RELEASED_KEY, WRITTEN_KEY, WRITER_KEY = "stall", "released", "last-step-written", "last-step-writer"
+LEAVING_KEY, LEAVE_WAIT_S = "stall-leaving", 5.0  # rank 0 waits this long for the others to leave first
 ACK_WAIT_S = 15.0  # the declaring monitor waits this long for every live rank's stacks
 # On a lost node, the survivors wait this long for rank 0's last step from memory (a 1 GB state's write fits).
 WRITTEN_WAIT_S = 60.0
@@ -256,10 +257,20 @@ class Watchdog:
                 self.store.set(RELEASED_KEY, "1")
             else:
                 self._wait_for(RELEASED_KEY, RELEASE_WAIT_S)
+            self._leave_last_on_rank0(self.ident.world - len(record.get("frozen", [])))
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             self._exit(ExitCode.STALLED)
+
+    def _leave_last_on_rank0(self, leaving: int) -> None:
+        """Rank 0's process may hold the store (an srun task: the process group's): it leaves
+        once the `leaving` ranks that read the release said so, so that none asks a store that
+        is gone (c10d's warning and its C++ frames on that rank's stderr)."""
+        done, deadline = int(self.store.add(LEAVING_KEY, 1)), time.monotonic() + LEAVE_WAIT_S
+        while self.ident.rank == 0 and done < leaving and time.monotonic() < deadline:
+            time.sleep(0.1)
+            done = int(self.store.add(LEAVING_KEY, 0))
 
     def claim_last_step(self) -> bool:
         """Whether this rank is the one to write the last completed step of this
