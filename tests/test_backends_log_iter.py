@@ -1,7 +1,9 @@
 """`log_iter`, the lines of a run's log files as its backend gives them
 (the backends whose logs are files: ddpkit's own launcher's node logs and
 a Slurm job's output file): the lines `ddpkit logs` prints, with the same
-prefixes and the same --tail, read from real run folders and files."""
+prefixes and the same --tail, read from real run folders and files. A
+compose run's container lines get the same prefixes (their parsing here;
+the real daemon's `ddpkit logs [--follow]`: tests/test_elastic_compose.py)."""
 
 from __future__ import annotations
 
@@ -69,3 +71,21 @@ def test_a_slurm_jobs_output_as_lines(tmp_path: Path, capsys: pytest.CaptureFixt
     assert everything == _printed(backend, run, LogRequest(), capsys)
     assert _lines(backend, run, LogRequest(node=1, tail=1)) == ["[node1 rank3] three"] == _printed(
         backend, run, LogRequest(node=1, tail=1), capsys)
+
+
+def test_a_compose_containers_lines_get_the_consoles_prefixes() -> None:
+    """`docker compose logs`'s `node1-1  | text` as `ddpkit logs` shows it (the real
+    daemon's run: tests/test_elastic_compose.py): a node's prefix, a rank where
+    torchrun tagged the line, the store's service by its name, no frame."""
+    from ddpkit.launch.control.backends.compose_logs import service_line, shown
+
+    frame = records.frame(records.Reformed(restart=1, max_restarts=3, world=2, saved_world=3))
+    raw = ["node1-1  | [GPU1] Epoch 7 | Batchsize: 32 | Steps: 4", "node10-1  | [rank21]:tagged", "rdzv-1  | up",
+           f"node0-1  | {frame}", f"node0-1  | [rank1]:{frame}", "node0-1  |", "no prefix"]
+    parsed = [service_line(line) for line in raw]
+    assert parsed == [("node1", "[GPU1] Epoch 7 | Batchsize: 32 | Steps: 4"), ("node10", "[rank21]:tagged"),
+                      ("rdzv", "up"), ("node0", frame), ("node0", f"[rank1]:{frame}"), ("node0", ""), None]
+    assert [shown(*p, None) for p in parsed if p] == [
+        "[node1] [GPU1] Epoch 7 | Batchsize: 32 | Steps: 4", "[node10 rank21] tagged", "[rdzv] up", None, None,
+        "[node0] "]
+    assert shown("node10", "[rank21]:tagged", 20) is None and shown("node10", "untagged", 20) == "[node10] untagged"

@@ -81,10 +81,10 @@ def write_job(folder: Path, image: str) -> Path:
 class Compose:
     """docker compose on the rendered file, as its header says to run it."""
 
-    def __init__(self, docker: Docker, folder: Path) -> None:
+    def __init__(self, docker: Docker, folder: Path, project: str = JOB) -> None:
         from docker.client import DockerClient
 
-        self.docker, self.folder = docker, folder
+        self.docker, self.folder, self.project = docker, folder, project
         self.argv = [*compose_cli(), "-f", str(folder / "compose.yaml")]
         # state polls through the API: a CLI process per poll would cost a loaded machine's CPU
         self.client = DockerClient(base_url=docker.host)
@@ -95,7 +95,7 @@ class Compose:
 
     def container(self, service: str) -> Container:
         [container] = self.client.containers.list(all=True, filters={
-            "label": [f"com.docker.compose.project={JOB}", f"com.docker.compose.service={service}"]})
+            "label": [f"com.docker.compose.project={self.project}", f"com.docker.compose.service={service}"]})
         return container
 
     def state(self, service: str) -> dict[str, Any]:
@@ -108,16 +108,58 @@ class Compose:
     def ended(self) -> str | None:
         """Why waiting for the gate is pointless (node 0 exited), or None."""
         state = self.state("node0")
-        return None if state["Running"] else f"node0 exited {state['ExitCode']}\n{self.logs()[-4000:]}"
+        return None if state["Running"] else f"node0 exited {state['ExitCode']}\n{self.logs('--timestamps')[-4000:]}"
 
-    def logs(self) -> str:
-        return self("logs", "--no-color", "--timestamps").stdout
+    def logs(self, *flags: str) -> str:
+        return self("logs", "--no-color", *flags).stdout
 
     def left(self) -> list[str]:
         """Containers and networks of the project still on the daemon."""
-        label = {"label": f"com.docker.compose.project={JOB}"}
+        label = {"label": f"com.docker.compose.project={self.project}"}
         return [str(c.name) for c in self.client.containers.list(all=True, filters=label)] + [
             str(n.name) for n in self.client.networks.list(filters=label)]
+
+
+def as_ddpkit_logs_shows(raw: str) -> list[str]:
+    """`docker compose logs` (`node1-1  | text`) as `ddpkit logs` shows it: a
+    batch per service, the store's first, each line behind its node's prefix."""
+    by_service: dict[str, list[str]] = {}
+    for line in raw.splitlines():
+        found = re.match(r"^(\w+)-\d+\s+\| ?(.*)$", line)
+        assert found, line
+        service, text = found.groups()
+        by_service.setdefault(service, []).append(f"[{service}] {text}")
+    order = sorted(by_service, key=lambda s: int(s[4:]) if s.startswith("node") else -1)
+    return [line for service in order for line in by_service[service]]
+
+
+def by_prefix(lines: list[str]) -> dict[str, list[str]]:
+    """Each service's lines, in their order (`[node1] text` -> node1)."""
+    out: dict[str, list[str]] = {}
+    for line in lines:
+        out.setdefault(line[1:line.index("]")], []).append(line)
+    return out
+
+
+def assert_logs_show_the_containers_lines(raw: str, shown: str, followed: str | None = None) -> None:
+    """`ddpkit logs RUN` of a compose run: every node's lines as `docker
+    compose logs` has them, with the console's node prefix, a node after
+    another; `--follow`: each node's the same, interleaved as they came. The
+    store's service may have said more since (its last line as it ends)."""
+    assert records_.FRAME not in raw
+    expected = as_ddpkit_logs_shows(raw)
+    nodes = [line for line in expected if not line.startswith("[rdzv]")]
+    assert len(nodes) > 10, expected
+    for text in (shown, followed):
+        if text is None:
+            continue
+        got = text.splitlines()
+        if text is shown:
+            assert [line for line in got if not line.startswith("[rdzv]")] == nodes, (text[-3000:], nodes[-30:])
+        want, have = by_prefix(expected), by_prefix(got)
+        store, said = have.pop("rdzv", []), want.pop("rdzv", [])
+        assert have == want, (text[-3000:], nodes[-30:])
+        assert store[:len(said)] == said or said[:len(store)] == store, (store, said)
 
 
 def records(folder: Path) -> list[dict[str, Any]]:
@@ -144,9 +186,12 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
     gate = tmp_path / "job" / "gate"
     lost_node = LOST[loss]
     survivors = [f"node{i}" for i in range(3) if i != lost_node]
+    follow: subprocess.Popen[str] | None = None
     try:
         up = compose("up", "-d", "--no-color", timeout=300)
         assert up.returncode == 0, up.stderr
+        follow = subprocess.Popen([DDPKIT, "logs", JOB, "--follow"], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
         step = held_step(gate, 3, compose.ended)
         lost = compose.container(f"node{lost_node}")
         if loss == "paused":
@@ -161,9 +206,15 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
             for node in survivors:  # the paused one never exits: `wait` would wait on it
                 compose.exited(node, timeout=420)
         ended = {node: compose.state(node) for node in survivors}
-        output = compose.logs()
+        output = compose.logs("--timestamps")
+        raw = compose.logs()
         status = run_ok([DDPKIT, "status", JOB], env=env)
+        shown = run_ok([DDPKIT, "logs", JOB], env=env)
+        followed, follow_err = follow.communicate(timeout=120)  # it ends once `ddpkit status` would say finished
     finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.communicate()
         down = compose("down", "--remove-orphans", "--timeout", "5", timeout=180)
     said = output[-6000:]
     if loss == "killed":
@@ -188,6 +239,8 @@ def test_the_job_finishes_on_the_two_that_remain(docker_daemon: Docker, tmp_path
     for noise in (*NOISE, records_.FRAME):  # nor a traceback or torch chatter of the survivors' re-forming
         assert noise not in output, f"{noise!r} in the logs\n{said}"
     assert re.search(r"elastic: restart \d of at most 2; world size 3 -> 2", output), said
+    assert follow.returncode == 0, follow_err
+    assert_logs_show_the_containers_lines(raw, shown, followed)
     recs = records(tmp_path)
     assert not [r for r in recs if r["kind"] == "stall"], recs
     assert recs[-1]["kind"] == "summary", recs[-3:]  # rank 0 of the 2-node world ended the run

@@ -55,7 +55,7 @@ def rendered_run_is_followed(env: dict[str, str]) -> None:
     where = ", ".join(f"node{i} exited (0)" for i in range(NODES))
     assert f"where     {where} (docker compose)" in status, status
     logs = run_ok([DDPKIT, "logs", "targets", "--node", "0", "--tail", "3"], env=env).splitlines()
-    assert len(logs) == 3 and all(line.startswith("node0-1") for line in logs), logs
+    assert len(logs) == 3 and all(line.startswith("[node0] ") for line in logs), logs  # the console's prefix
     # rank 0 summary's last line; docker merges the container's stdout and stderr as it reads them, so
     # rank 0's start-up line (stderr, written earlier) may come after the summary (stdout): CI13
     assert any(line.endswith("  checkpoint -") for line in logs), logs

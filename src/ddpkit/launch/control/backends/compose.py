@@ -1,7 +1,7 @@
 """A job rendered for docker compose (`ddpkit render compose`, started by
 `docker compose up`): `docker compose ps` knows its containers' states and
 `docker compose logs` their output (services are `node<I>`,
-templates/compose). ddpkit did not start it and does not stop it: cancel
+templates/compose), which `log_iter` gives with the console's prefixes. ddpkit did not start it and does not stop it: cancel
 names the `docker compose down` that does. Its records (a program's
 metrics, a stop's checkpoint) are in each container's records folder
 (records.CONTAINER_FOLDER), not in the output people read: `copy_records`
@@ -13,17 +13,21 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .... import records
 from ....runs import Applied, RunState, RunTarget, StoredRun
+from ....shared.exitcodes import ExitCode
 from ....targets.compose import RDZV_SERVICE
-from ..applied import compose_cli, last_error, print_tool_logs, run_tool
-from ..common import RunCommandError
-from ..logs import LogRequest
+from ..applied import compose_cli, last_error, run_tool
+from ..common import ACTIVE, RunCommandError, ToolMissing
+from ..logs import LogRequest, print_lines
 from .base import Now, log_lines
+from .compose_logs import ComposeLogs
 from .launched import Launched
 
 ACTIVE_CONTAINER = ("running", "restarting", "paused", "created")
@@ -50,25 +54,42 @@ class Compose:
         if not rows:
             return Now(RunState.RENDERED, None, f"no containers: start them with `{shlex.join(_base(a, cli))} up`",
                        None)
-        return _from_containers(a, cli, rows)
+        now = _from_containers(a, cli, rows)
+        stop = _stopped(run) if now.state is RunState.FAILED else None
+        # a stop (`docker compose stop`, a host's shutdown) ends each agent with 1, as a failure would:
+        # the records say which it was
+        return now if stop is None else Now(RunState.CANCELLED, now.exit_code, f"{stop}; {now.detail}", None)
 
     def status_lines(self, run: StoredRun) -> list[str]:
         a = run.record.applied
         return log_lines(run.record) + [f"file      {f}" for f in (a.files if a else [])]
 
+    def log_iter(self, run: StoredRun, request: LogRequest,
+                 active: Callable[[], bool] | None = None) -> Iterator[list[str]]:
+        """The containers' lines a batch at a time, prefixed as the console
+        prefixes a launch run's (compose_logs.py); with --follow until
+        `active()` (by default: `docker compose ps`) says the job has ended."""
+        rec = run.record
+        if rec.applied is None:
+            return RENDERING.log_iter(run, request, active)
+        cli = compose_cli()
+        node = request.node_of_rank(rec)
+        words = [*_base(rec.applied, cli or ["docker", "compose"]), "logs", "--no-color",
+                 *([] if node is None else [f"node{node}"])]  # services are node<I> (templates/compose)
+        if not cli:
+            raise ToolMissing("docker compose", shlex.join([*words, *(["--follow"] if request.follow else [])]))
+        return iter(ComposeLogs(words, request, active or (lambda: self.describe(run).state in ACTIVE), _order))
+
     def logs(self, run: StoredRun, request: LogRequest) -> int:
         rec = run.record
         if rec.applied is None:
             return RENDERING.logs(run, request)
-        cli = compose_cli()
-        words = [*_base(rec.applied, cli or ["docker", "compose"]), "logs", "--no-color"]
-        if request.tail is not None:
-            words.append(f"--tail={request.tail}")
-        if request.follow:
-            words.append("-f")
-        node = request.node_of_rank(rec)
-        words += [] if node is None else [f"node{node}"]  # services are node<I> (templates/compose)
-        return print_tool_logs(words, bool(cli), rec, request)
+        if request.rank is not None:  # the compose file's agents do not tag ranks (launch local's --tee does)
+            print(f"ddpkit logs: a container holds a node; showing node {request.node_of_rank(rec)}, "
+                  f"which holds rank {request.rank}", file=sys.stderr)
+        for lines in self.log_iter(run, request):
+            print_lines(lines)
+        return ExitCode.OK
 
     def cancel(self, run: StoredRun, now: Now) -> int:
         a = run.record.applied
@@ -106,6 +127,21 @@ def copy_records(run: StoredRun) -> Path:
             if got.returncode == 0:
                 _gather(Path(tmp), folder / f"{service}.jsonl")
     return folder
+
+
+def _stopped(run: StoredRun) -> str | None:
+    """What the job's records say of its last stop (`stopped by SIGTERM at
+    step 40, checkpoint at step 40`), copied from its containers; None for none."""
+    try:
+        folder = copy_records(run)
+    except NoRecords:
+        return None
+    stops = [s.record for s in records.read_folder(folder) if isinstance(s.record, records.Stop)]
+    if not stops:
+        return None
+    last = stops[-1]
+    saved = f"checkpoint at step {last.step}" if last.checkpoint else "no checkpoint"
+    return f"stopped by {last.signal or 'a stop signal'} at step {last.step}, {saved}"
 
 
 def _gather(copied: Path, into: Path) -> None:
