@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpkit import records
 from ddpkit.contract import hosts_for
 from ddpkit.shared import envnames
 from ddpkit.spec import JobSpec
@@ -274,36 +273,3 @@ def test_jobset_resumes_from_the_shared_checkpoint_volume_after_a_pod_is_killed(
         codes, logs = run_pods(docker_daemon, pods_, volumes=claims)
         assert codes == [0, 0], "\n".join(logs)
         assert "resumed from" in logs[0] and "at step 0 " not in logs[0], logs[0]
-
-
-@pytest.mark.full  # node 0 lost: test_elastic_ssh.py; policy: test_elastic_render.py; no frame in logs: test_elastic_compose.py
-@pytest.mark.root
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_an_elastic_pytorchjob_goes_on_when_its_master_pod_is_lost(docker_daemon: Docker) -> None:
-    """Elastic PyTorchJob, 3 pods, min_nodes 2, its rendezvous store in the
-    file's own Job and Service (<name>-rdzv), the checkpoint directory on the
-    shared claim. The Master's container is SIGKILLed after the first
-    checkpoint and not restarted (its node gone): the Master held no store,
-    so the two Workers re-form at once and finish from that checkpoint with
-    world size 2, exit 0; the store then exits 0 by itself (the rendezvous
-    closed)."""
-    args = [a.replace("--epochs=3", "--epochs=6") for a in RESUME_ARGS]
-    spec = load_spec(REPO / "examples" / "cpu-smoke.yaml",
-                     overrides=["k8s.kind=pytorchjob", "command.args=" + json.dumps(args),
-                                'elastic={"min_nodes": 2, "max_restarts": 2}'],
-                     nodes=3, nproc_per_node=1)
-    text = rendered(spec)
-    pods_ = [dataclasses.replace(p, env=p.env | SLOW_STEPS) for p in pods(spec, text)]
-    store = store_pod(spec, text, linger_s=2)
-    assert store.dns_names == ["cpu-smoke-rdzv"] and store.argv[:3] == ["python3", "-m", "ddpkit.rdzv_store"], store
-    assert all("--rdzv-endpoint=cpu-smoke-rdzv:23456" in p.argv for p in pods_), pods_[0].argv
-    with checkpoint_claim(docker_daemon, pods_[0].fs_group) as (volume, mountpoint):
-        codes, logs = run_pods(docker_daemon, [store, *pods_], volumes={"smoke-checkpoints": volume},
-                               kill=kill_after_first_checkpoint(mountpoint, 1), fail_fast=False)
-    said = "\n".join(logs)[-8000:]
-    assert codes == [0, 137, 0, 0], said  # the store, the lost Master, the two Workers
-    assert "world size 3 -> 2" in said and "resumed from" in said, said
-    # each pod's output as `kubectl logs` shows it: its records stayed in its container (DDPKIT_RECORDS)
-    assert not [log for log in logs if records.FRAME in log], said
-    assert logs[0].strip().endswith("ddpkit.rdzv_store: stopped: the job's rendezvous closed"), logs[0]
