@@ -10,6 +10,7 @@ SIGKILLed, and on a real store in this process."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import signal
 import subprocess
 import threading
@@ -159,6 +160,30 @@ def test_a_full_round_lets_a_newcomer_wait_without_restarting_the_others_and_shu
             handler.stop_keep_alive()
 
 
+@pytest.mark.timeout(90)
+def test_the_stores_host_ends_after_the_other_members_left_or_went_silent() -> None:
+    """The agent whose process holds the job's store stays, as it ends, until
+    every other member of its round has left (their exit barrier and leave
+    find the store there), and no longer than a silent member's expiry."""
+    port = free_port()
+    with hosted_store("127.0.0.1", port):
+        handlers = _handlers(port, 3, (3, 3), keep_alive_interval=2, keep_alive_max_attempt=3)
+        _join_all(handlers, [0, 0, 0])
+        host, live, silent = handlers
+        host._hosts_store = True  # as torch's c10d backend started the store in its process
+        ending = threading.Thread(target=host.shutdown, daemon=True)
+        ending.start()
+        ending.join(timeout=1.0)
+        assert ending.is_alive(), "the store's host ended while the others were still members"
+        assert live.shutdown()
+        silent.stop_keep_alive()  # gone without leaving: a lost node
+        ending.join(timeout=30)
+        assert not ending.is_alive(), "the store's host waited past a silent member's expiry"
+    assert rendezvous.hosts_store(RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{port}", RUN, 1, 1, is_host=False)) \
+        is False
+    assert rendezvous.hosts_store(RendezvousParameters(rendezvous.NAME, f"127.0.0.1:{port}", RUN, 1, 1)) is True
+
+
 LAST_CALL_S = 30  # what the round after the loss would wait without the rule
 CONF = {"last_call_timeout": LAST_CALL_S, "keep_alive_interval": 1, "keep_alive_max_attempt": 2, "join_timeout": 60}
 
@@ -184,7 +209,9 @@ def test_the_round_after_a_killed_node_completes_without_the_last_call() -> None
         took = max(j["at"] for j in second) - lost_at
         # the keep-alive expiry (2 s) and a few 0.1 s polls; the last call alone would be 30 s
         assert took < LAST_CALL_S - 5, f"the round after the loss took {took:.1f}s"
-        logs = [a.communicate(input="", timeout=30)[1] for a in agents[:2]]  # EOF: each leaves and ends
+        # EOF to both at once: each leaves and ends, the store's host (agent 0) once the other left
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            logs = [out[1] for out in pool.map(lambda a: a.communicate(input="", timeout=30), agents[:2])]
         # and it was the rule that completed the round, on one of the two survivors
         assert any("complete without the last call" in log for log in logs), logs
     finally:

@@ -60,6 +60,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 from torch.distributed.elastic.utils.logging import get_logger
 
 from ..shared.agreed import RDZV_FIRST_ROUND_KEY as FIRST_ROUND_KEY
@@ -76,6 +77,9 @@ FIRST_ROUND_S = 120  # its default: a node whose start is slower than this joins
 JOIN_MARGIN_S = 10.0
 # A waiting node checks whether the job's rendezvous was closed this often (one small read).
 CLOSED_POLL_S = 2.0
+# The store's host, as it ends, polls for the other members' leave this often, and waits this long at
+# most for a member that keeps alive without leaving (a frozen one): its agent's exit waits as long.
+LINGER_POLL_S, LINGER_MAX_S = 0.2, 30.0
 _NODE_IDS = itertools.count()  # several handlers in one process (the simulation) are distinct nodes
 
 
@@ -87,8 +91,10 @@ def node_name(addr: str | None) -> str:
 class Handler(RendezvousHandler):
     """One agent's rendezvous (torch's RendezvousHandler interface)."""
 
-    def __init__(self, store: Store, params: RendezvousParameters, first_round_s: float) -> None:
+    def __init__(self, store: Store, params: RendezvousParameters, first_round_s: float,
+                 hosts_store: bool = False) -> None:
         self._store, self._run_id, self._lock = store, params.run_id, threading.Lock()
+        self._hosts_store = hosts_store  # the job's store lives in this process (torch's is_host)
         self._members = Membership(_Locked(store, self._lock), params.run_id)
         self.node = node_name(params.local_addr)
         self._addr = params.local_addr
@@ -124,10 +130,27 @@ class Handler(RendezvousHandler):
         try:
             self._members.leave(self.node)
             self._members.set_closed()
+            if self._hosts_store:
+                self._linger()
         except Exception as exc:  # torch's handler says it and goes on: the agent is ending anyway
             log.warning("ddpkit rendezvous: node %s could not close the rendezvous: %s", self.node, exc)
             return False
         return True
+
+    def _linger(self) -> None:
+        """The job's store lives in this agent: it stays until every other
+        member of the round has left or gone silent (a lost node), so that
+        their last requests (torch's exit barrier, their own leave) do not
+        find it gone and fill a job that ended well with c10d's errors."""
+        expiry = self.timing.expiry_s(waiting=False)
+        others = [n for n in self.rank_list if n != self.node]
+        deadline = time.monotonic() + LINGER_MAX_S
+        while others and time.monotonic() < deadline:
+            seen, left = self._members.seen(others)
+            now = time.time()
+            others = [n for n in others if n not in left and now - seen.get(n, 0.0) < expiry]
+            if others:
+                time.sleep(LINGER_POLL_S)
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting in the next round, where the others should restart for them: any that is a member of
@@ -287,7 +310,16 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
     params.run_id = runkey.rdzv_run_id(params.run_id)
     _, store = create_backend(params)
     first_round_s = float(params.get_as_int(FIRST_ROUND_KEY, FIRST_ROUND_S) or 0)
-    return Handler(store, params, first_round_s)
+    return Handler(store, params, first_round_s, hosts_store=hosts_store(params))
+
+
+def hosts_store(params: RendezvousParameters) -> bool:
+    """Whether torch's c10d backend started the job's store in this process:
+    its `is_host` setting, else whether the endpoint names this machine."""
+    configured = params.get_as_bool("is_host")
+    if configured is not None:
+        return bool(configured)
+    return _matches_machine_hostname(parse_rendezvous_endpoint(params.endpoint, default_port=29400)[0])
 
 
 def creator() -> Callable[[RendezvousParameters], RendezvousHandler]:
