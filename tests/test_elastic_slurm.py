@@ -196,6 +196,16 @@ def lose_the_batch_host(net: netns.Network) -> None:
     proctree.signal_all(net["node1"].pids(), signal.SIGKILL)  # slurmd, the batch shell, the store, the trainer
 
 
+def _where_it_waits(folder: Path, job: int) -> str:
+    """What a lost batch host's job that was not requeued left to read: the
+    end of its output file and of every node's log (the agents' own lines)."""
+    said = []
+    for path in sorted([folder / f"elastic-{job}.out", *folder.glob(f"elastic-{job}.records/**/*.log")]):
+        if path.is_file():
+            said.append(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(said)
+
+
 @pytest.mark.timeout(900)
 def test_a_lost_batch_host_has_the_others_requeue_the_job_which_resumes_from_its_checkpoint(
         cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -215,10 +225,12 @@ def test_a_lost_batch_host_has_the_others_requeue_the_job_which_resumes_from_its
         # the fallback ruled out is an allocation left idle until its time limit (a year here); the
         # agents' way there (a failed collective, a rendezvous on a dead store, two connection
         # checks) took 20-40 s on an idle 2-core machine and over 120 s with other suites beside it
-        deadline = time.monotonic() + 360
+        lost = time.monotonic()
+        deadline = lost + 360
         while cluster.job(job).restarts < 1:
-            assert time.monotonic() < deadline, f"not requeued: {cluster.job(job)}"
+            assert time.monotonic() < deadline, f"not requeued: {cluster.job(job)}\n{_where_it_waits(tmp_path, job)}"
             time.sleep(0.5)
+        print(f"LOST BATCH HOST: requeued {time.monotonic() - lost:.1f} s after the loss")
         assert cluster.restart_dead_slurmds() == ["node1"]
         info = cluster.wait(job, timeout=600)
     finally:
@@ -228,6 +240,9 @@ def test_a_lost_batch_host_has_the_others_requeue_the_job_which_resumes_from_its
     # the run after the requeue resumed from the checkpoint the three ranks wrote before the loss
     assert f"ckpt-{step:08d}.pt at step {step}" in text, text[-6000:]
     assert "ddpkit train finished" in text, text[-6000:]
+    # the requeued run's normal end: the store's host stayed until the others left, so no c10d error of theirs
+    after = text[text.index("this job was requeued by Slurm"):]
+    assert not re.search(r"frame #\d+|TCPStore\.cpp|exit barrier|could not close the rendezvous", after), after[-6000:]
     # the others' agents said why in the job's output, with the batch host's srun gone: one line each
     said = [line for line in text.splitlines() if line.startswith("ddpkit.agent: the batch host")]
     assert 1 <= len(said) <= 2 and all("is gone" in line and "requeueing it" in line for line in said), text[-6000:]
