@@ -17,7 +17,10 @@ repo's tests bind-mounted into the image) a node's container is lost:
   store, so the two others re-form at once and finish, and `wait` returns
   their code, 0.
 
-`down` leaves nothing of the job on the daemon.
+`down` leaves nothing of the job on the daemon. `ddpkit logs RUN`, and
+`--follow` started right after `up`, show each container's lines as `docker
+compose logs` has them, behind the console's node prefix (the backend's
+log_iter).
 
 Also here, as it needs the same daemon and image: bench/elastic.py's compose
 target, smoke-sized (tests/test_bench_smoke.py says what a smoke test asserts).
