@@ -45,12 +45,13 @@ def check(data: dict, nodes: list[int], tmp_path: Path) -> None:
     assert "| ddpkit train | command to rank 0's first step | s |" in (tmp_path / "s.md").read_text()
 
 
+@pytest.mark.full  # a bench on real hosts: tests/test_bench_smoke.py::test_launch_bench_times_start_and_teardown_on_real_hosts
 def test_scale_bench_trains_on_every_host_and_measures_each_figure(tmp_path: Path) -> None:
     run_bench("bench.scale", "--short", "--out", str(tmp_path), "--img", str(tmp_path / "img"), "--name", "s")
     check(json.loads((tmp_path / "s.json").read_text()), [2], tmp_path)
 
 
-@pytest.mark.full  # tests/test_bench_scale.py::test_scale_bench_trains_on_every_host_and_measures_each_figure
+@pytest.mark.full  # a bench on real hosts: tests/test_bench_smoke.py::test_launch_bench_times_start_and_teardown_on_real_hosts
 def test_scale_bench_on_two_and_three_hosts_fits_each_figure(tmp_path: Path) -> None:
     run_bench("bench.scale", "--nodes", "2,3", "--out", str(tmp_path), "--img", str(tmp_path / "img"),
               "--name", "s")

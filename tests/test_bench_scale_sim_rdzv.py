@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 N = 8
 
 
+@pytest.mark.full  # the rendezvous simulated: tests/test_bench_scale_sim.py::test_scale_sim_short_forms_reforms_and_reports
 def test_both_arms_form_reform_and_are_tabled_side_by_side(tmp_path: Path) -> None:
     run_bench("bench.scale_sim", "--only", "rendezvous", "--baseline", "git:HEAD", "--nodes", str(N),
               "--steady-s", "1", "--first-limit-s", "60", "--out", str(tmp_path), "--name", "r",

@@ -40,7 +40,7 @@ def test_slurm_over_ssh_is_each_figure_both_runs_have_at_the_same_n() -> None:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
-@pytest.mark.full  # tests/test_bench_scale.py::test_scale_bench_trains_on_every_host_and_measures_each_figure
+@pytest.mark.full  # a bench on real hosts: tests/test_bench_smoke.py::test_launch_bench_times_start_and_teardown_on_real_hosts
 def test_scale_slurm_bench_trains_on_both_nodes_recovers_and_measures_each_figure(tmp_path: Path) -> None:
     run_bench("bench.scale_slurm", "--short", "--out", str(tmp_path), "--img", str(tmp_path / "img"),
               "--name", "s")
