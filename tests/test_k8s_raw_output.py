@@ -195,3 +195,36 @@ def test_an_elastic_pytorchjob_goes_on_when_its_master_pod_is_lost(docker_daemon
     assert records.FRAME not in logs[1]
     node_logs = "".join(v for k, v in kept.items() if k.endswith(".log"))
     assert node_logs, sorted(kept)
+
+
+CRASH = """import os
+raise ValueError(f"bad shape (3, 4) on rank {os.environ['RANK']}")
+"""
+
+
+@pytest.mark.full  # one line and the node log: test_agent_nodelog.py; clean: test_a_normal_runs_pod_output_reads_clean
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_failed_programs_pod_output_says_its_cause_in_one_line_and_where_the_traceback_is(
+        docker_daemon: Docker) -> None:
+    """A program of the user's own (on the claim) that raises, in one pod: its
+    output says the exception, where it was raised and the log on the claim
+    that holds the whole traceback and torch's report; the pod fails (exit 1)."""
+    spec = load_spec(REPO / "examples" / "cpu-smoke.yaml",
+                     overrides=["k8s.kind=indexed-job", 'command={"script": "/ckpt/crash.py"}'], nodes=1,
+                     nproc_per_node=1)
+    pods_ = pods(spec, rendered(spec))
+    with checkpoint_claim(docker_daemon, pods_[0].fs_group) as (volume, mountpoint):
+        (mountpoint / "crash.py").write_text(CRASH)
+        codes, logs = run_pods(docker_daemon, pods_, volumes={"smoke-checkpoints": volume})
+        kept = kept_files(mountpoint)
+    [log] = logs
+    assert codes == [1], log
+    assert_reads_clean(logs)
+    [line] = [line for line in log.splitlines() if "ValueError" in line]
+    where = f"/ckpt/{KEPT}/{pods_[0].hostname}.log"
+    assert "ValueError: bad shape (3, 4) on rank 0" in line and f"(its traceback: {where})" in line, log
+    assert where in log.split(line, 1)[1], f"the agent's report line names the log too\n{log}"
+    node_log = kept[f"{pods_[0].hostname}.log"]
+    assert "Traceback (most recent call last)" in node_log and "ChildFailedError" in node_log, node_log
