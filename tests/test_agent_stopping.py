@@ -151,6 +151,14 @@ def test_the_shutdown_notes_the_workers_exit_codes_and_the_node_and_logs_no_chat
     assert [r.getMessage() for r in caplog.records] == ["Unable to shutdown process 7 via 15, forcefully exiting via 9"]
 
 
+def test_the_agent_exits_75_only_where_every_worker_checkpointed_on_the_stop() -> None:
+    code = stopping.stopped_code
+    assert code(stopping.SignalShutdown(node=0, codes=[75, 75])) == 75
+    assert code(stopping.SignalShutdown(node=0, codes=[75, -9])) == 1  # one was killed before it checkpointed
+    assert code(stopping.SignalShutdown(node=0, codes=[75, None])) == 1
+    assert code(stopping.SignalShutdown()) == 1  # no workers were running: torchrun's 1
+
+
 def test_one_line_says_the_signal_the_node_and_how_its_workers_ended() -> None:
     line = stopping.stopped_line
     assert line(signal.SIGUSR2, stopping.SignalShutdown(node=1, codes=[75, 75], later=[signal.SIGTERM, signal.SIGTERM])) == \

@@ -117,10 +117,10 @@ def test_a_stopped_compose_job_reads_as_one_line_per_node(docker_daemon: Docker,
     else:
         assert (tmp_path / "job" / "ckpt" / f"ckpt-{step:08d}.pt").is_file(), sorted((tmp_path / "job").rglob("*"))
     # each container stopped of itself within the grace (a SIGKILL would read 137), with the agent's
-    # code for a stop by a signal (docs/DESIGN-NOTES.md, the grace chain)
-    assert all(not s["Running"] and s["ExitCode"] == 1 and not s["OOMKilled"] for s in ended.values()), ended
+    # code for a stop its workers checkpointed on, 75 (docs/DESIGN-NOTES.md, the grace chain)
+    assert all(not s["Running"] and s["ExitCode"] == 75 and not s["OOMKilled"] for s in ended.values()), ended
     # `ddpkit status`: docker compose's codes, and what the records copied from the containers say of the stop
-    assert re.search(r"^run \w{6}: cancelled, exit code 1$", status, re.M), status
-    assert (f"where stopped by SIGTERM at step {step}, checkpoint at step {step}; node0 exited (1), node1 exited (1) "
+    assert re.search(r"^run \w{6}: cancelled, exit code 75$", status, re.M), status
+    assert (f"where stopped by SIGTERM at step {step}, checkpoint at step {step}; node0 exited (75), node1 exited (75) "
             "(docker compose)") in " ".join(status.split()), status
     assert_logs_show_the_containers_lines(raw, shown)

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-    from . import handler, nodelog, nodestderr, orphaned, sameerror, stopping, tailing, worker, zygote
+    from . import exitbarrier, handler, nodelog, nodestderr, orphaned, sameerror, stopping, tailing, worker, zygote
 
     workdir.enter(os.environ, "ddpkit.agent")
     args = parse_args(argv)
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     name_control_store(args, os.environ)
     tailing.install()
     stopping.install(handler.a_worker_ended)
+    exitbarrier.install(exitbarrier.hosts_store(args))
     share_cores(args.nproc_per_node, os.environ)
     # before the zygote's fork: it and its workers write their stderr through the copier too
     node_stderr = None if nodelog.path() is None else \
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         # Stopped by a signal (Ctrl-C, a launcher's or scheduler's stop), a normal end: torch's traceback
         # says only where its loop was when the signal came, so one line says what happened instead.
         print(stopping.stopped_line(exc.sigval), file=sys.stderr, flush=True)
-        sys.exit(1)
+        sys.exit(stopping.stopped_code())
     except RendezvousClosedError:
         # Another node's agent closed the job's rendezvous as it ended (it failed for good, or saw the same
         # error twice): that node's lines say why; here torch's traceback is the node log's, and one line.

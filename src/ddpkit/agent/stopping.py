@@ -313,6 +313,18 @@ def _ended(code: int | None) -> str:
     return f"exit {code}"
 
 
+def stopped_code(stop: SignalShutdown | None = None) -> int:
+    """The agent's exit status for a stop (LAST's unless `stop`): 75 where
+    every worker checkpointed on it and exited 75, so that the scheduler's
+    record of the node (Slurm's exit code, a container's or pod's) says a
+    checkpointed stop, as an srun task's own does; else 1, torchrun's."""
+    from ..shared.exitcodes import ExitCode
+
+    stop = LAST if stop is None else stop
+    checkpointed = bool(stop.codes) and all(code == ExitCode.PREEMPTED for code in stop.codes)
+    return int(ExitCode.PREEMPTED if checkpointed else ExitCode.FAILED)
+
+
 def stopped_line(sig: int, stop: SignalShutdown | None = None) -> str:
     """The agent's one line for a stop by `sig` (LAST's unless `stop`): the node, and how its workers ended."""
     stop = LAST if stop is None else stop
