@@ -42,6 +42,7 @@ AGENT_MODULE = "ddpkit.agent"
 # What every agent imports before it forks its zygote: torchrun and the agent's own modules.
 AGENT_IMPORTS = ("torch.distributed.run", "torch.distributed.elastic.agent.server.local_elastic_agent",
                  "ddpkit.agent.handler", "ddpkit.agent.orphaned", "ddpkit.agent.tailing", "ddpkit.agent.stopping",
+                 "ddpkit.agent.exitbarrier",
                  "ddpkit.agent.sameerror", "ddpkit.rendezvous.handler", "ddpkit.records")
 MAIN = f"{AGENT_MODULE}.__main__"
 
