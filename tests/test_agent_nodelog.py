@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit import records
 from ddpkit.agent import nodelog, stopping, worker
 from ddpkit.launch.local import free_port
 from tests.helpers.runs import ROOT
@@ -31,8 +32,11 @@ def slurm_env(tmp: Path, node: str = "node2") -> dict[str, str]:
 def test_the_node_log_is_a_slurm_jobs_and_holds_each_piece_under_a_heading(tmp_path: Path) -> None:
     env = slurm_env(tmp_path)
     assert nodelog.path(env) == tmp_path / "job-7.records" / "node2.log"
-    # compose, or Kubernetes without a shared volume: the folder in the container dies with it
-    assert nodelog.path({"DDPKIT_RECORDS": "/tmp/ddpkit-records", "HOSTNAME": "x"}) is None
+    # Kubernetes without a shared volume: the folder in the pod's container dies with it
+    assert nodelog.path({"DDPKIT_RECORDS": records.CONTAINER_FOLDER, "HOSTNAME": "x"}) is None
+    # compose: the container keeps its folder as long as its output, until `docker compose down`
+    assert nodelog.path({"DDPKIT_RECORDS": records.COMPOSE_FOLDER}) == \
+        Path(records.COMPOSE_FOLDER) / f"{socket.gethostname()}.log"
     # a Kubernetes job's folder on the volume its pods share: the pod's log beside its records
     shared = {"DDPKIT_RECORDS": str(tmp_path / "claim" / "job")}
     assert nodelog.path(shared) == tmp_path / "claim" / "job" / f"{socket.gethostname()}.log"
@@ -77,9 +81,9 @@ def test_a_workers_traceback_in_a_slurm_job_is_one_line_and_the_node_log(tmp_pat
 
 def test_where_the_records_folder_dies_with_the_container_the_traceback_is_printed_whole(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """compose, or a Kubernetes job without a shared volume: kept in the container, the traceback would go
+    """A Kubernetes job without a shared volume: kept in the pod's container, the traceback would go
     with it; on the output it stays as long as the pod's output does."""
-    out = printed_exception(monkeypatch, {"DDPKIT_RECORDS": "/tmp/ddpkit-records", "RANK": "3"})
+    out = printed_exception(monkeypatch, {"DDPKIT_RECORDS": records.CONTAINER_FOLDER, "RANK": "3"})
     assert out.startswith("Traceback (most recent call last):\n") and out.endswith("ValueError: bad shape (3, 4)\n")
 
 

@@ -11,16 +11,20 @@ failed worker (its ChildFailedError and summary box), torch's shutdown
 warnings on a stop, and c10d's warning that it could not look up a peer's
 name. The output keeps one line for each, which says where the rest is.
 
-A Kubernetes job whose pods share a volume (targets/kubernetes/pod.py:
+A Kubernetes job whose pods share a volume (targets/kubernetes/storage.py:
 `records_folder`) has no launcher either: `kubectl logs` of each pod is what
 people read. Its records folder is then on that volume, and each pod's log
-beside its records there (`<pod's hostname>.log`), as a Slurm node's.
+beside its records there (`<pod's hostname>.log`), as a Slurm node's. A
+compose job's folder is in each container (records.COMPOSE_FOLDER), which
+keeps it as long as `docker compose logs` keeps the output: until `docker
+compose down` (`docker compose cp` reads an exited container's files, and
+`ddpkit report` and `status` copy them into the run folder).
 
 One file per node, each piece in one append (O_APPEND keeps the writes of a
 host's processes whole; nothing on another host writes to it). Where no
 records folder outlives the node (a ddpkit launcher reads the stream; a
-compose job's, or a Kubernetes job's without a shared volume, is in each
-container: records.CONTAINER_FOLDER, gone with it), `path` is None and
+Kubernetes job's without a shared volume is in each pod's container,
+records.CONTAINER_FOLDER, gone with the pod), `path` is None and
 everything is printed as before: a traceback kept in a folder that dies with
 its pod would be lost with the pod's output."""
 
@@ -46,8 +50,9 @@ def slurm_node_file(env: Mapping[str, str]) -> Path | None:
 
 def kept_node_file(env: Mapping[str, str]) -> Path | None:
     """This node's records file where its folder outlives the node: a Slurm
-    job's, or one on a volume a Kubernetes job's pods share (any folder but a
-    container's own, records.CONTAINER_FOLDER); None where there is none."""
+    job's, one on a volume a Kubernetes job's pods share, a compose
+    container's (any folder but a pod's own, records.CONTAINER_FOLDER); None
+    where there is none."""
     folder = records.channel(dict(env))
     if folder is None or folder == Path(records.CONTAINER_FOLDER):
         return None

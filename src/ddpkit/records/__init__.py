@@ -73,7 +73,7 @@ __all__ = ["FRAME", "Appender", "KINDS", "METRICS_FILE_KINDS", "RANK_TAG_CLOSE",
            "AgentReport", "Cause", "Checkpoint", "Eval",
            "LostRank", "NodeLost", "RankRow", "Record", "RecordError", "Reformed", "Resume", "SameError", "Stall", "StalledRank",
            "Stamped", "StepTimes", "Startup", "Stop", "Straggler", "Summary", "Traceback", "Train", "WorkerExit", "append",
-           "CHANNEL_VAR", "CONTAINER_FOLDER", "channel", "decode", "emit", "encode", "frame", "from_fields",
+           "CHANNEL_VAR", "COMPOSE_FOLDER", "CONTAINER_FOLDER", "channel", "decode", "emit", "encode", "frame", "from_fields",
            "is_bare_tag", "is_frame",
            "keys_of", "line_key", "node_file", "rank_tagged", "read_file", "read_folder", "send", "slurm_folder",
            "stamped_frame_pattern", "tag_starts", "task_labelled", "to_json", "unframe"]
@@ -206,10 +206,14 @@ def unframe(body: str) -> Stamped | None:
 
 CHANNEL_VAR = "DDPKIT_RECORDS"  # envnames.DDPKIT_RECORDS (this package imports nothing of ddpkit's)
 SLURM_FOLDER = "{name}-{job}.records"  # beside the job's output file, `%x-%j.out` by default
-# The rendered compose and Kubernetes jobs' folder, in each container (no volume is shared
-# between a job's pods or containers): `docker compose cp node0:/tmp/ddpkit-records .`,
-# `kubectl cp POD:/tmp/ddpkit-records .` while the container is there.
+# A rendered Kubernetes job's folder where it has no shared volume, in each pod's container:
+# gone with the pod (an ended pod's files cannot be copied), while `kubectl logs` still shows its
+# output; `kubectl cp POD:/tmp/ddpkit-records .` while the container runs.
 CONTAINER_FOLDER = "/tmp/ddpkit-records"
+# A rendered compose job's folder, in each container: kept, as its output is, until `docker compose
+# down` removes the container (`docker compose cp node0:/var/tmp/ddpkit-records .` reads an exited
+# one too), so that a node's log there outlives the node as a Slurm node's does.
+COMPOSE_FOLDER = "/var/tmp/ddpkit-records"
 
 
 def channel(env: dict[str, str] | None = None) -> Path | None:

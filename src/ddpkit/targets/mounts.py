@@ -124,8 +124,8 @@ def container_warnings(spec: JobSpec, where: str) -> list[str]:
 
 
 def records_in_container(env: dict[str, str]) -> dict[str, str]:
-    """The job env of a rendered container (compose, Kubernetes) with its records
-    sent to a folder in the container (ddpkit.records' channel), not into the
-    output `docker compose logs` and `kubectl logs` show, which no ddpkit launcher
-    reads (`launch docker`, which does, runs without it)."""
-    return env | {envnames.DDPKIT_RECORDS: records.CONTAINER_FOLDER}
+    """The job env of a rendered compose container with its records (and its
+    node's log) sent to a folder in the container (ddpkit.records' channel,
+    records.COMPOSE_FOLDER), not into the output `docker compose logs` shows,
+    which no ddpkit launcher reads (`launch docker`, which does, runs without it)."""
+    return env | {envnames.DDPKIT_RECORDS: records.COMPOSE_FOLDER}

@@ -4,7 +4,7 @@
 templates/compose), which `log_iter` gives with the console's prefixes. ddpkit did not start it and does not stop it: cancel
 names the `docker compose down` that does. Its records (a program's
 metrics, a stop's checkpoint) are in each container's records folder
-(records.CONTAINER_FOLDER), not in the output people read: `copy_records`
+(records.COMPOSE_FOLDER), with each node's log, not in the output people read: `copy_records`
 brings them into the run folder for `ddpkit report`, from the containers,
 running or exited, that `down` has not removed yet."""
 
@@ -56,8 +56,8 @@ class Compose:
                        None)
         now = _from_containers(a, cli, rows)
         stop = _stopped(run) if now.state is RunState.FAILED else None
-        # a stop (`docker compose stop`, a host's shutdown) ends each agent with 1, as a failure would:
-        # the records say which it was
+        # a stop (`docker compose stop`, a host's shutdown) ends each agent with 75 (its workers checkpointed)
+        # or 1, which a failure may end with too: the records say which it was
         return now if stop is None else Now(RunState.CANCELLED, now.exit_code, f"{stop}; {now.detail}", None)
 
     def status_lines(self, run: StoredRun) -> list[str]:
@@ -123,7 +123,7 @@ def copy_records(run: StoredRun) -> Path:
     for service in services:
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             # `cp` reads an exited container too; a node that kept no record has no folder: nothing to copy
-            got = run_tool(_base(a, cli) + ["cp", f"{service}:{records.CONTAINER_FOLDER}/.", tmp])
+            got = run_tool(_base(a, cli) + ["cp", f"{service}:{records.COMPOSE_FOLDER}/.", tmp])
             if got.returncode == 0:
                 _gather(Path(tmp), folder / f"{service}.jsonl")
     return folder
