@@ -8,7 +8,6 @@ This module records the render and runs the tools."""
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import subprocess
 import sys
@@ -18,13 +17,10 @@ import yaml
 
 from ...render.engine import Rendered
 from ...runs import Applied, RunFolder, RunRecord, RunsDirError, RunState, RunTarget, all_runs
-from ...shared.exitcodes import ExitCode
 from ...spec import JobSpec
 from ...spec.yamlfile import dump_yaml
 from ...targets.kubernetes import KINDS
 from ...targets.kubernetes.base import Controller
-from .common import ToolMissing
-from .logs import LogRequest
 
 TOOL_S = 30.0  # one kubectl/compose query; a cluster that does not answer in this is reported, not waited on
 # The targets whose rendered files another tool starts (a run is recorded for them), and that tool.
@@ -101,18 +97,6 @@ def run_tool(words: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(words, capture_output=True, text=True, check=False, timeout=TOOL_S)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(words, 124, "", f"no answer in {TOOL_S:g} s")
-
-
-def print_tool_logs(words: list[str], here: bool, rec: RunRecord, request: LogRequest) -> int:
-    """Run the tool's logs command, its output straight to ours; where the
-    tool is not here, ToolMissing names the command. A pod or a container
-    holds a node: --rank R shows the node that holds R, and says so."""
-    if request.rank is not None:
-        print(f"ddpkit logs: a pod or container holds a node; showing node {request.node_of_rank(rec)}, "
-              f"which holds rank {request.rank}", file=sys.stderr)
-    if not here:
-        raise ToolMissing(words[0], shlex.join(words))
-    return ExitCode.OK if subprocess.run(words, check=False).returncode == 0 else ExitCode.FAILED
 
 
 def last_error(done: subprocess.CompletedProcess[str]) -> str:
