@@ -125,13 +125,16 @@ class Compose:
 
 def as_ddpkit_logs_shows(raw: str) -> list[str]:
     """`docker compose logs` (`node1-1  | text`) as `ddpkit logs` shows it: a
-    batch per service, the store's first, each line behind its node's prefix."""
+    batch per service, the store's first, each line behind its node's prefix,
+    with the rank where torchrun tagged it (`[rank1]:text`: `[node1 rank1] text`)."""
     by_service: dict[str, list[str]] = {}
     for line in raw.splitlines():
         found = re.match(r"^(\w+)-\d+\s+\| ?(.*)$", line)
         assert found, line
         service, text = found.groups()
-        by_service.setdefault(service, []).append(f"[{service}] {text}")
+        tagged = re.match(r"^\[rank(\d+)\]:(.*)$", text) if service.startswith("node") else None
+        shown = f"[{service} rank{tagged.group(1)}] {tagged.group(2)}" if tagged else f"[{service}] {text}"
+        by_service.setdefault(service, []).append(shown)
     order = sorted(by_service, key=lambda s: int(s[4:]) if s.startswith("node") else -1)
     return [line for service in order for line in by_service[service]]
 
