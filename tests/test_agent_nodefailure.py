@@ -87,6 +87,18 @@ def test_ddpkit_train_as_an_srun_task_says_its_error_in_one_line_and_leaves_its_
     assert left(tmp_path) is not None and left(tmp_path)[1] == 1  # type: ignore[index]
 
 
+def test_ddpkit_train_as_an_srun_task_refused_by_its_parser_leaves_its_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**slurm_env(tmp_path), "RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", ["ddpkit.train", "--epochs=many"])
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert train_main.main_alone() == 2  # argparse exits 2 on a value it cannot read, said on stderr
+    assert left(tmp_path) is not None and left(tmp_path)[1] == 2  # type: ignore[index]
+
+
 def test_ddpkit_train_under_torchruns_agent_leaves_its_error_to_the_agent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {**slurm_env(tmp_path), "RANK": "1", "TORCHELASTIC_RUN_ID": "x"}.items():

@@ -32,6 +32,8 @@ def main_alone() -> int:
         return main()
     try:
         code = main()
+    except SystemExit as exc:  # its argument parser's refusal (2), said already
+        code = worker.exit_status(exc)
     except Exception:
         worker.print_exception(skipping=(worker.__name__, __name__))
         code = ExitCode.FAILED
