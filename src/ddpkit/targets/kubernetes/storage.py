@@ -18,10 +18,14 @@ SHARED_SOURCES = frozenset({"persistent_volume_claim", "nfs"})
 RECORDS_SUBFOLDER = "ddpkit-records"
 
 
+def shared_volumes(spec: JobSpec) -> list[K8sVolume]:
+    """The volumes of k8s.volumes that every pod shares and may write (a claim or NFS)."""
+    return [v for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only]
+
+
 def shared_volume(spec: JobSpec) -> K8sVolume | None:
-    """The first volume of k8s.volumes that every pod shares and may write (a
-    claim or NFS: the checkpoint's, in the examples), or None."""
-    return next((v for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only), None)
+    """The first shared writable volume (the checkpoint's, in the examples), or None."""
+    return next(iter(shared_volumes(spec)), None)
 
 
 def records_folder(spec: JobSpec) -> str:
@@ -49,8 +53,7 @@ def records_env(spec: JobSpec) -> dict[str, str]:
 def resume_warning(spec: JobSpec) -> str | None:
     """`--resume auto` needs the checkpoint directory on storage that outlives
     the pod; without one a restarted pod starts again from step 0."""
-    shared = [v.mount_path for v in spec.k8s.volumes if v.source in SHARED_SOURCES and not v.read_only]
-    ckpt = mounts.unmounted_checkpoint(spec, shared)
+    ckpt = mounts.unmounted_checkpoint(spec, [v.mount_path for v in shared_volumes(spec)])
     if ckpt is None:
         return None
     parent = mounts.checkpoint_parent(ckpt)
