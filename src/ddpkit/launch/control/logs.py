@@ -160,3 +160,10 @@ def print_lines(lines: list[str]) -> None:
     if lines:
         sys.stdout.write("".join(line + "\n" for line in lines))
         sys.stdout.flush()
+
+
+def say_node_of_rank(rec: RunRecord, request: LogRequest, holder: str) -> None:
+    """Where `holder` (a pod, a container) holds a whole node: --rank R shows the node that holds R, and says so."""
+    if request.rank is not None:
+        print(f"ddpkit logs: {holder} holds a node; showing node {request.node_of_rank(rec)}, "
+              f"which holds rank {request.rank}", file=sys.stderr)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from ....shared.exitcodes import ExitCode
 from ....targets.compose import RDZV_SERVICE
 from ..applied import compose_cli, last_error, run_tool
 from ..common import ACTIVE, RunCommandError, ToolMissing
-from ..logs import LogRequest, print_lines
+from ..logs import LogRequest, print_lines, say_node_of_rank
 from .base import Now, log_lines
 from .compose_logs import ComposeLogs
 from .launched import Launched
@@ -84,9 +83,7 @@ class Compose:
         rec = run.record
         if rec.applied is None:
             return RENDERING.logs(run, request)
-        if request.rank is not None:  # the compose file's agents do not tag ranks (launch local's --tee does)
-            print(f"ddpkit logs: a container holds a node; showing node {request.node_of_rank(rec)}, "
-                  f"which holds rank {request.rank}", file=sys.stderr)
+        say_node_of_rank(rec, request, "a container")
         for lines in self.log_iter(run, request):
             print_lines(lines)
         return ExitCode.OK

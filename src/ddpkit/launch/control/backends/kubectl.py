@@ -18,7 +18,6 @@ import secrets
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ from ....targets.kubernetes.reader import reader_pod
 from ....targets.kubernetes.storage import records_folder
 from ..applied import CONTROLLERS, last_error, run_tool
 from ..common import RunCommandError, ToolMissing
-from ..logs import LogRequest, print_lines
+from ..logs import LogRequest, print_lines, say_node_of_rank
 from .base import Now, log_lines
 from .compose import NoRecords
 from .launched import Launched
@@ -78,9 +77,7 @@ class Kubectl:
         rec = run.record
         if rec.applied is None:
             return RENDERING.logs(run, request)
-        if request.rank is not None:
-            print(f"ddpkit logs: a pod holds a node; showing node {request.node_of_rank(rec)}, "
-                  f"which holds rank {request.rank}", file=sys.stderr)
+        say_node_of_rank(rec, request, "a pod")
         lines = PodLogs(kubectl_logs(rec, rec.applied, request))
         for batch in lines:
             print_lines(batch)
