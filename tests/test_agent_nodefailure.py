@@ -65,16 +65,21 @@ def test_outside_a_slurm_job_nothing_is_left(tmp_path: Path) -> None:
     assert not (tmp_path / "job-7.records").exists()
 
 
+def as_an_srun_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as srun's rank 1 of slurm_env's job, with no agent around it."""
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**slurm_env(tmp_path), "RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+
 def fail_in_training() -> int:
     raise RuntimeError("loss is nan at step 7")
 
 
 def test_ddpkit_train_as_an_srun_task_says_its_error_in_one_line_and_leaves_its_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {**slurm_env(tmp_path), "RANK": "1"}.items():
-        monkeypatch.setenv(name, value)
+    as_an_srun_task(tmp_path, monkeypatch)
     monkeypatch.setattr(train_main, "main", fail_in_training)
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
@@ -89,10 +94,7 @@ def test_ddpkit_train_as_an_srun_task_says_its_error_in_one_line_and_leaves_its_
 
 def test_ddpkit_train_as_an_srun_task_refused_by_its_parser_leaves_its_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {**slurm_env(tmp_path), "RANK": "1"}.items():
-        monkeypatch.setenv(name, value)
+    as_an_srun_task(tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["ddpkit.train", "--epochs=many"])
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert train_main.main_alone() == 2  # argparse exits 2 on a value it cannot read, said on stderr
